@@ -1,0 +1,414 @@
+//! Vector indexes over faiss, all by inner product on L2-normalised vectors (cosine):
+//! - [`ExactIndex`]: exhaustive flat search, the cloud's exact top-k;
+//! - [`IvfPqIndex`]: IVF with product quantisation, the edge's fuzzy channel;
+//! - [`RemovableIvfIndex`]: IVF with 8-bit scalar quantisation that supports removal, the
+//!   edge's cache channel (faiss's HNSW cannot remove vectors; IVF lists can).
+
+use faiss::index::scalar_quantizer::{IVFScalarQuantizerIndexImpl, QuantizerType};
+use faiss::index::{IndexImpl, SearchWithParamsMut};
+use faiss::search_params::SearchParametersIVF;
+use faiss::selector::IdSelector;
+use faiss::{ConcurrentIndex, FlatIndex, Idx, Index, MetricType};
+use parking_lot::Mutex;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("faiss: {0}")]
+    Faiss(#[from] faiss::error::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A search hit: the id the vector was added with and its inner product with the query.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hit {
+    pub id: u64,
+    pub score: f32,
+}
+
+/// Splits faiss's flat result arrays into one hit list per query, dropping empty slots
+/// (faiss pads with -1 when fewer than k vectors exist).
+fn hits_per_query(labels: &[Idx], distances: &[f32], k: usize) -> Vec<Vec<Hit>> {
+    labels
+        .chunks(k.max(1))
+        .zip(distances.chunks(k.max(1)))
+        .map(|(labels, scores)| {
+            labels
+                .iter()
+                .zip(scores)
+                .filter_map(|(label, &score)| label.get().map(|id| Hit { id, score }))
+                .collect()
+        })
+        .collect()
+}
+
+fn check_queries(queries: &[f32], dimension: usize) -> Result<usize, IndexError> {
+    if dimension == 0 || queries.len() % dimension != 0 {
+        return Err(IndexError::Invalid(format!(
+            "query buffer of {} values is not a whole number of {dimension}-d vectors",
+            queries.len()
+        )));
+    }
+    Ok(queries.len() / dimension)
+}
+
+fn check_ids(ids: &[u64], vectors: &[f32], dimension: usize) -> Result<Vec<Idx>, IndexError> {
+    if vectors.len() != ids.len() * dimension {
+        return Err(IndexError::Invalid(format!(
+            "{} vector values for {} ids of dimension {dimension}",
+            vectors.len(),
+            ids.len()
+        )));
+    }
+    to_faiss_ids(ids)
+}
+
+/// faiss ids are signed 64-bit; refuse the upper half instead of letting `Idx::new` panic.
+fn to_faiss_ids(ids: &[u64]) -> Result<Vec<Idx>, IndexError> {
+    ids.iter()
+        .map(|&id| {
+            i64::try_from(id)
+                .map(|_| Idx::new(id))
+                .map_err(|_| IndexError::Invalid(format!("id {id} is beyond faiss's range")))
+        })
+        .collect()
+}
+
+/// Exhaustive inner-product search. Searches take `&self` and may run concurrently.
+pub struct ExactIndex {
+    index: FlatIndex,
+    dimension: usize,
+}
+
+impl std::fmt::Debug for ExactIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExactIndex")
+            .field("dimension", &self.dimension)
+            .field("len", &self.index.ntotal())
+            .finish()
+    }
+}
+
+impl ExactIndex {
+    /// Builds an index over row-major `vectors`; hit ids are row numbers.
+    pub fn build(dimension: usize, vectors: &[f32]) -> Result<Self, IndexError> {
+        check_queries(vectors, dimension)?;
+        let mut index = FlatIndex::new_ip(dimension as u32)?;
+        index.add(vectors)?;
+        Ok(Self { index, dimension })
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.ntotal() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Exact top-`k` for each row-major query in `queries`, in one faiss call.
+    pub fn search(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<Hit>>, IndexError> {
+        let nq = check_queries(queries, self.dimension)?;
+        if nq == 0 || k == 0 {
+            return Ok(vec![Vec::new(); nq]);
+        }
+        let result = ConcurrentIndex::search(&self.index, queries, k)?;
+        Ok(hits_per_query(&result.labels, &result.distances, k))
+    }
+}
+
+/// Shape of an IVF index for `n` training vectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IvfShape {
+    pub nlist: usize,
+    pub nprobe: usize,
+}
+
+impl IvfShape {
+    /// faiss's k-means wants at least 39 training points per centroid; fewer gives noisy,
+    /// partly empty lists.
+    const MIN_POINTS_PER_LIST: usize = 39;
+
+    /// The HaS reference uses 8,192 lists probed 64 at a time on a 21M-passage corpus.
+    /// Scale the lists with the usual 4·sqrt(n) rule (capped by the training bound above and
+    /// by 8,192) and keep the reference's probe fraction 64/8192 unless told otherwise.
+    pub fn for_corpus(n: usize, nlist: Option<usize>, nprobe: Option<usize>) -> Self {
+        let auto = ((4.0 * (n as f64).sqrt()) as usize)
+            .min(n / Self::MIN_POINTS_PER_LIST)
+            .clamp(1, 8192);
+        let nlist = nlist.unwrap_or(auto).clamp(1, n.max(1));
+        let nprobe = nprobe
+            .unwrap_or_else(|| (nlist * 64).div_ceil(8192))
+            .clamp(1, nlist);
+        Self { nlist, nprobe }
+    }
+}
+
+/// IVF-PQ over a fixed set of vectors: an approximate, compressed index (the fuzzy channel).
+/// The faiss-rs binding only offers `&mut` search for factory-built indexes, so searches are
+/// serialised by a mutex; one search probes a handful of lists and takes microseconds.
+pub struct IvfPqIndex {
+    index: Mutex<IndexImpl>,
+    dimension: usize,
+    shape: IvfShape,
+    description: String,
+}
+
+impl std::fmt::Debug for IvfPqIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IvfPqIndex")
+            .field("description", &self.description)
+            .field("nprobe", &self.shape.nprobe)
+            .finish()
+    }
+}
+
+impl IvfPqIndex {
+    /// Trains on and adds `vectors` with `ids`.
+    ///
+    /// PQ uses one 8-bit code per 6 dimensions, the reference's ratio (128 codes at 768-d);
+    /// a small corpus gets fewer bits per code so each codebook still sees ~39 points per
+    /// centroid.
+    pub fn build(
+        dimension: usize,
+        ids: &[u64],
+        vectors: &[f32],
+        shape: IvfShape,
+    ) -> Result<Self, IndexError> {
+        let xids = check_ids(ids, vectors, dimension)?;
+        if ids.is_empty() {
+            return Err(IndexError::Invalid(
+                "cannot train an IVF-PQ index on no vectors".into(),
+            ));
+        }
+        let mut sub_quantizers = (dimension / 6).max(1);
+        while dimension % sub_quantizers != 0 {
+            sub_quantizers -= 1;
+        }
+        let bits = ((ids.len() / IvfShape::MIN_POINTS_PER_LIST).max(2).ilog2()).clamp(1, 8);
+        let description = format!("IVF{},PQ{sub_quantizers}x{bits}", shape.nlist);
+        let mut index =
+            faiss::index_factory(dimension as u32, &description, MetricType::InnerProduct)?;
+        index.train(vectors)?;
+        index.add_with_ids(vectors, &xids)?;
+        Ok(Self {
+            index: Mutex::new(index),
+            dimension,
+            shape,
+            description,
+        })
+    }
+
+    pub fn shape(&self) -> IvfShape {
+        self.shape
+    }
+
+    /// The faiss factory string the index was built from.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// Approximate top-`k` for one query; scores are PQ approximations.
+    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
+        check_queries(query, self.dimension)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let mut params = SearchParametersIVF::new()?;
+        params.set_nprobe(self.shape.nprobe);
+        let params = params.upcast();
+        let result = self.index.lock().search_with_params(query, k, &params)?;
+        Ok(hits_per_query(&result.labels, &result.distances, k)
+            .pop()
+            .unwrap_or_default())
+    }
+}
+
+/// IVF with 8-bit scalar quantisation that supports adding and removing vectors by id:
+/// the cache channel, whose contents follow the hot cache's FIFO.
+///
+/// The coarse centroids are trained once on a sample of the corpus, so the index works
+/// from an empty cache (cold start) and needs no rebuild as the cache turns over. Codes take
+/// one byte per dimension: scanning 1/8 of a 50,000-document cache touches ~2.4 MB.
+pub struct RemovableIvfIndex {
+    index: IVFScalarQuantizerIndexImpl<FlatIndex>,
+    dimension: usize,
+}
+
+impl std::fmt::Debug for RemovableIvfIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemovableIvfIndex")
+            .field("nlist", &self.index.nlist())
+            .field("nprobe", &self.index.nprobe())
+            .field("len", &self.index.ntotal())
+            .finish()
+    }
+}
+
+impl RemovableIvfIndex {
+    /// Creates an empty index whose centroids and quantiser ranges are trained on `sample`.
+    pub fn train(dimension: usize, sample: &[f32], shape: IvfShape) -> Result<Self, IndexError> {
+        check_queries(sample, dimension)?;
+        if sample.is_empty() {
+            return Err(IndexError::Invalid(
+                "cannot train the cache channel on no vectors".into(),
+            ));
+        }
+        let quantizer = FlatIndex::new_ip(dimension as u32)?;
+        let mut index = IVFScalarQuantizerIndexImpl::new_ip(
+            quantizer,
+            dimension as u32,
+            QuantizerType::QT_8bit,
+            shape.nlist as u32,
+        )?;
+        index.train(sample)?;
+        index.set_nprobe(shape.nprobe as u32);
+        Ok(Self { index, dimension })
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.ntotal() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds `vectors` (row-major) under `ids`. Ids must not already be present.
+    pub fn add(&mut self, ids: &[u64], vectors: &[f32]) -> Result<(), IndexError> {
+        let xids = check_ids(ids, vectors, self.dimension)?;
+        if !xids.is_empty() {
+            self.index.add_with_ids(vectors, &xids)?;
+        }
+        Ok(())
+    }
+
+    /// Removes every vector whose id is in `ids`; returns how many were removed.
+    pub fn remove(&mut self, ids: &[u64]) -> Result<usize, IndexError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let xids = to_faiss_ids(ids)?;
+        let selector = IdSelector::batch(&xids)?;
+        Ok(self.index.remove_ids(&selector)?)
+    }
+
+    /// Approximate top-`k` for one query.
+    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
+        check_queries(query, self.dimension)?;
+        if k == 0 || self.is_empty() {
+            return Ok(Vec::new());
+        }
+        let result = ConcurrentIndex::search(&self.index, query, k)?;
+        Ok(hits_per_query(&result.labels, &result.distances, k)
+            .pop()
+            .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vector::dot;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn unit_vectors(n: usize, d: usize, seed: u64) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut out = Vec::with_capacity(n * d);
+        for _ in 0..n {
+            let v: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let norm = dot(&v, &v).sqrt();
+            out.extend(v.iter().map(|x| x / norm));
+        }
+        out
+    }
+
+    fn brute_force(vectors: &[f32], d: usize, query: &[f32], k: usize) -> Vec<u64> {
+        let mut scored: Vec<(u64, f32)> = vectors
+            .chunks(d)
+            .enumerate()
+            .map(|(i, v)| (i as u64, dot(v, query)))
+            .collect();
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+        scored.into_iter().take(k).map(|(id, _)| id).collect()
+    }
+
+    #[test]
+    fn exact_index_equals_brute_force_for_a_batch() {
+        let d = 16;
+        let vectors = unit_vectors(500, d, 1);
+        let queries = unit_vectors(7, d, 2);
+        let index = ExactIndex::build(d, &vectors).unwrap();
+        let results = index.search(&queries, 5).unwrap();
+        assert_eq!(results.len(), 7);
+        for (q, hits) in queries.chunks(d).zip(&results) {
+            let ids: Vec<u64> = hits.iter().map(|h| h.id).collect();
+            assert_eq!(ids, brute_force(&vectors, d, q, 5));
+            assert!((hits[0].score - dot(q, &vectors[ids[0] as usize * d..][..d])).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn exact_index_pads_nothing_when_k_exceeds_the_corpus() {
+        let index = ExactIndex::build(4, &unit_vectors(3, 4, 3)).unwrap();
+        let hits = index.search(&unit_vectors(1, 4, 4), 10).unwrap();
+        assert_eq!(hits[0].len(), 3);
+    }
+
+    #[test]
+    fn ivf_shape_scales_with_the_corpus() {
+        assert_eq!(IvfShape::for_corpus(20_000, None, None).nlist, 512);
+        assert_eq!(IvfShape::for_corpus(20_000, None, None).nprobe, 4);
+        assert_eq!(IvfShape::for_corpus(21_000_000, None, None).nlist, 8192);
+        assert_eq!(IvfShape::for_corpus(21_000_000, None, None).nprobe, 64);
+        assert_eq!(IvfShape::for_corpus(10, None, None).nlist, 1);
+        assert_eq!(IvfShape::for_corpus(1000, Some(4), Some(99)).nprobe, 4);
+    }
+
+    #[test]
+    fn ivf_pq_finds_the_query_vector_itself() {
+        let d = 32;
+        let n = 2000;
+        let vectors = unit_vectors(n, d, 5);
+        let ids: Vec<u64> = (0..n as u64).map(|i| i * 3 + 1).collect();
+        let shape = IvfShape::for_corpus(n, None, Some(8));
+        let index = IvfPqIndex::build(d, &ids, &vectors, shape).unwrap();
+        let found = (0..50)
+            .filter(|&row| {
+                let hits = index.search(&vectors[row * d..(row + 1) * d], 20).unwrap();
+                hits.iter().any(|h| h.id == ids[row])
+            })
+            .count();
+        assert!(found >= 40, "only {found}/50 self-matches in the top 20");
+    }
+
+    #[test]
+    fn removable_ivf_adds_searches_and_removes_by_id() {
+        let d = 16;
+        let sample = unit_vectors(400, d, 6);
+        let mut index = RemovableIvfIndex::train(
+            d,
+            &sample,
+            IvfShape {
+                nlist: 4,
+                nprobe: 4,
+            },
+        )
+        .unwrap();
+        assert!(index.search(&sample[..d], 3).unwrap().is_empty());
+        let ids = [10u64, 20, 30];
+        index.add(&ids, &sample[..3 * d]).unwrap();
+        assert_eq!(index.len(), 3);
+        assert_eq!(index.search(&sample[d..2 * d], 1).unwrap()[0].id, 20);
+        assert_eq!(index.remove(&[20, 99]).unwrap(), 1);
+        let after: Vec<u64> = index
+            .search(&sample[d..2 * d], 3)
+            .unwrap()
+            .iter()
+            .map(|h| h.id)
+            .collect();
+        assert!(!after.contains(&20) && after.len() == 2, "{after:?}");
+        assert!(index.add(&[u64::MAX], &sample[..d]).is_err());
+    }
+}

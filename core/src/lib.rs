@@ -1,0 +1,11 @@
+//! What Hasten's services share: the text encoder, corpus and bundle types, vector-index
+//! wrappers over faiss, answer matching and vector checks. Nothing here knows about a network.
+
+pub mod bundle;
+pub mod corpus;
+pub mod encoder;
+pub mod eval;
+pub mod index;
+pub mod vector;
+
+pub use corpus::{DocId, Document, Question};
