@@ -43,7 +43,7 @@ fn hits_per_query(labels: &[Idx], distances: &[f32], k: usize) -> Vec<Vec<Hit>> 
 }
 
 fn check_queries(queries: &[f32], dimension: usize) -> Result<usize, IndexError> {
-    if dimension == 0 || queries.len() % dimension != 0 {
+    if dimension == 0 || !queries.len().is_multiple_of(dimension) {
         return Err(IndexError::Invalid(format!(
             "query buffer of {} values is not a whole number of {dimension}-d vectors",
             queries.len()
@@ -129,16 +129,26 @@ impl IvfShape {
     /// partly empty lists.
     const MIN_POINTS_PER_LIST: usize = 39;
 
+    /// Fewest codes one probe set should cover. Below ~1,000 candidates an IVF-PQ probe is
+    /// mostly noise: on a 7,455-passage corpus one probe of 191 lists found 69% of the exact
+    /// top 10 after re-ranking 50 candidates, 27 probes (~1,000 codes) 97%.
+    const MIN_SCANNED_CODES: usize = 1024;
+
     /// The HaS reference uses 8,192 lists probed 64 at a time on a 21M-passage corpus.
     /// Scale the lists with the usual 4·sqrt(n) rule (capped by the training bound above and
-    /// by 8,192) and keep the reference's probe fraction 64/8192 unless told otherwise.
+    /// by 8,192) and keep the reference's probe fraction 64/8192, but never scan fewer than
+    /// [`Self::MIN_SCANNED_CODES`] codes, unless told otherwise.
     pub fn for_corpus(n: usize, nlist: Option<usize>, nprobe: Option<usize>) -> Self {
         let auto = ((4.0 * (n as f64).sqrt()) as usize)
             .min(n / Self::MIN_POINTS_PER_LIST)
             .clamp(1, 8192);
         let nlist = nlist.unwrap_or(auto).clamp(1, n.max(1));
         let nprobe = nprobe
-            .unwrap_or_else(|| (nlist * 64).div_ceil(8192))
+            .unwrap_or_else(|| {
+                let reference = (nlist * 64).div_ceil(8192);
+                let per_list = (n / nlist).max(1);
+                reference.max(Self::MIN_SCANNED_CODES.div_ceil(per_list))
+            })
             .clamp(1, nlist);
         Self { nlist, nprobe }
     }
@@ -182,11 +192,13 @@ impl IvfPqIndex {
             ));
         }
         let mut sub_quantizers = (dimension / 6).max(1);
-        while dimension % sub_quantizers != 0 {
+        while !dimension.is_multiple_of(sub_quantizers) {
             sub_quantizers -= 1;
         }
         let bits = ((ids.len() / IvfShape::MIN_POINTS_PER_LIST).max(2).ilog2()).clamp(1, 8);
-        let description = format!("IVF{},PQ{sub_quantizers}x{bits}", shape.nlist);
+        // `np`: no polysemous training, which only serves Hamming-distance filtering (unused
+        // here) and costs minutes of simulated annealing.
+        let description = format!("IVF{},PQ{sub_quantizers}x{bits}np", shape.nlist);
         let mut index =
             faiss::index_factory(dimension as u32, &description, MetricType::InnerProduct)?;
         index.train(vectors)?;
@@ -233,6 +245,7 @@ impl IvfPqIndex {
 pub struct RemovableIvfIndex {
     index: IVFScalarQuantizerIndexImpl<FlatIndex>,
     dimension: usize,
+    shape: IvfShape,
 }
 
 impl std::fmt::Debug for RemovableIvfIndex {
@@ -263,7 +276,15 @@ impl RemovableIvfIndex {
         )?;
         index.train(sample)?;
         index.set_nprobe(shape.nprobe as u32);
-        Ok(Self { index, dimension })
+        Ok(Self {
+            index,
+            dimension,
+            shape,
+        })
+    }
+
+    pub fn shape(&self) -> IvfShape {
+        self.shape
     }
 
     pub fn len(&self) -> usize {
@@ -359,7 +380,7 @@ mod tests {
     #[test]
     fn ivf_shape_scales_with_the_corpus() {
         assert_eq!(IvfShape::for_corpus(20_000, None, None).nlist, 512);
-        assert_eq!(IvfShape::for_corpus(20_000, None, None).nprobe, 4);
+        assert_eq!(IvfShape::for_corpus(20_000, None, None).nprobe, 27);
         assert_eq!(IvfShape::for_corpus(21_000_000, None, None).nlist, 8192);
         assert_eq!(IvfShape::for_corpus(21_000_000, None, None).nprobe, 64);
         assert_eq!(IvfShape::for_corpus(10, None, None).nlist, 1);

@@ -2,10 +2,12 @@
 //! wrappers over faiss, answer matching and vector checks. Nothing here knows about a network.
 
 pub mod bundle;
+pub mod config;
 pub mod corpus;
 pub mod encoder;
 pub mod eval;
 pub mod index;
+pub mod logging;
 pub mod vector;
 
 pub use corpus::{DocId, Document, Question};

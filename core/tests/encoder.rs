@@ -1,5 +1,8 @@
 //! The encoder against an independent implementation and on real sentence pairs.
 
+// A test fails by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};

@@ -1,0 +1,86 @@
+//! Shared pieces of Hasten's benchmarks: seeded synthetic data shaped like an embedding
+//! corpus, and latency percentiles.
+
+// Benchmarks take no outside input; a failed set-up should abort loudly.
+#![allow(clippy::expect_used)]
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand_distr::{Distribution, Normal};
+
+/// Unit vectors in `topics` clusters of `per_topic` members: members are the topic centre
+/// plus Gaussian noise of standard deviation `spread` per dimension, re-normalised. Row r
+/// belongs to topic r / per_topic. Returns (centres, members), row-major.
+pub fn clustered_vectors(
+    topics: usize,
+    per_topic: usize,
+    dimension: usize,
+    spread: f32,
+    seed: u64,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let unit = Normal::new(0.0f32, 1.0).expect("standard normal");
+    let mut centres = Vec::with_capacity(topics * dimension);
+    for _ in 0..topics {
+        let v: Vec<f32> = (0..dimension).map(|_| unit.sample(&mut rng)).collect();
+        centres.extend(normalised(v));
+    }
+    let mut members = Vec::with_capacity(topics * per_topic * dimension);
+    for centre in centres.chunks(dimension) {
+        for _ in 0..per_topic {
+            let v: Vec<f32> = centre
+                .iter()
+                .map(|c| c + spread * unit.sample(&mut rng))
+                .collect();
+            members.extend(normalised(v));
+        }
+    }
+    (centres, members)
+}
+
+fn normalised(v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.into_iter().map(|x| x / norm).collect()
+}
+
+/// Microsecond-resolution latency recorder.
+pub struct Latencies {
+    histogram: Histogram<u64>,
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Self {
+            histogram: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds"),
+        }
+    }
+}
+
+impl Latencies {
+    pub fn record(&mut self, d: Duration) {
+        self.histogram
+            .saturating_record(d.as_nanos() as u64 / 1_000);
+    }
+
+    pub fn len(&self) -> u64 {
+        self.histogram.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.histogram.is_empty()
+    }
+
+    /// `p50 / p99 / max` in microseconds.
+    pub fn summary(&self) -> String {
+        format!(
+            "n={} p50={}us p99={}us max={}us",
+            self.histogram.len(),
+            self.histogram.value_at_quantile(0.5),
+            self.histogram.value_at_quantile(0.99),
+            self.histogram.max()
+        )
+    }
+}

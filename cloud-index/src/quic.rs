@@ -1,0 +1,101 @@
+//! The QUIC fast path: one bidirectional stream per request, one length-prefixed
+//! `QuicRequest` in, one `QuicResponse` out.
+
+use std::net::SocketAddr;
+
+use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, FrameError, read_frame, write_frame};
+use hasten_proto::v1::quic_error::Code;
+use hasten_proto::v1::{QuicError, QuicRequest, QuicResponse, quic_request, quic_response};
+use tracing::Instrument;
+
+use crate::searcher::{CloudService, SearchError};
+
+/// Binds a QUIC server endpoint.
+pub fn bind(addr: SocketAddr, config: quinn::ServerConfig) -> std::io::Result<quinn::Endpoint> {
+    quinn::Endpoint::server(config, addr)
+}
+
+/// Serves connections on `endpoint` until it is closed.
+pub async fn serve(endpoint: quinn::Endpoint, service: CloudService) {
+    while let Some(incoming) = endpoint.accept().await {
+        let service = service.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            match incoming.await {
+                Ok(connection) => serve_connection(connection, service).await,
+                Err(err) => tracing::debug!(%remote, %err, "QUIC handshake failed"),
+            }
+        });
+    }
+}
+
+async fn serve_connection(connection: quinn::Connection, service: CloudService) {
+    let remote = connection.remote_address();
+    tracing::debug!(%remote, "QUIC connection open");
+    loop {
+        match connection.accept_bi().await {
+            Ok((send, recv)) => {
+                let service = service.clone();
+                let span = tracing::debug_span!("quic_request", %remote);
+                tokio::spawn(handle_stream(send, recv, service).instrument(span));
+            }
+            Err(err) => {
+                tracing::debug!(%remote, %err, "QUIC connection closed");
+                return;
+            }
+        }
+    }
+}
+
+fn error_response(code: Code, message: String) -> QuicResponse {
+    QuicResponse {
+        body: Some(quic_response::Body::Error(QuicError {
+            code: code as i32,
+            message,
+        })),
+    }
+}
+
+async fn respond(service: &CloudService, request: Result<QuicRequest, FrameError>) -> QuicResponse {
+    let request = match request {
+        Ok(request) => request,
+        Err(err) => {
+            return error_response(Code::InvalidArgument, format!("bad request frame: {err}"));
+        }
+    };
+    match request.body {
+        Some(quic_request::Body::Search(search)) => match service.search(search).await {
+            Ok(response) => QuicResponse {
+                body: Some(quic_response::Body::Search(response)),
+            },
+            Err(SearchError::InvalidArgument(message)) => {
+                error_response(Code::InvalidArgument, message)
+            }
+            Err(err) => error_response(Code::Internal, err.to_string()),
+        },
+        Some(quic_request::Body::Info(_)) => QuicResponse {
+            body: Some(quic_response::Body::Info(service.info())),
+        },
+        None => error_response(Code::InvalidArgument, "request has no body".into()),
+    }
+}
+
+async fn handle_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    service: CloudService,
+) {
+    let request = read_frame::<_, QuicRequest>(&mut recv, DEFAULT_MAX_FRAME_BYTES).await;
+    if let Err(FrameError::Io(err)) = &request {
+        tracing::debug!(%err, "request stream broke before a full frame arrived");
+        return;
+    }
+    let response = respond(&service, request).await;
+    if let Err(err) = write_frame(&mut send, &response).await {
+        tracing::debug!(%err, "could not write the response");
+        return;
+    }
+    if let Err(err) = send.finish() {
+        tracing::debug!(%err, "could not finish the response stream");
+    }
+}

@@ -1,0 +1,112 @@
+//! Layered configuration for Hasten's binaries: built-in defaults, then a TOML file, then
+//! environment variables, then command-line flags, each overriding the one before.
+
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration file {0} does not exist")]
+    MissingFile(String),
+    #[error("configuration: `{key}` {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+impl ConfigError {
+    pub fn invalid(key: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            key,
+            message: message.into(),
+        }
+    }
+}
+
+/// Resolves a configuration of type `T`.
+///
+/// `env_prefix` (e.g. `HASTEN_EDGE_`) selects environment variables: `HASTEN_EDGE_TAU=0.3`
+/// sets `tau`. `flags` is the command line as a serialisable struct whose unset options are
+/// skipped (`#[serde(skip_serializing_if = "Option::is_none")]`).
+pub fn load_config<T, F>(file: Option<&Path>, env_prefix: &str, flags: &F) -> Result<T, ConfigError>
+where
+    T: Default + Serialize + DeserializeOwned,
+    F: Serialize,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(ConfigError::MissingFile(path.display().to_string()));
+        }
+        figment = figment.merge(Toml::file(path));
+    }
+    figment
+        .merge(Env::prefixed(env_prefix))
+        .merge(Serialized::defaults(flags))
+        .extract()
+        .map_err(|e| ConfigError::Load(Box::new(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+    struct Sample {
+        tau: f64,
+        capacity: usize,
+        name: String,
+    }
+
+    #[derive(Serialize)]
+    struct Flags {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        capacity: Option<usize>,
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn flags_override_env_override_file_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "tau = 0.5\ncapacity = 3\nname = \"file\"\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HASTEN_TEST_NAME", "env");
+            let got: Sample =
+                load_config(Some(&file), "HASTEN_TEST_", &Flags { capacity: Some(9) }).unwrap();
+            assert_eq!(
+                got,
+                Sample {
+                    tau: 0.5,
+                    capacity: 9,
+                    name: "env".into()
+                }
+            );
+            let unset: Sample =
+                load_config(None, "HASTEN_TEST_", &Flags { capacity: None }).unwrap();
+            assert_eq!(unset.capacity, 0);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key_and_a_missing_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "capacity = \"many\"\n").unwrap();
+        let err = load_config::<Sample, _>(Some(&file), "HASTEN_NONE_", &Flags { capacity: None })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("capacity"), "{err}");
+        let missing = dir.path().join("absent.toml");
+        assert!(matches!(
+            load_config::<Sample, _>(Some(&missing), "HASTEN_NONE_", &Flags { capacity: None }),
+            Err(ConfigError::MissingFile(_))
+        ));
+    }
+}

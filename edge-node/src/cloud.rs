@@ -1,0 +1,192 @@
+//! The edge's QUIC client to the cloud index: one long-lived connection, one bidirectional
+//! stream per request, reconnecting when the connection is lost.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, FrameError, read_frame, write_frame};
+use hasten_proto::v1::{
+    InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest, quic_request, quic_response,
+};
+use tokio::sync::Mutex;
+
+use crate::has::{CloudDocument, CloudSearch};
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum CloudError {
+    #[error("cannot reach the cloud index at {addr}: {reason}")]
+    Unreachable { addr: SocketAddr, reason: String },
+    #[error("the cloud index did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the cloud index refused the request: {0}")]
+    Refused(String),
+    #[error(
+        "the cloud index serves corpus version {cloud}, this edge holds {edge}: rebuild or redeploy so both use the same bundle"
+    )]
+    VersionMismatch { cloud: String, edge: String },
+    #[error("protocol error talking to the cloud index: {0}")]
+    Protocol(String),
+}
+
+impl From<FrameError> for CloudError {
+    fn from(err: FrameError) -> Self {
+        CloudError::Protocol(err.to_string())
+    }
+}
+
+/// Where and how to reach the cloud.
+#[derive(Clone, Debug)]
+pub struct CloudEndpoint {
+    pub addr: SocketAddr,
+    /// TLS server name the cloud's certificate must carry.
+    pub server_name: String,
+    /// Deadline of one request, connection set-up included.
+    pub timeout: Duration,
+    /// Corpus version the edge's bundle has; a cloud serving another is refused.
+    pub corpus_version: String,
+}
+
+pub struct QuicCloudClient {
+    endpoint: quinn::Endpoint,
+    target: CloudEndpoint,
+    connection: Mutex<Option<quinn::Connection>>,
+}
+
+impl std::fmt::Debug for QuicCloudClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicCloudClient")
+            .field("target", &self.target)
+            .finish()
+    }
+}
+
+impl QuicCloudClient {
+    /// A client endpoint on an ephemeral local port. Connects lazily, on first use.
+    pub fn new(config: quinn::ClientConfig, target: CloudEndpoint) -> std::io::Result<Self> {
+        let bind: SocketAddr = if target.addr.is_ipv4() {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        } else {
+            SocketAddr::from(([0u16; 8], 0))
+        };
+        let mut endpoint = quinn::Endpoint::client(bind)?;
+        endpoint.set_default_client_config(config);
+        Ok(Self {
+            endpoint,
+            target,
+            connection: Mutex::new(None),
+        })
+    }
+
+    fn unreachable(&self, reason: impl ToString) -> CloudError {
+        CloudError::Unreachable {
+            addr: self.target.addr,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The open connection, or a new one whose corpus version was checked.
+    async fn connection(&self) -> Result<quinn::Connection, CloudError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref().filter(|c| c.close_reason().is_none()) {
+            return Ok(connection.clone());
+        }
+        let connecting = self
+            .endpoint
+            .connect(self.target.addr, &self.target.server_name)
+            .map_err(|e| self.unreachable(e))?;
+        let connection = connecting.await.map_err(|e| self.unreachable(e))?;
+        let info = match exchange(&connection, info_request()).await?.body {
+            Some(quic_response::Body::Info(info)) => info,
+            Some(quic_response::Body::Error(e)) => return Err(CloudError::Refused(e.message)),
+            _ => return Err(CloudError::Protocol("expected index info".into())),
+        };
+        if info.corpus_version != self.target.corpus_version {
+            connection.close(0u32.into(), b"corpus version mismatch");
+            return Err(CloudError::VersionMismatch {
+                cloud: info.corpus_version,
+                edge: self.target.corpus_version.clone(),
+            });
+        }
+        tracing::info!(addr = %self.target.addr, documents = info.documents, "connected to the cloud index");
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+
+    async fn search_within_deadline(
+        &self,
+        query: &[f32],
+        k: usize,
+    ) -> Result<Vec<CloudDocument>, CloudError> {
+        let connection = self.connection().await?;
+        let request = QuicRequest {
+            body: Some(quic_request::Body::Search(SearchRequest {
+                queries: vec![QueryVector {
+                    values: query.to_vec(),
+                }],
+                k: k as u32,
+                include_vectors: true,
+                include_texts: true,
+            })),
+        };
+        let response = exchange(&connection, request).await.inspect_err(|_| {
+            if connection.close_reason().is_some() {
+                tracing::warn!(addr = %self.target.addr, "connection to the cloud index lost");
+            }
+        })?;
+        match response.body {
+            Some(quic_response::Body::Search(mut search)) => {
+                let hits = search.results.pop().map(|r| r.hits).unwrap_or_default();
+                Ok(hits
+                    .into_iter()
+                    .map(|h| CloudDocument {
+                        id: h.id,
+                        score: h.score,
+                        title: h.title,
+                        text: h.text,
+                        vector: h.vector,
+                    })
+                    .collect())
+            }
+            Some(quic_response::Body::Error(e)) => Err(CloudError::Refused(e.message)),
+            _ => Err(CloudError::Protocol("expected search results".into())),
+        }
+    }
+}
+
+fn info_request() -> QuicRequest {
+    QuicRequest {
+        body: Some(quic_request::Body::Info(InfoRequest {})),
+    }
+}
+
+/// One request on a fresh bidirectional stream.
+async fn exchange(
+    connection: &quinn::Connection,
+    request: QuicRequest,
+) -> Result<QuicResponse, CloudError> {
+    let lost = |e: &dyn std::fmt::Display| CloudError::Unreachable {
+        addr: connection.remote_address(),
+        reason: e.to_string(),
+    };
+    let (mut send, mut recv) = connection.open_bi().await.map_err(|e| lost(&e))?;
+    write_frame(&mut send, &request).await?;
+    send.finish().map_err(|e| lost(&e))?;
+    Ok(read_frame(&mut recv, DEFAULT_MAX_FRAME_BYTES).await?)
+}
+
+impl CloudSearch for QuicCloudClient {
+    async fn search(&self, query: &[f32], k: usize) -> Result<Vec<CloudDocument>, CloudError> {
+        let deadline = self.target.timeout;
+        match tokio::time::timeout(deadline, self.search_within_deadline(query, k)).await {
+            Ok(result) => result,
+            Err(_) => {
+                // A cloud that stopped answering may have lost our connection state; start
+                // over on the next request rather than wait for the idle timeout.
+                if let Some(connection) = self.connection.lock().await.take() {
+                    connection.close(0u32.into(), b"request timed out");
+                }
+                Err(CloudError::Timeout(deadline))
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Configuration of `edge-node serve`: defaults < TOML file < `HASTEN_EDGE_*` env < flags.
+//! HaS defaults are the paper's (section IV-A).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use hasten_core::config::ConfigError;
+use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use serde::{Deserialize, Serialize};
+
+use crate::has::RetrievalPolicy;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EdgeConfig {
+    /// Corpus bundle (the same one the cloud serves). Required.
+    pub bundle: Option<PathBuf>,
+    /// all-MiniLM-L6-v2 directory.
+    pub model_dir: PathBuf,
+    /// JSON API address.
+    pub http_addr: SocketAddr,
+    /// gRPC API address.
+    pub grpc_addr: SocketAddr,
+    /// The cloud index's QUIC address.
+    pub cloud_addr: SocketAddr,
+    /// TLS name on the cloud's certificate.
+    pub cloud_server_name: String,
+    /// PEM file of the certificate(s) to trust for the cloud (its CA, or its dev certificate).
+    pub cloud_ca: PathBuf,
+    /// Deadline of one cloud request in milliseconds, connection set-up included.
+    pub cloud_timeout_ms: u64,
+    /// `has` (speculate, validate, fall back) or `cloud-only` (the baseline).
+    pub policy: RetrievalPolicy,
+    /// Documents returned when a request gives no k (paper: 10).
+    pub k: usize,
+    /// Largest k a request may ask for.
+    pub max_k: usize,
+    /// Homology threshold: share of the k draft documents one cached query must hold (paper: 0.2).
+    pub tau: f64,
+    /// Cached queries, FIFO (paper: 5,000).
+    pub cache_capacity: usize,
+    /// Candidates from the fuzzy channel before the exact re-rank (reference: 5 x k = 50).
+    pub fuzzy_candidates: usize,
+    /// Whether the fuzzy channel runs (off for the paper's ablation).
+    pub fuzzy_channel: bool,
+    /// Share of the corpus the edge indexes in its fuzzy channel, in (0, 1].
+    pub corpus_fraction: f64,
+    /// IVF lists of the fuzzy channel; scaled to the corpus when absent (4 x sqrt(n)).
+    pub fuzzy_nlist: Option<usize>,
+    /// Lists probed by the fuzzy channel; when absent the reference's fraction 64/8192,
+    /// but at least ~1,024 codes scanned.
+    pub fuzzy_nprobe: Option<usize>,
+    /// IVF lists of the cache channel; scaled to the corpus when absent.
+    pub cache_nlist: Option<usize>,
+    /// Lists probed by the cache channel; an eighth of the lists when absent.
+    pub cache_nprobe: Option<usize>,
+    /// Longest query text accepted, in characters.
+    pub max_query_chars: usize,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// When set, a JSON file with the bound addresses is written here once serving.
+    pub ready_file: Option<PathBuf>,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            bundle: None,
+            model_dir: PathBuf::from(DEFAULT_MODEL_DIR),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 7200)),
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7201)),
+            cloud_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
+            cloud_server_name: "localhost".into(),
+            cloud_ca: PathBuf::from("run/cloud-dev-cert.pem"),
+            cloud_timeout_ms: 2_000,
+            policy: RetrievalPolicy::Has,
+            k: 10,
+            max_k: 100,
+            tau: 0.2,
+            cache_capacity: 5_000,
+            fuzzy_candidates: 50,
+            fuzzy_channel: true,
+            corpus_fraction: 1.0,
+            fuzzy_nlist: None,
+            fuzzy_nprobe: None,
+            cache_nlist: None,
+            cache_nprobe: None,
+            // MiniLM reads at most 256 tokens; 2,000 characters is well past that, and
+            // anything longer is not a retrieval query.
+            max_query_chars: 2_000,
+            // A 384-d vector in JSON is ~8 KB; 64 KiB leaves room without inviting abuse.
+            max_body_bytes: 64 * 1024,
+            ready_file: None,
+        }
+    }
+}
+
+impl EdgeConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.bundle.is_none() {
+            return Err(ConfigError::invalid(
+                "bundle",
+                "is required: the corpus bundle directory the cloud serves",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.tau) {
+            return Err(ConfigError::invalid(
+                "tau",
+                format!("must be in [0, 1], got {}", self.tau),
+            ));
+        }
+        if self.max_k == 0 || !(1..=self.max_k).contains(&self.k) {
+            return Err(ConfigError::invalid(
+                "k",
+                format!("must be in 1..=max_k ({}), got {}", self.max_k, self.k),
+            ));
+        }
+        if self.cache_capacity == 0 {
+            return Err(ConfigError::invalid("cache_capacity", "must be at least 1"));
+        }
+        if self.fuzzy_candidates == 0 {
+            return Err(ConfigError::invalid(
+                "fuzzy_candidates",
+                "must be at least 1",
+            ));
+        }
+        if !(self.corpus_fraction > 0.0 && self.corpus_fraction <= 1.0) {
+            return Err(ConfigError::invalid(
+                "corpus_fraction",
+                format!("must be in (0, 1], got {}", self.corpus_fraction),
+            ));
+        }
+        for (key, value) in [
+            ("fuzzy_nlist", self.fuzzy_nlist),
+            ("fuzzy_nprobe", self.fuzzy_nprobe),
+            ("cache_nlist", self.cache_nlist),
+            ("cache_nprobe", self.cache_nprobe),
+        ] {
+            if value == Some(0) {
+                return Err(ConfigError::invalid(key, "must be at least 1 when set"));
+            }
+        }
+        if self.cloud_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                "cloud_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.max_query_chars == 0 || self.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "max_query_chars",
+                "limits must be positive",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers_and_bad_values_name_their_key() {
+        let mut config = EdgeConfig {
+            bundle: Some("b".into()),
+            ..EdgeConfig::default()
+        };
+        assert_eq!(
+            (
+                config.k,
+                config.tau,
+                config.cache_capacity,
+                config.fuzzy_candidates
+            ),
+            (10, 0.2, 5000, 50)
+        );
+        config.validate().unwrap();
+        config.tau = 1.5;
+        assert!(config.validate().unwrap_err().to_string().contains("`tau`"));
+        config.tau = 0.2;
+        config.corpus_fraction = 0.0;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("`corpus_fraction`")
+        );
+        config.corpus_fraction = 0.5;
+        config.k = 101;
+        assert!(config.validate().unwrap_err().to_string().contains("`k`"));
+    }
+}

@@ -1,0 +1,294 @@
+//! The hot cache: recent fallback queries with the documents the cloud returned for them,
+//! FIFO-bounded, plus the inverted index from each cached document to the cached queries
+//! whose results hold it. The homology validator votes through that index.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use hasten_core::DocId;
+
+/// Identifier of a cached query, increasing with insertion order.
+pub type QueryId = u64;
+
+/// A cached fallback: the query and the exact top-k the cloud returned for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedQuery {
+    pub id: QueryId,
+    /// The query's text when it was asked as text.
+    pub text: Option<String>,
+    /// The query embedding (L2-normalised).
+    pub vector: Vec<f32>,
+    /// The cloud's result, best first, without duplicates.
+    pub doc_ids: Vec<DocId>,
+}
+
+/// How an insertion changed the set of documents the cache references.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheChange {
+    /// Documents referenced now that were not before: they join the cache channel.
+    pub added: Vec<DocId>,
+    /// Documents no cached query references any more: they leave the cache channel.
+    pub released: Vec<DocId>,
+    /// Queries evicted to make room (FIFO).
+    pub evicted: Vec<QueryId>,
+}
+
+/// The best cached query for a draft: who shares the most documents with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vote {
+    pub query: QueryId,
+    pub shared: usize,
+}
+
+#[derive(Debug)]
+pub struct HotCache {
+    capacity: usize,
+    order: VecDeque<QueryId>,
+    entries: HashMap<QueryId, CachedQuery>,
+    /// Inverted index: document -> cached queries whose result holds it.
+    postings: HashMap<DocId, Vec<QueryId>>,
+    next_id: QueryId,
+}
+
+impl HotCache {
+    /// An empty cache holding at most `capacity` queries (at least one).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            order: VecDeque::new(),
+            entries: HashMap::new(),
+            postings: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Cached queries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Distinct documents referenced by cached queries.
+    pub fn documents(&self) -> usize {
+        self.postings.len()
+    }
+
+    pub fn get(&self, id: QueryId) -> Option<&CachedQuery> {
+        self.entries.get(&id)
+    }
+
+    pub fn contains_document(&self, doc: DocId) -> bool {
+        self.postings.contains_key(&doc)
+    }
+
+    /// Cached queries in insertion order, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = &CachedQuery> {
+        self.order.iter().filter_map(|id| self.entries.get(id))
+    }
+
+    /// The inverted index, for inspection and tests.
+    pub fn postings(&self) -> &HashMap<DocId, Vec<QueryId>> {
+        &self.postings
+    }
+
+    /// Caches a query and its documents, evicting the oldest queries beyond capacity.
+    /// Returns the new query's id and the net change in referenced documents.
+    pub fn insert(
+        &mut self,
+        text: Option<String>,
+        vector: Vec<f32>,
+        doc_ids: &[DocId],
+    ) -> (QueryId, CacheChange) {
+        let mut seen = HashSet::new();
+        let doc_ids: Vec<DocId> = doc_ids
+            .iter()
+            .copied()
+            .filter(|d| seen.insert(*d))
+            .collect();
+        let mut touched: Vec<DocId> = Vec::new();
+        let mut before: HashSet<DocId> = HashSet::new();
+        let mut evicted = Vec::new();
+        while self.entries.len() >= self.capacity {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(entry) = self.entries.remove(&oldest) {
+                for doc in &entry.doc_ids {
+                    before.insert(*doc);
+                    touched.push(*doc);
+                    self.unlink(*doc, oldest);
+                }
+                evicted.push(oldest);
+            }
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        for doc in &doc_ids {
+            if !before.contains(doc) && self.postings.contains_key(doc) {
+                before.insert(*doc);
+            }
+            touched.push(*doc);
+            self.postings.entry(*doc).or_default().push(id);
+        }
+        self.order.push_back(id);
+        self.entries.insert(
+            id,
+            CachedQuery {
+                id,
+                text,
+                vector,
+                doc_ids,
+            },
+        );
+        let mut change = CacheChange {
+            evicted,
+            ..CacheChange::default()
+        };
+        let mut reported = HashSet::new();
+        for doc in touched {
+            if !reported.insert(doc) {
+                continue;
+            }
+            let now = self.postings.contains_key(&doc);
+            // `before` only knows documents touched here that were referenced beforehand;
+            // a document first seen in the new entry was unreferenced.
+            match (before.contains(&doc), now) {
+                (false, true) => change.added.push(doc),
+                (true, false) => change.released.push(doc),
+                _ => {}
+            }
+        }
+        (id, change)
+    }
+
+    fn unlink(&mut self, doc: DocId, query: QueryId) {
+        if let Some(queries) = self.postings.get_mut(&doc) {
+            queries.retain(|q| *q != query);
+            if queries.is_empty() {
+                self.postings.remove(&doc);
+            }
+        }
+    }
+
+    /// Each draft document votes for the cached queries whose results hold it; returns the
+    /// query with the most votes (ties go to the most recently cached), or `None` when no
+    /// draft document is cached.
+    pub fn best_match(&self, draft: &[DocId]) -> Option<Vote> {
+        let mut votes: HashMap<QueryId, usize> = HashMap::new();
+        let mut seen = HashSet::new();
+        for doc in draft.iter().filter(|d| seen.insert(**d)) {
+            for query in self.postings.get(doc).into_iter().flatten() {
+                *votes.entry(*query).or_default() += 1;
+            }
+        }
+        votes
+            .into_iter()
+            .max_by_key(|&(query, shared)| (shared, query))
+            .map(|(query, shared)| Vote { query, shared })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn insert(cache: &mut HotCache, docs: &[DocId]) -> (QueryId, CacheChange) {
+        cache.insert(None, vec![1.0], docs)
+    }
+
+    /// The inverted index rebuilt from scratch from the cached entries.
+    fn rebuilt_postings(cache: &HotCache) -> HashMap<DocId, Vec<QueryId>> {
+        let mut postings: HashMap<DocId, Vec<QueryId>> = HashMap::new();
+        for entry in cache.entries() {
+            for doc in &entry.doc_ids {
+                postings.entry(*doc).or_default().push(entry.id);
+            }
+        }
+        postings
+    }
+
+    #[test]
+    fn votes_count_shared_documents_and_ties_go_to_the_newest() {
+        let mut cache = HotCache::new(10);
+        let (a, _) = insert(&mut cache, &[1, 2, 3, 4]);
+        let (b, _) = insert(&mut cache, &[3, 4, 5, 6]);
+        assert_eq!(
+            cache.best_match(&[1, 2, 3, 9]),
+            Some(Vote {
+                query: a,
+                shared: 3
+            })
+        );
+        assert_eq!(
+            cache.best_match(&[3, 4, 9]),
+            Some(Vote {
+                query: b,
+                shared: 2
+            })
+        );
+        assert_eq!(cache.best_match(&[7, 8]), None);
+        // A document repeated in the draft votes once.
+        assert_eq!(
+            cache.best_match(&[5, 5, 5]),
+            Some(Vote {
+                query: b,
+                shared: 1
+            })
+        );
+    }
+
+    #[test]
+    fn fifo_eviction_unlinks_the_oldest_query_and_releases_its_unshared_documents() {
+        let mut cache = HotCache::new(2);
+        let (first, added) = insert(&mut cache, &[1, 2, 3]);
+        assert_eq!(added.added, vec![1, 2, 3]);
+        insert(&mut cache, &[3, 4]);
+        let (_, change) = insert(&mut cache, &[4, 5]);
+        assert_eq!(change.evicted, vec![first]);
+        let mut released = change.released.clone();
+        released.sort_unstable();
+        assert_eq!(released, vec![1, 2], "3 is still held by the second query");
+        assert_eq!(change.added, vec![5]);
+        assert!(cache.get(first).is_none());
+        assert!(!cache.contains_document(1) && cache.contains_document(3));
+        assert!(cache.postings().values().all(|qs| !qs.contains(&first)));
+        assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn a_document_in_both_the_evicted_and_the_new_entry_stays() {
+        let mut cache = HotCache::new(1);
+        insert(&mut cache, &[1, 2]);
+        let (_, change) = insert(&mut cache, &[2, 3]);
+        assert_eq!(change.released, vec![1]);
+        assert_eq!(change.added, vec![3]);
+        assert!(cache.contains_document(2));
+    }
+
+    proptest! {
+        #[test]
+        fn inverted_index_always_equals_the_one_rebuilt_from_entries(
+            capacity in 1usize..6,
+            results in prop::collection::vec(prop::collection::vec(0u64..20, 0..8), 1..40),
+        ) {
+            let mut cache = HotCache::new(capacity);
+            let mut referenced: HashSet<DocId> = HashSet::new();
+            for docs in results {
+                let (_, change) = insert(&mut cache, &docs);
+                for d in &change.released { prop_assert!(referenced.remove(d)); }
+                for d in &change.added { prop_assert!(referenced.insert(*d)); }
+                prop_assert!(cache.len() <= capacity);
+                prop_assert_eq!(cache.postings(), &rebuilt_postings(&cache));
+                let live: HashSet<DocId> = cache.postings().keys().copied().collect();
+                prop_assert_eq!(&referenced, &live);
+            }
+        }
+    }
+}

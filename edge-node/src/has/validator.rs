@@ -1,0 +1,107 @@
+//! Homology validation: a draft is trusted when one cached query's exact result shares
+//! enough of the draft's documents. Homologous queries (same entity, another attribute)
+//! retrieve overlapping passages, so the overlap stands in for the exact search's verdict.
+
+use hasten_core::DocId;
+
+use super::hot_cache::{HotCache, Vote};
+
+/// Tolerance when comparing votes with tau x k: tau comes from a decimal configuration and
+/// tau x k is meant to be an integer count (0.2 x 10 = 2 shared documents).
+const TAU_EPSILON: f64 = 1e-9;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    pub accepted: bool,
+    /// Votes of the best cached query divided by k.
+    pub score: f64,
+    pub best: Option<Vote>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HomologyValidator {
+    tau: f64,
+}
+
+impl HomologyValidator {
+    /// `tau` in [0, 1]: the share of the k draft documents one cached query must hold.
+    pub fn new(tau: f64) -> Self {
+        Self { tau }
+    }
+
+    pub fn tau(&self) -> f64 {
+        self.tau
+    }
+
+    /// Scores `draft` (of target size `k`) against the cache: score = votes / k for the best
+    /// cached query; accepted when score >= tau.
+    pub fn judge(&self, cache: &HotCache, draft: &[DocId], k: usize) -> Verdict {
+        let best = cache.best_match(draft);
+        let votes = best.map_or(0, |v| v.shared);
+        let k = k.max(1) as f64;
+        let accepted = best.is_some() && votes as f64 >= self.tau * k - TAU_EPSILON;
+        Verdict {
+            accepted,
+            score: votes as f64 / k,
+            best,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache_with(results: &[&[DocId]]) -> HotCache {
+        let mut cache = HotCache::new(100);
+        for docs in results {
+            cache.insert(None, vec![1.0], docs);
+        }
+        cache
+    }
+
+    #[test]
+    fn score_is_votes_over_k_for_the_best_cached_query() {
+        let cache = cache_with(&[&[1, 2, 3], &[4, 5, 6, 7]]);
+        let verdict =
+            HomologyValidator::new(0.2).judge(&cache, &[4, 5, 6, 1, 9, 10, 11, 12, 13, 14], 10);
+        assert_eq!(verdict.best.map(|v| v.shared), Some(3));
+        assert!((verdict.score - 0.3).abs() < 1e-12);
+        assert!(verdict.accepted);
+    }
+
+    #[test]
+    fn a_score_of_exactly_tau_accepts_and_one_vote_less_rejects() {
+        let cache = cache_with(&[&[1, 2, 3]]);
+        let draft_two = [1, 2, 20, 21, 22, 23, 24, 25, 26, 27];
+        let draft_one = [1, 30, 20, 21, 22, 23, 24, 25, 26, 27];
+        for tau in [0.2, 0.1 + 0.1] {
+            let validator = HomologyValidator::new(tau);
+            assert!(
+                validator.judge(&cache, &draft_two, 10).accepted,
+                "tau {tau}"
+            );
+            assert!(
+                !validator.judge(&cache, &draft_one, 10).accepted,
+                "tau {tau}"
+            );
+        }
+        let tau_03 = HomologyValidator::new(0.3);
+        assert!(
+            tau_03
+                .judge(
+                    &cache_with(&[&[1, 2, 3]]),
+                    &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+                    10
+                )
+                .accepted
+        );
+    }
+
+    #[test]
+    fn an_empty_cache_never_accepts_even_at_tau_zero() {
+        let verdict = HomologyValidator::new(0.0).judge(&HotCache::new(5), &[1, 2], 10);
+        assert!(!verdict.accepted);
+        assert_eq!(verdict.score, 0.0);
+    }
+}

@@ -1,0 +1,125 @@
+//! JSON over HTTP for people and scripts: `POST /v1/retrieve`, `GET /v1/status`, `GET /healthz`.
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::api::{EdgeError, InvalidArgument, RetrieveBody, RetrieveReply};
+use crate::service::EdgeService;
+
+#[derive(Clone)]
+struct HttpState {
+    service: EdgeService,
+    max_body_bytes: usize,
+}
+
+pub fn router(service: EdgeService, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/retrieve", post(retrieve))
+        .route("/v1/status", get(status))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(HttpState {
+            service,
+            max_body_bytes,
+        })
+}
+
+impl IntoResponse for EdgeError {
+    fn into_response(self) -> Response {
+        let (status, body) = match &self {
+            EdgeError::InvalidArgument(InvalidArgument { field, message }) => (
+                StatusCode::BAD_REQUEST,
+                json!({"error": {"code": "invalid_argument", "field": field, "message": message}}),
+            ),
+            EdgeError::Unavailable(message) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": {"code": "unavailable", "message": message}}),
+            ),
+            EdgeError::Internal(message) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": {"code": "internal", "message": message}}),
+            ),
+        };
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// Parses the body, naming the offending field on error (`body` when it is not JSON at all).
+fn parse_body(bytes: &[u8]) -> Result<RetrieveBody, InvalidArgument> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let body: RetrieveBody =
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+            let path = err.path().to_string();
+            let field = if matches!(path.as_str(), "" | "." | "?") {
+                "body".to_string()
+            } else {
+                path
+            };
+            InvalidArgument::new(field, err.into_inner().to_string())
+        })?;
+    deserializer
+        .end()
+        .map_err(|err| InvalidArgument::new("body", err.to_string()))?;
+    Ok(body)
+}
+
+async fn retrieve(
+    State(state): State<HttpState>,
+    body: Body,
+) -> Result<axum::Json<RetrieveReply>, EdgeError> {
+    let bytes = to_bytes(body, state.max_body_bytes).await.map_err(|_| {
+        InvalidArgument::new(
+            "body",
+            format!("unreadable or larger than {} bytes", state.max_body_bytes),
+        )
+    })?;
+    let request = parse_body(&bytes)?.validate(state.service.limits())?;
+    let retrieval = state.service.retrieve(request).await?;
+    Ok(axum::Json(retrieval.into()))
+}
+
+async fn status(State(state): State<HttpState>) -> axum::Json<serde_json::Value> {
+    let engine = state.service.engine();
+    let (queries, documents) = engine.cache_size();
+    let settings = engine.settings();
+    axum::Json(json!({
+        "policy": settings.policy,
+        "tau": settings.tau,
+        "cached_queries": queries,
+        "cached_documents": documents,
+        "default_k": state.service.limits().default_k,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_errors_name_the_field_or_the_body() {
+        assert_eq!(
+            parse_body(br#"{"query": "a", "k": "ten"}"#)
+                .unwrap_err()
+                .field,
+            "k"
+        );
+        assert_eq!(
+            parse_body(br#"{"query": "a", "vector": [1, "x"]}"#)
+                .unwrap_err()
+                .field,
+            "vector[1]"
+        );
+        assert_eq!(parse_body(b"{not json").unwrap_err().field, "body");
+        assert_eq!(
+            parse_body(br#"{"query": "a"} trailing"#).unwrap_err().field,
+            "body"
+        );
+        let unknown = parse_body(br#"{"qeury": "a"}"#).unwrap_err();
+        assert!(unknown.message.contains("unknown field"), "{unknown}");
+        assert_eq!(parse_body(br#"{"query": "a", "k": 3}"#).unwrap().k, Some(3));
+    }
+}

@@ -1,0 +1,325 @@
+//! `edge-node`: serve HaS retrieval at the edge.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use edge_node::api::RequestLimits;
+use edge_node::cloud::{CloudEndpoint, QuicCloudClient};
+use edge_node::config::EdgeConfig;
+use edge_node::grpc::EdgeGrpc;
+use edge_node::has::{
+    CacheChannel, EngineSettings, FuzzyChannel, HasEngine, HotCache, RetrievalPolicy,
+};
+use edge_node::service::EdgeService;
+use hasten_core::bundle::CorpusBundle;
+use hasten_core::config::load_config;
+use hasten_core::encoder::TextEncoder;
+use hasten_proto::v1::edge_server::EdgeServer;
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(
+    name = "edge-node",
+    version,
+    about = "Hasten edge: homology-aware speculative retrieval"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve retrieval over HTTP/JSON and gRPC.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Serialize)]
+struct ServeArgs {
+    /// TOML configuration file; flags and HASTEN_EDGE_* variables override it.
+    #[arg(long)]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    print_config: bool,
+    /// Corpus bundle directory (the one the cloud serves).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bundle: Option<PathBuf>,
+    /// all-MiniLM-L6-v2 directory, shared by every binary through HASTEN_MODEL_DIR
+    /// [default: models/all-MiniLM-L6-v2].
+    #[arg(long, env = "HASTEN_MODEL_DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_dir: Option<PathBuf>,
+    /// JSON API address [default: 127.0.0.1:7200].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    http_addr: Option<SocketAddr>,
+    /// gRPC API address [default: 127.0.0.1:7201].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_addr: Option<SocketAddr>,
+    /// Cloud index QUIC address [default: 127.0.0.1:7100].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cloud_addr: Option<SocketAddr>,
+    /// TLS name of the cloud [default: localhost].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cloud_server_name: Option<String>,
+    /// PEM certificate(s) to trust for the cloud [default: run/cloud-dev-cert.pem].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cloud_ca: Option<PathBuf>,
+    /// Cloud request deadline in milliseconds [default: 2000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cloud_timeout_ms: Option<u64>,
+    /// has | cloud-only [default: has].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<RetrievalPolicy>,
+    /// Default k [default: 10].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    k: Option<usize>,
+    /// Homology threshold tau [default: 0.2].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tau: Option<f64>,
+    /// Cached queries, FIFO [default: 5000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_capacity: Option<usize>,
+    /// Fuzzy-channel candidates re-ranked exactly [default: 50].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fuzzy_candidates: Option<usize>,
+    /// Run the fuzzy channel [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fuzzy_channel: Option<bool>,
+    /// Share of the corpus in the fuzzy channel, (0, 1] [default: 1.0].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    corpus_fraction: Option<f64>,
+    /// Fuzzy-channel IVF lists [default: 4 x sqrt(n)].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fuzzy_nlist: Option<usize>,
+    /// Fuzzy-channel probes [default: nlist x 64 / 8192, at least ~1,024 codes].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fuzzy_nprobe: Option<usize>,
+    /// Cache-channel IVF lists [default: 4 x sqrt(n)].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_nlist: Option<usize>,
+    /// Cache-channel probes [default: nlist / 8].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_nprobe: Option<usize>,
+    /// Write the bound addresses as JSON to this file once serving.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready_file: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    hasten_core::logging::init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
+    }
+}
+
+/// Training rows for the cache channel's centroids: the whole bundle up to this many rows
+/// (k-means cost grows with it; 100k rows give every list of a 50k-document cache hundreds
+/// of points).
+const CACHE_TRAINING_ROWS: usize = 100_000;
+
+fn cache_channel(bundle: &CorpusBundle, config: &EdgeConfig) -> Result<CacheChannel> {
+    let step = bundle.len().div_ceil(CACHE_TRAINING_ROWS).max(1);
+    let mut sample = Vec::new();
+    for row in (0..bundle.len()).step_by(step) {
+        sample.extend_from_slice(bundle.vector(row));
+    }
+    let channel = CacheChannel::train(
+        bundle.dimension(),
+        &sample,
+        config.cache_nlist,
+        config.cache_nprobe,
+    )?;
+    let shape = channel.shape();
+    tracing::info!(
+        nlist = shape.nlist,
+        nprobe = shape.nprobe,
+        "cache channel trained"
+    );
+    Ok(channel)
+}
+
+fn build_engine(config: &EdgeConfig, bundle: &CorpusBundle) -> Result<HasEngine<QuicCloudClient>> {
+    let client_config = hasten_proto::quic::client_config(&config.cloud_ca).with_context(|| {
+        format!(
+            "loading the cloud CA {} (a dev cloud writes its certificate to run/cloud-dev-cert.pem)",
+            config.cloud_ca.display()
+        )
+    })?;
+    let cloud = QuicCloudClient::new(
+        client_config,
+        CloudEndpoint {
+            addr: config.cloud_addr,
+            server_name: config.cloud_server_name.clone(),
+            timeout: Duration::from_millis(config.cloud_timeout_ms),
+            corpus_version: bundle.manifest.corpus_version.clone(),
+        },
+    )
+    .context("opening the QUIC client endpoint")?;
+    let uses_cache = config.policy == RetrievalPolicy::Has;
+    let fuzzy = if uses_cache && config.fuzzy_channel {
+        let started = Instant::now();
+        let fuzzy = FuzzyChannel::build(
+            bundle,
+            config.corpus_fraction,
+            config.fuzzy_nlist,
+            config.fuzzy_nprobe,
+        )
+        .context("building the fuzzy channel")?;
+        tracing::info!(
+            documents = fuzzy.len(),
+            index = fuzzy.index().description(),
+            nprobe = fuzzy.index().shape().nprobe,
+            seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+            "fuzzy channel built"
+        );
+        Some(fuzzy)
+    } else {
+        None
+    };
+    Ok(HasEngine::new(
+        EngineSettings {
+            policy: config.policy,
+            tau: config.tau,
+            fuzzy_candidates: config.fuzzy_candidates,
+        },
+        HotCache::new(config.cache_capacity),
+        cache_channel(bundle, config)?,
+        fuzzy,
+        cloud,
+    ))
+}
+
+fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let staging = path.with_extension("partial");
+    std::fs::write(&staging, contents)?;
+    std::fs::rename(&staging, path)
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let config: EdgeConfig = load_config(args.config.as_deref(), "HASTEN_EDGE_", &args)?;
+    if args.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    config.validate()?;
+    let bundle_dir = config.bundle.clone().unwrap_or_default();
+    let bundle = CorpusBundle::load(&bundle_dir)
+        .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
+    let encoder = TextEncoder::load(&config.model_dir)
+        .with_context(|| format!("loading the encoder from {}", config.model_dir.display()))?;
+    if encoder.dimension() != bundle.dimension() {
+        anyhow::bail!(
+            "the encoder makes {}-d vectors but the bundle holds {}-d vectors",
+            encoder.dimension(),
+            bundle.dimension()
+        );
+    }
+    let engine = build_engine(&config, &bundle)?;
+    let limits = RequestLimits {
+        default_k: config.k,
+        max_k: config.max_k,
+        max_query_chars: config.max_query_chars,
+        dimension: bundle.dimension(),
+    };
+    drop(bundle);
+    let service = EdgeService::new(Arc::new(encoder), Arc::new(engine), limits);
+
+    let http_listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("binding HTTP on {}", config.http_addr))?;
+    let http_addr = http_listener.local_addr()?;
+    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC on {}", config.grpc_addr))?;
+    let grpc_addr = grpc_listener.local_addr()?;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let http = axum::serve(
+        http_listener,
+        edge_node::http::router(service.clone(), config.max_body_bytes),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let grpc = tonic::transport::Server::builder()
+        .add_service(EdgeServer::new(EdgeGrpc::new(service)))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            stopped(stop_rx),
+        );
+    let http_task = tokio::spawn(async move { http.await });
+    let grpc_task = tokio::spawn(grpc);
+    tracing::info!(%http_addr, %grpc_addr, policy = ?config.policy, "serving");
+    if let Some(path) = &config.ready_file {
+        let ready = serde_json::json!({
+            "http_addr": http_addr.to_string(),
+            "grpc_addr": grpc_addr.to_string(),
+        });
+        write_atomically(path, ready.to_string().as_bytes())
+            .with_context(|| format!("writing the ready file {}", path.display()))?;
+    }
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    http_task.await?.context("HTTP server")?;
+    grpc_task.await?.context("gRPC server")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(%err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown requested");
+}

@@ -1,0 +1,63 @@
+//! The edge service behind both front ends: encode the query, then run the HaS engine.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hasten_core::encoder::TextEncoder;
+
+use crate::api::{EdgeError, QueryInput, RequestLimits, ValidRequest};
+use crate::cloud::QuicCloudClient;
+use crate::has::{HasEngine, Retrieval, StageTimings};
+
+#[derive(Clone)]
+pub struct EdgeService {
+    encoder: Arc<TextEncoder>,
+    engine: Arc<HasEngine<QuicCloudClient>>,
+    limits: RequestLimits,
+}
+
+impl EdgeService {
+    pub fn new(
+        encoder: Arc<TextEncoder>,
+        engine: Arc<HasEngine<QuicCloudClient>>,
+        limits: RequestLimits,
+    ) -> Self {
+        Self {
+            encoder,
+            engine,
+            limits,
+        }
+    }
+
+    pub fn limits(&self) -> &RequestLimits {
+        &self.limits
+    }
+
+    pub fn engine(&self) -> &HasEngine<QuicCloudClient> {
+        &self.engine
+    }
+
+    pub async fn retrieve(&self, request: ValidRequest) -> Result<Retrieval, EdgeError> {
+        let mut timings = StageTimings::default();
+        let (vector, text) = match request.input {
+            QueryInput::Vector(vector) => (vector, None),
+            QueryInput::Text(text) => {
+                let encoder = Arc::clone(&self.encoder);
+                let started = Instant::now();
+                // Encoding is milliseconds of CPU: keep it off the async workers.
+                let (vector, text) = tokio::task::spawn_blocking(move || {
+                    encoder.encode_one(&text).map(|v| (v, text))
+                })
+                .await
+                .map_err(|e| EdgeError::Internal(format!("encoder task failed: {e}")))?
+                .map_err(|e| EdgeError::Internal(format!("encoder failed: {e}")))?;
+                timings.encode_us = started.elapsed().as_micros() as u64;
+                (vector, Some(text))
+            }
+        };
+        Ok(self
+            .engine
+            .retrieve(vector, text, request.k, timings)
+            .await?)
+    }
+}

@@ -1,0 +1,180 @@
+//! Per-query records and the evaluation of a run: draft acceptance rate (DAR), correct
+//! acceptance rate (CAR), document hit rate (DHR) overall and over accepted drafts, and
+//! latency by outcome, as the HaS paper defines them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use hasten_core::Question;
+use hasten_core::eval::contains_answer;
+use serde::{Deserialize, Serialize};
+
+/// The part of an edge's `/v1/retrieve` reply the evaluation reads.
+#[derive(Clone, Debug, Deserialize)]
+pub struct EdgeReply {
+    pub documents: Vec<ReplyDocument>,
+    pub outcome: String,
+    pub matched_query: Option<ReplyMatch>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ReplyDocument {
+    pub text: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ReplyMatch {
+    pub text: Option<String>,
+}
+
+/// What happened to one query.
+#[derive(Clone, Debug)]
+pub struct QueryRecord {
+    pub question: Question,
+    pub latency: Duration,
+    pub result: Result<EdgeReply, String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub queries: usize,
+    pub accepted: usize,
+    pub fallback: usize,
+    pub errors: usize,
+    pub dar: f64,
+    /// `None` when nothing was accepted.
+    pub car: Option<f64>,
+    pub doc_hit_rate: f64,
+    pub doc_hit_rate_at_da: Option<f64>,
+    pub avg_latency_s: f64,
+    pub latency_at_da_s: Option<f64>,
+    pub latency_at_dr_s: Option<f64>,
+}
+
+fn ratio(num: usize, den: usize) -> Option<f64> {
+    (den > 0).then(|| num as f64 / den as f64)
+}
+
+fn mean_seconds(latencies: &[Duration]) -> Option<f64> {
+    (!latencies.is_empty())
+        .then(|| latencies.iter().map(Duration::as_secs_f64).sum::<f64>() / latencies.len() as f64)
+}
+
+/// Summarises `records`. `entity_of_question` maps a question text to its entity, to judge
+/// whether an accepted draft was validated by a query about the same entity (CAR).
+pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, String>) -> Summary {
+    let mut accepted = 0;
+    let mut correct_accepts = 0;
+    let mut hits = 0;
+    let mut hits_at_da = 0;
+    let mut errors = 0;
+    let mut all = Vec::new();
+    let mut at_da = Vec::new();
+    let mut at_dr = Vec::new();
+    for record in records {
+        all.push(record.latency);
+        let Ok(reply) = &record.result else {
+            errors += 1;
+            continue;
+        };
+        let hit = reply
+            .documents
+            .iter()
+            .any(|d| contains_answer(&d.text, &record.question.answers));
+        hits += usize::from(hit);
+        if reply.outcome == "accepted" {
+            accepted += 1;
+            hits_at_da += usize::from(hit);
+            at_da.push(record.latency);
+            let matched_entity = reply
+                .matched_query
+                .as_ref()
+                .and_then(|m| m.text.as_ref())
+                .and_then(|text| entity_of_question.get(text));
+            correct_accepts += usize::from(matched_entity == Some(&record.question.entity));
+        } else {
+            at_dr.push(record.latency);
+        }
+    }
+    let answered = records.len() - errors;
+    Summary {
+        queries: records.len(),
+        accepted,
+        fallback: answered - accepted,
+        errors,
+        dar: ratio(accepted, records.len()).unwrap_or(0.0),
+        car: ratio(correct_accepts, accepted),
+        doc_hit_rate: ratio(hits, records.len()).unwrap_or(0.0),
+        doc_hit_rate_at_da: ratio(hits_at_da, accepted),
+        avg_latency_s: mean_seconds(&all).unwrap_or(0.0),
+        latency_at_da_s: mean_seconds(&at_da),
+        latency_at_dr_s: mean_seconds(&at_dr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn question(text: &str, entity: &str, answer: &str) -> Question {
+        Question {
+            question: text.into(),
+            answers: vec![answer.into()],
+            entity: entity.into(),
+            source: "test".into(),
+        }
+    }
+
+    fn reply(outcome: &str, text: &str, matched: Option<&str>) -> EdgeReply {
+        EdgeReply {
+            documents: vec![ReplyDocument { text: text.into() }],
+            outcome: outcome.into(),
+            matched_query: matched.map(|m| ReplyMatch {
+                text: Some(m.into()),
+            }),
+        }
+    }
+
+    #[test]
+    fn rates_follow_the_papers_definitions() {
+        let q1 = question("where born A", "A", "Lisbon");
+        let q2 = question("what job A", "A", "baker");
+        let q3 = question("what job B", "B", "smith");
+        let entities: HashMap<String, String> = [&q1, &q2, &q3]
+            .iter()
+            .map(|q| (q.question.clone(), q.entity.clone()))
+            .collect();
+        let ms = Duration::from_millis;
+        let records = vec![
+            QueryRecord {
+                question: q1.clone(),
+                latency: ms(100),
+                result: Ok(reply("fallback", "born in Lisbon", None)),
+            },
+            QueryRecord {
+                question: q2,
+                latency: ms(10),
+                result: Ok(reply("accepted", "a baker", Some("where born A"))),
+            },
+            QueryRecord {
+                question: q3,
+                latency: ms(20),
+                result: Ok(reply("accepted", "no answer", Some("where born A"))),
+            },
+            QueryRecord {
+                question: q1,
+                latency: ms(30),
+                result: Err("503".into()),
+            },
+        ];
+        let s = summarize(&records, &entities);
+        assert_eq!((s.queries, s.accepted, s.fallback, s.errors), (4, 2, 1, 1));
+        assert_eq!(s.dar, 0.5);
+        assert_eq!(s.car, Some(0.5));
+        assert_eq!(s.doc_hit_rate, 0.5);
+        assert_eq!(s.doc_hit_rate_at_da, Some(0.5));
+        assert!((s.avg_latency_s - 0.04).abs() < 1e-9);
+        assert!((s.latency_at_da_s.unwrap() - 0.015).abs() < 1e-9);
+        assert!((s.latency_at_dr_s.unwrap() - 0.1).abs() < 1e-9);
+    }
+}
