@@ -157,6 +157,23 @@ fn bench(c: &mut Criterion) {
         "accept path: {accepted}/{} benchmark queries accepted",
         queries.len()
     );
+    let mut stages = [0u64; 4];
+    for q in &queries {
+        let mut t = StageTimings::default();
+        let _ = s.engine.speculate(q, K, &mut t);
+        let measured = [t.cache_channel_us, t.fuzzy_channel_us, t.merge_us, t.validation_us];
+        for (sum, v) in stages.iter_mut().zip(measured) {
+            *sum += v;
+        }
+    }
+    let n = queries.len() as u64;
+    println!(
+        "accept path stages, mean us: cache channel {}, fuzzy channel {}, merge {}, validation {}",
+        stages[0] / n,
+        stages[1] / n,
+        stages[2] / n,
+        stages[3] / n
+    );
 
     let mut group = c.benchmark_group("has");
     group.measurement_time(Duration::from_secs(8));
@@ -182,25 +199,37 @@ fn bench(c: &mut Criterion) {
 
     let mut insert = Latencies::default();
     let mut topic = 0usize;
+    let mut churn = (0usize, 0usize);
     group.bench_function("insert_on_fallback", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                // The other half of a topic's members: ten documents new to the cache, while
-                // the FIFO evicts the oldest query and releases its documents.
+                // The FIFO evicts the oldest query, which holds the other half of this
+                // topic's members: ten documents leave the cache channel, ten new ones join.
                 let t = topic % TOPICS;
+                let half = if (topic / TOPICS) % 2 == 0 { K..PER_TOPIC } else { 0..K };
                 topic += 1;
-                let docs = cloud_documents(&s.members, t, K..PER_TOPIC);
+                let docs = cloud_documents(&s.members, t, half);
                 let query = s.centres[t * D..(t + 1) * D].to_vec();
                 let started = Instant::now();
-                s.engine.insert(None, query, &docs);
+                let change = s.engine.insert(None, query, &docs);
                 let elapsed = started.elapsed();
+                churn.0 += change.added.len();
+                churn.1 += change.released.len();
                 insert.record(elapsed);
                 total += elapsed;
             }
             total
         })
     });
+
+    println!(
+        "insert: {} inserts added {} and released {} cache-channel documents; {} cached documents after",
+        insert.len(),
+        churn.0,
+        churn.1,
+        s.engine.cache_size().1
+    );
 
     let mut flat = Latencies::default();
     group.bench_function("exact_flat_100k", |b| {

@@ -52,7 +52,7 @@ pub struct EdgeConfig {
     pub fuzzy_nprobe: Option<usize>,
     /// IVF lists of the cache channel; scaled to the corpus when absent.
     pub cache_nlist: Option<usize>,
-    /// Lists probed by the cache channel; an eighth of the lists when absent.
+    /// Lists probed by the cache channel; a sixteenth of the lists when absent.
     pub cache_nprobe: Option<usize>,
     /// Longest query text accepted, in characters.
     pub max_query_chars: usize,

@@ -121,7 +121,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_nlist: Option<usize>,
-    /// Cache-channel probes [default: nlist / 8].
+    /// Cache-channel probes [default: nlist / 16].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_nprobe: Option<usize>,

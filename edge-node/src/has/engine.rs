@@ -13,7 +13,7 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
 use super::channels::{CacheChannel, EdgeDocument, FuzzyChannel};
-use super::hot_cache::{HotCache, QueryId};
+use super::hot_cache::{CacheChange, HotCache, QueryId};
 use super::validator::{HomologyValidator, Verdict};
 use crate::cloud::CloudError;
 
@@ -237,24 +237,38 @@ impl<C: CloudSearch> HasEngine<C> {
         timings: &mut StageTimings,
     ) -> Result<Speculation, EngineError> {
         let state = self.cache.read();
-        let mut candidates: HashMap<DocId, Arc<EdgeDocument>> = HashMap::new();
-
-        let stage = Instant::now();
-        for hit in state.channel.search(query, k)? {
-            if let Some(doc) = state.channel.document(hit.id) {
-                candidates.insert(hit.id, Arc::clone(doc));
-            }
-        }
-        timings.cache_channel_us = micros_since(stage);
-
-        if let Some(fuzzy) = &self.fuzzy {
+        // The two channels are independent; run them side by side (the draft waits for the
+        // slower one instead of their sum).
+        let cache_channel = || -> Result<(Vec<Arc<EdgeDocument>>, u64), IndexError> {
             let stage = Instant::now();
-            for hit in fuzzy.search(query, self.settings.fuzzy_candidates.max(k))? {
-                if let Some(doc) = fuzzy.document(hit.id) {
-                    candidates.entry(hit.id).or_insert_with(|| Arc::clone(doc));
-                }
-            }
-            timings.fuzzy_channel_us = micros_since(stage);
+            let docs = state
+                .channel
+                .search(query, k)?
+                .iter()
+                .filter_map(|hit| state.channel.document(hit.id).cloned())
+                .collect();
+            Ok((docs, micros_since(stage)))
+        };
+        let fuzzy_channel = || -> Result<(Vec<Arc<EdgeDocument>>, u64), IndexError> {
+            let Some(fuzzy) = &self.fuzzy else {
+                return Ok((Vec::new(), 0));
+            };
+            let stage = Instant::now();
+            let docs = fuzzy
+                .search(query, self.settings.fuzzy_candidates.max(k))?
+                .iter()
+                .filter_map(|hit| fuzzy.document(hit.id).cloned())
+                .collect();
+            Ok((docs, micros_since(stage)))
+        };
+        let (cached, fuzzy) = rayon::join(cache_channel, fuzzy_channel);
+        let (cached, cache_us) = cached?;
+        let (fuzzy, fuzzy_us) = fuzzy?;
+        timings.cache_channel_us = cache_us;
+        timings.fuzzy_channel_us = fuzzy_us;
+        let mut candidates: HashMap<DocId, Arc<EdgeDocument>> = HashMap::with_capacity(cached.len() + fuzzy.len());
+        for doc in cached.into_iter().chain(fuzzy) {
+            candidates.entry(doc.id).or_insert(doc);
         }
 
         let stage = Instant::now();
@@ -285,11 +299,12 @@ impl<C: CloudSearch> HasEngine<C> {
     }
 
     /// Caches a fallback result: the hot cache, its inverted index and the cache channel
-    /// change together under one write lock.
-    pub fn insert(&self, text: Option<String>, query: Vec<f32>, result: &[CloudDocument]) {
+    /// change together under one write lock. Returns how the cached documents changed
+    /// (nothing when the result carries no usable vectors).
+    pub fn insert(&self, text: Option<String>, query: Vec<f32>, result: &[CloudDocument]) -> CacheChange {
         if result.is_empty() || result.iter().any(|d| d.vector.len() != query.len()) {
             tracing::warn!("cloud result without usable vectors; not cached");
-            return;
+            return CacheChange::default();
         }
         let ids: Vec<DocId> = result.iter().map(|d| d.id).collect();
         let mut state = self.cache.write();
@@ -319,6 +334,7 @@ impl<C: CloudSearch> HasEngine<C> {
         if let Err(err) = state.channel.add(added) {
             tracing::error!(%err, "cache channel insertion failed");
         }
+        change
     }
 }
 
