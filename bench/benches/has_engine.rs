@@ -161,7 +161,12 @@ fn bench(c: &mut Criterion) {
     for q in &queries {
         let mut t = StageTimings::default();
         let _ = s.engine.speculate(q, K, &mut t);
-        let measured = [t.cache_channel_us, t.fuzzy_channel_us, t.merge_us, t.validation_us];
+        let measured = [
+            t.cache_channel_us,
+            t.fuzzy_channel_us,
+            t.merge_us,
+            t.validation_us,
+        ];
         for (sum, v) in stages.iter_mut().zip(measured) {
             *sum += v;
         }
@@ -207,7 +212,11 @@ fn bench(c: &mut Criterion) {
                 // The FIFO evicts the oldest query, which holds the other half of this
                 // topic's members: ten documents leave the cache channel, ten new ones join.
                 let t = topic % TOPICS;
-                let half = if (topic / TOPICS) % 2 == 0 { K..PER_TOPIC } else { 0..K };
+                let half = if (topic / TOPICS).is_multiple_of(2) {
+                    K..PER_TOPIC
+                } else {
+                    0..K
+                };
                 topic += 1;
                 let docs = cloud_documents(&s.members, t, half);
                 let query = s.centres[t * D..(t + 1) * D].to_vec();

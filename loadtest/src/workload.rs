@@ -14,7 +14,7 @@ use rand_distr::{Distribution, Zipf};
 pub enum WorkloadError {
     #[error("no questions to draw from (check the question sources)")]
     NoQuestions,
-    #[error("invalid Zipf exponent {0}: must be positive and finite")]
+    #[error("invalid Zipf exponent {0}: must be finite and at least 0 (0 is uniform)")]
     Exponent(f64),
 }
 
@@ -105,8 +105,16 @@ mod tests {
             Err(WorkloadError::NoQuestions)
         ));
         assert!(matches!(
-            zipf_workload(&questions(3, 1), 10, 0.0, 1),
+            zipf_workload(&questions(3, 1), 10, -1.0, 1),
             Err(WorkloadError::Exponent(_))
         ));
+        assert!(matches!(
+            zipf_workload(&questions(3, 1), 10, f64::NAN, 1),
+            Err(WorkloadError::Exponent(_))
+        ));
+        assert_eq!(
+            zipf_workload(&questions(3, 1), 10, 0.0, 1).unwrap().len(),
+            10
+        );
     }
 }

@@ -266,7 +266,8 @@ impl<C: CloudSearch> HasEngine<C> {
         let (fuzzy, fuzzy_us) = fuzzy?;
         timings.cache_channel_us = cache_us;
         timings.fuzzy_channel_us = fuzzy_us;
-        let mut candidates: HashMap<DocId, Arc<EdgeDocument>> = HashMap::with_capacity(cached.len() + fuzzy.len());
+        let mut candidates: HashMap<DocId, Arc<EdgeDocument>> =
+            HashMap::with_capacity(cached.len() + fuzzy.len());
         for doc in cached.into_iter().chain(fuzzy) {
             candidates.entry(doc.id).or_insert(doc);
         }
@@ -301,7 +302,12 @@ impl<C: CloudSearch> HasEngine<C> {
     /// Caches a fallback result: the hot cache, its inverted index and the cache channel
     /// change together under one write lock. Returns how the cached documents changed
     /// (nothing when the result carries no usable vectors).
-    pub fn insert(&self, text: Option<String>, query: Vec<f32>, result: &[CloudDocument]) -> CacheChange {
+    pub fn insert(
+        &self,
+        text: Option<String>,
+        query: Vec<f32>,
+        result: &[CloudDocument],
+    ) -> CacheChange {
         if result.is_empty() || result.iter().any(|d| d.vector.len() != query.len()) {
             tracing::warn!("cloud result without usable vectors; not cached");
             return CacheChange::default();
