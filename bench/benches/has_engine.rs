@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use edge_node::cloud::CloudError;
-use edge_node::has::{
-    CacheChannel, CloudDocument, CloudSearch, EdgeDocument, EngineSettings, FuzzyChannel,
-    HasEngine, HotCache, RetrievalPolicy, StageTimings,
+use edge_node::engine::{
+    CloudDocument, CloudSearch, EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings,
 };
+use edge_node::has::{CacheChannel, EdgeDocument, FuzzyChannel, HotCache};
 use hasten_bench::{Latencies, clustered_vectors};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::index::ExactIndex;
@@ -52,7 +52,7 @@ impl CloudSearch for NoCloud {
 }
 
 struct Setup {
-    engine: HasEngine<NoCloud>,
+    engine: RetrievalEngine<NoCloud>,
     centres: Vec<f32>,
     members: Vec<f32>,
     exact: ExactIndex,
@@ -99,22 +99,25 @@ fn setup() -> Setup {
         channel.shape().nlist,
         channel.shape().nprobe
     );
-    let engine = HasEngine::new(
+    let engine = RetrievalEngine::new(
         EngineSettings {
             policy: RetrievalPolicy::Has,
             tau: 0.2,
             fuzzy_candidates: 50,
+            semantic_threshold: 0.9,
         },
         HotCache::new(CACHED),
         channel,
         Some(fuzzy),
         NoCloud,
-    );
+    )
+    .expect("engine");
     for topic in 0..CACHED {
         let query = centres[topic * D..(topic + 1) * D].to_vec();
         engine.insert(None, query, &cloud_documents(&members, topic, 0..K));
     }
-    let (queries, docs) = engine.cache_size();
+    let cache = engine.cache_stats();
+    let (queries, docs) = (cache.queries, cache.documents);
     println!(
         "setup: {queries} cached queries, {docs} cached documents, {:.1}s",
         started.elapsed().as_secs_f64()
@@ -237,7 +240,7 @@ fn bench(c: &mut Criterion) {
         insert.len(),
         churn.0,
         churn.1,
-        s.engine.cache_size().1
+        s.engine.cache_stats().documents
     );
 
     let mut flat = Latencies::default();

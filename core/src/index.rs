@@ -2,13 +2,15 @@
 //! - [`ExactIndex`]: exhaustive flat search, the cloud's exact top-k;
 //! - [`IvfPqIndex`]: IVF with product quantisation, the edge's fuzzy channel;
 //! - [`RemovableIvfIndex`]: IVF with 8-bit scalar quantisation that supports removal, the
-//!   edge's cache channel (faiss's HNSW cannot remove vectors; IVF lists can).
+//!   edge's cache channel (faiss's HNSW cannot remove vectors; IVF lists can);
+//! - [`RemovableFlatIndex`]: exact search with add and remove by id, for small sets that
+//!   churn (the semantic cache's query vectors).
 
 use faiss::index::scalar_quantizer::{IVFScalarQuantizerIndexImpl, QuantizerType};
 use faiss::index::{IndexImpl, SearchWithParamsMut};
 use faiss::search_params::SearchParametersIVF;
 use faiss::selector::IdSelector;
-use faiss::{ConcurrentIndex, FlatIndex, Idx, Index, MetricType};
+use faiss::{ConcurrentIndex, FlatIndex, IdMap, Idx, Index, MetricType};
 use parking_lot::Mutex;
 
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +217,10 @@ impl IvfPqIndex {
         self.shape
     }
 
+    pub fn dimension(&self) -> usize {
+        self.dimension
+    }
+
     /// The faiss factory string the index was built from.
     pub fn description(&self) -> &str {
         &self.description
@@ -287,6 +293,10 @@ impl RemovableIvfIndex {
         self.shape
     }
 
+    pub fn dimension(&self) -> usize {
+        self.dimension
+    }
+
     pub fn len(&self) -> usize {
         self.index.ntotal() as usize
     }
@@ -315,6 +325,66 @@ impl RemovableIvfIndex {
     }
 
     /// Approximate top-`k` for one query.
+    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
+        check_queries(query, self.dimension)?;
+        if k == 0 || self.is_empty() {
+            return Ok(Vec::new());
+        }
+        let result = ConcurrentIndex::search(&self.index, query, k)?;
+        Ok(hits_per_query(&result.labels, &result.distances, k)
+            .pop()
+            .unwrap_or_default())
+    }
+}
+
+/// Exhaustive inner-product search over vectors added and removed by id.
+pub struct RemovableFlatIndex {
+    index: IdMap<FlatIndex>,
+    dimension: usize,
+}
+
+impl std::fmt::Debug for RemovableFlatIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemovableFlatIndex")
+            .field("dimension", &self.dimension)
+            .field("len", &self.index.ntotal())
+            .finish()
+    }
+}
+
+impl RemovableFlatIndex {
+    pub fn new(dimension: usize) -> Result<Self, IndexError> {
+        Ok(Self {
+            index: IdMap::new(FlatIndex::new_ip(dimension as u32)?)?,
+            dimension,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.ntotal() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn add(&mut self, ids: &[u64], vectors: &[f32]) -> Result<(), IndexError> {
+        let xids = check_ids(ids, vectors, self.dimension)?;
+        if !xids.is_empty() {
+            self.index.add_with_ids(vectors, &xids)?;
+        }
+        Ok(())
+    }
+
+    pub fn remove(&mut self, ids: &[u64]) -> Result<usize, IndexError> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let selector = IdSelector::batch(&to_faiss_ids(ids)?)?;
+        Ok(self.index.remove_ids(&selector)?)
+    }
+
+    /// Exact top-`k` for one query.
     pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
         check_queries(query, self.dimension)?;
         if k == 0 || self.is_empty() {
@@ -431,5 +501,24 @@ mod tests {
             .collect();
         assert!(!after.contains(&20) && after.len() == 2, "{after:?}");
         assert!(index.add(&[u64::MAX], &sample[..d]).is_err());
+    }
+
+    #[test]
+    fn removable_flat_is_exact_and_forgets_removed_ids() {
+        let d = 8;
+        let vectors = unit_vectors(50, d, 8);
+        let mut index = RemovableFlatIndex::new(d).unwrap();
+        let ids: Vec<u64> = (100..150).collect();
+        index.add(&ids, &vectors).unwrap();
+        let query = &vectors[7 * d..8 * d];
+        let top = index.search(query, 3).unwrap();
+        let expected: Vec<u64> = brute_force(&vectors, d, query, 3)
+            .iter()
+            .map(|r| r + 100)
+            .collect();
+        assert_eq!(top.iter().map(|h| h.id).collect::<Vec<_>>(), expected);
+        assert_eq!(index.remove(&[107]).unwrap(), 1);
+        assert!(index.search(query, 3).unwrap().iter().all(|h| h.id != 107));
+        assert_eq!(index.len(), 49);
     }
 }

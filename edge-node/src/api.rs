@@ -4,7 +4,9 @@
 use hasten_core::vector::normalized_query;
 use serde::{Deserialize, Serialize};
 
-use crate::has::{EngineError, MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings};
+use crate::engine::{
+    EngineError, MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings,
+};
 
 /// Bounds on what a request may ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +126,7 @@ impl From<EngineError> for EdgeError {
                 EdgeError::Unavailable(format!("cloud index unavailable: {e}"))
             }
             EngineError::Index(e) => EdgeError::Internal(e.to_string()),
+            EngineError::Misconfigured(m) => EdgeError::Internal(m.to_string()),
         }
     }
 }

@@ -10,7 +10,7 @@ use hasten_proto::v1::{
 };
 use tokio::sync::Mutex;
 
-use crate::has::{CloudDocument, CloudSearch};
+use crate::engine::{CloudDocument, CloudSearch};
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum CloudError {

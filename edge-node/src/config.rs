@@ -8,7 +8,7 @@ use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use serde::{Deserialize, Serialize};
 
-use crate::has::RetrievalPolicy;
+use crate::engine::RetrievalPolicy;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -29,8 +29,12 @@ pub struct EdgeConfig {
     pub cloud_ca: PathBuf,
     /// Deadline of one cloud request in milliseconds, connection set-up included.
     pub cloud_timeout_ms: u64,
-    /// `has` (speculate, validate, fall back) or `cloud-only` (the baseline).
+    /// `has` (speculate, validate, fall back), or a baseline: `cloud-only`, `edge-ivf`,
+    /// `exact-cache`, `semantic-cache`.
     pub policy: RetrievalPolicy,
+    /// Cosine similarity at which `semantic-cache` reuses a cached result (RedisVL's default
+    /// distance threshold 0.1).
+    pub semantic_threshold: f32,
     /// Documents returned when a request gives no k (paper: 10).
     pub k: usize,
     /// Largest k a request may ask for.
@@ -74,6 +78,7 @@ impl Default for EdgeConfig {
             cloud_ca: PathBuf::from("run/cloud-dev-cert.pem"),
             cloud_timeout_ms: 2_000,
             policy: RetrievalPolicy::Has,
+            semantic_threshold: 0.9,
             k: 10,
             max_k: 100,
             tau: 0.2,
@@ -113,6 +118,21 @@ impl EdgeConfig {
             return Err(ConfigError::invalid(
                 "k",
                 format!("must be in 1..=max_k ({}), got {}", self.max_k, self.k),
+            ));
+        }
+        if !(-1.0..=1.0).contains(&self.semantic_threshold) {
+            return Err(ConfigError::invalid(
+                "semantic_threshold",
+                format!(
+                    "must be a cosine similarity in [-1, 1], got {}",
+                    self.semantic_threshold
+                ),
+            ));
+        }
+        if self.policy == RetrievalPolicy::EdgeIvf && !self.fuzzy_channel {
+            return Err(ConfigError::invalid(
+                "fuzzy_channel",
+                "must be on for the edge-ivf policy",
             ));
         }
         if self.cache_capacity == 0 {

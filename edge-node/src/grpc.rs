@@ -5,7 +5,7 @@ use hasten_proto::v1::edge_server::Edge;
 use tonic::{Request, Response, Status};
 
 use crate::api::{EdgeError, RetrieveBody};
-use crate::has::{Outcome, Retrieval};
+use crate::engine::{Outcome, Retrieval};
 use crate::service::EdgeService;
 
 #[derive(Clone)]

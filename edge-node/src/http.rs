@@ -84,13 +84,15 @@ async fn retrieve(
 
 async fn status(State(state): State<HttpState>) -> axum::Json<serde_json::Value> {
     let engine = state.service.engine();
-    let (queries, documents) = engine.cache_size();
+    let cache = engine.cache_stats();
     let settings = engine.settings();
     axum::Json(json!({
         "policy": settings.policy,
         "tau": settings.tau,
-        "cached_queries": queries,
-        "cached_documents": documents,
+        "semantic_threshold": settings.semantic_threshold,
+        "cached_queries": cache.queries,
+        "cached_documents": cache.documents,
+        "cache_bytes": cache.bytes,
         "default_k": state.service.limits().default_k,
     }))
 }

@@ -4,7 +4,9 @@
 pub mod api;
 pub mod cloud;
 pub mod config;
+pub mod engine;
 pub mod grpc;
 pub mod has;
 pub mod http;
+pub mod lookup;
 pub mod service;

@@ -10,10 +10,9 @@ use clap::{Args, Parser, Subcommand};
 use edge_node::api::RequestLimits;
 use edge_node::cloud::{CloudEndpoint, QuicCloudClient};
 use edge_node::config::EdgeConfig;
+use edge_node::engine::{EngineSettings, RetrievalEngine, RetrievalPolicy};
 use edge_node::grpc::EdgeGrpc;
-use edge_node::has::{
-    CacheChannel, EngineSettings, FuzzyChannel, HasEngine, HotCache, RetrievalPolicy,
-};
+use edge_node::has::{CacheChannel, FuzzyChannel, HotCache};
 use edge_node::service::EdgeService;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::load_config;
@@ -81,10 +80,14 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cloud_timeout_ms: Option<u64>,
-    /// has | cloud-only [default: has].
+    /// has | cloud-only | edge-ivf | exact-cache | semantic-cache [default: has].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     policy: Option<RetrievalPolicy>,
+    /// Cosine similarity at which semantic-cache reuses a result [default: 0.9].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    semantic_threshold: Option<f32>,
     /// Default k [default: 10].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -165,7 +168,10 @@ fn cache_channel(bundle: &CorpusBundle, config: &EdgeConfig) -> Result<CacheChan
     Ok(channel)
 }
 
-fn build_engine(config: &EdgeConfig, bundle: &CorpusBundle) -> Result<HasEngine<QuicCloudClient>> {
+fn build_engine(
+    config: &EdgeConfig,
+    bundle: &CorpusBundle,
+) -> Result<RetrievalEngine<QuicCloudClient>> {
     let client_config = hasten_proto::quic::client_config(&config.cloud_ca).with_context(|| {
         format!(
             "loading the cloud CA {} (a dev cloud writes its certificate to run/cloud-dev-cert.pem)",
@@ -182,8 +188,11 @@ fn build_engine(config: &EdgeConfig, bundle: &CorpusBundle) -> Result<HasEngine<
         },
     )
     .context("opening the QUIC client endpoint")?;
-    let uses_cache = config.policy == RetrievalPolicy::Has;
-    let fuzzy = if uses_cache && config.fuzzy_channel {
+    let drafts = matches!(
+        config.policy,
+        RetrievalPolicy::Has | RetrievalPolicy::EdgeIvf
+    );
+    let fuzzy = if drafts && config.fuzzy_channel {
         let started = Instant::now();
         let fuzzy = FuzzyChannel::build(
             bundle,
@@ -203,17 +212,18 @@ fn build_engine(config: &EdgeConfig, bundle: &CorpusBundle) -> Result<HasEngine<
     } else {
         None
     };
-    Ok(HasEngine::new(
+    Ok(RetrievalEngine::new(
         EngineSettings {
             policy: config.policy,
             tau: config.tau,
             fuzzy_candidates: config.fuzzy_candidates,
+            semantic_threshold: config.semantic_threshold,
         },
         HotCache::new(config.cache_capacity),
         cache_channel(bundle, config)?,
         fuzzy,
         cloud,
-    ))
+    )?)
 }
 
 fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {

@@ -7,19 +7,19 @@ use hasten_core::encoder::TextEncoder;
 
 use crate::api::{EdgeError, QueryInput, RequestLimits, ValidRequest};
 use crate::cloud::QuicCloudClient;
-use crate::has::{HasEngine, Retrieval, StageTimings};
+use crate::engine::{Retrieval, RetrievalEngine, StageTimings};
 
 #[derive(Clone)]
 pub struct EdgeService {
     encoder: Arc<TextEncoder>,
-    engine: Arc<HasEngine<QuicCloudClient>>,
+    engine: Arc<RetrievalEngine<QuicCloudClient>>,
     limits: RequestLimits,
 }
 
 impl EdgeService {
     pub fn new(
         encoder: Arc<TextEncoder>,
-        engine: Arc<HasEngine<QuicCloudClient>>,
+        engine: Arc<RetrievalEngine<QuicCloudClient>>,
         limits: RequestLimits,
     ) -> Self {
         Self {
@@ -33,7 +33,7 @@ impl EdgeService {
         &self.limits
     }
 
-    pub fn engine(&self) -> &HasEngine<QuicCloudClient> {
+    pub fn engine(&self) -> &RetrievalEngine<QuicCloudClient> {
         &self.engine
     }
 
@@ -42,6 +42,10 @@ impl EdgeService {
         let (vector, text) = match request.input {
             QueryInput::Vector(vector) => (vector, None),
             QueryInput::Text(text) => {
+                // An exact-repeat cache answers before spending anything on encoding.
+                if let Some(hit) = self.engine.cached_answer_for_text(&text, request.k) {
+                    return Ok(hit);
+                }
                 let encoder = Arc::clone(&self.encoder);
                 let started = Instant::now();
                 // Encoding is milliseconds of CPU: keep it off the async workers.

@@ -5,9 +5,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use hasten_core::Question;
 use hasten_core::eval::contains_answer;
+use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
+
+use crate::workload::WorkloadQuery;
 
 /// The part of an edge's `/v1/retrieve` reply the evaluation reads.
 #[derive(Clone, Debug, Deserialize)]
@@ -30,7 +32,7 @@ pub struct ReplyMatch {
 /// What happened to one query.
 #[derive(Clone, Debug)]
 pub struct QueryRecord {
-    pub question: Question,
+    pub question: WorkloadQuery,
     pub latency: Duration,
     pub result: Result<EdgeReply, String>,
 }
@@ -41,6 +43,11 @@ pub struct Summary {
     pub accepted: usize,
     pub fallback: usize,
     pub errors: usize,
+    /// Latency percentiles from an HDR histogram (microsecond resolution), every query.
+    pub p50_s: f64,
+    pub p95_s: f64,
+    pub p99_s: f64,
+    pub max_s: f64,
     pub dar: f64,
     /// `None` when nothing was accepted.
     pub car: Option<f64>,
@@ -58,6 +65,17 @@ fn ratio(num: usize, den: usize) -> Option<f64> {
 fn mean_seconds(latencies: &[Duration]) -> Option<f64> {
     (!latencies.is_empty())
         .then(|| latencies.iter().map(Duration::as_secs_f64).sum::<f64>() / latencies.len() as f64)
+}
+
+/// Latency histogram of `records` in microseconds (1 us to 10 min, 3 significant digits).
+pub fn latency_histogram(records: &[QueryRecord]) -> Histogram<u64> {
+    #[allow(clippy::expect_used)] // constant bounds, valid by construction
+    let mut histogram =
+        Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds");
+    for record in records {
+        histogram.saturating_record(record.latency.as_micros().max(1) as u64);
+    }
+    histogram
 }
 
 /// Summarises `records`. `entity_of_question` maps a question text to its entity, to judge
@@ -97,11 +115,17 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
         }
     }
     let answered = records.len() - errors;
+    let histogram = latency_histogram(records);
+    let quantile = |q: f64| histogram.value_at_quantile(q) as f64 / 1e6;
     Summary {
         queries: records.len(),
         accepted,
         fallback: answered - accepted,
         errors,
+        p50_s: quantile(0.5),
+        p95_s: quantile(0.95),
+        p99_s: quantile(0.99),
+        max_s: histogram.max() as f64 / 1e6,
         dar: ratio(accepted, records.len()).unwrap_or(0.0),
         car: ratio(correct_accepts, accepted),
         doc_hit_rate: ratio(hits, records.len()).unwrap_or(0.0),
@@ -116,8 +140,10 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
 mod tests {
     use super::*;
 
-    fn question(text: &str, entity: &str, answer: &str) -> Question {
-        Question {
+    fn question(text: &str, entity: &str, answer: &str) -> WorkloadQuery {
+        WorkloadQuery {
+            seq: 0,
+            day: 0,
             question: text.into(),
             answers: vec![answer.into()],
             entity: entity.into(),
@@ -176,5 +202,27 @@ mod tests {
         assert!((s.avg_latency_s - 0.04).abs() < 1e-9);
         assert!((s.latency_at_da_s.unwrap() - 0.015).abs() < 1e-9);
         assert!((s.latency_at_dr_s.unwrap() - 0.1).abs() < 1e-9);
+        assert!(
+            (s.max_s - 0.1).abs() < 1e-3 && (s.p50_s - 0.02).abs() < 1e-3,
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn hit_matching_normalises_case_punctuation_and_articles() {
+        let q = question("q", "E", "The Denver Broncos");
+        let records = vec![
+            QueryRecord {
+                question: q.clone(),
+                latency: Duration::from_millis(1),
+                result: Ok(reply("fallback", "won by denver broncos.", None)),
+            },
+            QueryRecord {
+                question: q,
+                latency: Duration::from_millis(1),
+                result: Ok(reply("fallback", "the Denver Broncoses", None)),
+            },
+        ];
+        assert_eq!(summarize(&records, &HashMap::new()).doc_hit_rate, 0.5);
     }
 }

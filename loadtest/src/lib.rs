@@ -1,5 +1,11 @@
-//! `hasten-loadtest`: popularity-skewed query workloads and their evaluation against Hasten
-//! edges (document hit rate, draft acceptance, latency).
+//! `hasten-loadtest`: TopViews-shaped query workloads, a load driver with an emulated
+//! network, and the evaluation of HaS against the systems a user would pick instead.
 
+pub mod driver;
+pub mod eval;
 pub mod evaluation;
+pub mod popularity;
+pub mod process;
+pub mod relay;
+pub mod report;
 pub mod workload;

@@ -1,21 +1,28 @@
-//! `hasten-loadtest`: drive popularity-skewed questions through Hasten edges and evaluate.
+//! `hasten-loadtest`: TopViews-shaped workloads and the HaS evaluation.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::Question;
-use hasten_core::bundle::CorpusBundle;
-use loadtest::evaluation::{EdgeReply, QueryRecord, Summary, summarize};
-use loadtest::workload::zipf_workload;
+use hasten_core::bundle::{CorpusBundle, build_bundle};
+use hasten_core::corpus::CorpusSources;
+use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
+use indicatif::{ProgressBar, ProgressStyle};
+use loadtest::driver::{DriverSettings, LoadModel};
+use loadtest::eval::{ClusterSettings, run_system, start_cloud, system_specs};
+use loadtest::popularity::{DailyPopularity, ZipfModel, topviews_csv};
+use loadtest::relay::DelayModel;
+use loadtest::report::Report;
+use loadtest::workload::{self, WorkloadQuery};
 
 #[derive(Parser)]
 #[command(
     name = "hasten-loadtest",
     version,
-    about = "Workloads and evaluation for Hasten"
+    about = "TopViews-shaped workloads and the HaS evaluation"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,191 +31,347 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Send the same popularity-skewed questions to several edges, one at a time, and
-    /// compare outcomes, document hit rate and latency.
-    Compare(CompareArgs),
+    /// Run every system on the same workload behind the emulated network and write
+    /// report.json, report.md and plots.
+    Eval(Box<EvalArgs>),
+    /// Generate a workload, print how homologous it is, and save it as JSON lines.
+    Workload(Box<WorkloadCommand>),
 }
 
 #[derive(Args)]
-struct CompareArgs {
-    /// Bundle whose questions.jsonl supplies the questions.
+struct CorpusArgs {
+    /// Corpus bundle to use as is (made by `cloud-index build`).
+    #[arg(long, conflicts_with_all = ["squad", "hotpot", "wiki18"])]
+    bundle: Option<PathBuf>,
+    /// SQuAD-format JSON file: passages and questions (repeatable).
     #[arg(long)]
-    bundle: PathBuf,
-    /// A system to measure, as NAME=URL of an edge's HTTP API (repeatable, in report order).
-    #[arg(long = "system", value_parser = parse_system, required = true)]
-    systems: Vec<(String, String)>,
-    /// Questions to send to each system.
-    #[arg(long, default_value_t = 300)]
+    squad: Vec<PathBuf>,
+    /// HotpotQA JSON-lines file: its context paragraphs join the corpus (repeatable).
+    #[arg(long)]
+    hotpot: Vec<PathBuf>,
+    /// wiki18 passage JSON-lines file (repeatable).
+    #[arg(long)]
+    wiki18: Vec<PathBuf>,
+    /// Where to build the bundle from the files above (vectors are reused between runs).
+    #[arg(long, default_value = "run/eval/bundle")]
+    bundle_out: PathBuf,
+    /// Questions from these sources only (squad, hotpotqa, synthetic) [default: squad when
+    /// there are SQuAD questions, else all].
+    #[arg(long)]
+    question_source: Vec<String>,
+    /// all-MiniLM-L6-v2 directory.
+    #[arg(long, env = "HASTEN_MODEL_DIR", default_value = DEFAULT_MODEL_DIR)]
+    model_dir: PathBuf,
+}
+
+#[derive(Args)]
+struct WorkloadArgs {
+    /// Replay this workload (JSON lines) instead of generating one.
+    #[arg(long)]
+    workload: Option<PathBuf>,
+    /// Entity popularity from a TopViews-style CSV (date,article,views) instead of the model.
+    #[arg(long)]
+    topviews: Option<PathBuf>,
+    /// Queries to generate.
+    #[arg(long, default_value_t = 5000)]
     queries: usize,
-    /// Zipf exponent of entity popularity.
-    #[arg(long, default_value_t = 1.1)]
-    zipf: f64,
-    /// Seed of the popularity ranking and the draws.
+    /// Zipf exponent of the built-in popularity model.
+    #[arg(long, default_value_t = ZipfModel::default().exponent)]
+    zipf_s: f64,
+    /// Days the built-in model spans.
+    #[arg(long, default_value_t = ZipfModel::default().days)]
+    days: usize,
+    /// Standard deviation of the daily log-normal re-ranking jitter.
+    #[arg(long, default_value_t = ZipfModel::default().daily_jitter)]
+    daily_jitter: f64,
+    /// Chance per day that an entity from outside the top ten trends to rank one.
+    #[arg(long, default_value_t = ZipfModel::default().burst_probability)]
+    burst_probability: f64,
+    /// Seed of the popularity model and the draws.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Only questions from these sources (squad, hotpotqa, synthetic); all when absent.
+    /// Also save the workload (JSON lines) here.
     #[arg(long)]
-    source: Vec<String>,
+    save_workload: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct WorkloadCommand {
+    #[command(flatten)]
+    corpus: CorpusArgs,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    corpus: CorpusArgs,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Systems to compare, in report order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "cloud-only,edge-ivf,exact-cache,semantic-cache,has,has-no-fuzzy"
+    )]
+    systems: Vec<String>,
+    /// HaS homology thresholds to sweep.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.2,0.3,0.4,0.5,0.6")]
+    taus: Vec<f64>,
+    /// Semantic-cache cosine thresholds to sweep.
+    #[arg(long, value_delimiter = ',', default_value = "0.8,0.85,0.9,0.95")]
+    thetas: Vec<f64>,
+    /// tau of the has-no-fuzzy ablation.
+    #[arg(long, default_value_t = 0.2)]
+    no_fuzzy_tau: f64,
+    /// Extra flag for every edge, e.g. `--edge-arg=--corpus-fraction=0.1` (repeatable).
+    #[arg(long, allow_hyphen_values = true)]
+    edge_arg: Vec<String>,
+    /// Edges per system; client i talks to edge i mod N.
+    #[arg(long, default_value_t = 1)]
+    edges: usize,
+    /// One-way client-edge delay per packet: none, SECONDS or uniform:MIN,MAX (the paper's
+    /// edge latency 0.01-0.05 s is a round trip).
+    #[arg(long, default_value = "uniform:0.005,0.025", value_parser = DelayModel::parse)]
+    client_delay: DelayModel,
+    /// One-way edge-cloud delay per packet (the paper's cloud latency 0.1-0.2 s round trip).
+    #[arg(long, default_value = "uniform:0.05,0.1", value_parser = DelayModel::parse)]
+    cloud_delay: DelayModel,
+    /// Closed loop: this many concurrent clients (ignored with --rate).
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Open loop: Poisson arrivals at this many queries per second.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Leading queries that warm the caches but are left out of the figures.
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// Stop each system's run after this many seconds.
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Per-request timeout in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    timeout_ms: u64,
     /// Documents per query.
     #[arg(long, default_value_t = 10)]
     k: usize,
-    /// Per-request timeout in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
-    timeout_ms: u64,
-    /// Also write the summaries as JSON to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-}
-
-fn parse_system(s: &str) -> Result<(String, String), String> {
-    let (name, url) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected NAME=URL, got {s:?}"))?;
-    if name.is_empty() || !url.starts_with("http") {
-        return Err(format!("expected NAME=http://host:port, got {s:?}"));
-    }
-    Ok((name.to_string(), url.trim_end_matches('/').to_string()))
+    /// Output folder for report.json, report.md, plots, logs.
+    #[arg(long, default_value = "run/eval/report")]
+    out: PathBuf,
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     hasten_core::logging::init();
     match Cli::parse().command {
-        Command::Compare(args) => compare(args).await,
-    }
-}
-
-async fn run_system(
-    client: &reqwest::Client,
-    url: &str,
-    workload: &[Question],
-    k: usize,
-) -> Vec<QueryRecord> {
-    let mut records = Vec::with_capacity(workload.len());
-    for question in workload {
-        let started = Instant::now();
-        let result = async {
-            let response = client
-                .post(format!("{url}/v1/retrieve"))
-                .json(&serde_json::json!({"query": question.question, "k": k}))
-                .send()
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = response.status();
-            if !status.is_success() {
-                let body = response.text().await.unwrap_or_default();
-                return Err(format!("HTTP {status}: {body}"));
+        Command::Eval(args) => eval(*args).await,
+        Command::Workload(args) => {
+            let (_, questions) = corpus(&args.corpus)?;
+            let (workload, stats) = make_workload(&args.workload, &questions)?;
+            println!("{}", serde_json::to_string_pretty(&stats)?);
+            if args.workload.save_workload.is_none() {
+                println!(
+                    "{} queries (use --save-workload to keep them)",
+                    workload.len()
+                );
             }
-            response
-                .json::<EdgeReply>()
-                .await
-                .map_err(|e| e.to_string())
+            Ok(())
         }
-        .await;
-        records.push(QueryRecord {
-            question: question.clone(),
-            latency: started.elapsed(),
-            result,
-        });
-    }
-    records
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.1}%", 100.0 * x)
-}
-
-fn opt_pct(x: Option<f64>) -> String {
-    x.map_or_else(|| "-".into(), pct)
-}
-
-fn opt_ms(x: Option<f64>) -> String {
-    x.map_or_else(|| "-".into(), |s| format!("{:.1}", s * 1e3))
-}
-
-fn print_table(rows: &[(String, Summary)]) {
-    println!(
-        "{:<12} {:>7} {:>8} {:>8} {:>6} {:>7} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9}",
-        "system",
-        "queries",
-        "accepted",
-        "fallback",
-        "errors",
-        "DAR",
-        "CAR",
-        "DHR",
-        "DHR@DA",
-        "mean ms",
-        "L@DA ms",
-        "L@DR ms"
-    );
-    for (name, s) in rows {
-        println!(
-            "{:<12} {:>7} {:>8} {:>8} {:>6} {:>7} {:>7} {:>7} {:>7} {:>9.1} {:>9} {:>9}",
-            name,
-            s.queries,
-            s.accepted,
-            s.fallback,
-            s.errors,
-            pct(s.dar),
-            opt_pct(s.car),
-            pct(s.doc_hit_rate),
-            opt_pct(s.doc_hit_rate_at_da),
-            s.avg_latency_s * 1e3,
-            opt_ms(s.latency_at_da_s),
-            opt_ms(s.latency_at_dr_s),
-        );
     }
 }
 
-async fn compare(args: CompareArgs) -> Result<()> {
-    let bundle = CorpusBundle::load(&args.bundle)
-        .with_context(|| format!("loading {}", args.bundle.display()))?;
+/// The bundle (given, or built from the corpus files) and the questions to draw from.
+fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
+    let bundle_dir = match &args.bundle {
+        Some(dir) => dir.clone(),
+        None => {
+            if args.squad.is_empty() {
+                bail!("give --bundle, or --squad (with optional --hotpot/--wiki18) to build one");
+            }
+            let sources = CorpusSources {
+                squad: args.squad.clone(),
+                hotpot: args.hotpot.clone(),
+                wiki18: args.wiki18.clone(),
+                synthetic: None,
+            };
+            let corpus = sources.load().context("loading the corpus")?;
+            let encoder = TextEncoder::load(&args.model_dir).with_context(|| {
+                format!("loading the encoder from {}", args.model_dir.display())
+            })?;
+            let stats = build_bundle(&corpus, &encoder, &args.bundle_out)
+                .with_context(|| format!("building {}", args.bundle_out.display()))?;
+            eprintln!(
+                "bundle {}: {} passages ({} encoded, {} reused)",
+                args.bundle_out.display(),
+                stats.manifest.documents,
+                stats.encoded,
+                stats.reused
+            );
+            args.bundle_out.clone()
+        }
+    };
+    let bundle = CorpusBundle::load(&bundle_dir)
+        .with_context(|| format!("loading {}", bundle_dir.display()))?;
+    let sources: Vec<String> = if args.question_source.is_empty() {
+        if bundle.questions.iter().any(|q| q.source == "squad") {
+            vec!["squad".into()]
+        } else {
+            Vec::new()
+        }
+    } else {
+        args.question_source.clone()
+    };
     let questions: Vec<Question> = bundle
         .questions
         .into_iter()
-        .filter(|q| args.source.is_empty() || args.source.contains(&q.source))
+        .filter(|q| sources.is_empty() || sources.contains(&q.source))
         .collect();
     if questions.is_empty() {
-        bail!(
-            "the bundle has no questions from the sources {:?}",
-            args.source
-        );
+        bail!("the bundle has no questions from the sources {sources:?}");
     }
-    let entity_of_question: HashMap<String, String> = questions
+    Ok((bundle_dir, questions))
+}
+
+fn make_workload(
+    args: &WorkloadArgs,
+    questions: &[Question],
+) -> Result<(Vec<WorkloadQuery>, serde_json::Value)> {
+    let (queries, popularity_description) = if let Some(path) = &args.workload {
+        let replayed = workload::read_jsonl(path)?;
+        (replayed, serde_json::json!({"replayed": path}))
+    } else {
+        let names = workload::entities(questions);
+        let (popularity, description): (DailyPopularity, serde_json::Value) = match &args.topviews {
+            Some(csv) => (
+                topviews_csv(csv, &names)?,
+                serde_json::json!({"topviews_csv": csv}),
+            ),
+            None => {
+                let model = ZipfModel {
+                    exponent: args.zipf_s,
+                    days: args.days,
+                    daily_jitter: args.daily_jitter,
+                    burst_probability: args.burst_probability,
+                    seed: args.seed,
+                };
+                (
+                    model.daily(names.len())?,
+                    serde_json::json!({"zipf": model}),
+                )
+            }
+        };
+        let generated =
+            workload::generate(questions, &names, &popularity, args.queries, args.seed)?;
+        (generated, description)
+    };
+    if let Some(path) = &args.save_workload {
+        workload::write_jsonl(path, &queries)?;
+    }
+    let stats = workload::stats(&queries);
+    Ok((
+        queries,
+        serde_json::json!({"popularity": popularity_description, "stats": stats, "seed": args.seed}),
+    ))
+}
+
+fn progress_bar(len: usize, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+async fn eval(args: EvalArgs) -> Result<()> {
+    let (bundle, questions) = corpus(&args.corpus)?;
+    let (workload, mut workload_report) = make_workload(&args.workload, &questions)?;
+    let specs = system_specs(&args.systems, &args.taus, &args.thetas, args.no_fuzzy_tau)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let work = args.out.join("logs");
+    std::fs::create_dir_all(&work)?;
+    let settings = ClusterSettings {
+        bundle: absolute(&bundle)?,
+        work: absolute(&work)?,
+        edges: args.edges,
+        client_delay: args.client_delay,
+        cloud_delay: args.cloud_delay,
+        seed: args.workload.seed,
+        extra_edge_args: args.edge_arg.clone(),
+        model_dir: absolute(&args.corpus.model_dir)?,
+    };
+    let load = match args.rate {
+        Some(rate_qps) => LoadModel::Open {
+            rate_qps,
+            seed: args.workload.seed,
+        },
+        None => LoadModel::Closed {
+            clients: args.concurrency,
+        },
+    };
+    let driver_settings = DriverSettings {
+        load,
+        k: args.k,
+        warmup: args.warmup,
+        max_duration: args.duration_s.map(Duration::from_secs_f64),
+        request_timeout: Duration::from_millis(args.timeout_ms),
+    };
+    if let Some(obj) = workload_report.as_object_mut() {
+        obj.insert("network".into(), serde_json::json!({"client_one_way": args.client_delay, "cloud_one_way": args.cloud_delay}));
+        obj.insert("driver".into(), serde_json::json!({"load": load, "warmup": args.warmup, "k": args.k, "edges_per_system": args.edges}));
+        obj.insert("bundle".into(), serde_json::json!(bundle));
+    }
+    eprintln!("workload: {}", serde_json::to_string(&workload_report)?);
+    let entity_of_question: HashMap<String, String> = workload
         .iter()
         .map(|q| (q.question.clone(), q.entity.clone()))
         .collect();
-    let workload = zipf_workload(&questions, args.queries, args.zipf, args.seed)?;
-    let entities: std::collections::HashSet<&str> =
-        workload.iter().map(|q| q.entity.as_str()).collect();
-    println!(
-        "{} queries, Zipf({}) over the entities of {} questions ({} distinct entities drawn), k = {}",
-        workload.len(),
-        args.zipf,
-        questions.len(),
-        entities.len(),
-        args.k
-    );
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_millis(args.timeout_ms))
-        .build()?;
-    let mut rows = Vec::new();
-    for (name, url) in &args.systems {
-        let records = run_system(&client, url, &workload, args.k).await;
-        if let Some(err) = records.iter().find_map(|r| r.result.as_ref().err()) {
-            tracing::warn!(system = %name, %err, "some queries failed");
-        }
-        rows.push((name.clone(), summarize(&records, &entity_of_question)));
+    let (cloud, cert) = start_cloud(&settings)?;
+    let mut systems = Vec::new();
+    for (index, spec) in specs.iter().enumerate() {
+        let label = format!("{} {}", spec.name, spec.params);
+        let bar = progress_bar(workload.len(), &label);
+        let tick = bar.clone();
+        let report = run_system(
+            spec,
+            index,
+            &cloud,
+            &cert,
+            &settings,
+            &workload,
+            &driver_settings,
+            &entity_of_question,
+            move |done| tick.set_position(done as u64),
+        )
+        .await?;
+        bar.finish_and_clear();
+        eprintln!(
+            "{:<32} AvgL {:.4}s  DHR {:.4}  DAR {:.4}  errors {}",
+            report.label(),
+            report.avg_latency_s,
+            report.doc_hit_rate,
+            report.dar,
+            report.errors
+        );
+        systems.push(report);
     }
-    print_table(&rows);
-    if let Some(path) = &args.json {
-        let json: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|(name, s)| serde_json::json!({"name": name, "summary": s}))
-            .collect();
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    drop(cloud);
+    let report = Report {
+        workload: workload_report,
+        systems,
+    };
+    report
+        .write(&args.out)
+        .map_err(|e| anyhow::anyhow!("writing the report: {e}"))?;
+    println!("{}", report.markdown());
+    println!("report written to {}", args.out.display());
     Ok(())
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
 }

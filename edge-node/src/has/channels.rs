@@ -151,6 +151,29 @@ impl CacheChannel {
         self.documents.is_empty()
     }
 
+    pub fn dimension(&self) -> usize {
+        self.index.dimension()
+    }
+
+    /// Bytes held: one 8-bit code and id per indexed document, plus the documents the
+    /// channel alone keeps alive (those outside the edge's corpus share); documents shared
+    /// with the fuzzy channel cost a pointer.
+    pub fn bytes(&self) -> usize {
+        let codes = self.index.len() * (self.index.dimension() + 8);
+        let documents: usize = self
+            .documents
+            .values()
+            .map(|d| {
+                if Arc::strong_count(d) == 1 {
+                    d.vector.len() * 4 + d.title.len() + d.text.len() + 96
+                } else {
+                    48
+                }
+            })
+            .sum();
+        codes + documents
+    }
+
     /// Indexed vectors; equals `len()` unless an index update failed.
     pub fn indexed(&self) -> usize {
         self.index.len()

@@ -22,14 +22,14 @@ pub struct CachedQuery {
 }
 
 /// How an insertion changed the set of documents the cache references.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CacheChange {
     /// Documents referenced now that were not before: they join the cache channel.
     pub added: Vec<DocId>,
     /// Documents no cached query references any more: they leave the cache channel.
     pub released: Vec<DocId>,
     /// Queries evicted to make room (FIFO).
-    pub evicted: Vec<QueryId>,
+    pub evicted: Vec<CachedQuery>,
 }
 
 /// The best cached query for a draft: who shares the most documents with it.
@@ -92,6 +92,23 @@ impl HotCache {
         self.order.iter().filter_map(|id| self.entries.get(id))
     }
 
+    /// Bytes held: entries (query vector, document ids, text) and the inverted index,
+    /// with a flat allowance for each map slot's overhead.
+    pub fn bytes(&self) -> usize {
+        let entries: usize = self
+            .entries
+            .values()
+            .map(|e| {
+                e.vector.len() * 4
+                    + e.doc_ids.len() * 8
+                    + e.text.as_ref().map_or(0, String::len)
+                    + 96
+            })
+            .sum();
+        let postings: usize = self.postings.values().map(|q| q.len() * 8 + 48).sum();
+        entries + postings + self.order.len() * 8
+    }
+
     /// The inverted index, for inspection and tests.
     pub fn postings(&self) -> &HashMap<DocId, Vec<QueryId>> {
         &self.postings
@@ -124,7 +141,7 @@ impl HotCache {
                     touched.push(*doc);
                     self.unlink(*doc, oldest);
                 }
-                evicted.push(oldest);
+                evicted.push(entry);
             }
         }
         let id = self.next_id;
@@ -251,7 +268,10 @@ mod tests {
         assert_eq!(added.added, vec![1, 2, 3]);
         insert(&mut cache, &[3, 4]);
         let (_, change) = insert(&mut cache, &[4, 5]);
-        assert_eq!(change.evicted, vec![first]);
+        assert_eq!(
+            change.evicted.iter().map(|e| e.id).collect::<Vec<_>>(),
+            vec![first]
+        );
         let mut released = change.released.clone();
         released.sort_unstable();
         assert_eq!(released, vec![1, 2], "3 is still held by the second query");

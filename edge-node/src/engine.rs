@@ -1,7 +1,8 @@
-//! The HaS engine: two-channel draft, exact re-rank, homology validation, and the exact
-//! fallback to the cloud whose result is cached.
+//! The edge's retrieval engine: HaS (two-channel draft, exact re-rank, homology validation,
+//! and the exact fallback to the cloud whose result is cached), and the baselines HaS is
+//! measured against, behind one interface so that they run on the same machinery.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,10 +13,12 @@ use hasten_core::vector::dot;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 
-use super::channels::{CacheChannel, EdgeDocument, FuzzyChannel};
-use super::hot_cache::{CacheChange, HotCache, QueryId};
-use super::validator::{HomologyValidator, Verdict};
 use crate::cloud::CloudError;
+use crate::has::{
+    CacheChange, CacheChannel, EdgeDocument, FuzzyChannel, HomologyValidator, HotCache, QueryId,
+    Verdict,
+};
+use crate::lookup::QueryLookup;
 
 /// How the edge answers a query.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -26,6 +29,21 @@ pub enum RetrievalPolicy {
     Has,
     /// Every query goes to the cloud; nothing is cached (the baseline).
     CloudOnly,
+    /// The fuzzy channel's re-ranked candidates, never validated, never the cloud (the
+    /// paper's "ANNS on the edge").
+    EdgeIvf,
+    /// Reuse a cached result only for an identical query text.
+    ExactCache,
+    /// Reuse the nearest cached query's result when its cosine similarity reaches the
+    /// semantic threshold (GPTCache, RedisVL, Proximity).
+    SemanticCache,
+}
+
+impl RetrievalPolicy {
+    /// Whether fallback results are cached under this policy.
+    pub fn caches(self) -> bool {
+        matches!(self, Self::Has | Self::ExactCache | Self::SemanticCache)
+    }
 }
 
 /// A document the cloud returned: what the edge needs to answer and to cache it.
@@ -54,6 +72,8 @@ pub enum EngineError {
     Cloud(#[from] CloudError),
     #[error("edge index failure: {0}")]
     Index(#[from] IndexError),
+    #[error("{0}")]
+    Misconfigured(&'static str),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +119,8 @@ pub struct MatchedQuery {
 pub struct Retrieval {
     pub documents: Vec<RetrievedDocument>,
     pub outcome: Outcome,
+    /// The score the acceptance was decided on: homology (votes / k) for HaS, cosine
+    /// similarity for the semantic cache, 1 for an exact repeat, 0 otherwise.
     pub homology_score: f64,
     pub matched_query: Option<MatchedQuery>,
     pub timings: StageTimings,
@@ -112,11 +134,24 @@ pub struct EngineSettings {
     /// Candidates fetched from the fuzzy channel before the exact re-rank (the reference
     /// fetches 5 x k = 50).
     pub fuzzy_candidates: usize,
+    /// Cosine similarity at which the semantic cache reuses a cached result.
+    pub semantic_threshold: f32,
+}
+
+/// Size of the cache at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CacheStats {
+    pub queries: usize,
+    pub documents: usize,
+    /// Bytes held by the cache: entries, inverted index, cache-channel codes, documents
+    /// held only for the cache, and the query lookup.
+    pub bytes: usize,
 }
 
 struct CacheState {
     hot: HotCache,
     channel: CacheChannel,
+    lookup: QueryLookup,
 }
 
 /// A draft and its verdict.
@@ -129,7 +164,7 @@ pub struct Speculation {
     pub matched: Option<MatchedQuery>,
 }
 
-pub struct HasEngine<C> {
+pub struct RetrievalEngine<C> {
     settings: EngineSettings,
     validator: HomologyValidator,
     fuzzy: Option<FuzzyChannel>,
@@ -137,7 +172,7 @@ pub struct HasEngine<C> {
     cloud: C,
 }
 
-impl<C: CloudSearch> HasEngine<C> {
+impl<C: CloudSearch> RetrievalEngine<C> {
     /// `fuzzy` is `None` when the fuzzy channel is switched off (the paper's ablation).
     pub fn new(
         settings: EngineSettings,
@@ -145,27 +180,70 @@ impl<C: CloudSearch> HasEngine<C> {
         channel: CacheChannel,
         fuzzy: Option<FuzzyChannel>,
         cloud: C,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, EngineError> {
+        let lookup = match settings.policy {
+            RetrievalPolicy::ExactCache => QueryLookup::exact(),
+            RetrievalPolicy::SemanticCache => QueryLookup::semantic(channel.dimension())?,
+            _ => QueryLookup::None,
+        };
+        if settings.policy == RetrievalPolicy::EdgeIvf && fuzzy.is_none() {
+            return Err(EngineError::Misconfigured(
+                "the edge-ivf policy needs the fuzzy channel",
+            ));
+        }
+        Ok(Self {
             validator: HomologyValidator::new(settings.tau),
             settings,
             fuzzy,
-            cache: RwLock::new(CacheState { hot, channel }),
+            cache: RwLock::new(CacheState {
+                hot,
+                channel,
+                lookup,
+            }),
             cloud,
-        }
+        })
     }
 
     pub fn settings(&self) -> &EngineSettings {
         &self.settings
     }
 
-    /// Cached queries and the distinct documents they reference.
-    pub fn cache_size(&self) -> (usize, usize) {
+    /// Cached queries, the distinct documents they reference, and the bytes held.
+    pub fn cache_stats(&self) -> CacheStats {
         let state = self.cache.read();
-        (state.hot.len(), state.channel.len())
+        let dimension = state.channel.dimension();
+        CacheStats {
+            queries: state.hot.len(),
+            documents: state.channel.len(),
+            bytes: state.hot.bytes() + state.channel.bytes() + state.lookup.bytes(dimension),
+        }
     }
 
-    /// Answers a normalised query: an accepted draft, or the cloud's exact result.
+    /// The exact-repeat cache's answer for `text`, found before any encoding.
+    pub fn cached_answer_for_text(&self, text: &str, k: usize) -> Option<Retrieval> {
+        if self.settings.policy != RetrievalPolicy::ExactCache {
+            return None;
+        }
+        let started = Instant::now();
+        let state = self.cache.read();
+        let id = state.lookup.find_text(text)?;
+        let (documents, matched) = serve_entry(&state, id, None, k)?;
+        let lookup_us = micros_since(started);
+        Some(Retrieval {
+            documents,
+            outcome: Outcome::Accepted,
+            homology_score: 1.0,
+            matched_query: Some(matched),
+            timings: StageTimings {
+                validation_us: lookup_us,
+                total_us: lookup_us,
+                ..StageTimings::default()
+            },
+        })
+    }
+
+    /// Answers a normalised query under the engine's policy: an accepted draft or cached
+    /// result, or the cloud's exact result (cached when the policy caches).
     #[tracing::instrument(skip_all, fields(k, outcome))]
     pub async fn retrieve(
         &self,
@@ -177,35 +255,48 @@ impl<C: CloudSearch> HasEngine<C> {
         tracing::Span::current().record("k", k);
         let started = Instant::now();
         let mut homology_score = 0.0;
-        if self.settings.policy == RetrievalPolicy::Has {
-            let judged = self.speculate(&query, k, &mut timings)?;
-            homology_score = judged.verdict.score;
-            if judged.verdict.accepted {
-                tracing::Span::current().record("outcome", "accepted");
-                timings.total_us = timings.encode_us + micros_since(started);
-                return Ok(Retrieval {
-                    documents: judged
-                        .draft
-                        .into_iter()
-                        .map(|(score, doc)| RetrievedDocument {
-                            id: doc.id,
-                            title: doc.title.clone(),
-                            text: doc.text.clone(),
-                            score,
-                        })
-                        .collect(),
-                    outcome: Outcome::Accepted,
-                    homology_score,
-                    matched_query: judged.matched,
-                    timings,
-                });
+        let accepted = match self.settings.policy {
+            RetrievalPolicy::Has => {
+                let judged = self.speculate(&query, k, &mut timings)?;
+                homology_score = judged.verdict.score;
+                judged
+                    .verdict
+                    .accepted
+                    .then(|| (draft_documents(judged.draft), judged.matched))
             }
+            RetrievalPolicy::EdgeIvf => {
+                let draft = self.fuzzy_draft(&query, k, &mut timings)?;
+                Some((draft_documents(draft), None))
+            }
+            RetrievalPolicy::SemanticCache => {
+                let stage = Instant::now();
+                let state = self.cache.read();
+                let found = state.lookup.nearest(&query)?;
+                homology_score = found.map_or(0.0, |(_, similarity)| f64::from(similarity));
+                let hit = found
+                    .filter(|(_, similarity)| *similarity >= self.settings.semantic_threshold)
+                    .and_then(|(id, _)| serve_entry(&state, id, Some(&query), k));
+                timings.validation_us = micros_since(stage);
+                hit.map(|(documents, matched)| (documents, Some(matched)))
+            }
+            RetrievalPolicy::ExactCache | RetrievalPolicy::CloudOnly => None,
+        };
+        if let Some((documents, matched_query)) = accepted {
+            tracing::Span::current().record("outcome", "accepted");
+            timings.total_us = timings.encode_us + micros_since(started);
+            return Ok(Retrieval {
+                documents,
+                outcome: Outcome::Accepted,
+                homology_score,
+                matched_query,
+                timings,
+            });
         }
         tracing::Span::current().record("outcome", "fallback");
         let cloud_started = Instant::now();
         let result = self.cloud.search(&query, k).await?;
         timings.cloud_us = micros_since(cloud_started);
-        if self.settings.policy == RetrievalPolicy::Has {
+        if self.settings.policy.caches() {
             let update_started = Instant::now();
             self.insert(text, query, &result);
             timings.cache_update_us = micros_since(update_started);
@@ -226,6 +317,29 @@ impl<C: CloudSearch> HasEngine<C> {
             matched_query: None,
             timings,
         })
+    }
+
+    /// The fuzzy channel's candidates re-ranked exactly, top k.
+    fn fuzzy_draft(
+        &self,
+        query: &[f32],
+        k: usize,
+        timings: &mut StageTimings,
+    ) -> Result<Vec<(f32, Arc<EdgeDocument>)>, EngineError> {
+        let Some(fuzzy) = &self.fuzzy else {
+            return Err(EngineError::Misconfigured("the fuzzy channel is off"));
+        };
+        let stage = Instant::now();
+        let candidates = fuzzy
+            .search(query, self.settings.fuzzy_candidates.max(k))?
+            .iter()
+            .filter_map(|hit| fuzzy.document(hit.id).cloned())
+            .collect();
+        timings.fuzzy_channel_us = micros_since(stage);
+        let stage = Instant::now();
+        let draft = rerank(query, candidates, k);
+        timings.merge_us = micros_since(stage);
+        Ok(draft)
     }
 
     /// Two-channel draft, exact re-rank to k, and the homology verdict: the accept path,
@@ -266,19 +380,8 @@ impl<C: CloudSearch> HasEngine<C> {
         let (fuzzy, fuzzy_us) = fuzzy?;
         timings.cache_channel_us = cache_us;
         timings.fuzzy_channel_us = fuzzy_us;
-        let mut candidates: HashMap<DocId, Arc<EdgeDocument>> =
-            HashMap::with_capacity(cached.len() + fuzzy.len());
-        for doc in cached.into_iter().chain(fuzzy) {
-            candidates.entry(doc.id).or_insert(doc);
-        }
-
         let stage = Instant::now();
-        let mut draft: Vec<(f32, Arc<EdgeDocument>)> = candidates
-            .into_values()
-            .map(|doc| (dot(query, &doc.vector), doc))
-            .collect();
-        draft.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
-        draft.truncate(k);
+        let draft = rerank(query, cached.into_iter().chain(fuzzy).collect(), k);
         timings.merge_us = micros_since(stage);
 
         let stage = Instant::now();
@@ -314,7 +417,7 @@ impl<C: CloudSearch> HasEngine<C> {
         }
         let ids: Vec<DocId> = result.iter().map(|d| d.id).collect();
         let mut state = self.cache.write();
-        let (_, change) = state.hot.insert(text, query, &ids);
+        let (id, change) = state.hot.insert(text, query, &ids);
         let added: Vec<Arc<EdgeDocument>> = result
             .iter()
             .filter(|d| change.added.contains(&d.id))
@@ -340,8 +443,85 @@ impl<C: CloudSearch> HasEngine<C> {
         if let Err(err) = state.channel.add(added) {
             tracing::error!(%err, "cache channel insertion failed");
         }
+        if let Err(err) = state.lookup.remove(&change.evicted) {
+            tracing::error!(%err, "query lookup removal failed");
+        }
+        if let Some(entry) = state.hot.get(id)
+            && let Err(err) = state
+                .lookup
+                .insert(id, entry.text.as_deref(), &entry.vector)
+        {
+            tracing::error!(%err, "query lookup insertion failed");
+        }
         change
     }
+}
+
+/// Candidates deduplicated by id, ranked by exact inner product with the query (ties by
+/// id), best k.
+fn rerank(
+    query: &[f32],
+    candidates: Vec<Arc<EdgeDocument>>,
+    k: usize,
+) -> Vec<(f32, Arc<EdgeDocument>)> {
+    let mut seen = HashSet::with_capacity(candidates.len());
+    let mut draft: Vec<(f32, Arc<EdgeDocument>)> = candidates
+        .into_iter()
+        .filter(|doc| seen.insert(doc.id))
+        .map(|doc| (dot(query, &doc.vector), doc))
+        .collect();
+    draft.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
+    draft.truncate(k);
+    draft
+}
+
+fn draft_documents(draft: Vec<(f32, Arc<EdgeDocument>)>) -> Vec<RetrievedDocument> {
+    draft
+        .into_iter()
+        .map(|(score, doc)| RetrievedDocument {
+            id: doc.id,
+            title: doc.title.clone(),
+            text: doc.text.clone(),
+            score,
+        })
+        .collect()
+}
+
+/// A cached query's result served as the answer: its first k documents, scored against
+/// `query` (or the cached query's own vector). `None` when it holds fewer than k.
+fn serve_entry(
+    state: &CacheState,
+    id: QueryId,
+    query: Option<&[f32]>,
+    k: usize,
+) -> Option<(Vec<RetrievedDocument>, MatchedQuery)> {
+    let entry = state.hot.get(id)?;
+    if entry.doc_ids.len() < k {
+        return None;
+    }
+    let query = query.unwrap_or(&entry.vector);
+    let documents = entry.doc_ids[..k]
+        .iter()
+        .map(|doc_id| {
+            state
+                .channel
+                .document(*doc_id)
+                .map(|doc| RetrievedDocument {
+                    id: doc.id,
+                    title: doc.title.clone(),
+                    text: doc.text.clone(),
+                    score: dot(query, &doc.vector),
+                })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((
+        documents,
+        MatchedQuery {
+            id,
+            text: entry.text.clone(),
+            shared_documents: k,
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -401,7 +581,14 @@ mod tests {
     }
 
     /// 8 well-separated topics of 6 documents each; returns the engine and topic centres.
-    fn engine(capacity: usize) -> (tempfile::TempDir, HasEngine<LocalCloud>, Vec<Vec<f32>>) {
+    fn engine_with(
+        capacity: usize,
+        policy: RetrievalPolicy,
+    ) -> (
+        tempfile::TempDir,
+        RetrievalEngine<LocalCloud>,
+        Vec<Vec<f32>>,
+    ) {
         let mut rng = StdRng::seed_from_u64(9);
         let centres: Vec<Vec<f32>> = (0..8)
             .map(|t| unit((0..D).map(|i| if i == t { 1.0 } else { 0.0 }).collect()))
@@ -432,24 +619,54 @@ mod tests {
         // 48 fuzzy candidates = the whole toy corpus: its 1-bit PQ ranks nothing, the exact
         // re-rank decides.
         let settings = EngineSettings {
-            policy: RetrievalPolicy::Has,
+            policy,
             tau: 0.5,
             fuzzy_candidates: 48,
+            semantic_threshold: 0.95,
         };
-        (
-            dir,
-            HasEngine::new(
-                settings,
-                HotCache::new(capacity),
-                channel,
-                Some(fuzzy),
-                cloud,
-            ),
-            centres,
+        let engine = RetrievalEngine::new(
+            settings,
+            HotCache::new(capacity),
+            channel,
+            Some(fuzzy),
+            cloud,
+        )
+        .unwrap();
+        (dir, engine, centres)
+    }
+
+    fn engine(
+        capacity: usize,
+    ) -> (
+        tempfile::TempDir,
+        RetrievalEngine<LocalCloud>,
+        Vec<Vec<f32>>,
+    ) {
+        engine_with(capacity, RetrievalPolicy::Has)
+    }
+
+    /// (cached queries, cached documents)
+    fn sizes(engine: &RetrievalEngine<LocalCloud>) -> (usize, usize) {
+        let stats = engine.cache_stats();
+        (stats.queries, stats.documents)
+    }
+
+    fn calls(engine: &RetrievalEngine<LocalCloud>) -> usize {
+        engine.cloud.calls.load(Ordering::SeqCst)
+    }
+
+    /// `centres[t]` nudged along another axis: close to topic t, not identical.
+    fn near(centres: &[Vec<f32>], t: usize, by: f32) -> Vec<f32> {
+        unit(
+            centres[t]
+                .iter()
+                .enumerate()
+                .map(|(i, x)| x + if i == 9 { by } else { 0.0 })
+                .collect(),
         )
     }
 
-    async fn ask(engine: &HasEngine<LocalCloud>, q: &[f32], text: &str) -> Retrieval {
+    async fn ask(engine: &RetrievalEngine<LocalCloud>, q: &[f32], text: &str) -> Retrieval {
         engine
             .retrieve(q.to_vec(), Some(text.into()), K, StageTimings::default())
             .await
@@ -461,16 +678,10 @@ mod tests {
         let (_dir, engine, centres) = engine(10);
         let first = ask(&engine, &centres[0], "about topic 0").await;
         assert_eq!(first.outcome, Outcome::Fallback);
-        assert_eq!(engine.cache_size(), (1, K));
+        assert_eq!(sizes(&engine), (1, K));
         assert!(first.timings.cloud_us > 0);
 
-        let nearby = unit(
-            centres[0]
-                .iter()
-                .enumerate()
-                .map(|(i, x)| x + if i == 9 { 0.1 } else { 0.0 })
-                .collect(),
-        );
+        let nearby = near(&centres, 0, 0.1);
         let second = ask(&engine, &nearby, "also topic 0").await;
         assert_eq!(second.outcome, Outcome::Accepted);
         assert!(second.homology_score >= 0.5);
@@ -482,16 +693,16 @@ mod tests {
             Some("about topic 0")
         );
         assert_eq!(
-            engine.cache_size(),
+            sizes(&engine),
             (1, K),
             "an accepted draft must not touch the cache"
         );
-        assert_eq!(engine.cloud.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(calls(&engine), 1);
 
         let other = ask(&engine, &centres[3], "about topic 3").await;
         assert_eq!(other.outcome, Outcome::Fallback);
-        assert_eq!(engine.cache_size(), (2, 2 * K));
-        assert_eq!(engine.cloud.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(sizes(&engine), (2, 2 * K));
+        assert_eq!(calls(&engine), 2);
     }
 
     #[tokio::test]
@@ -524,14 +735,83 @@ mod tests {
 
     #[tokio::test]
     async fn cloud_only_never_caches() {
-        let (_dir, mut engine, centres) = engine(10);
-        engine.settings.policy = RetrievalPolicy::CloudOnly;
+        let (_dir, engine, centres) = engine_with(10, RetrievalPolicy::CloudOnly);
         for _ in 0..2 {
             assert_eq!(
                 ask(&engine, &centres[1], "t1").await.outcome,
                 Outcome::Fallback
             );
         }
-        assert_eq!(engine.cache_size(), (0, 0));
+        assert_eq!(sizes(&engine), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn exact_cache_reuses_only_an_identical_text() {
+        let (_dir, engine, centres) = engine_with(10, RetrievalPolicy::ExactCache);
+        assert!(engine.cached_answer_for_text("about topic 2", K).is_none());
+        let first = ask(&engine, &centres[2], "about topic 2").await;
+        assert_eq!(first.outcome, Outcome::Fallback);
+        let hit = engine
+            .cached_answer_for_text("  About   TOPIC 2 ", K)
+            .unwrap();
+        assert_eq!(hit.outcome, Outcome::Accepted);
+        let ids = |r: &Retrieval| r.documents.iter().map(|d| d.id).collect::<Vec<_>>();
+        assert_eq!(ids(&hit), ids(&first));
+        assert!(engine.cached_answer_for_text("about topic 2?", K).is_none());
+        // A homologous but different text is not an exact repeat: the cloud answers.
+        let other = ask(&engine, &near(&centres, 2, 0.05), "more about topic 2").await;
+        assert_eq!(other.outcome, Outcome::Fallback);
+        assert_eq!(calls(&engine), 2);
+    }
+
+    #[tokio::test]
+    async fn semantic_cache_reuses_the_nearest_query_above_the_threshold() {
+        let (_dir, engine, centres) = engine_with(10, RetrievalPolicy::SemanticCache);
+        ask(&engine, &centres[4], "topic 4").await;
+        let close = ask(&engine, &near(&centres, 4, 0.1), "close to topic 4").await;
+        assert_eq!(close.outcome, Outcome::Accepted);
+        assert!(close.homology_score >= 0.95, "{}", close.homology_score);
+        assert_eq!(
+            close.matched_query.and_then(|m| m.text).as_deref(),
+            Some("topic 4")
+        );
+        let far = ask(&engine, &near(&centres, 4, 0.6), "loosely topic 4").await;
+        assert_eq!(
+            far.outcome,
+            Outcome::Fallback,
+            "similarity {}",
+            far.homology_score
+        );
+        assert!(far.homology_score < 0.95);
+        assert_eq!(calls(&engine), 2);
+    }
+
+    #[tokio::test]
+    async fn edge_ivf_answers_from_the_fuzzy_channel_alone() {
+        let (_dir, engine, centres) = engine_with(10, RetrievalPolicy::EdgeIvf);
+        let r = ask(&engine, &centres[6], "topic 6").await;
+        assert_eq!(r.outcome, Outcome::Accepted);
+        assert!(
+            r.documents.iter().all(|d| d.title == "t6"),
+            "{:?}",
+            r.documents
+        );
+        assert_eq!(calls(&engine), 0);
+        assert_eq!(sizes(&engine), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn cache_bytes_grow_with_entries_and_shrink_with_evictions() {
+        let (_dir, engine, centres) = engine_with(2, RetrievalPolicy::Has);
+        let empty = engine.cache_stats().bytes;
+        ask(&engine, &centres[0], "a").await;
+        let one = engine.cache_stats().bytes;
+        ask(&engine, &centres[3], "b").await;
+        let two = engine.cache_stats().bytes;
+        ask(&engine, &centres[5], "c").await;
+        let still_two = engine.cache_stats().bytes;
+        assert!(empty < one && one < two, "{empty} {one} {two}");
+        let ratio = still_two as f64 / two as f64;
+        assert!((0.9..1.1).contains(&ratio), "{two} vs {still_two}");
     }
 }

@@ -1,0 +1,191 @@
+//! The load driver: sends a workload's questions to edges over HTTP, open loop (Poisson
+//! arrivals at a target rate) or closed loop (N clients, each waiting for its answer), and
+//! records each query's outcome and latency. Latency runs from the query's *intended* send
+//! time, so a driver or edge that falls behind cannot hide its queueing (coordinated omission).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand_distr::{Distribution, Exp};
+use tokio::time::Instant;
+
+use crate::evaluation::{EdgeReply, QueryRecord};
+use crate::workload::WorkloadQuery;
+
+/// How queries are issued.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LoadModel {
+    /// `clients` concurrent clients, each sending its next query when the last answered.
+    Closed { clients: usize },
+    /// Poisson arrivals at `rate_qps`, whatever the edges' answers.
+    Open { rate_qps: f64, seed: u64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct DriverSettings {
+    pub load: LoadModel,
+    pub k: usize,
+    /// Queries before this many count only as warm-up (they fill caches, not figures).
+    pub warmup: usize,
+    /// Stop issuing queries after this long.
+    pub max_duration: Option<Duration>,
+    pub request_timeout: Duration,
+}
+
+/// What one run produced, warm-up excluded.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub records: Vec<QueryRecord>,
+    /// From the first measured query's intended start to the last answer.
+    pub wall: Duration,
+}
+
+async fn send(
+    client: &reqwest::Client,
+    url: &str,
+    query: &WorkloadQuery,
+    k: usize,
+) -> Result<EdgeReply, String> {
+    let response = client
+        .post(format!("{url}/v1/retrieve"))
+        .json(&serde_json::json!({"query": query.question, "k": k}))
+        .send()
+        .await
+        .map_err(|e| format!("transport: {e}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(format!("HTTP {}: {body}", status.as_u16()));
+    }
+    response
+        .json::<EdgeReply>()
+        .await
+        .map_err(|e| format!("bad reply: {e}"))
+}
+
+/// Sends one query and reports its record.
+#[derive(Clone)]
+struct Requester {
+    client: reqwest::Client,
+    workload: Arc<Vec<WorkloadQuery>>,
+    edges: Arc<Vec<String>>,
+    tx: tokio::sync::mpsc::UnboundedSender<(usize, Instant, QueryRecord)>,
+    done: Arc<AtomicUsize>,
+    progress: Arc<dyn Fn(usize) + Send + Sync>,
+    k: usize,
+}
+
+impl Requester {
+    async fn request(&self, index: usize, client_id: usize, intended: Instant) {
+        let query = &self.workload[index];
+        let url = &self.edges[client_id % self.edges.len().max(1)];
+        let result = send(&self.client, url, query, self.k).await;
+        let record = QueryRecord {
+            question: query.clone(),
+            latency: intended.elapsed(),
+            result,
+        };
+        let _ = self.tx.send((index, intended, record));
+        (self.progress)(self.done.fetch_add(1, Ordering::Relaxed) + 1);
+    }
+}
+
+/// Runs `workload` against `edges` (client i talks to edge i mod E). `progress` is called
+/// after every answer with the number answered so far.
+pub async fn run(
+    workload: &[WorkloadQuery],
+    edges: &[String],
+    settings: &DriverSettings,
+    progress: impl Fn(usize) + Send + Sync + 'static,
+) -> RunOutcome {
+    let client = reqwest::Client::builder()
+        .timeout(settings.request_timeout)
+        .pool_max_idle_per_host(1024)
+        .build()
+        .unwrap_or_default();
+    let workload: Arc<Vec<WorkloadQuery>> = Arc::new(workload.to_vec());
+    let edges: Arc<Vec<String>> = Arc::new(edges.to_vec());
+    let started = Instant::now();
+    let deadline = settings.max_duration.map(|d| started + d);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant, QueryRecord)>();
+    let requester = Requester {
+        client,
+        workload: Arc::clone(&workload),
+        edges,
+        tx,
+        done: Arc::new(AtomicUsize::new(0)),
+        progress: Arc::new(progress),
+        k: settings.k,
+    };
+    match settings.load {
+        LoadModel::Closed { clients } => {
+            let next = Arc::new(AtomicUsize::new(0));
+            let mut tasks = Vec::new();
+            for client_id in 0..clients.max(1) {
+                let next = Arc::clone(&next);
+                let requester = requester.clone();
+                tasks.push(tokio::spawn(async move {
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        if index >= requester.workload.len()
+                            || deadline.is_some_and(|d| Instant::now() >= d)
+                        {
+                            return;
+                        }
+                        requester.request(index, client_id, Instant::now()).await;
+                    }
+                }));
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+        }
+        LoadModel::Open { rate_qps, seed } => {
+            let gaps = Exp::new(rate_qps.max(1e-9)).map_err(|e| e.to_string());
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut intended = started;
+            let mut tasks = Vec::with_capacity(workload.len());
+            for index in 0..workload.len() {
+                if let Ok(gaps) = &gaps {
+                    intended += Duration::from_secs_f64(gaps.sample(&mut rng));
+                }
+                if deadline.is_some_and(|d| intended >= d) {
+                    break;
+                }
+                tokio::time::sleep_until(intended).await;
+                let requester = requester.clone();
+                tasks.push(tokio::spawn(async move {
+                    requester.request(index, index, intended).await
+                }));
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+        }
+    }
+    drop(requester);
+    let mut answered = Vec::new();
+    while let Some(item) = rx.recv().await {
+        answered.push(item);
+    }
+    answered.sort_by_key(|(index, _, _)| *index);
+    let measured: Vec<(Instant, QueryRecord)> = answered
+        .into_iter()
+        .filter(|(index, _, _)| *index >= settings.warmup)
+        .map(|(_, intended, record)| (intended, record))
+        .collect();
+    let first = measured.iter().map(|(t, _)| *t).min().unwrap_or(started);
+    let last = measured
+        .iter()
+        .map(|(t, r)| *t + r.latency)
+        .max()
+        .unwrap_or(first);
+    RunOutcome {
+        wall: last.saturating_duration_since(first),
+        records: measured.into_iter().map(|(_, r)| r).collect(),
+    }
+}

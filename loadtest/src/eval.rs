@@ -1,0 +1,298 @@
+//! The evaluation run: a cloud index process, then each system under test as edge
+//! processes behind delay relays, the same workload through every one, one report.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::driver::{self, DriverSettings};
+use crate::evaluation::summarize;
+use crate::process::{ManagedProcess, ProcessError, binary};
+use crate::relay::{DelayModel, Relay};
+use crate::report::SystemReport;
+use crate::workload::WorkloadQuery;
+
+/// How long a service may take to load its bundle and build its indexes.
+const START_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("relay: {0}")]
+    Relay(std::io::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One system under test: a name (`cloud-only`, `has`, ...), its swept parameters, and the
+/// `edge-node serve` flags that make it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SystemSpec {
+    pub name: String,
+    pub params: serde_json::Value,
+    #[serde(skip)]
+    pub edge_args: Vec<String>,
+}
+
+impl SystemSpec {
+    fn new(name: &str, params: serde_json::Value, args: &[&str]) -> Self {
+        Self {
+            name: name.into(),
+            params,
+            edge_args: args.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+}
+
+/// The systems to compare, in report order: each name in `names`, the threshold sweeps
+/// expanded.
+pub fn system_specs(
+    names: &[String],
+    taus: &[f64],
+    thetas: &[f64],
+    no_fuzzy_tau: f64,
+) -> Result<Vec<SystemSpec>, EvalError> {
+    let mut specs = Vec::new();
+    for name in names {
+        match name.as_str() {
+            "cloud-only" => specs.push(SystemSpec::new(
+                "cloud-only",
+                serde_json::json!({}),
+                &["--policy", "cloud-only"],
+            )),
+            "edge-ivf" => specs.push(SystemSpec::new(
+                "edge-ivf",
+                serde_json::json!({}),
+                &["--policy", "edge-ivf"],
+            )),
+            "exact-cache" => specs.push(SystemSpec::new(
+                "exact-cache",
+                serde_json::json!({}),
+                &["--policy", "exact-cache"],
+            )),
+            "semantic-cache" => {
+                for theta in thetas {
+                    let t = theta.to_string();
+                    specs.push(SystemSpec::new(
+                        "semantic-cache",
+                        serde_json::json!({"theta": theta}),
+                        &["--policy", "semantic-cache", "--semantic-threshold", &t],
+                    ));
+                }
+            }
+            "has" => {
+                for tau in taus {
+                    let t = tau.to_string();
+                    specs.push(SystemSpec::new(
+                        "has",
+                        serde_json::json!({"tau": tau}),
+                        &["--policy", "has", "--tau", &t],
+                    ));
+                }
+            }
+            "has-no-fuzzy" => {
+                let t = no_fuzzy_tau.to_string();
+                specs.push(SystemSpec::new(
+                    "has-no-fuzzy",
+                    serde_json::json!({"tau": no_fuzzy_tau}),
+                    &["--policy", "has", "--tau", &t, "--fuzzy-channel", "false"],
+                ));
+            }
+            other => {
+                return Err(EvalError::Invalid(format!(
+                    "unknown system {other:?}: expected cloud-only, edge-ivf, exact-cache, semantic-cache, has, has-no-fuzzy"
+                )));
+            }
+        }
+    }
+    Ok(specs)
+}
+
+/// Where and how the systems run.
+#[derive(Clone, Debug)]
+pub struct ClusterSettings {
+    pub bundle: PathBuf,
+    /// Logs, ready files and the dev certificate.
+    pub work: PathBuf,
+    /// Edges per system; client i talks to edge i mod `edges`.
+    pub edges: usize,
+    /// One-way delay between clients and edges.
+    pub client_delay: DelayModel,
+    /// One-way delay between edges and the cloud.
+    pub cloud_delay: DelayModel,
+    pub seed: u64,
+    /// Extra `edge-node serve` flags for every edge.
+    pub extra_edge_args: Vec<String>,
+    pub model_dir: PathBuf,
+}
+
+/// The cloud index process, started once for all systems.
+pub fn start_cloud(settings: &ClusterSettings) -> Result<(ManagedProcess, PathBuf), EvalError> {
+    let cert = settings.work.join("cloud-cert.pem");
+    let bundle = settings.bundle.display().to_string();
+    let cert_arg = cert.display().to_string();
+    let cloud = tokio::task::block_in_place(|| {
+        ManagedProcess::start(
+            "cloud",
+            &binary("cloud-index")?,
+            [
+                "serve",
+                "--bundle",
+                &bundle,
+                "--quic-addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--dev-cert-out",
+                &cert_arg,
+            ],
+            &settings.work,
+            START_TIMEOUT,
+        )
+    })?;
+    Ok((cloud, cert))
+}
+
+fn parse_addr(s: &str, what: &str) -> Result<SocketAddr, EvalError> {
+    s.parse()
+        .map_err(|_| EvalError::Invalid(format!("{what} reported an unusable address {s:?}")))
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// Runs `workload` through one system and measures it.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_system(
+    spec: &SystemSpec,
+    index: usize,
+    cloud: &ManagedProcess,
+    cert: &Path,
+    settings: &ClusterSettings,
+    workload: &[WorkloadQuery],
+    driver_settings: &DriverSettings,
+    entity_of_question: &HashMap<String, String>,
+    progress: impl Fn(usize) + Send + Sync + 'static,
+) -> Result<SystemReport, EvalError> {
+    let cloud_addr = parse_addr(&cloud.addr("quic_addr"), "the cloud")?;
+    let mut edges = Vec::new();
+    let mut relays = Vec::new();
+    let mut urls = Vec::new();
+    for e in 0..settings.edges.max(1) {
+        let seed = settings.seed ^ ((index as u64) << 16) ^ e as u64;
+        let cloud_relay = Relay::udp(loopback(), cloud_addr, settings.cloud_delay, seed)
+            .await
+            .map_err(EvalError::Relay)?;
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--bundle".into(),
+            settings.bundle.display().to_string(),
+            "--model-dir".into(),
+            settings.model_dir.display().to_string(),
+            "--cloud-addr".into(),
+            cloud_relay.local_addr.to_string(),
+            "--cloud-ca".into(),
+            cert.display().to_string(),
+            "--http-addr".into(),
+            "127.0.0.1:0".into(),
+            "--grpc-addr".into(),
+            "127.0.0.1:0".into(),
+            // Leave room for the emulated WAN on top of the cloud's own time.
+            "--cloud-timeout-ms".into(),
+            "30000".into(),
+        ];
+        args.extend(spec.edge_args.iter().cloned());
+        args.extend(settings.extra_edge_args.iter().cloned());
+        let name = format!("edge-{index:02}-{}-{e}", spec.name);
+        let edge = tokio::task::block_in_place(|| {
+            ManagedProcess::start(
+                &name,
+                &binary("edge-node")?,
+                &args,
+                &settings.work,
+                START_TIMEOUT,
+            )
+        })?;
+        let http = parse_addr(&edge.addr("http_addr"), &name)?;
+        let client_relay = Relay::tcp(loopback(), http, settings.client_delay, seed ^ 0xC11E)
+            .await
+            .map_err(EvalError::Relay)?;
+        urls.push(format!("http://{}", client_relay.local_addr));
+        relays.push(cloud_relay);
+        relays.push(client_relay);
+        edges.push((edge, http));
+    }
+    let outcome = driver::run(workload, &urls, driver_settings, progress).await;
+    let summary = summarize(&outcome.records, entity_of_question);
+    let throughput = outcome.records.len() as f64 / outcome.wall.as_secs_f64().max(1e-9);
+    let mut report = SystemReport::new(&spec.name, spec.params.clone(), &summary, throughput);
+    let status_client = reqwest::Client::new();
+    let mut rss = 0u64;
+    for (edge, http) in &edges {
+        let status = match status_client
+            .get(format!("http://{http}/v1/status"))
+            .send()
+            .await
+        {
+            Ok(response) => response.json::<serde_json::Value>().await.ok(),
+            Err(_) => None,
+        };
+        if let Some(status) = status {
+            report.cached_queries += status["cached_queries"].as_u64().unwrap_or(0) as usize;
+            report.cache_bytes += status["cache_bytes"].as_u64().unwrap_or(0) as usize;
+        }
+        rss += edge.resident_bytes().unwrap_or(0);
+    }
+    report.edge_rss_bytes = (rss > 0).then_some(rss / edges.len().max(1) as u64);
+    report.cache_bytes_per_1000_entries = (report.cached_queries > 0)
+        .then(|| report.cache_bytes as f64 * 1000.0 / report.cached_queries as f64);
+    let mut latencies: Vec<f64> = outcome
+        .records
+        .iter()
+        .map(|r| r.latency.as_secs_f64())
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    report.latencies_s = latencies;
+    if let Some(err) = outcome.records.iter().find_map(|r| r.result.as_ref().err()) {
+        tracing::warn!(system = %report.label(), errors = report.errors, first = %err, "queries failed");
+    }
+    drop(relays);
+    drop(edges);
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweeps_expand_into_one_spec_per_threshold() {
+        let names: Vec<String> = ["cloud-only", "semantic-cache", "has", "has-no-fuzzy"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let specs = system_specs(&names, &[0.1, 0.2], &[0.9], 0.2).unwrap();
+        let labels: Vec<(String, String)> = specs
+            .iter()
+            .map(|s| (s.name.clone(), s.params.to_string()))
+            .collect();
+        assert_eq!(labels.len(), 5);
+        assert_eq!(
+            labels[1],
+            ("semantic-cache".into(), r#"{"theta":0.9}"#.into())
+        );
+        assert_eq!(labels[3], ("has".into(), r#"{"tau":0.2}"#.into()));
+        assert!(
+            specs[4]
+                .edge_args
+                .windows(2)
+                .any(|w| w == ["--fuzzy-channel", "false"])
+        );
+        assert!(system_specs(&["hnsw".into()], &[], &[], 0.2).is_err());
+    }
+}

@@ -1,0 +1,162 @@
+//! Hasten's binaries as managed child processes: started with `--ready-file`, awaited until
+//! they report their bound addresses, killed when dropped. The evaluation and the
+//! integration tests both run the system this way, as real processes on real sockets.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error(
+        "{0} is missing: build the workspace binaries first (`cargo build --workspace --bins`)"
+    )]
+    MissingBinary(String),
+    #[error("cannot start {name}: {source}")]
+    Spawn {
+        name: String,
+        source: std::io::Error,
+    },
+    #[error("{name} exited with {status} during start-up; last log lines:\n{log}")]
+    Exited {
+        name: String,
+        status: String,
+        log: String,
+    },
+    #[error("{name} not ready after {timeout:?}; last log lines:\n{log}")]
+    Timeout {
+        name: String,
+        timeout: Duration,
+        log: String,
+    },
+    #[error("{name} wrote an unreadable ready file: {message}")]
+    ReadyFile { name: String, message: String },
+}
+
+/// Where the workspace binaries are: beside the running executable (`target/<profile>/`),
+/// or its parent when the executable is a test in `target/<profile>/deps/`.
+pub fn binary(name: &str) -> Result<PathBuf, ProcessError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| ProcessError::MissingBinary(format!("{name} ({e})")))?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(ProcessError::MissingBinary(path.display().to_string()))
+    }
+}
+
+/// A running Hasten process; killed when dropped.
+#[derive(Debug)]
+pub struct ManagedProcess {
+    pub name: String,
+    child: Child,
+    /// The JSON the process wrote to its ready file (its bound addresses).
+    pub ready: serde_json::Value,
+    pub log: PathBuf,
+}
+
+impl ManagedProcess {
+    /// Starts `bin` with `args` plus `--ready-file`, stderr to `<work>/<name>.log`, and waits
+    /// until the ready file appears.
+    pub fn start<I, S>(
+        name: &str,
+        bin: &Path,
+        args: I,
+        work: &Path,
+        timeout: Duration,
+    ) -> Result<Self, ProcessError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let ready_file = work.join(format!("{name}.ready.json"));
+        let log = work.join(format!("{name}.log"));
+        let spawn_error = |source| ProcessError::Spawn {
+            name: name.to_string(),
+            source,
+        };
+        let _ = std::fs::remove_file(&ready_file);
+        let log_file = std::fs::File::create(&log).map_err(spawn_error)?;
+        let child = Command::new(bin)
+            .args(args)
+            .arg("--ready-file")
+            .arg(&ready_file)
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .map_err(spawn_error)?;
+        let mut process = Self {
+            name: name.to_string(),
+            child,
+            ready: serde_json::Value::Null,
+            log,
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&ready_file) {
+                process.ready =
+                    serde_json::from_str(&text).map_err(|e| ProcessError::ReadyFile {
+                        name: name.to_string(),
+                        message: e.to_string(),
+                    })?;
+                return Ok(process);
+            }
+            if let Ok(Some(status)) = process.child.try_wait() {
+                return Err(ProcessError::Exited {
+                    name: name.to_string(),
+                    status: status.to_string(),
+                    log: process.log_tail(),
+                });
+            }
+            if started.elapsed() > timeout {
+                return Err(ProcessError::Timeout {
+                    name: name.to_string(),
+                    timeout,
+                    log: process.log_tail(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A bound address from the ready file (`quic_addr`, `grpc_addr`, `http_addr`).
+    pub fn addr(&self, key: &str) -> String {
+        self.ready[key].as_str().unwrap_or_default().to_string()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory from `/proc/<pid>/status` (Linux), in bytes.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Kills the process and waits for it.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,329 @@
+//! The evaluation report: `report.json` (machine-readable), `report.md` (the HaS paper's
+//! table layout, each system against cloud-only) and SVG plots (latency/accuracy Pareto
+//! front of the threshold sweeps, latency CDF per system).
+
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::evaluation::Summary;
+
+/// One system at one parameter setting.
+#[derive(Clone, Debug, Serialize)]
+pub struct SystemReport {
+    pub name: String,
+    pub params: serde_json::Value,
+    pub queries: usize,
+    pub errors: usize,
+    pub accepted: usize,
+    pub fallback: usize,
+    pub avg_latency_s: f64,
+    pub p50_s: f64,
+    pub p95_s: f64,
+    pub p99_s: f64,
+    pub max_s: f64,
+    pub throughput_qps: f64,
+    pub dar: f64,
+    /// `null` when nothing was accepted.
+    pub car: Option<f64>,
+    pub doc_hit_rate: f64,
+    pub doc_hit_rate_at_da: Option<f64>,
+    pub latency_at_da_s: Option<f64>,
+    pub latency_at_dr_s: Option<f64>,
+    pub cached_queries: usize,
+    pub cache_bytes: usize,
+    /// `null` when nothing was cached.
+    pub cache_bytes_per_1000_entries: Option<f64>,
+    pub edge_rss_bytes: Option<u64>,
+    /// Sorted latencies (seconds) for the CDF plot; not serialised.
+    #[serde(skip)]
+    pub latencies_s: Vec<f64>,
+}
+
+impl SystemReport {
+    pub fn new(
+        name: &str,
+        params: serde_json::Value,
+        summary: &Summary,
+        throughput_qps: f64,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            params,
+            queries: summary.queries,
+            errors: summary.errors,
+            accepted: summary.accepted,
+            fallback: summary.fallback,
+            avg_latency_s: summary.avg_latency_s,
+            p50_s: summary.p50_s,
+            p95_s: summary.p95_s,
+            p99_s: summary.p99_s,
+            max_s: summary.max_s,
+            throughput_qps,
+            dar: summary.dar,
+            car: summary.car,
+            doc_hit_rate: summary.doc_hit_rate,
+            doc_hit_rate_at_da: summary.doc_hit_rate_at_da,
+            latency_at_da_s: summary.latency_at_da_s,
+            latency_at_dr_s: summary.latency_at_dr_s,
+            cached_queries: 0,
+            cache_bytes: 0,
+            cache_bytes_per_1000_entries: None,
+            edge_rss_bytes: None,
+            latencies_s: Vec::new(),
+        }
+    }
+
+    /// `name` plus its swept parameter, e.g. `has tau=0.2`.
+    pub fn label(&self) -> String {
+        match self.params.as_object() {
+            Some(params) if !params.is_empty() => {
+                let parts: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("{} {}", self.name, parts.join(" "))
+            }
+            _ => self.name.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub workload: serde_json::Value,
+    pub systems: Vec<SystemReport>,
+}
+
+fn change(value: f64, baseline: f64) -> String {
+    if baseline == 0.0 {
+        "-".into()
+    } else {
+        format!("{:+.2}%", 100.0 * (value - baseline) / baseline)
+    }
+}
+
+fn fmt_opt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    x.map_or_else(|| "-".into(), f)
+}
+
+impl Report {
+    pub fn baseline(&self) -> Option<&SystemReport> {
+        self.systems.iter().find(|s| s.name == "cloud-only")
+    }
+
+    /// The paper's table: each system's values, then its change against cloud-only.
+    pub fn markdown(&self) -> String {
+        let mut out = String::from("# Hasten evaluation\n\n");
+        out.push_str(&format!(
+            "Workload: `{}`\n\n",
+            serde_json::to_string(&self.workload).unwrap_or_default()
+        ));
+        out.push_str(
+            "| system | AvgL (s) | Doc. hit rate | DAR | CAR | DHR@DA | L@DA (s) | L@DR (s) | p50 (s) | p95 (s) | p99 (s) | max (s) | q/s | cache MB / 1k entries | edge RSS (MB) |\n",
+        );
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        let baseline = self.baseline();
+        for s in &self.systems {
+            out.push_str(&format!(
+                "| {} | {:.4} | {:.4} | {:.4} | {} | {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {} | {} |\n",
+                s.label(),
+                s.avg_latency_s,
+                s.doc_hit_rate,
+                s.dar,
+                fmt_opt(s.car, |v| format!("{v:.4}")),
+                fmt_opt(s.doc_hit_rate_at_da, |v| format!("{v:.4}")),
+                fmt_opt(s.latency_at_da_s, |v| format!("{v:.4}")),
+                fmt_opt(s.latency_at_dr_s, |v| format!("{v:.4}")),
+                s.p50_s,
+                s.p95_s,
+                s.p99_s,
+                s.max_s,
+                s.throughput_qps,
+                fmt_opt(s.cache_bytes_per_1000_entries, |v| format!("{:.2}", v / 1e6)),
+                s.edge_rss_bytes.map_or_else(|| "-".into(), |b| format!("{:.0}", b as f64 / 1e6)),
+            ));
+            if let Some(b) = baseline.filter(|b| b.name != s.name) {
+                out.push_str(&format!(
+                    "| | {} | {:+.2} pt | | | | | | {} | {} | {} | | | | |\n",
+                    change(s.avg_latency_s, b.avg_latency_s),
+                    100.0 * (s.doc_hit_rate - b.doc_hit_rate),
+                    change(s.p50_s, b.p50_s),
+                    change(s.p95_s, b.p95_s),
+                    change(s.p99_s, b.p99_s),
+                ));
+            }
+        }
+        out.push_str(
+            "\nAvgL: mean latency seen by the client, network included. DAR: drafts accepted \
+             (for caches: hits). CAR: accepted drafts validated by a query about the same \
+             entity. DHR@DA: hit rate of accepted drafts. Second rows: change against \
+             cloud-only (latency in %, hit rate in points).\n",
+        );
+        out
+    }
+
+    /// Writes report.json, report.md and the plots into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("report.md"), self.markdown()).map_err(|e| e.to_string())?;
+        self.pareto_plot(&dir.join("pareto.svg"))?;
+        self.cdf_plot(&dir.join("latency-cdf.svg"))?;
+        Ok(())
+    }
+
+    /// Average latency against document hit rate: one line per swept system, points for
+    /// the rest. Up and to the left is better.
+    fn pareto_plot(&self, path: &Path) -> Result<(), String> {
+        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let (lo_x, hi_x) = bounds(self.systems.iter().map(|s| s.avg_latency_s));
+        let (lo_y, hi_y) = bounds(self.systems.iter().map(|s| s.doc_hit_rate));
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Latency / accuracy: threshold sweeps", ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(lo_x..hi_x, lo_y..hi_y)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("average latency (s)")
+            .y_desc("document hit rate")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let mut names: Vec<&str> = self.systems.iter().map(|s| s.name.as_str()).collect();
+        names.dedup();
+        for (i, name) in names.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let mut points: Vec<(f64, f64)> = self
+                .systems
+                .iter()
+                .filter(|s| s.name == *name)
+                .map(|s| (s.avg_latency_s, s.doc_hit_rate))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(name.to_string())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())
+    }
+
+    /// Cumulative distribution of latency per system.
+    fn cdf_plot(&self, path: &Path) -> Result<(), String> {
+        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let (_, hi_x) = bounds(
+            self.systems
+                .iter()
+                .flat_map(|s| s.latencies_s.last().copied()),
+        );
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Latency CDF", ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..hi_x, 0.0..1.0)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("latency (s)")
+            .y_desc("share of queries")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, s) in self.systems.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let n = s.latencies_s.len().max(1) as f64;
+            let points: Vec<(f64, f64)> = s
+                .latencies_s
+                .iter()
+                .enumerate()
+                .map(|(j, &l)| (l, (j + 1) as f64 / n))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(s.label())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())
+    }
+}
+
+/// A plotting range around `values` with 5% margins (a unit range when empty or flat).
+fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if !lo.is_finite() || !hi.is_finite() {
+        return (0.0, 1.0);
+    }
+    let pad = ((hi - lo) * 0.05).max(1e-3);
+    ((lo - pad).max(0.0), hi + pad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn system(name: &str, params: serde_json::Value, latency: f64, dhr: f64) -> SystemReport {
+        let summary = Summary {
+            queries: 10,
+            avg_latency_s: latency,
+            doc_hit_rate: dhr,
+            ..Summary::default()
+        };
+        let mut s = SystemReport::new(name, params, &summary, 5.0);
+        s.latencies_s = vec![latency / 2.0, latency, latency * 2.0];
+        s
+    }
+
+    #[test]
+    fn markdown_compares_each_system_with_cloud_only_and_files_are_written() {
+        let report = Report {
+            workload: serde_json::json!({"queries": 10}),
+            systems: vec![
+                system("cloud-only", serde_json::json!({}), 0.2, 0.9),
+                system("has", serde_json::json!({"tau": 0.2}), 0.1, 0.88),
+                system("has", serde_json::json!({"tau": 0.4}), 0.15, 0.9),
+            ],
+        };
+        let md = report.markdown();
+        assert!(md.contains("| has tau=0.2 | 0.1000 | 0.8800"), "{md}");
+        assert!(md.contains("-50.00%") && md.contains("-2.00 pt"), "{md}");
+        let dir = tempfile::tempdir().unwrap();
+        report.write(dir.path()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+                .unwrap();
+        assert_eq!(json["systems"][1]["name"], "has");
+        assert!(json["systems"][0]["car"].is_null());
+        for plot in ["pareto.svg", "latency-cdf.svg"] {
+            let svg = std::fs::read_to_string(dir.path().join(plot)).unwrap();
+            assert!(svg.starts_with("<svg") && svg.contains("has"), "{plot}");
+        }
+    }
+}
