@@ -350,12 +350,14 @@ async fn eval(args: EvalArgs) -> Result<()> {
         .await?;
         bar.finish_and_clear();
         eprintln!(
-            "{:<32} AvgL {:.4}s  DHR {:.4}  DAR {:.4}  errors {}",
+            "{:<28} accepted {:>5}  fallback {:>5}  errors {:>3}  DAR {:.4}  DHR {:.4}  AvgL {:.4}s",
             report.label(),
-            report.avg_latency_s,
-            report.doc_hit_rate,
+            report.accepted,
+            report.fallback,
+            report.errors,
             report.dar,
-            report.errors
+            report.doc_hit_rate,
+            report.avg_latency_s,
         );
         systems.push(report);
     }

@@ -1,44 +1,28 @@
-//! Harness for the integration tests: locate the built binaries, start them as real
-//! processes on loopback ports, wait until they report ready, stop them on drop.
+//! Helpers for the integration tests, which run Hasten's binaries as real processes on
+//! loopback (see `loadtest::process` for starting and stopping them).
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use hasten_core::corpus::Document;
+use loadtest::process::binary;
 
 /// The workspace root (this crate lives in `tests/`).
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Directory of the built binaries: the test executable runs from `<target>/<profile>/deps`.
-fn binary_dir() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .context("test executable has no grandparent directory")
-}
-
-/// Path of a workspace binary, which must have been built (`make test` builds them first).
-pub fn binary(name: &str) -> Result<PathBuf> {
-    let path = binary_dir()?.join(name);
-    if !path.exists() {
-        bail!(
-            "{} is missing: run `cargo build --workspace --bins` first (make test does)",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
 /// A scratch directory under the target directory that survives between runs, so corpus
 /// bundles are encoded once and reused (the bundle build's own reuse path).
 pub fn persistent_work_dir(name: &str) -> Result<PathBuf> {
-    let dir = binary_dir()?.join("..").join("hasten-tests").join(name);
+    let bin = binary("cloud-index")?;
+    let dir = bin
+        .parent()
+        .and_then(Path::parent)
+        .context("binary directory has no parent")?
+        .join("hasten-tests")
+        .join(name);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
@@ -56,93 +40,6 @@ pub fn data_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("..").join("shared").join("data"))
 }
 
-/// A running service; killed when dropped.
-pub struct Service {
-    pub name: String,
-    child: Child,
-    /// The JSON the service wrote to its ready file (bound addresses).
-    pub ready: serde_json::Value,
-    pub log: PathBuf,
-}
-
-impl Service {
-    /// Starts `bin` with `args` plus `--ready-file`, and waits for the ready file.
-    pub fn start<I, S>(
-        name: &str,
-        bin: &Path,
-        args: I,
-        work: &Path,
-        timeout: Duration,
-    ) -> Result<Self>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<OsStr>,
-    {
-        let ready_file = work.join(format!("{name}.ready.json"));
-        let log = work.join(format!("{name}.log"));
-        let _ = std::fs::remove_file(&ready_file);
-        let log_file = std::fs::File::create(&log)?;
-        let child = Command::new(bin)
-            .args(args)
-            .arg("--ready-file")
-            .arg(&ready_file)
-            .env("HASTEN_MODEL_DIR", model_dir())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut service = Self {
-            name: name.to_string(),
-            child,
-            ready: serde_json::Value::Null,
-            log,
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&ready_file) {
-                service.ready = serde_json::from_str(&text)?;
-                return Ok(service);
-            }
-            if let Some(status) = service.child.try_wait()? {
-                bail!(
-                    "{name} exited with {status} during start-up:\n{}",
-                    service.log_tail()
-                );
-            }
-            if started.elapsed() > timeout {
-                bail!(
-                    "{name} not ready after {timeout:?}:\n{}",
-                    service.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// A bound address from the ready file (`quic_addr`, `grpc_addr`, `http_addr`).
-    pub fn addr(&self, key: &str) -> String {
-        self.ready[key].as_str().unwrap_or_default().to_string()
-    }
-
-    pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// Kills the process and waits for it.
-    pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 /// Writes a SQuAD-format file holding the first `articles` articles of `source`.
 pub fn squad_subset(source: &Path, articles: usize, out: &Path) -> Result<()> {
     let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(source)?)?;
@@ -152,6 +49,35 @@ pub fn squad_subset(source: &Path, articles: usize, out: &Path) -> Result<()> {
     data.truncate(articles);
     std::fs::write(out, serde_json::to_string(&json)?)?;
     Ok(())
+}
+
+/// Builds a small real corpus with the real `cloud-index build`: the first `articles`
+/// SQuAD articles from ../shared/data, or the synthetic knowledge base (40 entities) when
+/// the data is absent. Returns the bundle and the build's JSON summary.
+pub fn build_small_bundle(work: &Path, articles: usize) -> Result<(PathBuf, serde_json::Value)> {
+    let squad = data_dir().join("squad-dev-v1.1-visible.json");
+    let mut args: Vec<String> = vec!["build".into()];
+    let bundle = if squad.exists() {
+        let subset = work.join("squad-subset.json");
+        squad_subset(&squad, articles, &subset)?;
+        args.extend(["--squad".into(), subset.display().to_string()]);
+        work.join("bundle-squad")
+    } else {
+        args.extend(["--synthetic-entities".into(), "40".into()]);
+        work.join("bundle-synthetic")
+    };
+    args.extend(["--out".into(), bundle.display().to_string()]);
+    let out = Command::new(binary("cloud-index")?)
+        .args(&args)
+        .env("HASTEN_MODEL_DIR", model_dir())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "cloud-index build failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok((bundle, serde_json::from_slice(&out.stdout)?))
 }
 
 /// Exact top-k by brute force (plain Rust, no faiss): `(id, score)` best first.

@@ -8,7 +8,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use hasten_core::Question;
@@ -17,9 +16,8 @@ use hasten_core::encoder::TextEncoder;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::edge_client::EdgeClient;
 use hasten_proto::v1::{QueryVector, RetrieveRequest, SearchRequest, retrieve_request};
-use hasten_tests::{
-    Service, binary, brute_force_top_k, data_dir, model_dir, persistent_work_dir, squad_subset,
-};
+use hasten_tests::{brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir};
+use loadtest::process::{ManagedProcess, binary};
 use serde_json::{Value, json};
 
 const K: usize = 10;
@@ -28,34 +26,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Builds the test bundle twice with the real `cloud-index build`; the second build must
 /// reuse every vector. Returns the bundle path.
 fn build_bundle(work: &Path) -> PathBuf {
-    let squad = data_dir().join("squad-dev-v1.1-visible.json");
-    let mut args: Vec<String> = vec!["build".into()];
-    let bundle = if squad.exists() {
-        let subset = work.join("squad-subset.json");
-        squad_subset(&squad, 3, &subset).unwrap();
-        args.extend(["--squad".into(), subset.display().to_string()]);
-        work.join("bundle-squad")
-    } else {
-        args.extend(["--synthetic-entities".into(), "40".into()]);
-        work.join("bundle-synthetic")
-    };
-    args.extend(["--out".into(), bundle.display().to_string()]);
-    let cloud_index = binary("cloud-index").unwrap();
-    let run = |args: &[String]| -> Value {
-        let out = Command::new(&cloud_index)
-            .args(args)
-            .env("HASTEN_MODEL_DIR", model_dir())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "build failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let first = run(&args);
-    let second = run(&args);
+    let (_, first) = build_small_bundle(work, 3).unwrap();
+    let (bundle, second) = build_small_bundle(work, 3).unwrap();
     assert_eq!(second["encoded"], 0, "second build re-encoded: {second}");
     assert_eq!(second["reused"], first["documents"]);
     assert_eq!(second["corpus_version"], first["corpus_version"]);
@@ -181,7 +153,7 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
     let bundle_dir = build_bundle(&work);
     let bundle_arg = bundle_dir.display().to_string();
     let cert = work.join("cloud-cert.pem");
-    let mut cloud = Service::start(
+    let mut cloud = ManagedProcess::start(
         "cloud",
         &binary("cloud-index").unwrap(),
         [
@@ -199,7 +171,7 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
         START_TIMEOUT,
     )
     .unwrap();
-    let edge = Service::start(
+    let edge = ManagedProcess::start(
         "edge",
         &binary("edge-node").unwrap(),
         [
@@ -216,6 +188,8 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
             "127.0.0.1:0",
             "--cloud-timeout-ms",
             "1000",
+            "--model-dir",
+            model_dir().to_str().unwrap(),
         ],
         &work,
         START_TIMEOUT,
