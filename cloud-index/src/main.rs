@@ -1,7 +1,7 @@
 //! `cloud-index`: build corpus bundles and serve exact search over them.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -13,6 +13,7 @@ use hasten_core::bundle::{CorpusBundle, build_bundle};
 use hasten_core::config::load_config;
 use hasten_core::corpus::{CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
+use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::quic::{ServerIdentity, server_config};
 use hasten_proto::v1::cloud_index_server::CloudIndexServer;
@@ -171,15 +172,6 @@ fn tls_identity(config: &CloudConfig) -> Result<ServerIdentity> {
     Ok(identity)
 }
 
-fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    let staging = path.with_extension("partial");
-    std::fs::write(&staging, contents)?;
-    std::fs::rename(&staging, path)
-}
-
 async fn serve(args: ServeArgs) -> Result<()> {
     let config: CloudConfig = load_config(args.config.as_deref(), "HASTEN_CLOUD_", &args)?;
     if args.print_config {
@@ -236,30 +228,4 @@ async fn serve(args: ServeArgs) -> Result<()> {
     quic_task.abort();
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(%err, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(err) => {
-                tracing::error!(%err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutdown requested");
 }

@@ -242,23 +242,29 @@ impl IvfPqIndex {
     }
 }
 
+/// An index that supports adding and removing vectors by id, for sets that churn. The two
+/// kinds Hasten uses differ only in the faiss index underneath:
+/// [`RemovableIvfIndex`] and [`RemovableFlatIndex`].
+pub struct RemovableIndex<I> {
+    index: I,
+    dimension: usize,
+}
+
 /// IVF with 8-bit scalar quantisation that supports adding and removing vectors by id:
 /// the cache channel, whose contents follow the hot cache's FIFO.
 ///
 /// The coarse centroids are trained once on a sample of the corpus, so the index works
 /// from an empty cache (cold start) and needs no rebuild as the cache turns over. Codes take
 /// one byte per dimension: scanning 1/8 of a 50,000-document cache touches ~2.4 MB.
-pub struct RemovableIvfIndex {
-    index: IVFScalarQuantizerIndexImpl<FlatIndex>,
-    dimension: usize,
-    shape: IvfShape,
-}
+pub type RemovableIvfIndex = RemovableIndex<IVFScalarQuantizerIndexImpl<FlatIndex>>;
 
-impl std::fmt::Debug for RemovableIvfIndex {
+/// Exhaustive inner-product search over vectors added and removed by id.
+pub type RemovableFlatIndex = RemovableIndex<IdMap<FlatIndex>>;
+
+impl<I: Index> std::fmt::Debug for RemovableIndex<I> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemovableIvfIndex")
-            .field("nlist", &self.index.nlist())
-            .field("nprobe", &self.index.nprobe())
+        f.debug_struct("RemovableIndex")
+            .field("dimension", &self.dimension)
             .field("len", &self.index.ntotal())
             .finish()
     }
@@ -282,17 +288,27 @@ impl RemovableIvfIndex {
         )?;
         index.train(sample)?;
         index.set_nprobe(shape.nprobe as u32);
-        Ok(Self {
-            index,
-            dimension,
-            shape,
-        })
+        Ok(Self { index, dimension })
     }
 
     pub fn shape(&self) -> IvfShape {
-        self.shape
+        IvfShape {
+            nlist: self.index.nlist() as usize,
+            nprobe: self.index.nprobe() as usize,
+        }
     }
+}
 
+impl RemovableFlatIndex {
+    pub fn new(dimension: usize) -> Result<Self, IndexError> {
+        Ok(Self {
+            index: IdMap::new(FlatIndex::new_ip(dimension as u32)?)?,
+            dimension,
+        })
+    }
+}
+
+impl<I: Index + ConcurrentIndex> RemovableIndex<I> {
     pub fn dimension(&self) -> usize {
         self.dimension
     }
@@ -319,72 +335,11 @@ impl RemovableIvfIndex {
         if ids.is_empty() {
             return Ok(0);
         }
-        let xids = to_faiss_ids(ids)?;
-        let selector = IdSelector::batch(&xids)?;
-        Ok(self.index.remove_ids(&selector)?)
-    }
-
-    /// Approximate top-`k` for one query.
-    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
-        check_queries(query, self.dimension)?;
-        if k == 0 || self.is_empty() {
-            return Ok(Vec::new());
-        }
-        let result = ConcurrentIndex::search(&self.index, query, k)?;
-        Ok(hits_per_query(&result.labels, &result.distances, k)
-            .pop()
-            .unwrap_or_default())
-    }
-}
-
-/// Exhaustive inner-product search over vectors added and removed by id.
-pub struct RemovableFlatIndex {
-    index: IdMap<FlatIndex>,
-    dimension: usize,
-}
-
-impl std::fmt::Debug for RemovableFlatIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemovableFlatIndex")
-            .field("dimension", &self.dimension)
-            .field("len", &self.index.ntotal())
-            .finish()
-    }
-}
-
-impl RemovableFlatIndex {
-    pub fn new(dimension: usize) -> Result<Self, IndexError> {
-        Ok(Self {
-            index: IdMap::new(FlatIndex::new_ip(dimension as u32)?)?,
-            dimension,
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.index.ntotal() as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn add(&mut self, ids: &[u64], vectors: &[f32]) -> Result<(), IndexError> {
-        let xids = check_ids(ids, vectors, self.dimension)?;
-        if !xids.is_empty() {
-            self.index.add_with_ids(vectors, &xids)?;
-        }
-        Ok(())
-    }
-
-    pub fn remove(&mut self, ids: &[u64]) -> Result<usize, IndexError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
         let selector = IdSelector::batch(&to_faiss_ids(ids)?)?;
         Ok(self.index.remove_ids(&selector)?)
     }
 
-    /// Exact top-`k` for one query.
+    /// Top-`k` for one query (approximate for the IVF kind, exact for the flat one).
     pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
         check_queries(query, self.dimension)?;
         if k == 0 || self.is_empty() {

@@ -1,5 +1,6 @@
 //! What Hasten's services share: the text encoder, corpus and bundle types, vector-index
-//! wrappers over faiss, answer matching and vector checks. Nothing here knows about a network.
+//! wrappers over faiss, answer matching, vector checks, and the ready-file and shutdown
+//! handling every server shares. Nothing here knows about a network.
 
 pub mod bundle;
 pub mod config;
@@ -7,6 +8,7 @@ pub mod corpus;
 pub mod encoder;
 pub mod eval;
 pub mod index;
+pub mod lifecycle;
 pub mod logging;
 pub mod vector;
 

@@ -6,11 +6,39 @@ use std::time::Duration;
 
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, FrameError, read_frame, write_frame};
 use hasten_proto::v1::{
-    InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest, quic_request, quic_response,
+    InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest, SearchResponse,
+    quic_request, quic_response,
 };
 use tokio::sync::Mutex;
 
 use crate::engine::{CloudDocument, CloudSearch};
+
+/// What a fallback asks the cloud for: the exact top-`k` of one query, with the texts to
+/// answer and the vectors to cache.
+pub fn fallback_request(query: &[f32], k: usize) -> SearchRequest {
+    SearchRequest {
+        queries: vec![QueryVector {
+            values: query.to_vec(),
+        }],
+        k: k as u32,
+        include_vectors: true,
+        include_texts: true,
+    }
+}
+
+/// The documents of a fallback's reply (its one query's hits).
+pub fn fallback_documents(mut response: SearchResponse) -> Vec<CloudDocument> {
+    let hits = response.results.pop().map(|r| r.hits).unwrap_or_default();
+    hits.into_iter()
+        .map(|h| CloudDocument {
+            id: h.id,
+            score: h.score,
+            title: h.title,
+            text: h.text,
+            vector: h.vector,
+        })
+        .collect()
+}
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum CloudError {
@@ -119,14 +147,7 @@ impl QuicCloudClient {
     ) -> Result<Vec<CloudDocument>, CloudError> {
         let connection = self.connection().await?;
         let request = QuicRequest {
-            body: Some(quic_request::Body::Search(SearchRequest {
-                queries: vec![QueryVector {
-                    values: query.to_vec(),
-                }],
-                k: k as u32,
-                include_vectors: true,
-                include_texts: true,
-            })),
+            body: Some(quic_request::Body::Search(fallback_request(query, k))),
         };
         let response = exchange(&connection, request).await.inspect_err(|_| {
             if connection.close_reason().is_some() {
@@ -134,19 +155,7 @@ impl QuicCloudClient {
             }
         })?;
         match response.body {
-            Some(quic_response::Body::Search(mut search)) => {
-                let hits = search.results.pop().map(|r| r.hits).unwrap_or_default();
-                Ok(hits
-                    .into_iter()
-                    .map(|h| CloudDocument {
-                        id: h.id,
-                        score: h.score,
-                        title: h.title,
-                        text: h.text,
-                        vector: h.vector,
-                    })
-                    .collect())
-            }
+            Some(quic_response::Body::Search(search)) => Ok(fallback_documents(search)),
             Some(quic_response::Body::Error(e)) => Err(CloudError::Refused(e.message)),
             _ => Err(CloudError::Protocol("expected search results".into())),
         }

@@ -330,11 +330,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             return Err(EngineError::Misconfigured("the fuzzy channel is off"));
         };
         let stage = Instant::now();
-        let candidates = fuzzy
-            .search(query, self.settings.fuzzy_candidates.max(k))?
-            .iter()
-            .filter_map(|hit| fuzzy.document(hit.id).cloned())
-            .collect();
+        let candidates = fuzzy.candidates(query, self.settings.fuzzy_candidates.max(k))?;
         timings.fuzzy_channel_us = micros_since(stage);
         let stage = Instant::now();
         let draft = rerank(query, candidates, k);
@@ -368,11 +364,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                 return Ok((Vec::new(), 0));
             };
             let stage = Instant::now();
-            let docs = fuzzy
-                .search(query, self.settings.fuzzy_candidates.max(k))?
-                .iter()
-                .filter_map(|hit| fuzzy.document(hit.id).cloned())
-                .collect();
+            let docs = fuzzy.candidates(query, self.settings.fuzzy_candidates.max(k))?;
             Ok((docs, micros_since(stage)))
         };
         let (cached, fuzzy) = rayon::join(cache_channel, fuzzy_channel);
@@ -531,11 +523,11 @@ mod tests {
     use cloud_index::ExactSearcher;
     use hasten_core::bundle::{CorpusBundle, write_bundle};
     use hasten_core::corpus::Document;
-    use hasten_proto::v1::{QueryVector, SearchRequest};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::cloud::{fallback_documents, fallback_request};
 
     const D: usize = 16;
     const K: usize = 4;
@@ -549,29 +541,11 @@ mod tests {
     impl CloudSearch for LocalCloud {
         async fn search(&self, query: &[f32], k: usize) -> Result<Vec<CloudDocument>, CloudError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            let request = SearchRequest {
-                queries: vec![QueryVector {
-                    values: query.to_vec(),
-                }],
-                k: k as u32,
-                include_vectors: true,
-                include_texts: true,
-            };
-            let mut response = self
+            let response = self
                 .searcher
-                .search(&request)
+                .search(&fallback_request(query, k))
                 .map_err(|e| CloudError::Refused(e.to_string()))?;
-            let hits = response.results.pop().map(|r| r.hits).unwrap_or_default();
-            Ok(hits
-                .into_iter()
-                .map(|h| CloudDocument {
-                    id: h.id,
-                    score: h.score,
-                    title: h.title,
-                    text: h.text,
-                    vector: h.vector,
-                })
-                .collect())
+            Ok(fallback_documents(response))
         }
     }
 

@@ -1,7 +1,7 @@
 //! `edge-node`: serve HaS retrieval at the edge.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use edge_node::service::EdgeService;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::load_config;
 use hasten_core::encoder::TextEncoder;
+use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::v1::edge_server::EdgeServer;
 use serde::Serialize;
 
@@ -226,15 +227,6 @@ fn build_engine(
     )?)
 }
 
-fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    let staging = path.with_extension("partial");
-    std::fs::write(&staging, contents)?;
-    std::fs::rename(&staging, path)
-}
-
 async fn serve(args: ServeArgs) -> Result<()> {
     let config: EdgeConfig = load_config(args.config.as_deref(), "HASTEN_EDGE_", &args)?;
     if args.print_config {
@@ -306,30 +298,4 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
 async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
-}
-
-/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(%err, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(err) => {
-                tracing::error!(%err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutdown requested");
 }

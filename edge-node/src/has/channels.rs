@@ -100,6 +100,19 @@ impl FuzzyChannel {
         self.index.search(query, candidates)
     }
 
+    /// The documents of the `candidates` nearest codes, best first (approximate order).
+    pub fn candidates(
+        &self,
+        query: &[f32],
+        candidates: usize,
+    ) -> Result<Vec<Arc<EdgeDocument>>, IndexError> {
+        Ok(self
+            .search(query, candidates)?
+            .iter()
+            .filter_map(|hit| self.document(hit.id).cloned())
+            .collect())
+    }
+
     pub fn document(&self, id: DocId) -> Option<&Arc<EdgeDocument>> {
         self.documents.get(&id)
     }

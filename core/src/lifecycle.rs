@@ -1,0 +1,56 @@
+//! What every Hasten server does as a process: announce readiness through a ready file and
+//! stop cleanly on Ctrl-C or SIGTERM.
+
+use std::path::Path;
+
+/// Writes `contents` to `path` through a staging file and a rename, so a reader (a test, a
+/// script, a probe) never sees a half-written ready file.
+pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let staging = path.with_extension("partial");
+    std::fs::write(&staging, contents)?;
+    std::fs::rename(&staging, path)
+}
+
+/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(%err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown requested");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_creates_parents_and_leaves_no_staging_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/ready.json");
+        write_atomically(&path, b"{\"a\":1}").unwrap();
+        write_atomically(&path, b"{\"a\":2}").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":2}");
+        assert!(!path.with_extension("partial").exists());
+    }
+}
