@@ -7,13 +7,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::Question;
-use hasten_core::bundle::{CorpusBundle, build_bundle};
-use hasten_core::corpus::CorpusSources;
-use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
+use hasten_core::bundle::CorpusBundle;
+use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::eval::{ClusterSettings, run_system, start_cloud, system_specs};
 use loadtest::popularity::{DailyPopularity, ZipfModel, topviews_csv};
+use loadtest::process::binary;
 use loadtest::relay::DelayModel;
 use loadtest::report::Report;
 use loadtest::workload::{self, WorkloadQuery};
@@ -189,25 +189,28 @@ fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
             if args.squad.is_empty() {
                 bail!("give --bundle, or --squad (with optional --hotpot/--wiki18) to build one");
             }
-            let sources = CorpusSources {
-                squad: args.squad.clone(),
-                hotpot: args.hotpot.clone(),
-                wiki18: args.wiki18.clone(),
-                synthetic: None,
-            };
-            let corpus = sources.load().context("loading the corpus")?;
-            let encoder = TextEncoder::load(&args.model_dir).with_context(|| {
-                format!("loading the encoder from {}", args.model_dir.display())
-            })?;
-            let stats = build_bundle(&corpus, &encoder, &args.bundle_out)
-                .with_context(|| format!("building {}", args.bundle_out.display()))?;
-            eprintln!(
-                "bundle {}: {} passages ({} encoded, {} reused)",
-                args.bundle_out.display(),
-                stats.manifest.documents,
-                stats.encoded,
-                stats.reused
-            );
+            // One way to build a bundle: the cloud tier's own `build` command.
+            let mut build = std::process::Command::new(binary("cloud-index")?);
+            build
+                .arg("build")
+                .arg("--out")
+                .arg(&args.bundle_out)
+                .arg("--model-dir")
+                .arg(&args.model_dir)
+                .stdout(std::io::stderr());
+            for (flag, paths) in [
+                ("--squad", &args.squad),
+                ("--hotpot", &args.hotpot),
+                ("--wiki18", &args.wiki18),
+            ] {
+                for path in paths {
+                    build.arg(flag).arg(path);
+                }
+            }
+            let status = build.status().context("running cloud-index build")?;
+            if !status.success() {
+                bail!("cloud-index build failed ({status})");
+            }
             args.bundle_out.clone()
         }
     };
