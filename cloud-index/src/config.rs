@@ -1,19 +1,51 @@
-//! Configuration of `cloud-index serve`: defaults < TOML file < `HASTEN_CLOUD_*` env < flags.
+//! Configuration of the two serving modes, each resolved as defaults < TOML file < env <
+//! flags: `cloud-index serve` (a shard server, `HASTEN_CLOUD_*`) and `cloud-index route`
+//! (the router, `HASTEN_ROUTER_*`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use hasten_core::config::ConfigError;
 use serde::{Deserialize, Serialize};
 
+use crate::batcher::BatchingSettings;
+use crate::router::{RouterSettings, ShardMap};
+
+/// TLS of a QUIC listener: certificate files, or a generated dev certificate.
+fn validate_tls(
+    tls_cert: &Option<PathBuf>,
+    tls_key: &Option<PathBuf>,
+    dev_cert_names: &[String],
+) -> Result<(), ConfigError> {
+    if tls_cert.is_some() != tls_key.is_some() {
+        return Err(ConfigError::invalid(
+            "tls_cert",
+            "and `tls_key` must be given together",
+        ));
+    }
+    if tls_cert.is_none() && dev_cert_names.is_empty() {
+        return Err(ConfigError::invalid(
+            "dev_cert_names",
+            "must name at least one host for the generated dev certificate",
+        ));
+    }
+    Ok(())
+}
+
+fn default_dev_cert_names() -> Vec<String> {
+    vec!["localhost".into(), "127.0.0.1".into()]
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct CloudConfig {
-    /// Corpus bundle to serve (made by `cloud-index build`). Required.
+pub struct ShardConfig {
+    /// Corpus bundle to serve: a shard bundle (`cloud-index build --shards`) or a whole
+    /// corpus. Required.
     pub bundle: Option<PathBuf>,
     /// UDP address of the QUIC fast path used by edges.
     pub quic_addr: SocketAddr,
-    /// TCP address of the gRPC API.
+    /// TCP address of the gRPC API (routers reach shards here).
     pub grpc_addr: SocketAddr,
     /// PEM certificate chain for QUIC TLS; with `tls_key`. When both are absent a
     /// self-signed dev certificate is generated.
@@ -26,9 +58,25 @@ pub struct CloudConfig {
     pub dev_cert_names: Vec<String>,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
+    /// Coalesce concurrent searches into one faiss call.
+    pub batching: bool,
+    /// Most query vectors in one batch. 256 is where the matrix product's throughput stops
+    /// growing on this hardware (DESIGN.md: ~113 queries/s over 1M vectors at batch 256).
+    pub batch_max_queries: usize,
+    /// Longest a search waits for others to join its batch, in microseconds; small against
+    /// a scan of a shard (milliseconds), so a lone query barely notices.
+    pub batch_max_wait_us: u64,
+    /// Searches that may queue for a batch before callers wait to enqueue.
+    pub batch_queue: usize,
+    /// OpenMP threads for faiss (0: every available core).
+    pub openmp_threads: usize,
+    /// OpenBLAS threads for batched matrix products. 1, because faiss already runs its
+    /// batches under OpenMP, and OpenBLAS's own threads on top oversubscribe the cores
+    /// (bench/README.md, "Cloud tier": measured).
+    pub openblas_threads: usize,
 }
 
-impl Default for CloudConfig {
+impl Default for ShardConfig {
     fn default() -> Self {
         Self {
             bundle: None,
@@ -37,33 +85,143 @@ impl Default for CloudConfig {
             tls_cert: None,
             tls_key: None,
             dev_cert_out: PathBuf::from("run/cloud-dev-cert.pem"),
-            dev_cert_names: vec!["localhost".into(), "127.0.0.1".into()],
+            dev_cert_names: default_dev_cert_names(),
             ready_file: None,
+            batching: true,
+            batch_max_queries: 256,
+            batch_max_wait_us: 1000,
+            batch_queue: 4096,
+            openmp_threads: 0,
+            openblas_threads: 1,
         }
     }
 }
 
-impl CloudConfig {
+impl ShardConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.bundle.is_none() {
             return Err(ConfigError::invalid(
                 "bundle",
-                "is required: the corpus bundle directory made by `cloud-index build`",
+                "is required: the corpus or shard bundle directory made by `cloud-index build`",
             ));
         }
-        if self.tls_cert.is_some() != self.tls_key.is_some() {
+        validate_tls(&self.tls_cert, &self.tls_key, &self.dev_cert_names)?;
+        if self.batching && self.batch_max_queries == 0 {
             return Err(ConfigError::invalid(
-                "tls_cert",
-                "and `tls_key` must be given together",
+                "batch_max_queries",
+                "must be at least 1 when batching is on",
             ));
         }
-        if self.tls_cert.is_none() && self.dev_cert_names.is_empty() {
+        if self.batch_max_wait_us > 100_000 {
             return Err(ConfigError::invalid(
-                "dev_cert_names",
-                "must name at least one host for the generated dev certificate",
+                "batch_max_wait_us",
+                format!(
+                    "is {} µs: a batch wait above 100 ms costs every lone query more than it saves",
+                    self.batch_max_wait_us
+                ),
             ));
         }
         Ok(())
+    }
+
+    /// The micro-batching settings, or `None` when batching is off.
+    pub fn batching_settings(&self) -> Option<BatchingSettings> {
+        self.batching.then(|| BatchingSettings {
+            max_queries: self.batch_max_queries,
+            max_wait: Duration::from_micros(self.batch_max_wait_us),
+            queue: self.batch_queue,
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// The shard map: `shards[i]` lists the gRPC endpoints (`host:port` or a URI) of shard
+    /// i's replicas. Required.
+    pub shards: Vec<Vec<String>>,
+    /// UDP address of the QUIC fast path used by edges (where one index would listen).
+    pub quic_addr: SocketAddr,
+    /// TCP address of the gRPC API.
+    pub grpc_addr: SocketAddr,
+    /// PEM certificate chain for QUIC TLS; with `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for QUIC TLS.
+    pub tls_key: Option<PathBuf>,
+    /// Where the generated dev certificate is written, for edges to trust.
+    pub dev_cert_out: PathBuf,
+    /// DNS names and IP addresses the dev certificate is valid for.
+    pub dev_cert_names: Vec<String>,
+    /// When set, a JSON file with the bound addresses is written here once serving.
+    pub ready_file: Option<PathBuf>,
+    /// Deadline of a request that names none, in milliseconds; equal to the edge's default
+    /// cloud timeout, the longest anyone waits for a fallback.
+    pub request_timeout_ms: u64,
+    /// Longest one attempt on one replica may take before the next is tried, in
+    /// milliseconds: a scan of a large shard under load takes a few hundred milliseconds,
+    /// and half the request deadline leaves room for one retry.
+    pub attempt_timeout_ms: u64,
+    /// Period of the replica health checks, in milliseconds: a dead replica is noticed by
+    /// the first request that tries it, a recovered one within this period.
+    pub health_interval_ms: u64,
+    /// How long start-up waits for every shard to have a replica that answers, in seconds.
+    pub startup_timeout_s: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            shards: Vec::new(),
+            quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
+            tls_cert: None,
+            tls_key: None,
+            dev_cert_out: PathBuf::from("run/router-dev-cert.pem"),
+            dev_cert_names: default_dev_cert_names(),
+            ready_file: None,
+            request_timeout_ms: 2_000,
+            attempt_timeout_ms: 1_000,
+            health_interval_ms: 1_000,
+            startup_timeout_s: 60,
+        }
+    }
+}
+
+impl RouterConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.shard_map()?;
+        validate_tls(&self.tls_cert, &self.tls_key, &self.dev_cert_names)?;
+        for (key, value) in [
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("attempt_timeout_ms", self.attempt_timeout_ms),
+            ("health_interval_ms", self.health_interval_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be above 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The configured shard map.
+    pub fn shard_map(&self) -> Result<ShardMap, ConfigError> {
+        if self.shards.is_empty() {
+            return Err(ConfigError::invalid(
+                "shards",
+                "is required: one list of replica endpoints per shard (flag: --shard a:port,b:port, once per shard)",
+            ));
+        }
+        ShardMap::new(self.shards.clone())
+            .map_err(|e| ConfigError::invalid("shards", e.to_string()))
+    }
+
+    pub fn router_settings(&self) -> RouterSettings {
+        RouterSettings {
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            attempt_timeout: Duration::from_millis(self.attempt_timeout_ms),
+            health_interval: Duration::from_millis(self.health_interval_ms),
+            startup_timeout: Duration::from_secs(self.startup_timeout_s),
+        }
     }
 }
 
@@ -71,25 +229,38 @@ impl CloudConfig {
 mod tests {
     use super::*;
 
+    fn message(err: ConfigError) -> String {
+        err.to_string()
+    }
+
     #[test]
-    fn defaults_need_a_bundle_and_paired_tls_files() {
-        let mut config = CloudConfig::default();
-        assert!(
-            config
-                .validate()
-                .unwrap_err()
-                .to_string()
-                .contains("`bundle`")
-        );
+    fn shard_defaults_need_a_bundle_and_paired_tls_files() {
+        let mut config = ShardConfig::default();
+        assert!(message(config.validate().unwrap_err()).contains("`bundle`"));
         config.bundle = Some("b".into());
         config.validate().unwrap();
         config.tls_cert = Some("cert.pem".into());
-        assert!(
-            config
-                .validate()
-                .unwrap_err()
-                .to_string()
-                .contains("tls_key")
-        );
+        assert!(message(config.validate().unwrap_err()).contains("tls_key"));
+    }
+
+    #[test]
+    fn batching_is_on_by_default_and_can_be_turned_off() {
+        let mut config = ShardConfig::default();
+        let settings = config.batching_settings().unwrap();
+        assert_eq!(settings.max_wait, Duration::from_millis(1));
+        config.batching = false;
+        assert!(config.batching_settings().is_none());
+    }
+
+    #[test]
+    fn router_needs_a_valid_shard_map() {
+        let mut config = RouterConfig::default();
+        assert!(message(config.validate().unwrap_err()).contains("`shards`"));
+        config.shards = vec![vec!["127.0.0.1:1".into()], vec!["127.0.0.1:1".into()]];
+        assert!(message(config.validate().unwrap_err()).contains("listed for shard 0"));
+        config.shards = vec![vec!["127.0.0.1:1".into()], vec!["127.0.0.1:2".into()]];
+        config.validate().unwrap();
+        config.attempt_timeout_ms = 0;
+        assert!(message(config.validate().unwrap_err()).contains("attempt_timeout_ms"));
     }
 }

@@ -4,30 +4,36 @@ use hasten_proto::v1::cloud_index_server::CloudIndex;
 use hasten_proto::v1::{IndexInfo, InfoRequest, SearchRequest, SearchResponse};
 use tonic::{Request, Response, Status};
 
-use crate::searcher::{CloudService, SearchError};
+use crate::backend::SearchBackend;
+use crate::error::SearchError;
 
 #[derive(Clone, Debug)]
-pub struct CloudIndexGrpc {
-    service: CloudService,
+pub struct CloudIndexGrpc<B> {
+    service: B,
 }
 
-impl CloudIndexGrpc {
-    pub fn new(service: CloudService) -> Self {
+impl<B> CloudIndexGrpc<B> {
+    pub fn new(service: B) -> Self {
         Self { service }
     }
 }
 
 impl From<SearchError> for Status {
     fn from(err: SearchError) -> Self {
+        let message = err.to_string();
         match err {
-            SearchError::InvalidArgument(message) => Status::invalid_argument(message),
-            other => Status::internal(other.to_string()),
+            SearchError::InvalidArgument(_) => Status::invalid_argument(message),
+            SearchError::ShardUnavailable { .. } | SearchError::ShuttingDown => {
+                Status::unavailable(message)
+            }
+            SearchError::DeadlineExceeded { .. } => Status::deadline_exceeded(message),
+            SearchError::Index(_) | SearchError::Task(_) => Status::internal(message),
         }
     }
 }
 
 #[tonic::async_trait]
-impl CloudIndex for CloudIndexGrpc {
+impl<B: SearchBackend> CloudIndex for CloudIndexGrpc<B> {
     #[tracing::instrument(skip_all, fields(queries = request.get_ref().queries.len(), k = request.get_ref().k))]
     async fn search(
         &self,

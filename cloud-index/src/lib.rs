@@ -1,9 +1,24 @@
-//! Hasten's cloud tier: exact inner-product search over a corpus bundle (faiss flat index),
-//! batched, served to edges over QUIC and to everyone else over gRPC.
+//! Hasten's cloud tier: exact inner-product search over a corpus (faiss flat index),
+//! partitioned into shards with replicas behind a router, served to edges over QUIC and to
+//! everyone else over gRPC.
+//!
+//! - [`searcher`]: a shard server's exact search over its bundle, with [`batcher`]
+//!   coalescing concurrent searches into one faiss call;
+//! - [`router`]: scatter-gather over one live replica of every shard, merge by score,
+//!   failover within the request's deadline; [`replica`] keeps each replica's client and
+//!   health;
+//! - [`quic`] and [`grpc`]: the two front ends, written once over [`SearchBackend`].
 
+pub mod backend;
+pub mod batcher;
 pub mod config;
+pub mod error;
 pub mod grpc;
 pub mod quic;
+pub mod replica;
+pub mod router;
 pub mod searcher;
 
-pub use searcher::{CloudService, ExactSearcher, SearchError};
+pub use backend::SearchBackend;
+pub use error::SearchError;
+pub use searcher::{ExactSearcher, ShardService};

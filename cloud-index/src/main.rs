@@ -4,16 +4,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use std::path::Path;
+use std::sync::Arc;
+
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use cloud_index::config::CloudConfig;
+use cloud_index::config::{RouterConfig, ShardConfig};
 use cloud_index::grpc::CloudIndexGrpc;
-use cloud_index::{CloudService, ExactSearcher};
-use hasten_core::bundle::{CorpusBundle, build_bundle};
+use cloud_index::router::Router;
+use cloud_index::{ExactSearcher, SearchBackend, ShardService};
+use hasten_core::bundle::{CorpusBundle, build_bundle, write_shards};
 use hasten_core::config::load_config;
 use hasten_core::corpus::{CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_core::threads::{available_cores, set_compute_threads};
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::quic::{ServerIdentity, server_config};
 use hasten_proto::v1::cloud_index_server::CloudIndexServer;
@@ -23,7 +28,7 @@ use serde::Serialize;
 #[command(
     name = "cloud-index",
     version,
-    about = "Hasten cloud tier: exact vector search over a corpus bundle"
+    about = "Hasten cloud tier: exact vector search over a corpus, sharded behind a router"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -33,10 +38,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Encode a corpus into a bundle (vectors, texts, manifest); reuses vectors of a bundle
-    /// already at the output path.
+    /// already at the output path. With --shards, also cut it into shard bundles.
     Build(BuildArgs),
-    /// Serve exact search over a bundle on QUIC and gRPC.
+    /// Serve exact search over a bundle (a shard, or a whole corpus) on QUIC and gRPC.
     Serve(ServeArgs),
+    /// Route searches over shard servers: fan out to one live replica per shard, merge.
+    Route(RouteArgs),
 }
 
 #[derive(Args)]
@@ -60,6 +67,10 @@ struct BuildArgs {
     /// Output bundle directory.
     #[arg(long)]
     out: PathBuf,
+    /// Also partition the corpus by document id into this many shard bundles, written to
+    /// <out>/shards/shard-<i>.
+    #[arg(long)]
+    shards: Option<u32>,
     /// Directory holding all-MiniLM-L6-v2 (config.json, tokenizer.json, model.safetensors).
     #[arg(long, env = "HASTEN_MODEL_DIR", default_value = DEFAULT_MODEL_DIR)]
     model_dir: PathBuf,
@@ -103,6 +114,87 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     ready_file: Option<PathBuf>,
+    /// Coalesce concurrent searches into one faiss call [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batching: Option<bool>,
+    /// Most query vectors in one batch [default: 256].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_max_queries: Option<usize>,
+    /// Longest a search waits for company, in microseconds [default: 1000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_max_wait_us: Option<u64>,
+    /// OpenMP threads for faiss; 0 for every core [default: 0].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    openmp_threads: Option<usize>,
+    /// OpenBLAS threads [default: 1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    openblas_threads: Option<usize>,
+}
+
+#[derive(Args, Serialize)]
+struct RouteArgs {
+    /// TOML configuration file; flags and HASTEN_ROUTER_* variables override it.
+    #[arg(long)]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    print_config: bool,
+    /// One shard's replicas as comma-separated gRPC endpoints (host:port); repeat once per
+    /// shard, in shard order.
+    #[arg(long = "shard", value_name = "ENDPOINTS")]
+    #[serde(skip)]
+    shard: Vec<String>,
+    /// The shard map assembled from --shard.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shards: Option<Vec<Vec<String>>>,
+    /// UDP address for QUIC [default: 127.0.0.1:7100].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quic_addr: Option<SocketAddr>,
+    /// TCP address for gRPC [default: 127.0.0.1:7101].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_addr: Option<SocketAddr>,
+    /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<PathBuf>,
+    /// Where to write the generated dev certificate [default: run/router-dev-cert.pem].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dev_cert_out: Option<PathBuf>,
+    /// Write the bound addresses as JSON to this file once serving.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready_file: Option<PathBuf>,
+    /// Deadline of a request that names none, in milliseconds [default: 2000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_timeout_ms: Option<u64>,
+    /// Longest one attempt on one replica, in milliseconds [default: 1000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt_timeout_ms: Option<u64>,
+    /// Period of replica health checks, in milliseconds [default: 1000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    health_interval_ms: Option<u64>,
+    /// How long start-up waits for a replica of every shard, in seconds [default: 60].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    startup_timeout_s: Option<u64>,
 }
 
 #[tokio::main]
@@ -111,6 +203,7 @@ async fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Build(args) => build(args),
         Command::Serve(args) => serve(args).await,
+        Command::Route(args) => route(args).await,
     }
 }
 
@@ -130,6 +223,24 @@ fn build(args: BuildArgs) -> Result<()> {
     let started = Instant::now();
     let stats = build_bundle(&corpus, &encoder, &args.out)
         .with_context(|| format!("building the bundle at {}", args.out.display()))?;
+    let shards = match args.shards {
+        Some(count) => {
+            let bundle = CorpusBundle::load(&args.out)
+                .with_context(|| format!("reading back {}", args.out.display()))?;
+            let dir = args.out.join("shards");
+            write_shards(
+                &dir,
+                bundle.manifest.sources.clone(),
+                &bundle.documents,
+                bundle.vectors(),
+                bundle.dimension(),
+                count,
+            )
+            .with_context(|| format!("writing {count} shard bundles under {}", dir.display()))?;
+            Some(dir)
+        }
+        None => None,
+    };
     tracing::info!(
         out = %args.out.display(),
         documents = stats.manifest.documents,
@@ -149,60 +260,60 @@ fn build(args: BuildArgs) -> Result<()> {
             "encoded": stats.encoded,
             "reused": stats.reused,
             "corpus_version": stats.manifest.corpus_version,
+            "shards": shards,
         }))?
     );
     Ok(())
 }
 
-fn tls_identity(config: &CloudConfig) -> Result<ServerIdentity> {
-    if let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) {
+/// The QUIC listener's identity: certificate files, or a dev certificate written to
+/// `dev_cert_out` for clients to trust.
+fn tls_identity(
+    files: Option<(&Path, &Path)>,
+    dev_cert_out: &Path,
+    dev_cert_names: &[String],
+) -> Result<ServerIdentity> {
+    if let Some((cert, key)) = files {
         return ServerIdentity::from_pem_files(cert, key).context("loading the TLS certificate");
     }
-    let (identity, pem) = ServerIdentity::generate_dev(&config.dev_cert_names)?;
-    write_atomically(&config.dev_cert_out, pem.as_bytes()).with_context(|| {
-        format!(
-            "writing the dev certificate to {}",
-            config.dev_cert_out.display()
-        )
-    })?;
+    let (identity, pem) = ServerIdentity::generate_dev(dev_cert_names)?;
+    write_atomically(dev_cert_out, pem.as_bytes())
+        .with_context(|| format!("writing the dev certificate to {}", dev_cert_out.display()))?;
     tracing::warn!(
-        path = %config.dev_cert_out.display(),
+        path = %dev_cert_out.display(),
         "no TLS certificate configured: generated a self-signed dev certificate; edges must trust it"
     );
     Ok(identity)
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
-    let config: CloudConfig = load_config(args.config.as_deref(), "HASTEN_CLOUD_", &args)?;
-    if args.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
-    config.validate()?;
-    let bundle_dir = config.bundle.clone().unwrap_or_default();
-    let started = Instant::now();
-    let bundle = CorpusBundle::load(&bundle_dir)
-        .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
-    let searcher = ExactSearcher::new(bundle).context("building the exact index")?;
-    let info = searcher.info();
-    tracing::info!(
-        documents = info.documents,
-        corpus_version = %info.corpus_version,
-        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
-        "index loaded"
-    );
-    let service = CloudService::new(searcher);
+fn tls_files<'a>(
+    cert: &'a Option<PathBuf>,
+    key: &'a Option<PathBuf>,
+) -> Option<(&'a Path, &'a Path)> {
+    cert.as_deref().zip(key.as_deref())
+}
 
-    let quic = cloud_index::quic::bind(config.quic_addr, server_config(tls_identity(&config)?)?)
-        .with_context(|| format!("binding QUIC on {}", config.quic_addr))?;
+/// Where a server listens and reports itself.
+struct Listeners {
+    quic_addr: SocketAddr,
+    grpc_addr: SocketAddr,
+    identity: ServerIdentity,
+    ready_file: Option<PathBuf>,
+}
+
+/// Serves `backend` on QUIC and gRPC until a shutdown signal.
+async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Result<()> {
+    let info = backend.info();
+    let quic = cloud_index::quic::bind(listeners.quic_addr, server_config(listeners.identity)?)
+        .with_context(|| format!("binding QUIC on {}", listeners.quic_addr))?;
     let quic_addr = quic.local_addr()?;
-    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
+    let grpc_listener = tokio::net::TcpListener::bind(listeners.grpc_addr)
         .await
-        .with_context(|| format!("binding gRPC on {}", config.grpc_addr))?;
+        .with_context(|| format!("binding gRPC on {}", listeners.grpc_addr))?;
     let grpc_addr = grpc_listener.local_addr()?;
 
-    let quic_task = tokio::spawn(cloud_index::quic::serve(quic.clone(), service.clone()));
-    let grpc_service = CloudIndexServer::new(CloudIndexGrpc::new(service))
+    let quic_task = tokio::spawn(cloud_index::quic::serve(quic.clone(), backend.clone()));
+    let grpc_service = CloudIndexServer::new(CloudIndexGrpc::new(backend))
         .max_decoding_message_size(DEFAULT_MAX_FRAME_BYTES)
         .max_encoding_message_size(DEFAULT_MAX_FRAME_BYTES);
     let grpc_task = tokio::spawn(
@@ -214,11 +325,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
             ),
     );
     tracing::info!(%quic_addr, %grpc_addr, "serving");
-    if let Some(path) = &config.ready_file {
+    if let Some(path) = &listeners.ready_file {
         let ready = serde_json::json!({
             "quic_addr": quic_addr.to_string(),
             "grpc_addr": grpc_addr.to_string(),
             "corpus_version": info.corpus_version,
+            "documents": info.documents,
+            "shard_index": info.shard_index,
+            "shard_count": info.shard_count,
         });
         write_atomically(path, ready.to_string().as_bytes())
             .with_context(|| format!("writing the ready file {}", path.display()))?;
@@ -228,4 +342,105 @@ async fn serve(args: ServeArgs) -> Result<()> {
     quic_task.abort();
     tracing::info!("stopped");
     Ok(())
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let config: ShardConfig = load_config(args.config.as_deref(), "HASTEN_CLOUD_", &args)?;
+    if args.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    config.validate()?;
+    let openmp = match config.openmp_threads {
+        0 => available_cores(),
+        n => n,
+    };
+    let threads = set_compute_threads(openmp, config.openblas_threads);
+    tracing::info!(
+        openmp = ?threads.openmp,
+        openblas = ?threads.openblas,
+        "compute threads"
+    );
+    let bundle_dir = config.bundle.clone().unwrap_or_default();
+    let started = Instant::now();
+    let bundle = CorpusBundle::load(&bundle_dir)
+        .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
+    let searcher = ExactSearcher::new(bundle).context("building the exact index")?;
+    let info = searcher.info();
+    tracing::info!(
+        documents = info.documents,
+        corpus_version = %info.corpus_version,
+        shard = info.shard_index,
+        shards = info.shard_count,
+        batching = config.batching,
+        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+        "index loaded"
+    );
+    let identity = tls_identity(
+        tls_files(&config.tls_cert, &config.tls_key),
+        &config.dev_cert_out,
+        &config.dev_cert_names,
+    )?;
+    let service = ShardService::new(searcher, config.batching_settings());
+    serve_backend(
+        service,
+        Listeners {
+            quic_addr: config.quic_addr,
+            grpc_addr: config.grpc_addr,
+            identity,
+            ready_file: config.ready_file.clone(),
+        },
+    )
+    .await
+}
+
+async fn route(mut args: RouteArgs) -> Result<()> {
+    if !args.shard.is_empty() {
+        args.shards = Some(
+            args.shard
+                .iter()
+                .map(|replicas| {
+                    replicas
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|e| !e.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .collect(),
+        );
+    }
+    let config: RouterConfig = load_config(args.config.as_deref(), "HASTEN_ROUTER_", &args)?;
+    if args.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    config.validate()?;
+    let (_map_updates, map) = tokio::sync::watch::channel(Arc::new(config.shard_map()?));
+    let router = tokio::select! {
+        router = Router::start(map, config.router_settings()) => router?,
+        () = shutdown_signal() => return Ok(()),
+    };
+    let info = router.info();
+    tracing::info!(
+        shards = config.shards.len(),
+        documents = info.documents,
+        corpus_version = %info.corpus_version,
+        "every shard has a live replica"
+    );
+    let identity = tls_identity(
+        tls_files(&config.tls_cert, &config.tls_key),
+        &config.dev_cert_out,
+        &config.dev_cert_names,
+    )?;
+    serve_backend(
+        router,
+        Listeners {
+            quic_addr: config.quic_addr,
+            grpc_addr: config.grpc_addr,
+            identity,
+            ready_file: config.ready_file.clone(),
+        },
+    )
+    .await
 }

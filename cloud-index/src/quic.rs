@@ -8,7 +8,8 @@ use hasten_proto::v1::quic_error::Code;
 use hasten_proto::v1::{QuicError, QuicRequest, QuicResponse, quic_request, quic_response};
 use tracing::Instrument;
 
-use crate::searcher::{CloudService, SearchError};
+use crate::backend::SearchBackend;
+use crate::error::SearchError;
 
 /// Binds a QUIC server endpoint.
 pub fn bind(addr: SocketAddr, config: quinn::ServerConfig) -> std::io::Result<quinn::Endpoint> {
@@ -16,7 +17,7 @@ pub fn bind(addr: SocketAddr, config: quinn::ServerConfig) -> std::io::Result<qu
 }
 
 /// Serves connections on `endpoint` until it is closed.
-pub async fn serve(endpoint: quinn::Endpoint, service: CloudService) {
+pub async fn serve<B: SearchBackend>(endpoint: quinn::Endpoint, service: B) {
     while let Some(incoming) = endpoint.accept().await {
         let service = service.clone();
         tokio::spawn(async move {
@@ -29,7 +30,7 @@ pub async fn serve(endpoint: quinn::Endpoint, service: CloudService) {
     }
 }
 
-async fn serve_connection(connection: quinn::Connection, service: CloudService) {
+async fn serve_connection<B: SearchBackend>(connection: quinn::Connection, service: B) {
     let remote = connection.remote_address();
     tracing::debug!(%remote, "QUIC connection open");
     loop {
@@ -56,7 +57,19 @@ fn error_response(code: Code, message: String) -> QuicResponse {
     }
 }
 
-async fn respond(service: &CloudService, request: Result<QuicRequest, FrameError>) -> QuicResponse {
+fn error_code(err: &SearchError) -> Code {
+    match err {
+        SearchError::InvalidArgument(_) => Code::InvalidArgument,
+        SearchError::ShardUnavailable { .. } | SearchError::ShuttingDown => Code::Unavailable,
+        SearchError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        SearchError::Index(_) | SearchError::Task(_) => Code::Internal,
+    }
+}
+
+async fn respond<B: SearchBackend>(
+    service: &B,
+    request: Result<QuicRequest, FrameError>,
+) -> QuicResponse {
     let request = match request {
         Ok(request) => request,
         Err(err) => {
@@ -68,10 +81,7 @@ async fn respond(service: &CloudService, request: Result<QuicRequest, FrameError
             Ok(response) => QuicResponse {
                 body: Some(quic_response::Body::Search(response)),
             },
-            Err(SearchError::InvalidArgument(message)) => {
-                error_response(Code::InvalidArgument, message)
-            }
-            Err(err) => error_response(Code::Internal, err.to_string()),
+            Err(err) => error_response(error_code(&err), err.to_string()),
         },
         Some(quic_request::Body::Info(_)) => QuicResponse {
             body: Some(quic_response::Body::Info(service.info())),
@@ -80,10 +90,10 @@ async fn respond(service: &CloudService, request: Result<QuicRequest, FrameError
     }
 }
 
-async fn handle_stream(
+async fn handle_stream<B: SearchBackend>(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    service: CloudService,
+    service: B,
 ) {
     let request = read_frame::<_, QuicRequest>(&mut recv, DEFAULT_MAX_FRAME_BYTES).await;
     if let Err(FrameError::Io(err)) = &request {

@@ -1,11 +1,17 @@
-//! Exact search over one bundle: validation, the faiss call, and assembly of the hits.
+//! Exact search over one bundle (a shard, or a whole corpus): validation, the faiss call,
+//! and assembly of the hits.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_core::index::{ExactIndex, IndexError};
+use hasten_core::index::{ExactIndex, Hit, IndexError};
 use hasten_core::vector::normalized_query;
 use hasten_proto::v1::{IndexInfo, QueryHits, ScoredDocument, SearchRequest, SearchResponse};
+
+use crate::backend::SearchBackend;
+use crate::batcher::{BatchingSettings, MicroBatcher};
+use crate::error::SearchError;
 
 /// Largest k a caller may ask for: far beyond any RAG context (the HaS reference re-ranks 50
 /// candidates) while keeping one response's size bounded.
@@ -15,14 +21,43 @@ pub const MAX_K: usize = 1000;
 /// and only delay the first answer.
 pub const MAX_BATCH: usize = 1024;
 
-#[derive(Debug, thiserror::Error)]
-pub enum SearchError {
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    #[error("index failure: {0}")]
-    Index(#[from] IndexError),
-    #[error("search task failed: {0}")]
-    Task(String),
+/// A validated request: its queries normalised into one row-major buffer.
+#[derive(Debug)]
+pub struct PreparedSearch {
+    queries: Vec<f32>,
+    k: usize,
+    include_vectors: bool,
+    include_texts: bool,
+}
+
+impl PreparedSearch {
+    /// Number of query vectors.
+    pub fn len(&self, dimension: usize) -> usize {
+        self.queries.len() / dimension.max(1)
+    }
+}
+
+/// Checks k and the batch size of a request, shard or router alike.
+pub fn check_request_shape(request: &SearchRequest) -> Result<(), SearchError> {
+    let k = request.k as usize;
+    if !(1..=MAX_K).contains(&k) {
+        return Err(SearchError::InvalidArgument(format!(
+            "k must be in 1..={MAX_K}, got {k}"
+        )));
+    }
+    if request.queries.is_empty() || request.queries.len() > MAX_BATCH {
+        return Err(SearchError::InvalidArgument(format!(
+            "queries must hold 1..={MAX_BATCH} vectors, got {}",
+            request.queries.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Orders hits best first: descending score, ties by ascending document id. Every answer a
+/// shard or router gives is in this order, which makes merged results deterministic.
+pub fn rank_order(a: &ScoredDocument, b: &ScoredDocument) -> std::cmp::Ordering {
+    b.score.total_cmp(&a.score).then(a.id.cmp(&b.id))
 }
 
 /// A bundle and the exact index over its vectors.
@@ -44,68 +79,128 @@ impl ExactSearcher {
 
     pub fn info(&self) -> IndexInfo {
         let manifest = &self.bundle.manifest;
+        let shard = manifest.shard;
         IndexInfo {
             corpus_version: manifest.corpus_version.clone(),
             model_id: manifest.model_id.clone(),
             dimension: manifest.dimension as u32,
             documents: manifest.documents as u64,
+            shard_index: shard.map_or(0, |s| s.index),
+            shard_count: shard.map_or(1, |s| s.count),
         }
     }
 
-    /// Exact top-k for every query of the request, in one faiss call. Hits are ordered by
-    /// descending score, ties by ascending document id.
-    pub fn search(&self, request: &SearchRequest) -> Result<SearchResponse, SearchError> {
-        let k = request.k as usize;
-        if !(1..=MAX_K).contains(&k) {
-            return Err(SearchError::InvalidArgument(format!(
-                "k must be in 1..={MAX_K}, got {k}"
-            )));
-        }
-        if request.queries.is_empty() || request.queries.len() > MAX_BATCH {
-            return Err(SearchError::InvalidArgument(format!(
-                "queries must hold 1..={MAX_BATCH} vectors, got {}",
-                request.queries.len()
-            )));
-        }
+    /// Validates `request` and normalises its queries.
+    pub fn prepare(&self, request: &SearchRequest) -> Result<PreparedSearch, SearchError> {
+        check_request_shape(request)?;
         let dimension = self.bundle.dimension();
-        let mut flat = Vec::with_capacity(request.queries.len() * dimension);
+        let mut queries = Vec::with_capacity(request.queries.len() * dimension);
         for (i, query) in request.queries.iter().enumerate() {
             let v = normalized_query(&query.values, dimension)
                 .map_err(|e| SearchError::InvalidArgument(format!("queries[{i}]: {e}")))?;
-            flat.extend(v);
+            queries.extend(v);
         }
-        let results = self.index.search(&flat, k)?;
-        let results = results
-            .into_iter()
-            .map(|mut hits| {
-                hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.id.cmp(&b.id)));
-                QueryHits {
-                    hits: hits
-                        .into_iter()
-                        .map(|hit| self.scored_document(hit.id as usize, hit.score, request))
-                        .collect(),
-                }
-            })
-            .collect();
-        Ok(SearchResponse { results })
+        Ok(PreparedSearch {
+            queries,
+            k: request.k as usize,
+            include_vectors: request.include_vectors,
+            include_texts: request.include_texts,
+        })
     }
 
-    fn scored_document(&self, row: usize, score: f32, request: &SearchRequest) -> ScoredDocument {
+    /// Exact top-k for every query of every prepared search, in one faiss call over all of
+    /// them (with the largest k asked; each answer is cut to its own k). Hits are ordered by
+    /// [`rank_order`].
+    pub fn search_batch(
+        &self,
+        batch: &[&PreparedSearch],
+    ) -> Result<Vec<SearchResponse>, SearchError> {
+        // One hit beyond the largest k shows whether the k-th score is tied past the cut.
+        let probe = batch.iter().map(|p| p.k).max().unwrap_or(0) + 1;
+        let queries: Vec<f32> = if let [one] = batch {
+            one.queries.clone()
+        } else {
+            batch
+                .iter()
+                .flat_map(|p| p.queries.iter().copied())
+                .collect()
+        };
+        let dimension = self.bundle.dimension();
+        let mut results = self.index.search(&queries, probe)?.into_iter();
+        let mut responses = Vec::with_capacity(batch.len());
+        for prepared in batch {
+            let mut query_results = Vec::with_capacity(prepared.len(dimension));
+            for (i, hits) in results.by_ref().take(prepared.len(dimension)).enumerate() {
+                let query = &prepared.queries[i * dimension..(i + 1) * dimension];
+                let hits = self.top_k_by_rank(query, hits, prepared.k, probe)?;
+                query_results.push(QueryHits {
+                    hits: hits
+                        .into_iter()
+                        .map(|hit| self.scored_document(hit.id as usize, hit.score, prepared))
+                        .collect(),
+                });
+            }
+            responses.push(SearchResponse {
+                results: query_results,
+                partial: false,
+                missing_shards: Vec::new(),
+            });
+        }
+        Ok(responses)
+    }
+
+    /// The exact top-`k` of one query under [`rank_order`] (score, then id), from faiss's
+    /// top-`probe` `hits`. faiss keeps an arbitrary subset of the vectors tied at its cut, so
+    /// when the k-th score is tied all the way to the last hit, the query is searched again
+    /// deeper until a lower score ends the tie (or the whole index was seen). Real
+    /// embeddings almost never tie; the one extra hit decides it in the common case.
+    fn top_k_by_rank(
+        &self,
+        query: &[f32],
+        mut hits: Vec<Hit>,
+        k: usize,
+        mut probe: usize,
+    ) -> Result<Vec<Hit>, SearchError> {
+        let by_rank = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.id.cmp(&b.id));
+        loop {
+            hits.sort_by(by_rank);
+            let settled = hits.len() < probe
+                || hits.len() <= k
+                || hits.last().map(|h| h.score) < hits.get(k - 1).map(|h| h.score);
+            if settled {
+                hits.truncate(k);
+                return Ok(hits);
+            }
+            probe = (probe * 2).min(self.index.len());
+            hits = self.index.search(query, probe)?.pop().unwrap_or_default();
+        }
+    }
+
+    /// Exact top-k for every query of one request.
+    pub fn search(&self, request: &SearchRequest) -> Result<SearchResponse, SearchError> {
+        let prepared = self.prepare(request)?;
+        let mut responses = self.search_batch(&[&prepared])?;
+        responses
+            .pop()
+            .ok_or_else(|| SearchError::Index("faiss returned no result".into()))
+    }
+
+    fn scored_document(&self, row: usize, score: f32, prepared: &PreparedSearch) -> ScoredDocument {
         let doc = &self.bundle.documents[row];
         ScoredDocument {
             id: doc.id,
             score,
-            title: if request.include_texts {
+            title: if prepared.include_texts {
                 doc.title.clone()
             } else {
                 String::new()
             },
-            text: if request.include_texts {
+            text: if prepared.include_texts {
                 doc.text.clone()
             } else {
                 String::new()
             },
-            vector: if request.include_vectors {
+            vector: if prepared.include_vectors {
                 self.bundle.vector(row).to_vec()
             } else {
                 Vec::new()
@@ -114,30 +209,44 @@ impl ExactSearcher {
     }
 }
 
-/// The searcher as an async service: searches run on the blocking pool, since a scan of a
-/// large shard takes tens of milliseconds of CPU.
+/// A shard server's search: one faiss call per request on the blocking pool, or, with
+/// micro-batching, concurrent requests coalesced into one faiss call.
 #[derive(Clone, Debug)]
-pub struct CloudService {
+pub struct ShardService {
     searcher: Arc<ExactSearcher>,
+    batcher: Option<MicroBatcher>,
 }
 
-impl CloudService {
-    pub fn new(searcher: ExactSearcher) -> Self {
-        Self {
-            searcher: Arc::new(searcher),
-        }
+impl ShardService {
+    pub fn new(searcher: ExactSearcher, batching: Option<BatchingSettings>) -> Self {
+        let searcher = Arc::new(searcher);
+        let batcher = batching.map(|settings| MicroBatcher::start(Arc::clone(&searcher), settings));
+        Self { searcher, batcher }
     }
+}
 
-    pub fn info(&self) -> IndexInfo {
+impl SearchBackend for ShardService {
+    fn info(&self) -> IndexInfo {
         self.searcher.info()
     }
 
-    pub async fn search(&self, request: SearchRequest) -> Result<SearchResponse, SearchError> {
+    async fn search(&self, request: SearchRequest) -> Result<SearchResponse, SearchError> {
+        if let Some(batcher) = &self.batcher {
+            let deadline = request_deadline(&request);
+            let prepared = self.searcher.prepare(&request)?;
+            return batcher.search(prepared, deadline).await;
+        }
         let searcher = Arc::clone(&self.searcher);
         tokio::task::spawn_blocking(move || searcher.search(&request))
             .await
             .map_err(|e| SearchError::Task(e.to_string()))?
     }
+}
+
+/// When the caller stops waiting: now plus the request's `timeout_ms`, if it gave one.
+pub fn request_deadline(request: &SearchRequest) -> Option<Instant> {
+    (request.timeout_ms > 0)
+        .then(|| Instant::now() + Duration::from_millis(u64::from(request.timeout_ms)))
 }
 
 #[cfg(test)]
@@ -176,6 +285,7 @@ mod tests {
             k,
             include_vectors: true,
             include_texts: true,
+            ..Default::default()
         }
     }
 

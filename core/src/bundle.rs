@@ -7,6 +7,10 @@
 //! <bundle>/questions.jsonl  questions with gold answers and entity, for workloads
 //! ```
 //!
+//! A sharded corpus is S such bundles, one per partition (documents with `id % S == i`),
+//! each with its own manifest naming its shard; all carry the corpus version of the whole
+//! corpus, so a router can refuse shards cut from different corpora.
+//!
 //! A build writes into a sibling directory and renames it into place, so a crash never
 //! leaves a half-written bundle under the final name.
 
@@ -44,6 +48,27 @@ pub struct BundleManifest {
     /// version hold the same corpus.
     pub corpus_version: String,
     pub sources: Vec<String>,
+    /// Set on a shard bundle: which partition of the corpus it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardOf>,
+}
+
+/// A shard bundle's place in its corpus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardOf {
+    /// 0-based partition number: the shard holds the documents with `id % count == index`.
+    pub index: u32,
+    /// Number of partitions of the corpus.
+    pub count: u32,
+    /// Documents in the whole corpus.
+    pub corpus_documents: usize,
+}
+
+impl ShardOf {
+    /// The shard of a document id among `count` partitions.
+    pub fn of_document(id: u64, count: u32) -> u32 {
+        (id % u64::from(count.max(1))) as u32
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -216,7 +241,75 @@ pub fn write_bundle(
         questions: questions.len(),
         corpus_version: corpus_version(documents),
         sources: manifest_sources,
+        shard: None,
     };
+    write_bundle_dir(out, &manifest, documents, vectors, questions)?;
+    Ok(manifest)
+}
+
+/// Partitions a corpus into `shards` bundles `<out_dir>/shard-<i>` by document id
+/// (`id % shards`), each holding its documents in corpus order with their vectors, and
+/// every manifest carrying the whole corpus's version. Questions stay with the full bundle.
+pub fn write_shards(
+    out_dir: &Path,
+    manifest_sources: Vec<String>,
+    documents: &[Document],
+    vectors: &[f32],
+    dimension: usize,
+    shards: u32,
+) -> Result<Vec<BundleManifest>, BundleError> {
+    if shards == 0 || vectors.len() != documents.len() * dimension {
+        return Err(BundleError::Invalid {
+            path: out_dir.to_path_buf(),
+            message: format!(
+                "cannot cut {} documents ({} vector values, dimension {dimension}) into {shards} shards",
+                documents.len(),
+                vectors.len()
+            ),
+        });
+    }
+    let version = corpus_version(documents);
+    std::fs::create_dir_all(out_dir).map_err(io_error(out_dir))?;
+    (0..shards)
+        .map(|index| {
+            let rows: Vec<usize> = (0..documents.len())
+                .filter(|&row| ShardOf::of_document(documents[row].id, shards) == index)
+                .collect();
+            let shard_documents: Vec<Document> =
+                rows.iter().map(|&row| documents[row].clone()).collect();
+            let mut shard_vectors = Vec::with_capacity(rows.len() * dimension);
+            for &row in &rows {
+                shard_vectors.extend_from_slice(&vectors[row * dimension..(row + 1) * dimension]);
+            }
+            let manifest = BundleManifest {
+                format_version: FORMAT_VERSION,
+                model_id: MODEL_ID.to_string(),
+                dimension,
+                documents: shard_documents.len(),
+                questions: 0,
+                corpus_version: version.clone(),
+                sources: manifest_sources.clone(),
+                shard: Some(ShardOf {
+                    index,
+                    count: shards,
+                    corpus_documents: documents.len(),
+                }),
+            };
+            let out = out_dir.join(format!("shard-{index}"));
+            write_bundle_dir(&out, &manifest, &shard_documents, &shard_vectors, &[])?;
+            Ok(manifest)
+        })
+        .collect()
+}
+
+/// Writes a bundle's files into a staging sibling of `out` and renames it into place.
+fn write_bundle_dir(
+    out: &Path,
+    manifest: &BundleManifest,
+    documents: &[Document],
+    vectors: &[f32],
+    questions: &[Question],
+) -> Result<(), BundleError> {
     let staging = sibling(out, "building");
     if staging.exists() {
         std::fs::remove_dir_all(&staging).map_err(io_error(&staging))?;
@@ -229,7 +322,7 @@ pub fn write_bundle(
         .map_err(io_error(&vectors_path))?;
     let manifest_path = staging.join(MANIFEST);
     let manifest_json =
-        serde_json::to_string_pretty(&manifest).map_err(|source| BundleError::Json {
+        serde_json::to_string_pretty(manifest).map_err(|source| BundleError::Json {
             path: manifest_path.clone(),
             line: 0,
             source,
@@ -246,7 +339,7 @@ pub fn write_bundle(
     if retired.exists() {
         std::fs::remove_dir_all(&retired).map_err(io_error(&retired))?;
     }
-    Ok(manifest)
+    Ok(())
 }
 
 fn sibling(path: &Path, suffix: &str) -> PathBuf {
@@ -426,6 +519,34 @@ mod tests {
         let b = vec![doc(0, "A", "alphb")];
         assert_ne!(corpus_version(&a), corpus_version(&b));
         assert_eq!(corpus_version(&a), corpus_version(&a.clone()));
+    }
+
+    #[test]
+    fn shards_partition_the_corpus_by_id_under_one_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs: Vec<Document> = (0..7).map(|i| doc(i, "T", &format!("d{i}"))).collect();
+        let vectors: Vec<f32> = (0..7).flat_map(|i| [i as f32, 1.0]).collect();
+        let manifests = write_shards(dir.path(), vec![], &docs, &vectors, 2, 3).unwrap();
+        assert_eq!(manifests.len(), 3);
+        let mut seen = Vec::new();
+        for (i, manifest) in manifests.iter().enumerate() {
+            let bundle = CorpusBundle::load(&dir.path().join(format!("shard-{i}"))).unwrap();
+            assert_eq!(&bundle.manifest, manifest);
+            assert_eq!(manifest.corpus_version, corpus_version(&docs));
+            let shard = manifest.shard.unwrap();
+            assert_eq!(
+                (shard.index, shard.count, shard.corpus_documents),
+                (i as u32, 3, 7)
+            );
+            for (row, d) in bundle.documents.iter().enumerate() {
+                assert_eq!(d.id % 3, i as u64);
+                assert_eq!(bundle.vector(row), &[d.id as f32, 1.0]);
+                seen.push(d.id);
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, (0..7).collect::<Vec<u64>>());
+        assert!(write_shards(dir.path(), vec![], &docs, &vectors, 2, 0).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod eval;
 pub mod index;
 pub mod lifecycle;
 pub mod logging;
+pub mod threads;
 pub mod vector;
 
 pub use corpus::{DocId, Document, Question};

@@ -14,8 +14,9 @@ use tokio::sync::Mutex;
 use crate::engine::{CloudDocument, CloudSearch};
 
 /// What a fallback asks the cloud for: the exact top-`k` of one query, with the texts to
-/// answer and the vectors to cache.
-pub fn fallback_request(query: &[f32], k: usize) -> SearchRequest {
+/// answer and the vectors to cache, within `timeout` (the cloud drops work past it). A
+/// partial answer is never accepted: it would be cached and served as exact.
+pub fn fallback_request(query: &[f32], k: usize, timeout: Duration) -> SearchRequest {
     SearchRequest {
         queries: vec![QueryVector {
             values: query.to_vec(),
@@ -23,6 +24,8 @@ pub fn fallback_request(query: &[f32], k: usize) -> SearchRequest {
         k: k as u32,
         include_vectors: true,
         include_texts: true,
+        timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+        allow_partial: false,
     }
 }
 
@@ -147,7 +150,11 @@ impl QuicCloudClient {
     ) -> Result<Vec<CloudDocument>, CloudError> {
         let connection = self.connection().await?;
         let request = QuicRequest {
-            body: Some(quic_request::Body::Search(fallback_request(query, k))),
+            body: Some(quic_request::Body::Search(fallback_request(
+                query,
+                k,
+                self.target.timeout,
+            ))),
         };
         let response = exchange(&connection, request).await.inspect_err(|_| {
             if connection.close_reason().is_some() {

@@ -543,7 +543,11 @@ mod tests {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let response = self
                 .searcher
-                .search(&fallback_request(query, k))
+                .search(&fallback_request(
+                    query,
+                    k,
+                    std::time::Duration::from_secs(1),
+                ))
                 .map_err(|e| CloudError::Refused(e.to_string()))?;
             Ok(fallback_documents(response))
         }

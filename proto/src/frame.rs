@@ -117,6 +117,8 @@ mod tests {
             k: 7,
             include_vectors: true,
             include_texts: false,
+            timeout_ms: 250,
+            allow_partial: true,
         }
     }
 

@@ -248,6 +248,7 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
             k: K as u32,
             include_vectors: false,
             include_texts: true,
+            ..Default::default()
         })
         .await
         .unwrap()
