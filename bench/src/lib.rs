@@ -73,6 +73,17 @@ impl Latencies {
         self.histogram.is_empty()
     }
 
+    /// The latency at quantile `q` (0..=1), in milliseconds.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        self.histogram.value_at_quantile(q) as f64 / 1_000.0
+    }
+
+    /// Adds every latency recorded in `other`.
+    pub fn merge(&mut self, other: &Latencies) {
+        // Both histograms share the same bounds, so adding cannot fail.
+        let _ = self.histogram.add(&other.histogram);
+    }
+
     /// `p50 / p99 / max` in microseconds.
     pub fn summary(&self) -> String {
         format!(

@@ -6,7 +6,9 @@
 //! oldest search, adds whatever else is queued (waiting at most `max_wait` after the oldest
 //! arrived, never past `max_queries`), runs the batch on the blocking pool and answers each
 //! caller. While a batch runs the next one accumulates, so batches grow with load instead
-//! of requests queueing one scan after another.
+//! of requests queueing one scan after another. The wait for company is spent only under
+//! concurrent load (the previous batch held more than one search): a lone caller's search
+//! starts at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +101,7 @@ async fn collect(
 ) {
     let dimension = searcher.bundle().dimension().max(1);
     let mut held: Option<Job> = None;
+    let mut concurrent = false;
     loop {
         let first = match held.take() {
             Some(job) => job,
@@ -107,7 +110,11 @@ async fn collect(
                 None => return,
             },
         };
-        let close_at = first.arrived + settings.max_wait;
+        let close_at = if concurrent {
+            first.arrived + settings.max_wait
+        } else {
+            first.arrived
+        };
         let mut queries = first.prepared.len(dimension);
         let mut batch = vec![first];
         while queries < settings.max_queries {
@@ -124,6 +131,7 @@ async fn collect(
                 Ok(None) | Err(_) => break,
             }
         }
+        concurrent = batch.len() > 1 || held.is_some();
         run(&searcher, batch, &counters).await;
     }
 }
@@ -152,8 +160,15 @@ async fn run(searcher: &Arc<ExactSearcher>, batch: Vec<Job>, counters: &BatchCou
         .fetch_add(live.len() as u64, Ordering::Relaxed);
     let searcher = Arc::clone(searcher);
     let outcome = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
         let prepared: Vec<&PreparedSearch> = live.iter().map(|job| &job.prepared).collect();
         let result = searcher.search_batch(&prepared);
+        tracing::debug!(
+            searches = live.len(),
+            waited_us = started.duration_since(live[0].arrived).as_micros() as u64,
+            search_us = started.elapsed().as_micros() as u64,
+            "batch searched"
+        );
         (live, result)
     })
     .await;

@@ -68,12 +68,17 @@ pub struct ShardConfig {
     pub batch_max_wait_us: u64,
     /// Searches that may queue for a batch before callers wait to enqueue.
     pub batch_queue: usize,
-    /// OpenMP threads for faiss (0: every available core).
+    /// OpenMP threads for faiss's per-query scans and result merging. 1, because batches go
+    /// through OpenBLAS (see `blas_min_batch`), and OpenMP threads running beside OpenBLAS's
+    /// oversubscribe the cores (bench/README.md, "Cloud tier": OpenMP 2 + OpenBLAS 2 ran a
+    /// batch at a third of the speed of OpenMP 1 + OpenBLAS 2 on 2 cores). 0: every core.
     pub openmp_threads: usize,
-    /// OpenBLAS threads for batched matrix products. 1, because faiss already runs its
-    /// batches under OpenMP, and OpenBLAS's own threads on top oversubscribe the cores
-    /// (bench/README.md, "Cloud tier": measured).
+    /// OpenBLAS threads for the matrix product that searches a batch (0: every core).
     pub openblas_threads: usize,
+    /// Smallest batch searched as one matrix product; faiss's default is 20. Measured on 1M
+    /// vectors with one thread: one scan per query costs 46 ms each, the matrix product
+    /// ~100 ms plus 7 ms per query, so from 3-4 queries on the product wins (bench/README.md).
+    pub blas_min_batch: usize,
 }
 
 impl Default for ShardConfig {
@@ -91,8 +96,9 @@ impl Default for ShardConfig {
             batch_max_queries: 256,
             batch_max_wait_us: 1000,
             batch_queue: 4096,
-            openmp_threads: 0,
-            openblas_threads: 1,
+            openmp_threads: 1,
+            openblas_threads: 0,
+            blas_min_batch: 4,
         }
     }
 }

@@ -18,11 +18,12 @@ use hasten_core::config::load_config;
 use hasten_core::corpus::{CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
-use hasten_core::threads::{available_cores, set_compute_threads};
+use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::quic::{ServerIdentity, server_config};
 use hasten_proto::v1::cloud_index_server::CloudIndexServer;
 use serde::Serialize;
+use tonic::transport::server::TcpIncoming;
 
 #[derive(Parser)]
 #[command(
@@ -126,14 +127,18 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     batch_max_wait_us: Option<u64>,
-    /// OpenMP threads for faiss; 0 for every core [default: 0].
+    /// OpenMP threads for faiss; 0 for every core [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     openmp_threads: Option<usize>,
-    /// OpenBLAS threads [default: 1].
+    /// OpenBLAS threads; 0 for every core [default: 0].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     openblas_threads: Option<usize>,
+    /// Smallest batch searched as one matrix product [default: 4].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blas_min_batch: Option<usize>,
 }
 
 #[derive(Args, Serialize)]
@@ -320,7 +325,9 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
         tonic::transport::Server::builder()
             .add_service(grpc_service)
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                // Without TCP_NODELAY, HTTP/2's separate header and data writes meet the
+                // peer's delayed ACK: measured +40 ms on every routed search.
+                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
                 shutdown_signal(),
             ),
     );
@@ -351,14 +358,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
         return Ok(());
     }
     config.validate()?;
-    let openmp = match config.openmp_threads {
-        0 => available_cores(),
-        n => n,
-    };
-    let threads = set_compute_threads(openmp, config.openblas_threads);
+    let all_cores = |n: usize| if n == 0 { available_cores() } else { n };
+    let threads = set_compute_threads(
+        all_cores(config.openmp_threads),
+        all_cores(config.openblas_threads),
+    );
+    set_blas_min_batch(config.blas_min_batch);
     tracing::info!(
         openmp = ?threads.openmp,
         openblas = ?threads.openblas,
+        blas_min_batch = config.blas_min_batch,
         "compute threads"
     );
     let bundle_dir = config.bundle.clone().unwrap_or_default();
@@ -366,6 +375,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let bundle = CorpusBundle::load(&bundle_dir)
         .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
     let searcher = ExactSearcher::new(bundle).context("building the exact index")?;
+    searcher
+        .warm_up(config.blas_min_batch.max(2) * 4)
+        .context("warming up the index")?;
     let info = searcher.info();
     tracing::info!(
         documents = info.documents,

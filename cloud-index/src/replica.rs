@@ -1,6 +1,6 @@
 //! One shard replica as the router sees it: a lazily connected gRPC client and its health.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
@@ -13,6 +13,11 @@ use tonic::transport::{Channel, Endpoint};
 /// SYN in well under a millisecond; a second means it is gone, and a request's deadline
 /// must leave room to try the next replica.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Failed health checks in a row that take a replica out of rotation. A replica busy with a
+/// large batch can miss one check's deadline while serving well; a dead one fails every
+/// check, and the first request that tries it marks it down at once anyway.
+const CHECKS_TO_MARK_DOWN: u32 = 3;
 
 /// Why one attempt on a replica failed.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -33,6 +38,10 @@ pub struct Replica {
     pub endpoint: String,
     client: CloudIndexClient<Channel>,
     live: AtomicBool,
+    /// Health checks failed since the last success.
+    failed_checks: AtomicU32,
+    /// Serves another corpus or shard than the map says: never tried until a check passes.
+    refused: AtomicBool,
     /// Why the replica is down, for error messages naming it.
     down_reason: Mutex<String>,
     /// The last index description it gave.
@@ -63,6 +72,8 @@ impl Replica {
             endpoint: endpoint.to_string(),
             client,
             live: AtomicBool::new(false),
+            failed_checks: AtomicU32::new(0),
+            refused: AtomicBool::new(false),
             down_reason: Mutex::new("not checked yet".into()),
             info: Mutex::new(None),
         })
@@ -88,8 +99,29 @@ impl Replica {
         *self.down_reason.lock() = reason;
     }
 
+    /// Whether the replica may be tried at all (it serves the corpus and shard expected).
+    pub fn is_usable(&self) -> bool {
+        !self.refused.load(Ordering::Acquire)
+    }
+
+    /// Takes the replica out of use for serving the wrong corpus or shard.
+    pub fn refuse(&self, why: String) {
+        self.refused.store(true, Ordering::Release);
+        self.mark_down(why);
+    }
+
+    /// Records a failed health check; the replica goes down after
+    /// [`CHECKS_TO_MARK_DOWN`] in a row.
+    pub fn check_failed(&self, reason: String) {
+        if self.failed_checks.fetch_add(1, Ordering::AcqRel) + 1 >= CHECKS_TO_MARK_DOWN {
+            self.mark_down(reason);
+        }
+    }
+
     /// Marks the replica live; logs when it was down.
     pub fn mark_live(&self) {
+        self.failed_checks.store(0, Ordering::Release);
+        self.refused.store(false, Ordering::Release);
         if !self.live.swap(true, Ordering::AcqRel) {
             tracing::info!(endpoint = %self.endpoint, "replica live");
         }

@@ -7,7 +7,9 @@
 //! long as the request's deadline allows; a shard with no live replica fails the request with
 //! an UNAVAILABLE naming it, or, when the request allows, is left out of a result flagged
 //! partial. A background task checks every replica's health and identity (corpus version,
-//! model, shard number) and brings recovered replicas back.
+//! model, shard number) and brings recovered replicas back. When every replica of a shard is
+//! believed down, each is still tried once (health can lag a restart) before the shard is
+//! reported unavailable.
 //!
 //! The router reads its shard map from a `watch` channel: today fed once from the
 //! configuration, later by the control plane, with no change here.
@@ -186,23 +188,6 @@ impl Router {
         Ok(Self { state })
     }
 
-    /// Each replica's endpoint and whether it is live, by shard.
-    pub fn replica_health(&self) -> Vec<Vec<(String, bool)>> {
-        let map = Arc::clone(&self.state.map.borrow());
-        map.shards
-            .iter()
-            .map(|replicas| {
-                replicas
-                    .iter()
-                    .map(|e| {
-                        let live = self.state.pool.get(e).is_ok_and(|r| r.is_live());
-                        (e.clone(), live)
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-
     async fn search_shard(
         &self,
         shard: usize,
@@ -217,23 +202,25 @@ impl Router {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| unavailable(e.to_string()))?;
         let start = self.state.rotation.fetch_add(1, Ordering::Relaxed);
-        let live: Vec<&Arc<Replica>> = (0..replicas.len())
+        let rotated: Vec<&Arc<Replica>> = (0..replicas.len())
             .map(|i| &replicas[(start + i) % replicas.len()])
-            .filter(|r| r.is_live())
+            .filter(|r| r.is_usable())
             .collect();
-        if live.is_empty() {
+        let live: Vec<&Arc<Replica>> = rotated.iter().copied().filter(|r| r.is_live()).collect();
+        if rotated.is_empty() {
             let reasons: Vec<String> = replicas
                 .iter()
                 .map(|r| format!("{}: {}", r.endpoint, r.down_reason()))
                 .collect();
             return Err(unavailable(format!(
-                "no live replica ({})",
+                "no usable replica ({})",
                 reasons.join("; ")
             )));
         }
+        let candidates = if live.is_empty() { rotated } else { live };
         let queries = request.queries.len();
         let mut failures = Vec::new();
-        for replica in live {
+        for replica in candidates {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 break;
@@ -243,7 +230,10 @@ impl Router {
             shard_request.timeout_ms = u32::try_from(attempt.as_millis()).unwrap_or(u32::MAX);
             shard_request.allow_partial = false;
             let error = match replica.search(shard_request, attempt).await {
-                Ok(response) if response.results.len() == queries => return Ok(response),
+                Ok(response) if response.results.len() == queries => {
+                    replica.mark_live();
+                    return Ok(response);
+                }
                 Ok(response) => AttemptError::Failed(format!(
                     "answered {} result lists for {queries} queries",
                     response.results.len()
@@ -267,7 +257,7 @@ impl Router {
             });
         }
         Err(unavailable(format!(
-            "every live replica failed ({})",
+            "no replica answered ({})",
             failures.join("; ")
         )))
     }

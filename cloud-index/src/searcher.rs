@@ -115,6 +115,7 @@ impl ExactSearcher {
         &self,
         batch: &[&PreparedSearch],
     ) -> Result<Vec<SearchResponse>, SearchError> {
+        hasten_core::threads::apply_openmp_threads();
         // One hit beyond the largest k shows whether the k-th score is tied past the cut.
         let probe = batch.iter().map(|p| p.k).max().unwrap_or(0) + 1;
         let queries: Vec<f32> = if let [one] = batch {
@@ -171,9 +172,28 @@ impl ExactSearcher {
                 hits.truncate(k);
                 return Ok(hits);
             }
+            tracing::debug!(
+                probe,
+                hits = hits.len(),
+                kth = ?hits.get(k - 1).map(|h| h.score),
+                last = ?hits.last().map(|h| (h.id, h.score)),
+                "k-th score tied past the cut; searching deeper"
+            );
             probe = (probe * 2).min(self.index.len());
             hits = self.index.search(query, probe)?.pop().unwrap_or_default();
         }
+    }
+
+    /// Runs one batched search of `queries` of the index's own vectors, so the first real
+    /// batch does not pay the BLAS library's start-up (buffer allocation and first-touch:
+    /// measured 1-4 s for the first batch of a 250k-vector shard).
+    pub fn warm_up(&self, queries: usize) -> Result<(), SearchError> {
+        let n = queries.min(self.bundle.len());
+        let flat: Vec<f32> = (0..n)
+            .flat_map(|row| self.bundle.vector(row).to_vec())
+            .collect();
+        self.index.search(&flat, 10)?;
+        Ok(())
     }
 
     /// Exact top-k for every query of one request.

@@ -4,7 +4,8 @@
 //!
 //! Both runtimes start as many threads as there are cores. Left alone, a batched search runs
 //! OpenBLAS's threads inside OpenMP's and the two oversubscribe the cores: on 2 cores that
-//! halves batched throughput (bench/README.md). A server therefore sets both counts at start.
+//! halves batched throughput (bench/README.md). A server therefore sets both counts at start,
+//! and the batch size from which faiss uses the matrix product at all.
 //!
 //! OpenBLAS is reached through the dynamic loader rather than linked by name, because the
 //! BLAS faiss links against is chosen by the system (`libblas.so.3`); when it is not OpenBLAS
@@ -13,6 +14,10 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_int};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// OpenMP threads chosen by [`set_compute_threads`]; 0 until then.
+static OPENMP_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// Thread counts in effect after [`set_compute_threads`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,23 +39,33 @@ fn symbol(name: &CStr) -> Option<*mut libc::c_void> {
     (!ptr.is_null()).then_some(ptr)
 }
 
-fn set(setter: &CStr, getter: &CStr, threads: usize) -> Option<usize> {
-    let set = symbol(setter)?;
+fn get(getter: &CStr) -> Option<usize> {
     let get = symbol(getter)?;
-    let n = c_int::try_from(threads.max(1)).unwrap_or(c_int::MAX);
-    // SAFETY: both symbols are the C functions `void f(int)` and `int f(void)` of the
-    // OpenMP and OpenBLAS runtime APIs, looked up by their documented names.
+    // SAFETY: the symbol is the C function `int f(void)` of the OpenMP or OpenBLAS runtime
+    // API, looked up by its documented name.
     unsafe {
-        let set: SetThreads = std::mem::transmute::<*mut libc::c_void, SetThreads>(set);
         let get: GetThreads = std::mem::transmute::<*mut libc::c_void, GetThreads>(get);
-        set(n);
         usize::try_from(get()).ok()
     }
 }
 
-/// Sets the OpenMP and OpenBLAS thread counts for the whole process (at least 1 each) and
-/// returns the counts the runtimes report back.
+fn set(setter: &CStr, getter: &CStr, threads: usize) -> Option<usize> {
+    let set = symbol(setter)?;
+    let n = c_int::try_from(threads.max(1)).unwrap_or(c_int::MAX);
+    // SAFETY: the symbol is the C function `void f(int)` of the OpenMP or OpenBLAS runtime
+    // API, looked up by its documented name.
+    unsafe {
+        let set: SetThreads = std::mem::transmute::<*mut libc::c_void, SetThreads>(set);
+        set(n);
+    }
+    get(getter)
+}
+
+/// Sets the OpenMP and OpenBLAS thread counts (at least 1 each) and returns the counts the
+/// runtimes report back. OpenBLAS's count is process-wide; OpenMP's applies to the calling
+/// thread, so every other thread that calls faiss must call [`apply_openmp_threads`] first.
 pub fn set_compute_threads(openmp: usize, openblas: usize) -> ComputeThreads {
+    OPENMP_THREADS.store(openmp.max(1), Ordering::Relaxed);
     ComputeThreads {
         openmp: set(c"omp_set_num_threads", c"omp_get_max_threads", openmp),
         openblas: set(
@@ -59,6 +74,27 @@ pub fn set_compute_threads(openmp: usize, openblas: usize) -> ComputeThreads {
             openblas,
         ),
     }
+}
+
+/// Gives the calling thread the OpenMP thread count chosen by [`set_compute_threads`], if
+/// one was chosen. OpenMP keeps the count per thread: a thread that never set it (a tokio
+/// blocking-pool thread) runs faiss's parallel loops on every core, and on a machine shared
+/// by several faiss processes those teams spin against each other (measured: a batch of 7
+/// queries over 250k vectors took 2-4 s instead of ~40 ms).
+pub fn apply_openmp_threads() {
+    let n = OPENMP_THREADS.load(Ordering::Relaxed);
+    if n > 0 {
+        set(c"omp_set_num_threads", c"omp_get_max_threads", n);
+    }
+}
+
+/// Smallest batch faiss's flat search runs as one matrix product (faiss's default is 20).
+/// Below it faiss scans the vectors once per query, spread over OpenMP threads; at or above
+/// it the vectors are read once for the whole batch, spread over OpenBLAS threads.
+pub fn set_blas_min_batch(queries: usize) {
+    let n = c_int::try_from(queries.max(1)).unwrap_or(c_int::MAX);
+    // SAFETY: a plain setter of a global int in faiss's C API, linked into this process.
+    unsafe { faiss_sys::faiss_set_distance_compute_blas_threshold(n) }
 }
 
 /// Cores available to this process (its CPU affinity and cgroup quota), at least 1.
@@ -82,5 +118,22 @@ mod tests {
         let applied = set_compute_threads(2, 1);
         assert_eq!(applied.openmp, Some(2));
         assert_eq!(applied.openblas, Some(1));
+        // OpenMP's count is per thread: another thread has the default until it applies
+        // the choice.
+        set_compute_threads(3, 1);
+        let other = std::thread::spawn(|| {
+            let before = get(c"omp_get_max_threads");
+            apply_openmp_threads();
+            (before, get(c"omp_get_max_threads"))
+        });
+        let (before, after) = other.join().unwrap();
+        assert_ne!(before, Some(3));
+        assert_eq!(after, Some(3));
+        set_blas_min_batch(2);
+        // SAFETY: the matching getter of the C API.
+        assert_eq!(
+            unsafe { faiss_sys::faiss_get_distance_compute_blas_threshold() },
+            2
+        );
     }
 }

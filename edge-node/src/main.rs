@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use axum::serve::ListenerExt;
 use clap::{Args, Parser, Subcommand};
 use edge_node::api::RequestLimits;
 use edge_node::cloud::{CloudEndpoint, QuicCloudClient};
@@ -267,14 +268,20 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let http = axum::serve(
-        http_listener,
+        http_listener.tap_io(|tcp| {
+            if let Err(err) = tcp.set_nodelay(true) {
+                tracing::debug!(%err, "could not set TCP_NODELAY");
+            }
+        }),
         edge_node::http::router(service.clone(), config.max_body_bytes),
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc = tonic::transport::Server::builder()
         .add_service(EdgeServer::new(EdgeGrpc::new(service)))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            // HTTP/2 writes headers and data separately; without TCP_NODELAY the second
+            // write waits for the client's delayed ACK (~40 ms).
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             stopped(stop_rx),
         );
     let http_task = tokio::spawn(async move { http.await });

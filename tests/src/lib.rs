@@ -52,9 +52,14 @@ pub fn squad_subset(source: &Path, articles: usize, out: &Path) -> Result<()> {
 }
 
 /// Builds a small real corpus with the real `cloud-index build`: the first `articles`
-/// SQuAD articles from ../shared/data, or the synthetic knowledge base (40 entities) when
-/// the data is absent. Returns the bundle and the build's JSON summary.
-pub fn build_small_bundle(work: &Path, articles: usize) -> Result<(PathBuf, serde_json::Value)> {
+/// SQuAD articles from ../shared/data, or the synthetic knowledge base (10 entities per
+/// article, at least 40) when the data is absent; with `shards`, also its shard bundles. Returns the
+/// bundle and the build's JSON summary.
+pub fn build_small_bundle(
+    work: &Path,
+    articles: usize,
+    shards: Option<u32>,
+) -> Result<(PathBuf, serde_json::Value)> {
     let squad = data_dir().join("squad-dev-v1.1-visible.json");
     let mut args: Vec<String> = vec!["build".into()];
     let bundle = if squad.exists() {
@@ -63,10 +68,16 @@ pub fn build_small_bundle(work: &Path, articles: usize) -> Result<(PathBuf, serd
         args.extend(["--squad".into(), subset.display().to_string()]);
         work.join("bundle-squad")
     } else {
-        args.extend(["--synthetic-entities".into(), "40".into()]);
+        args.extend([
+            "--synthetic-entities".into(),
+            (articles * 10).max(40).to_string(),
+        ]);
         work.join("bundle-synthetic")
     };
     args.extend(["--out".into(), bundle.display().to_string()]);
+    if let Some(shards) = shards {
+        args.extend(["--shards".into(), shards.to_string()]);
+    }
     let out = Command::new(binary("cloud-index")?)
         .args(&args)
         .env("HASTEN_MODEL_DIR", model_dir())

@@ -21,7 +21,7 @@ const K: usize = 10;
 #[test]
 fn every_system_runs_and_cloud_only_is_exact() {
     let work = persistent_work_dir("evaluation").unwrap();
-    let (bundle_dir, _) = build_small_bundle(&work, 4).unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 4, None).unwrap();
     let out = fresh_output_dir(&work);
     let workload_file = out.join("workload.jsonl");
     let status = Command::new(binary("hasten-loadtest").unwrap())

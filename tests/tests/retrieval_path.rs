@@ -26,8 +26,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Builds the test bundle twice with the real `cloud-index build`; the second build must
 /// reuse every vector. Returns the bundle path.
 fn build_bundle(work: &Path) -> PathBuf {
-    let (_, first) = build_small_bundle(work, 3).unwrap();
-    let (bundle, second) = build_small_bundle(work, 3).unwrap();
+    let (_, first) = build_small_bundle(work, 3, None).unwrap();
+    let (bundle, second) = build_small_bundle(work, 3, None).unwrap();
     assert_eq!(second["encoded"], 0, "second build re-encoded: {second}");
     assert_eq!(second["reused"], first["documents"]);
     assert_eq!(second["corpus_version"], first["corpus_version"]);
