@@ -91,30 +91,9 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     bundle: Option<PathBuf>,
-    /// UDP address for QUIC [default: 127.0.0.1:7100].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    quic_addr: Option<SocketAddr>,
-    /// TCP address for gRPC [default: 127.0.0.1:7101].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    grpc_addr: Option<SocketAddr>,
-    /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key for TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_key: Option<PathBuf>,
-    /// Where to write the generated dev certificate [default: run/cloud-dev-cert.pem].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dev_cert_out: Option<PathBuf>,
-    /// Write the bound addresses as JSON to this file once serving.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    listen: ListenArgs,
     /// Coalesce concurrent searches into one faiss call [default: true].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -141,6 +120,36 @@ struct ServeArgs {
     blas_min_batch: Option<usize>,
 }
 
+/// Where a server listens and how it reports itself; shared by `serve` and `route`.
+#[derive(Args, Serialize)]
+struct ListenArgs {
+    /// UDP address for QUIC [default: 127.0.0.1:7100].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quic_addr: Option<SocketAddr>,
+    /// TCP address for gRPC [default: 127.0.0.1:7101].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_addr: Option<SocketAddr>,
+    /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<PathBuf>,
+    /// Where to write the generated dev certificate [default: run/cloud-dev-cert.pem for serve,
+    /// run/router-dev-cert.pem for route].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dev_cert_out: Option<PathBuf>,
+    /// Write the bound addresses as JSON to this file once serving.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready_file: Option<PathBuf>,
+}
+
 #[derive(Args, Serialize)]
 struct RouteArgs {
     /// TOML configuration file; flags and HASTEN_ROUTER_* variables override it.
@@ -160,30 +169,9 @@ struct RouteArgs {
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     shards: Option<Vec<Vec<String>>>,
-    /// UDP address for QUIC [default: 127.0.0.1:7100].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    quic_addr: Option<SocketAddr>,
-    /// TCP address for gRPC [default: 127.0.0.1:7101].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    grpc_addr: Option<SocketAddr>,
-    /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key for TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_key: Option<PathBuf>,
-    /// Where to write the generated dev certificate [default: run/router-dev-cert.pem].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dev_cert_out: Option<PathBuf>,
-    /// Write the bound addresses as JSON to this file once serving.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    listen: ListenArgs,
     /// Deadline of a request that names none, in milliseconds [default: 2000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

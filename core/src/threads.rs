@@ -14,6 +14,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_int};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// OpenMP threads chosen by [`set_compute_threads`]; 0 until then.
@@ -81,10 +82,21 @@ pub fn set_compute_threads(openmp: usize, openblas: usize) -> ComputeThreads {
 /// blocking-pool thread) runs faiss's parallel loops on every core, and on a machine shared
 /// by several faiss processes those teams spin against each other (measured: a batch of 7
 /// queries over 250k vectors took 2-4 s instead of ~40 ms).
+///
+/// Runs before every search, so the setter is looked up once and only called.
 pub fn apply_openmp_threads() {
+    static SETTER: OnceLock<Option<SetThreads>> = OnceLock::new();
     let n = OPENMP_THREADS.load(Ordering::Relaxed);
-    if n > 0 {
-        set(c"omp_set_num_threads", c"omp_get_max_threads", n);
+    let setter = SETTER.get_or_init(|| {
+        symbol(c"omp_set_num_threads").map(|ptr| {
+            // SAFETY: the symbol is OpenMP's `void omp_set_num_threads(int)`.
+            unsafe { std::mem::transmute::<*mut libc::c_void, SetThreads>(ptr) }
+        })
+    });
+    if let (true, Some(set)) = (n > 0, setter) {
+        let n = c_int::try_from(n).unwrap_or(c_int::MAX);
+        // SAFETY: as above; the call only sets the calling thread's OpenMP team size.
+        unsafe { set(n) }
     }
 }
 

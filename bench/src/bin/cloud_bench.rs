@@ -346,6 +346,18 @@ async fn throughput(
     }))
 }
 
+/// Seconds of the fastest of 3 searches of the row-major batch `flat`, after one warm-up.
+fn best_batch_seconds(index: &ExactIndex, flat: &[f32], k: usize) -> Result<f64> {
+    index.search(flat, k)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let started = Instant::now();
+        index.search(flat, k)?;
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
 /// Batched in-process throughput under each OpenMP/OpenBLAS split.
 fn thread_splits(
     index: &ExactIndex,
@@ -359,13 +371,7 @@ fn thread_splits(
     for (openmp, openblas) in [(2, 1), (1, 2), (2, 2), (1, 1)] {
         let applied: ComputeThreads = set_compute_threads(openmp, openblas);
         set_blas_min_batch(4);
-        index.search(&flat, k)?;
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let started = Instant::now();
-            index.search(&flat, k)?;
-            best = best.min(started.elapsed().as_secs_f64());
-        }
+        let best = best_batch_seconds(index, &flat, k)?;
         let qps = n as f64 / best;
         tracing::info!(openmp, openblas, qps = format!("{qps:.1}"), "thread split");
         rows.push(json!({
@@ -387,13 +393,7 @@ fn batch_sizes(index: &ExactIndex, queries: &[Vec<f32>], k: usize) -> Result<Val
     let mut rows = Vec::new();
     for batch in [1, 2, 4, 8, 16, 32, 64, 128, 256] {
         let flat: Vec<f32> = queries.iter().take(batch).flatten().copied().collect();
-        index.search(&flat, k)?;
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let started = Instant::now();
-            index.search(&flat, k)?;
-            best = best.min(started.elapsed().as_secs_f64());
-        }
+        let best = best_batch_seconds(index, &flat, k)?;
         let qps = batch as f64 / best;
         tracing::info!(
             batch,
