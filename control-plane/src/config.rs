@@ -1,0 +1,161 @@
+//! The control-plane node's configuration (`HASTEN_CP_*`, a TOML file, flags).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hasten_core::config::ConfigError;
+use serde::{Deserialize, Serialize};
+
+use crate::node::NodeSettings;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlPlaneConfig {
+    /// This node's Raft id (non-zero, unique in the group).
+    pub id: u64,
+    /// gRPC address for clients (edges, operators) and peers.
+    pub listen: SocketAddr,
+    /// The founding members as `id=host:port`, this node included; every founding node
+    /// lists the same set. Ignored once the data directory holds Raft state.
+    pub peers: Vec<String>,
+    /// Start without founding a group and wait to be added (`AddNode` on the leader).
+    pub join: bool,
+    /// sled directory for the log, hard state and snapshots.
+    pub data_dir: PathBuf,
+    /// Raft tick. Elections fire after `election_ticks` ticks without a leader.
+    pub tick_ms: u64,
+    /// Ticks without hearing from a leader before an election (raft-rs's default, 10).
+    pub election_ticks: usize,
+    /// Ticks between leader heartbeats (raft-rs's default, 3).
+    pub heartbeat_ticks: usize,
+    /// Applied log entries kept before the state is snapshotted and the log truncated.
+    pub max_log_entries: u64,
+    /// How long a proposal waits for its commit before the caller is told to retry.
+    pub propose_timeout_ms: u64,
+    /// File written (atomically) with the listening address once the node serves.
+    pub ready_file: Option<PathBuf>,
+}
+
+impl Default for ControlPlaneConfig {
+    fn default() -> Self {
+        Self {
+            id: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            peers: vec!["1=127.0.0.1:7400".into()],
+            join: false,
+            data_dir: PathBuf::from("run/control-plane"),
+            tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 3,
+            max_log_entries: 10_000,
+            propose_timeout_ms: 5_000,
+            ready_file: None,
+        }
+    }
+}
+
+impl ControlPlaneConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.id == 0 {
+            return Err(ConfigError::invalid(
+                "id",
+                "must be non-zero (Raft reserves 0)",
+            ));
+        }
+        let members = self.members()?;
+        if !self.join && !members.contains_key(&self.id) {
+            return Err(ConfigError::invalid(
+                "peers",
+                format!(
+                    "must list this node (id {}) among the founding members",
+                    self.id
+                ),
+            ));
+        }
+        if self.tick_ms == 0 {
+            return Err(ConfigError::invalid("tick_ms", "must be positive"));
+        }
+        if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
+            return Err(ConfigError::invalid(
+                "election_ticks",
+                "must exceed heartbeat_ticks, which must be positive",
+            ));
+        }
+        if self.max_log_entries == 0 {
+            return Err(ConfigError::invalid("max_log_entries", "must be positive"));
+        }
+        if self.propose_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                "propose_timeout_ms",
+                "must be positive",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The founding members by id.
+    pub fn members(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
+        let mut members = BTreeMap::new();
+        for peer in &self.peers {
+            let (id, address) = peer.split_once('=').ok_or_else(|| {
+                ConfigError::invalid("peers", format!("`{peer}` is not `id=host:port`"))
+            })?;
+            let id: u64 = id.trim().parse().map_err(|_| {
+                ConfigError::invalid("peers", format!("`{peer}`: the id is not a number"))
+            })?;
+            let address = address.trim();
+            if id == 0 || address.is_empty() {
+                return Err(ConfigError::invalid(
+                    "peers",
+                    format!("`{peer}` needs a non-zero id and an address"),
+                ));
+            }
+            if members.insert(id, address.to_string()).is_some() {
+                return Err(ConfigError::invalid(
+                    "peers",
+                    format!("id {id} is listed twice"),
+                ));
+            }
+        }
+        Ok(members)
+    }
+
+    pub fn node_settings(&self) -> NodeSettings {
+        NodeSettings {
+            id: self.id,
+            tick: Duration::from_millis(self.tick_ms),
+            election_ticks: self.election_ticks,
+            heartbeat_ticks: self.heartbeat_ticks,
+            max_log_entries: self.max_log_entries,
+        }
+    }
+
+    pub fn propose_timeout(&self) -> Duration {
+        Duration::from_millis(self.propose_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_peers_are_named() {
+        ControlPlaneConfig::default().validate().unwrap();
+        let mut config = ControlPlaneConfig {
+            peers: vec!["1=127.0.0.1:1".into(), "x=127.0.0.1:2".into()],
+            ..ControlPlaneConfig::default()
+        };
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("`x=127.0.0.1:2`"), "{err}");
+        config.peers = vec!["2=127.0.0.1:2".into()];
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("must list this node (id 1)"), "{err}");
+        config.join = true;
+        config.validate().unwrap();
+        config.peers = vec!["2=a:1".into(), "2=b:1".into()];
+        assert!(config.validate().unwrap_err().to_string().contains("twice"));
+    }
+}

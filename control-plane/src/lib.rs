@@ -1,0 +1,9 @@
+//! Hasten's control plane: a Raft group (raft-rs, sled) that replicates the hot cache, the
+//! shard map and runtime configuration to every edge.
+
+pub mod config;
+pub mod node;
+pub mod service;
+pub mod state;
+pub mod storage;
+pub mod transport;

@@ -1,0 +1,115 @@
+//! `control-plane`: one node of Hasten's Raft control plane.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use control_plane::config::ControlPlaneConfig;
+use control_plane::node;
+use control_plane::service::ControlPlaneService;
+use control_plane::storage::RaftStorage;
+use control_plane::transport::{MAX_MESSAGE_BYTES, RaftPeerService};
+use hasten_core::config::load_config;
+use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_proto::v1::control_plane_server::ControlPlaneServer;
+use hasten_proto::v1::raft_peer_server::RaftPeerServer;
+use serde::Serialize;
+
+/// One node of Hasten's control plane: replicates the hot cache, the shard map and runtime
+/// configuration with Raft, persisted in sled, and streams committed events to edges.
+#[derive(Parser, Serialize)]
+#[command(version)]
+struct Cli {
+    /// TOML configuration file; flags and HASTEN_CP_* variables override it.
+    #[arg(long)]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    #[serde(skip)]
+    print_config: bool,
+    /// This node's Raft id [default: 1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<u64>,
+    /// gRPC address for clients and peers [default: 127.0.0.1:7400].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listen: Option<std::net::SocketAddr>,
+    /// A founding member as id=host:port (repeat; include this node).
+    #[arg(long = "peer", value_name = "ID=ADDR")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    peers: Vec<String>,
+    /// Join an existing group instead of founding one.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    join: Option<bool>,
+    /// sled data directory [default: run/control-plane].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_dir: Option<PathBuf>,
+    /// Raft tick in milliseconds [default: 100].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tick_ms: Option<u64>,
+    /// Applied entries kept before snapshot and log truncation [default: 10000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_log_entries: Option<u64>,
+    /// Milliseconds a proposal waits for its commit [default: 5000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    propose_timeout_ms: Option<u64>,
+    /// Write the listening address here once serving.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready_file: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    hasten_core::logging::init();
+    let cli = Cli::parse();
+    let config: ControlPlaneConfig = load_config(cli.config.as_deref(), "HASTEN_CP_", &cli)?;
+    if cli.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    config.validate()?;
+    let storage = RaftStorage::open(&config.data_dir, config.id)
+        .with_context(|| format!("opening {}", config.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let address = listener.local_addr()?;
+    let node = node::start(
+        config.node_settings(),
+        storage,
+        &config.members()?,
+        config.join,
+    )?;
+    tracing::info!(id = config.id, %address, data_dir = %config.data_dir.display(), "control-plane node serving");
+    if let Some(path) = &config.ready_file {
+        let ready = serde_json::json!({"id": config.id, "address": address.to_string()});
+        write_atomically(path, ready.to_string().as_bytes())?;
+    }
+    let client_api = ControlPlaneServer::new(ControlPlaneService::new(
+        node.clone(),
+        config.propose_timeout(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let peer_api = RaftPeerServer::new(RaftPeerService::new(node.requests()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(client_api)
+        .add_service(peer_api)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown_signal(),
+        )
+        .await?;
+    Ok(())
+}

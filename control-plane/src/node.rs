@@ -1,0 +1,529 @@
+//! The Raft node: one tokio task owns the `RawNode`, the storage and the state machine.
+//!
+//! Clients, peers and the ticker reach it only through a bounded channel of
+//! [`NodeRequest`]s (backpressure, no shared mutable state). Each turn the task takes one
+//! request, then whatever else is already queued (so concurrent proposals are appended and
+//! replicated together), and handles Raft's `Ready`: persist entries and hard state, flush,
+//! then send, then apply what committed and answer the proposers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hasten_proto::v1::{
+    CommandBatch, CommittedEvent, ControlCommand, ControlState, Member, NodeStatus,
+};
+use prost::Message as _;
+use protobuf::Message as _;
+use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
+use raft::{RawNode, StateRole};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::state::{CacheStateMachine, CommandError, validate};
+use crate::storage::{RaftStorage, StoreError};
+use crate::transport::PeerNetwork;
+
+/// Requests queued for the node task before senders wait: enough for a burst of proposals
+/// from many edges while a `Ready` is being persisted, small enough that a stalled node
+/// pushes back on its callers instead of buffering without bound.
+pub const NODE_QUEUE: usize = 1024;
+
+/// Requests handled in one turn before Raft's `Ready` is processed: batches appends and
+/// fsyncs under load without starving the ticker.
+const REQUESTS_PER_TURN: usize = 256;
+
+/// Committed events kept for live subscribers that fall behind; beyond it they re-read
+/// from sled.
+const EVENT_BUFFER: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("invalid proposal: {0}")]
+    Invalid(#[from] CommandError),
+    #[error("no leader is known yet; retry shortly")]
+    NoLeader,
+    #[error("the proposal was dropped by Raft ({0}); retry")]
+    Dropped(String),
+    #[error("membership change refused: {0}")]
+    Membership(String),
+    #[error("storage: {0}")]
+    Store(#[from] StoreError),
+    #[error("the control-plane node is shutting down")]
+    ShuttingDown,
+}
+
+pub enum NodeRequest {
+    Propose {
+        commands: Vec<ControlCommand>,
+        reply: oneshot::Sender<Result<u64, NodeError>>,
+    },
+    Step(Vec<Message>),
+    Unreachable(u64),
+    SnapshotSent {
+        to: u64,
+        delivered: bool,
+    },
+    Status(oneshot::Sender<NodeStatus>),
+    State(oneshot::Sender<ControlState>),
+    ChangeMember {
+        add: bool,
+        id: u64,
+        address: String,
+        reply: oneshot::Sender<Result<u64, NodeError>>,
+    },
+}
+
+/// Tunables of a node.
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    pub id: u64,
+    pub tick: Duration,
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    /// Log entries kept before the state machine is snapshotted and the log truncated.
+    pub max_log_entries: u64,
+}
+
+/// Handle to a running node.
+#[derive(Clone)]
+pub struct NodeHandle {
+    requests: mpsc::Sender<NodeRequest>,
+    events: broadcast::Sender<Arc<CommittedEvent>>,
+    storage: RaftStorage,
+}
+
+impl NodeHandle {
+    pub async fn request(&self, request: NodeRequest) -> Result<(), NodeError> {
+        self.requests
+            .send(request)
+            .await
+            .map_err(|_| NodeError::ShuttingDown)
+    }
+
+    pub async fn propose(&self, commands: Vec<ControlCommand>) -> Result<u64, NodeError> {
+        validate(&commands)?;
+        let (reply, answer) = oneshot::channel();
+        self.request(NodeRequest::Propose { commands, reply })
+            .await?;
+        answer.await.map_err(|_| NodeError::ShuttingDown)?
+    }
+
+    pub async fn status(&self) -> Result<NodeStatus, NodeError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(NodeRequest::Status(reply)).await?;
+        answer.await.map_err(|_| NodeError::ShuttingDown)
+    }
+
+    pub async fn state(&self) -> Result<ControlState, NodeError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(NodeRequest::State(reply)).await?;
+        answer.await.map_err(|_| NodeError::ShuttingDown)
+    }
+
+    pub async fn change_member(
+        &self,
+        add: bool,
+        id: u64,
+        address: String,
+    ) -> Result<u64, NodeError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(NodeRequest::ChangeMember {
+            add,
+            id,
+            address,
+            reply,
+        })
+        .await?;
+        answer.await.map_err(|_| NodeError::ShuttingDown)?
+    }
+
+    pub fn subscribe_events(&self) -> broadcast::Receiver<Arc<CommittedEvent>> {
+        self.events.subscribe()
+    }
+
+    pub fn storage(&self) -> &RaftStorage {
+        &self.storage
+    }
+
+    pub fn requests(&self) -> mpsc::Sender<NodeRequest> {
+        self.requests.clone()
+    }
+}
+
+struct RaftNode {
+    settings: NodeSettings,
+    raw: RawNode<RaftStorage>,
+    storage: RaftStorage,
+    state: CacheStateMachine,
+    peers: PeerNetwork,
+    /// Proposals of this node awaiting their commit, by the id carried in the entry's
+    /// context.
+    pending: HashMap<u64, oneshot::Sender<Result<u64, NodeError>>>,
+    next_proposal: u64,
+    events: broadcast::Sender<Arc<CommittedEvent>>,
+}
+
+/// Opens the node's storage, restores its state machine and starts its task.
+///
+/// `initial_members` bootstraps a new cluster (every founding node lists the same set);
+/// a node joining an existing cluster passes none and waits for the leader to add it.
+pub fn start(
+    settings: NodeSettings,
+    storage: RaftStorage,
+    initial_members: &BTreeMap<u64, String>,
+    join: bool,
+) -> Result<NodeHandle, NodeError> {
+    if storage.is_empty()? && !join {
+        let conf = raft::prelude::ConfState {
+            voters: initial_members.keys().copied().collect(),
+            ..Default::default()
+        };
+        storage.set_conf_state(&conf)?;
+        for (id, address) in initial_members {
+            storage.set_member(*id, address)?;
+        }
+        storage.flush()?;
+    }
+    let mut members = storage.members()?;
+    for (id, address) in initial_members {
+        members.entry(*id).or_insert_with(|| address.clone());
+    }
+    let state = match storage.snapshot_data()? {
+        Some(data) if !data.is_empty() => {
+            let decoded =
+                ControlState::decode(data.as_slice()).map_err(|err| StoreError::Corrupt {
+                    tree: "raft_meta",
+                    key: "snapshot_data".into(),
+                    reason: err.to_string(),
+                })?;
+            CacheStateMachine::from_state(decoded)
+        }
+        _ => CacheStateMachine::default(),
+    };
+    let config = raft::Config {
+        id: settings.id,
+        election_tick: settings.election_ticks,
+        heartbeat_tick: settings.heartbeat_ticks,
+        applied: state.applied_index(),
+        max_size_per_msg: 1024 * 1024,
+        max_inflight_msgs: 256,
+        check_quorum: true,
+        pre_vote: true,
+        ..raft::Config::default()
+    };
+    config
+        .validate()
+        .map_err(|err| NodeError::Membership(err.to_string()))?;
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let raw = RawNode::new(&config, storage.clone(), &logger)
+        .map_err(|err| NodeError::Membership(err.to_string()))?;
+    let (requests, queue) = mpsc::channel(NODE_QUEUE);
+    let (events, _) = broadcast::channel(EVENT_BUFFER);
+    let peers = PeerNetwork::new(settings.id, members, requests.clone());
+    let node = RaftNode {
+        settings,
+        raw,
+        storage: storage.clone(),
+        state,
+        peers,
+        pending: HashMap::new(),
+        next_proposal: 1,
+        events: events.clone(),
+    };
+    tokio::spawn(node.run(queue));
+    Ok(NodeHandle {
+        requests,
+        events,
+        storage,
+    })
+}
+
+impl RaftNode {
+    async fn run(mut self, mut queue: mpsc::Receiver<NodeRequest>) {
+        let mut ticker = tokio::time::interval(self.settings.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    self.raw.tick();
+                }
+                request = queue.recv() => {
+                    let Some(request) = request else { return };
+                    self.handle(request);
+                    for _ in 1..REQUESTS_PER_TURN {
+                        match queue.try_recv() {
+                            Ok(request) => self.handle(request),
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            if let Err(err) = self.on_ready() {
+                // Raft cannot continue safely without its storage: stop this node (peers
+                // elect another leader) rather than acknowledge what was not persisted.
+                tracing::error!(%err, "control-plane storage failed; the node stops");
+                for (_, reply) in self.pending.drain() {
+                    let _ = reply.send(Err(NodeError::ShuttingDown));
+                }
+                return;
+            }
+        }
+    }
+
+    fn handle(&mut self, request: NodeRequest) {
+        match request {
+            NodeRequest::Propose { commands, reply } => self.propose(commands, reply),
+            NodeRequest::Step(messages) => {
+                for message in messages {
+                    if let Err(err) = self.raw.step(message) {
+                        tracing::debug!(%err, "raft message ignored");
+                    }
+                }
+            }
+            NodeRequest::Unreachable(id) => self.raw.report_unreachable(id),
+            NodeRequest::SnapshotSent { to, delivered } => {
+                let status = if delivered {
+                    raft::SnapshotStatus::Finish
+                } else {
+                    raft::SnapshotStatus::Failure
+                };
+                self.raw.report_snapshot(to, status);
+            }
+            NodeRequest::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            NodeRequest::State(reply) => {
+                let _ = reply.send(self.state.to_state());
+            }
+            NodeRequest::ChangeMember {
+                add,
+                id,
+                address,
+                reply,
+            } => self.change_member(add, id, address, reply),
+        }
+    }
+
+    fn propose(
+        &mut self,
+        commands: Vec<ControlCommand>,
+        reply: oneshot::Sender<Result<u64, NodeError>>,
+    ) {
+        if self.raw.raft.leader_id == raft::INVALID_ID {
+            let _ = reply.send(Err(NodeError::NoLeader));
+            return;
+        }
+        let proposal = (self.settings.id << 40) | self.next_proposal;
+        self.next_proposal += 1;
+        let data = CommandBatch { commands }.encode_to_vec();
+        match self.raw.propose(proposal.to_be_bytes().to_vec(), data) {
+            Ok(()) => {
+                self.pending.insert(proposal, reply);
+            }
+            Err(err) => {
+                let _ = reply.send(Err(NodeError::Dropped(err.to_string())));
+            }
+        }
+    }
+
+    fn change_member(
+        &mut self,
+        add: bool,
+        id: u64,
+        address: String,
+        reply: oneshot::Sender<Result<u64, NodeError>>,
+    ) {
+        if self.raw.raft.state != StateRole::Leader {
+            let _ = reply.send(Err(NodeError::Membership(format!(
+                "node {} is not the leader (leader: {}); send membership changes to the leader",
+                self.settings.id, self.raw.raft.leader_id
+            ))));
+            return;
+        }
+        let mut change = ConfChange {
+            node_id: id,
+            context: address.into_bytes().into(),
+            ..Default::default()
+        };
+        change.set_change_type(if add {
+            ConfChangeType::AddNode
+        } else {
+            ConfChangeType::RemoveNode
+        });
+        let proposal = (self.settings.id << 40) | self.next_proposal;
+        self.next_proposal += 1;
+        match self
+            .raw
+            .propose_conf_change(proposal.to_be_bytes().to_vec(), change)
+        {
+            Ok(()) => {
+                self.pending.insert(proposal, reply);
+            }
+            Err(err) => {
+                let _ = reply.send(Err(NodeError::Membership(err.to_string())));
+            }
+        }
+    }
+
+    fn status(&self) -> NodeStatus {
+        let raft = &self.raw.raft;
+        let role = match raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        };
+        let voters = raft.prs().conf().voters().ids();
+        let members = voters
+            .iter()
+            .map(|id| Member {
+                id,
+                address: self.peers.address(id).unwrap_or_default(),
+            })
+            .collect();
+        NodeStatus {
+            id: self.settings.id,
+            role: role.into(),
+            term: raft.term,
+            commit_index: raft.raft_log.committed,
+            applied_index: self.state.applied_index(),
+            leader_id: raft.leader_id,
+            leader_address: self.peers.address(raft.leader_id).unwrap_or_default(),
+            members,
+            first_log_index: raft.raft_log.first_index(),
+            cached_entries: self.state.len() as u64,
+        }
+    }
+
+    fn on_ready(&mut self) -> Result<(), NodeError> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut ready = self.raw.ready();
+        // A leader may send before persisting (Raft thesis 10.2.1); followers' messages
+        // come back as persisted messages below.
+        self.peers.send(ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(ready.snapshot())?;
+        }
+        self.apply_committed(ready.take_committed_entries())?;
+        self.storage.append(ready.entries())?;
+        if let Some(hard_state) = ready.hs() {
+            self.storage.set_hard_state(hard_state)?;
+        }
+        self.storage.flush()?;
+        self.peers.send(ready.take_persisted_messages());
+        let mut light = self.raw.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            self.storage.set_commit(commit)?;
+        }
+        self.peers.send(light.take_messages());
+        self.apply_committed(light.take_committed_entries())?;
+        self.raw.advance_apply();
+        self.maybe_compact()?;
+        Ok(())
+    }
+
+    fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), NodeError> {
+        self.storage.apply_snapshot(snapshot)?;
+        let state =
+            ControlState::decode(snapshot.get_data()).map_err(|err| StoreError::Corrupt {
+                tree: "snapshot",
+                key: snapshot.get_metadata().index.to_string(),
+                reason: err.to_string(),
+            })?;
+        self.state = CacheStateMachine::from_state(state);
+        tracing::info!(
+            index = snapshot.get_metadata().index,
+            entries = self.state.len(),
+            "installed a snapshot from the leader"
+        );
+        Ok(())
+    }
+
+    fn apply_committed(&mut self, entries: Vec<Entry>) -> Result<(), NodeError> {
+        for entry in entries {
+            if entry.index <= self.state.applied_index() {
+                continue;
+            }
+            let proposal = proposal_id(&entry.context);
+            match entry.get_entry_type() {
+                EntryType::EntryNormal if !entry.data.is_empty() => {
+                    let batch = CommandBatch::decode(entry.data.as_ref()).unwrap_or_else(|err| {
+                        // Validated before proposing; a record that does not decode was
+                        // written by something else. Skip it on every replica alike.
+                        tracing::error!(index = entry.index, %err, "undecodable log entry skipped");
+                        CommandBatch::default()
+                    });
+                    let applied = self.state.apply(entry.index, entry.term, batch);
+                    let event = CommittedEvent {
+                        index: entry.index,
+                        applied,
+                        state: None,
+                    };
+                    self.storage.record_event(&event)?;
+                    let _ = self.events.send(Arc::new(event));
+                }
+                EntryType::EntryConfChange => {
+                    self.apply_conf_change(&entry)?;
+                    self.state.skip(entry.index, entry.term);
+                }
+                _ => self.state.skip(entry.index, entry.term),
+            }
+            if let Some(reply) = proposal.and_then(|p| self.pending.remove(&p)) {
+                let _ = reply.send(Ok(entry.index));
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_conf_change(&mut self, entry: &Entry) -> Result<(), NodeError> {
+        let change = match ConfChange::parse_from_bytes(&entry.data) {
+            Ok(change) => change,
+            Err(err) => {
+                tracing::error!(index = entry.index, %err, "undecodable membership change skipped");
+                return Ok(());
+            }
+        };
+        let address = String::from_utf8_lossy(&change.context).into_owned();
+        match change.get_change_type() {
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                if !address.is_empty() {
+                    self.storage.set_member(change.node_id, &address)?;
+                    self.peers.add(change.node_id, address);
+                }
+            }
+            ConfChangeType::RemoveNode => {
+                self.storage.remove_member(change.node_id)?;
+                self.peers.remove(change.node_id);
+            }
+        }
+        match self.raw.apply_conf_change(&change) {
+            Ok(conf) => self.storage.set_conf_state(&conf)?,
+            Err(err) => tracing::warn!(%err, "membership change not applied"),
+        }
+        tracing::info!(node = change.node_id, change = ?change.get_change_type(), "membership changed");
+        Ok(())
+    }
+
+    /// Snapshots the state machine and truncates the log once it holds more than
+    /// `max_log_entries` applied entries.
+    fn maybe_compact(&mut self) -> Result<(), NodeError> {
+        let applied = self.state.applied_index();
+        let first = self.storage.snapshot_metadata()?.index + 1;
+        if applied < first || applied - first < self.settings.max_log_entries {
+            return Ok(());
+        }
+        let data = self.state.to_state().encode_to_vec();
+        self.storage
+            .compact(applied, self.state.applied_term(), data)?;
+        self.storage.flush()?;
+        tracing::info!(index = applied, "state machine snapshotted, log compacted");
+        Ok(())
+    }
+}
+
+fn proposal_id(context: &[u8]) -> Option<u64> {
+    let bytes: [u8; 8] = context.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}

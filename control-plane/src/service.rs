@@ -1,0 +1,205 @@
+//! The control plane's client API (gRPC): proposals, the committed stream, snapshots,
+//! status and membership.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use hasten_proto::v1::control_plane_server::ControlPlane;
+use hasten_proto::v1::{
+    CommittedEvent, ControlState, MemberRequest, NodeStatus, ProposeReply, ProposeRequest,
+    SnapshotRequest, StatusRequest, SubscribeRequest,
+};
+use tokio::sync::{broadcast, mpsc};
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::node::{NodeError, NodeHandle};
+
+/// Committed events queued per subscriber before the stream waits for it (gRPC flow
+/// control then slows the sender rather than memory growing).
+const SUBSCRIBER_BUFFER: usize = 256;
+
+/// Stored events read from sled per step while a subscriber catches up.
+const CATCH_UP_BATCH: usize = 256;
+
+pub struct ControlPlaneService {
+    node: NodeHandle,
+    propose_timeout: Duration,
+}
+
+impl ControlPlaneService {
+    pub fn new(node: NodeHandle, propose_timeout: Duration) -> Self {
+        Self {
+            node,
+            propose_timeout,
+        }
+    }
+}
+
+fn status_of(err: NodeError) -> Status {
+    match err {
+        NodeError::Invalid(_) => Status::invalid_argument(err.to_string()),
+        NodeError::NoLeader | NodeError::Dropped(_) | NodeError::ShuttingDown => {
+            Status::unavailable(err.to_string())
+        }
+        NodeError::Membership(_) => Status::failed_precondition(err.to_string()),
+        NodeError::Store(_) => Status::internal(err.to_string()),
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<CommittedEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ControlPlane for ControlPlaneService {
+    async fn propose(
+        &self,
+        request: Request<ProposeRequest>,
+    ) -> Result<Response<ProposeReply>, Status> {
+        let commands = request.into_inner().commands;
+        let span = tracing::debug_span!("propose", commands = commands.len());
+        let proposed = tokio::time::timeout(self.propose_timeout, self.node.propose(commands))
+            .instrument(span)
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "not committed within {} ms (leader change or no quorum); retry: an \
+                     entry's origin sequence makes a retry apply once",
+                    self.propose_timeout.as_millis()
+                ))
+            })?;
+        let index = proposed.map_err(status_of)?;
+        Ok(Response::new(ProposeReply { index }))
+    }
+
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let request = request.into_inner();
+        let (sender, events) = mpsc::channel(SUBSCRIBER_BUFFER);
+        let node = self.node.clone();
+        let span = tracing::info_span!("subscriber", who = %request.subscriber);
+        tokio::spawn(
+            async move {
+                tracing::info!(from = request.from_index, "subscribed");
+                if let Err(err) = stream_events(node, request.from_index, &sender).await {
+                    let _ = sender.send(Err(err)).await;
+                }
+                tracing::info!("subscription ended");
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(events),
+        )))
+    }
+
+    async fn snapshot(
+        &self,
+        _request: Request<SnapshotRequest>,
+    ) -> Result<Response<ControlState>, Status> {
+        Ok(Response::new(self.node.state().await.map_err(status_of)?))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<NodeStatus>, Status> {
+        Ok(Response::new(self.node.status().await.map_err(status_of)?))
+    }
+
+    async fn add_node(
+        &self,
+        request: Request<MemberRequest>,
+    ) -> Result<Response<NodeStatus>, Status> {
+        let member = request.into_inner();
+        if member.id == 0 || member.address.is_empty() {
+            return Err(Status::invalid_argument(
+                "a new member needs a non-zero id and its peer address",
+            ));
+        }
+        self.change_member(true, member).await
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<MemberRequest>,
+    ) -> Result<Response<NodeStatus>, Status> {
+        self.change_member(false, request.into_inner()).await
+    }
+}
+
+impl ControlPlaneService {
+    async fn change_member(
+        &self,
+        add: bool,
+        member: MemberRequest,
+    ) -> Result<Response<NodeStatus>, Status> {
+        tokio::time::timeout(
+            self.propose_timeout,
+            self.node.change_member(add, member.id, member.address),
+        )
+        .await
+        .map_err(|_| Status::deadline_exceeded("membership change not committed in time"))?
+        .map_err(status_of)?;
+        Ok(Response::new(self.node.status().await.map_err(status_of)?))
+    }
+}
+
+/// Sends the committed events from `from_index` on: first what sled still holds, then live
+/// events; the whole state instead when the events needed were compacted away.
+async fn stream_events(
+    node: NodeHandle,
+    from_index: u64,
+    sender: &mpsc::Sender<Result<CommittedEvent, Status>>,
+) -> Result<(), Status> {
+    // Subscribe to live events before reading stored ones, so none falls in between.
+    let mut live = node.subscribe_events();
+    let storage = node.storage().clone();
+    let internal = |err: crate::storage::StoreError| Status::internal(err.to_string());
+    let mut next = from_index.max(1);
+    loop {
+        let compacted = storage.snapshot_metadata().map_err(internal)?.index;
+        if next <= compacted {
+            let state = node.state().await.map_err(status_of)?;
+            let index = state.applied_index;
+            let event = CommittedEvent {
+                index,
+                applied: Vec::new(),
+                state: Some(state),
+            };
+            if sender.send(Ok(event)).await.is_err() {
+                return Ok(());
+            }
+            next = index + 1;
+            continue;
+        }
+        let stored = storage
+            .events_from(next, CATCH_UP_BATCH)
+            .map_err(internal)?;
+        if !stored.is_empty() {
+            for event in stored {
+                next = event.index + 1;
+                if sender.send(Ok(event)).await.is_err() {
+                    return Ok(());
+                }
+            }
+            continue;
+        }
+        match live.recv().await {
+            Ok(event) if event.index >= next => {
+                next = event.index + 1;
+                if sender.send(Ok((*event).clone())).await.is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => {
+                return Err(Status::unavailable("the control-plane node stopped"));
+            }
+        }
+    }
+}

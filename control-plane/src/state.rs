@@ -1,0 +1,324 @@
+//! The replicated state machine: the shared hot cache (FIFO-bounded, as in the HaS paper),
+//! the shard map and the runtime configuration.
+//!
+//! Every decision that changes what edges hold is taken here, in log order: which entries
+//! a new one evicts, which an invalidation removes, whether a retried proposal was already
+//! applied. Replicas applying the same log therefore hold the same state, and the events
+//! they publish tell edges exactly what to add and remove.
+
+use std::collections::{HashMap, VecDeque};
+
+use hasten_proto::v1::{
+    AppliedCommand, CacheEntry, CommandBatch, ControlCommand, ControlState, OriginSequence,
+    RuntimeConfig, ShardMap, StoredEntry, applied_command, control_command,
+};
+
+/// Cached queries kept before FIFO eviction: the HaS paper's cache of 5,000 queries.
+pub const DEFAULT_CACHE_CAPACITY: u64 = 5_000;
+
+/// The homology threshold edges start from: the paper's tau = 0.2 (2 of 10 documents).
+pub const DEFAULT_TAU: f64 = 0.2;
+
+/// Commands one log entry may carry: entry ids are `index << 16 | position`.
+pub const MAX_COMMANDS_PER_ENTRY: usize = 1 << 16;
+
+/// Why a proposal is refused before it reaches the log.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CommandError {
+    #[error("a proposal needs at least one command")]
+    Empty,
+    #[error("a proposal carries at most {MAX_COMMANDS_PER_ENTRY} commands, got {0}")]
+    TooMany(usize),
+    #[error("command {0} is empty")]
+    MissingKind(usize),
+    #[error("command {position}: {reason}")]
+    Invalid { position: usize, reason: String },
+}
+
+/// Checks a proposal so that applying it can never fail on any replica.
+pub fn validate(commands: &[ControlCommand]) -> Result<(), CommandError> {
+    if commands.is_empty() {
+        return Err(CommandError::Empty);
+    }
+    if commands.len() > MAX_COMMANDS_PER_ENTRY {
+        return Err(CommandError::TooMany(commands.len()));
+    }
+    for (position, command) in commands.iter().enumerate() {
+        let invalid = |reason: String| CommandError::Invalid { position, reason };
+        match &command.kind {
+            None => return Err(CommandError::MissingKind(position)),
+            Some(control_command::Kind::Insert(entry)) => {
+                if entry.vector.is_empty() {
+                    return Err(invalid("the query vector is empty".into()));
+                }
+                if entry.documents.is_empty() {
+                    return Err(invalid("the entry holds no documents".into()));
+                }
+                if let Some(doc) = entry
+                    .documents
+                    .iter()
+                    .find(|d| d.vector.len() != entry.vector.len())
+                {
+                    return Err(invalid(format!(
+                        "document {} has {} dimensions, the query {}",
+                        doc.id,
+                        doc.vector.len(),
+                        entry.vector.len()
+                    )));
+                }
+                if entry.origin.is_empty() {
+                    return Err(invalid("the entry names no origin edge".into()));
+                }
+            }
+            Some(control_command::Kind::Invalidate(_))
+            | Some(control_command::Kind::ShardMap(_)) => {}
+            Some(control_command::Kind::Config(config)) => {
+                if !(0.0..=1.0).contains(&config.tau) || config.tau.is_nan() {
+                    return Err(invalid(format!("tau {} is outside [0, 1]", config.tau)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The replicated state, as of `applied_index`.
+#[derive(Debug, Clone)]
+pub struct CacheStateMachine {
+    applied_index: u64,
+    applied_term: u64,
+    config: RuntimeConfig,
+    shard_map: ShardMap,
+    order: VecDeque<u64>,
+    entries: HashMap<u64, CacheEntry>,
+    /// Document -> entries whose result holds it (for invalidation).
+    holders: HashMap<u64, Vec<u64>>,
+    /// Highest sequence number applied per origin edge.
+    origins: HashMap<String, u64>,
+}
+
+impl Default for CacheStateMachine {
+    fn default() -> Self {
+        Self {
+            applied_index: 0,
+            applied_term: 0,
+            config: RuntimeConfig {
+                tau: DEFAULT_TAU,
+                cache_capacity: DEFAULT_CACHE_CAPACITY,
+            },
+            shard_map: ShardMap::default(),
+            order: VecDeque::new(),
+            entries: HashMap::new(),
+            holders: HashMap::new(),
+            origins: HashMap::new(),
+        }
+    }
+}
+
+impl CacheStateMachine {
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    pub fn applied_term(&self) -> u64 {
+        self.applied_term
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    pub fn shard_map(&self) -> &ShardMap {
+        &self.shard_map
+    }
+
+    /// Cached entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Marks a log entry without commands (Raft's own) as applied.
+    pub fn skip(&mut self, index: u64, term: u64) {
+        self.applied_index = index;
+        self.applied_term = term;
+    }
+
+    /// Applies the commands of the log entry at `index`, returning what each did.
+    pub fn apply(&mut self, index: u64, term: u64, batch: CommandBatch) -> Vec<AppliedCommand> {
+        self.skip(index, term);
+        let mut applied = Vec::with_capacity(batch.commands.len());
+        for (position, command) in batch.commands.into_iter().enumerate() {
+            let id = (index << 16) | position as u64;
+            if let Some(done) = self.apply_command(id, command) {
+                applied.push(done);
+            }
+        }
+        applied
+    }
+
+    fn apply_command(&mut self, id: u64, command: ControlCommand) -> Option<AppliedCommand> {
+        match command.kind? {
+            control_command::Kind::Insert(entry) => self.insert(id, entry),
+            control_command::Kind::Invalidate(invalidation) => {
+                let mut removed: Vec<u64> = invalidation
+                    .document_ids
+                    .iter()
+                    .filter_map(|doc| self.holders.get(doc).cloned())
+                    .flatten()
+                    .collect();
+                removed.sort_unstable();
+                removed.dedup();
+                for entry in &removed {
+                    self.remove(*entry);
+                }
+                Some(AppliedCommand {
+                    kind: None,
+                    removed,
+                })
+            }
+            control_command::Kind::Config(config) => {
+                if config.tau > 0.0 {
+                    self.config.tau = config.tau;
+                }
+                let mut removed = Vec::new();
+                if config.cache_capacity > 0 {
+                    self.config.cache_capacity = config.cache_capacity;
+                    removed = self.evict_beyond(self.capacity());
+                }
+                Some(AppliedCommand {
+                    kind: Some(applied_command::Kind::Config(self.config)),
+                    removed,
+                })
+            }
+            control_command::Kind::ShardMap(map) => {
+                self.shard_map = map.clone();
+                Some(AppliedCommand {
+                    kind: Some(applied_command::Kind::ShardMap(map)),
+                    removed: Vec::new(),
+                })
+            }
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        usize::try_from(self.config.cache_capacity)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+
+    fn insert(&mut self, id: u64, entry: CacheEntry) -> Option<AppliedCommand> {
+        if entry.origin_seq > 0 {
+            let last = self.origins.entry(entry.origin.clone()).or_default();
+            if entry.origin_seq <= *last {
+                // A retried proposal that already committed.
+                return None;
+            }
+            *last = entry.origin_seq;
+        }
+        let removed = self.evict_beyond(self.capacity() - 1);
+        for doc in &entry.documents {
+            let holders = self.holders.entry(doc.id).or_default();
+            if !holders.contains(&id) {
+                holders.push(id);
+            }
+        }
+        self.order.push_back(id);
+        self.entries.insert(id, entry.clone());
+        Some(AppliedCommand {
+            kind: Some(applied_command::Kind::Inserted(StoredEntry {
+                id,
+                entry: Some(entry),
+            })),
+            removed,
+        })
+    }
+
+    /// Evicts the oldest entries until at most `keep` remain.
+    fn evict_beyond(&mut self, keep: usize) -> Vec<u64> {
+        let mut removed = Vec::new();
+        while self.entries.len() > keep {
+            let Some(oldest) = self.order.front().copied() else {
+                break;
+            };
+            self.remove(oldest);
+            removed.push(oldest);
+        }
+        removed
+    }
+
+    fn remove(&mut self, id: u64) {
+        self.order.retain(|e| *e != id);
+        let Some(entry) = self.entries.remove(&id) else {
+            return;
+        };
+        for doc in &entry.documents {
+            if let Some(holders) = self.holders.get_mut(&doc.id) {
+                holders.retain(|e| *e != id);
+                if holders.is_empty() {
+                    self.holders.remove(&doc.id);
+                }
+            }
+        }
+    }
+
+    /// The whole state, oldest entry first.
+    pub fn to_state(&self) -> ControlState {
+        let mut origins: Vec<OriginSequence> = self
+            .origins
+            .iter()
+            .map(|(origin, last_seq)| OriginSequence {
+                origin: origin.clone(),
+                last_seq: *last_seq,
+            })
+            .collect();
+        origins.sort_by(|a, b| a.origin.cmp(&b.origin));
+        ControlState {
+            applied_index: self.applied_index,
+            applied_term: self.applied_term,
+            config: Some(self.config),
+            shard_map: Some(self.shard_map.clone()),
+            entries: self
+                .order
+                .iter()
+                .filter_map(|id| {
+                    self.entries.get(id).map(|entry| StoredEntry {
+                        id: *id,
+                        entry: Some(entry.clone()),
+                    })
+                })
+                .collect(),
+            origins,
+        }
+    }
+
+    /// Rebuilds the state a snapshot describes.
+    pub fn from_state(state: ControlState) -> Self {
+        let mut machine = Self {
+            applied_index: state.applied_index,
+            applied_term: state.applied_term,
+            ..Self::default()
+        };
+        if let Some(config) = state.config {
+            machine.config = config;
+        }
+        machine.shard_map = state.shard_map.unwrap_or_default();
+        machine.origins = state
+            .origins
+            .into_iter()
+            .map(|o| (o.origin, o.last_seq))
+            .collect();
+        for stored in state.entries {
+            let Some(entry) = stored.entry else { continue };
+            for doc in &entry.documents {
+                machine.holders.entry(doc.id).or_default().push(stored.id);
+            }
+            machine.order.push_back(stored.id);
+            machine.entries.insert(stored.id, entry);
+        }
+        machine
+    }
+}

@@ -1,0 +1,409 @@
+//! Raft's log, hard state, configuration and snapshots, persisted in sled.
+//!
+//! Keys are big-endian indexes, so sled's ordered iteration is log order. Writes are
+//! buffered by sled until [`RaftStorage::flush`], which the node calls once per Raft
+//! `Ready` before sending any message that depends on them (persist before send).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use prost::Message as _;
+use protobuf::Message as _;
+use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, RaftState, StorageError};
+
+/// What can go wrong with the node's data directory.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("corrupt record {key} in {tree}: {reason}")]
+    Corrupt {
+        tree: &'static str,
+        key: String,
+        reason: String,
+    },
+    #[error(
+        "the data directory {dir} belongs to control-plane node {found}, not node {expected}; \
+         point this node at its own directory"
+    )]
+    ForeignNode {
+        dir: String,
+        found: u64,
+        expected: u64,
+    },
+}
+
+const NODE_ID: &[u8] = b"node_id";
+const HARD_STATE: &[u8] = b"hard_state";
+const CONF_STATE: &[u8] = b"conf_state";
+const SNAPSHOT_META: &[u8] = b"snapshot_meta";
+const SNAPSHOT_DATA: &[u8] = b"snapshot_data";
+
+/// The node's sled database: Raft's log and metadata, and the committed events edges
+/// subscribe to.
+#[derive(Clone)]
+pub struct RaftStorage {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+    events: sled::Tree,
+}
+
+fn key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn index_of(key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = key.len().min(8);
+    bytes[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(bytes)
+}
+
+fn raft_store_error(err: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
+    raft::Error::Store(StorageError::Other(Box::new(err)))
+}
+
+impl RaftStorage {
+    /// Opens (or creates) the data directory of node `node_id`. A directory written by
+    /// another node is refused.
+    pub fn open(dir: &Path, node_id: u64) -> Result<Self, StoreError> {
+        let db = sled::open(dir)?;
+        let meta = db.open_tree("raft_meta")?;
+        match meta.get(NODE_ID)? {
+            Some(found) => {
+                let found = index_of(&found);
+                if found != node_id {
+                    return Err(StoreError::ForeignNode {
+                        dir: dir.display().to_string(),
+                        found,
+                        expected: node_id,
+                    });
+                }
+            }
+            None => {
+                meta.insert(NODE_ID, &key(node_id))?;
+                db.flush()?;
+            }
+        }
+        Ok(Self {
+            log: db.open_tree("raft_log")?,
+            events: db.open_tree("committed_events")?,
+            meta,
+            db,
+        })
+    }
+
+    /// Whether the node has never stored any Raft state.
+    pub fn is_empty(&self) -> Result<bool, StoreError> {
+        Ok(self.meta.get(HARD_STATE)?.is_none()
+            && self.meta.get(CONF_STATE)?.is_none()
+            && self.log.is_empty())
+    }
+
+    fn read_proto<M: protobuf::Message>(
+        &self,
+        name: &'static [u8],
+    ) -> Result<Option<M>, StoreError> {
+        match self.meta.get(name)? {
+            None => Ok(None),
+            Some(bytes) => {
+                M::parse_from_bytes(&bytes)
+                    .map(Some)
+                    .map_err(|err| StoreError::Corrupt {
+                        tree: "raft_meta",
+                        key: String::from_utf8_lossy(name).into_owned(),
+                        reason: err.to_string(),
+                    })
+            }
+        }
+    }
+
+    fn write_proto(
+        &self,
+        name: &'static [u8],
+        message: &impl protobuf::Message,
+    ) -> Result<(), StoreError> {
+        let bytes = message
+            .write_to_bytes()
+            .map_err(|err| StoreError::Corrupt {
+                tree: "raft_meta",
+                key: String::from_utf8_lossy(name).into_owned(),
+                reason: err.to_string(),
+            })?;
+        self.meta.insert(name, bytes)?;
+        Ok(())
+    }
+
+    pub fn hard_state(&self) -> Result<HardState, StoreError> {
+        Ok(self.read_proto(HARD_STATE)?.unwrap_or_default())
+    }
+
+    pub fn conf_state(&self) -> Result<ConfState, StoreError> {
+        Ok(self.read_proto(CONF_STATE)?.unwrap_or_default())
+    }
+
+    pub fn snapshot_metadata(&self) -> Result<SnapshotMetadata, StoreError> {
+        Ok(self.read_proto(SNAPSHOT_META)?.unwrap_or_default())
+    }
+
+    /// The state machine as of the last snapshot, when there is one.
+    pub fn snapshot_data(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.meta.get(SNAPSHOT_DATA)?.map(|b| b.to_vec()))
+    }
+
+    pub fn set_hard_state(&self, state: &HardState) -> Result<(), StoreError> {
+        self.write_proto(HARD_STATE, state)
+    }
+
+    pub fn set_conf_state(&self, state: &ConfState) -> Result<(), StoreError> {
+        self.write_proto(CONF_STATE, state)
+    }
+
+    /// Records the commit index in the hard state (raft-rs reports commit advances that
+    /// come without a new hard state in its light ready).
+    pub fn set_commit(&self, commit: u64) -> Result<(), StoreError> {
+        let mut state = self.hard_state()?;
+        if state.commit < commit {
+            state.commit = commit;
+            self.set_hard_state(&state)?;
+        }
+        Ok(())
+    }
+
+    /// Appends entries, replacing any existing suffix from the first new index (a new
+    /// leader overwriting uncommitted entries).
+    pub fn append(&self, entries: &[Entry]) -> Result<(), StoreError> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        let mut batch = sled::Batch::default();
+        for old in self.log.range(key(first.index)..) {
+            let (k, _) = old?;
+            batch.remove(k);
+        }
+        for entry in entries {
+            let bytes = entry.write_to_bytes().map_err(|err| StoreError::Corrupt {
+                tree: "raft_log",
+                key: entry.index.to_string(),
+                reason: err.to_string(),
+            })?;
+            batch.insert(&key(entry.index), bytes);
+        }
+        self.log.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Installs a snapshot from the leader: the log before it is discarded.
+    pub fn apply_snapshot(&self, snapshot: &Snapshot) -> Result<(), StoreError> {
+        let meta = snapshot.get_metadata();
+        self.write_proto(SNAPSHOT_META, meta)?;
+        self.meta.insert(SNAPSHOT_DATA, snapshot.get_data())?;
+        self.set_conf_state(meta.get_conf_state())?;
+        let mut state = self.hard_state()?;
+        state.commit = state.commit.max(meta.index);
+        state.term = state.term.max(meta.term);
+        self.set_hard_state(&state)?;
+        self.truncate_through(meta.index)?;
+        Ok(())
+    }
+
+    /// Stores a snapshot of the local state machine at `index` and discards the log and the
+    /// events up to it.
+    pub fn compact(&self, index: u64, term: u64, data: Vec<u8>) -> Result<(), StoreError> {
+        let mut meta = SnapshotMetadata {
+            index,
+            term,
+            ..Default::default()
+        };
+        meta.set_conf_state(self.conf_state()?);
+        self.write_proto(SNAPSHOT_META, &meta)?;
+        self.meta.insert(SNAPSHOT_DATA, data)?;
+        self.truncate_through(index)
+    }
+
+    fn truncate_through(&self, index: u64) -> Result<(), StoreError> {
+        for tree in [&self.log, &self.events] {
+            let mut batch = sled::Batch::default();
+            for old in tree.range(..=key(index)) {
+                let (k, _) = old?;
+                batch.remove(k);
+            }
+            tree.apply_batch(batch)?;
+        }
+        Ok(())
+    }
+
+    /// Records a member's address (membership changes carry it).
+    pub fn set_member(&self, id: u64, address: &str) -> Result<(), StoreError> {
+        self.members_tree()?.insert(key(id), address.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn remove_member(&self, id: u64) -> Result<(), StoreError> {
+        self.members_tree()?.remove(key(id))?;
+        Ok(())
+    }
+
+    /// Known members' addresses by node id.
+    pub fn members(&self) -> Result<BTreeMap<u64, String>, StoreError> {
+        let mut members = BTreeMap::new();
+        for item in self.members_tree()?.iter() {
+            let (k, address) = item?;
+            members.insert(index_of(&k), String::from_utf8_lossy(&address).into_owned());
+        }
+        Ok(members)
+    }
+
+    fn members_tree(&self) -> Result<sled::Tree, StoreError> {
+        Ok(self.db.open_tree("members")?)
+    }
+
+    /// Makes every write so far durable.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Entries in the log (after the last snapshot).
+    pub fn log_len(&self) -> usize {
+        self.log.len()
+    }
+
+    /// Keeps the committed event of `index` for subscribers that resume.
+    pub fn record_event(&self, event: &hasten_proto::v1::CommittedEvent) -> Result<(), StoreError> {
+        self.events
+            .insert(key(event.index), event.encode_to_vec())?;
+        Ok(())
+    }
+
+    /// Committed events from `from` on, in order, at most `limit`.
+    pub fn events_from(
+        &self,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<hasten_proto::v1::CommittedEvent>, StoreError> {
+        let mut events = Vec::new();
+        for item in self.events.range(key(from)..).take(limit) {
+            let (k, bytes) = item?;
+            let event =
+                hasten_proto::v1::CommittedEvent::decode(bytes.as_ref()).map_err(|err| {
+                    StoreError::Corrupt {
+                        tree: "committed_events",
+                        key: index_of(&k).to_string(),
+                        reason: err.to_string(),
+                    }
+                })?;
+            events.push(event);
+        }
+        Ok(events)
+    }
+
+    /// Index of the oldest event still kept (after the last compaction), if any.
+    pub fn first_event_index(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self.events.first()?.map(|(k, _)| index_of(&k)))
+    }
+
+    fn raft_last_index(&self) -> Result<u64, StoreError> {
+        match self.log.last()? {
+            Some((k, _)) => Ok(index_of(&k)),
+            None => Ok(self.snapshot_metadata()?.index),
+        }
+    }
+
+    fn entry(&self, index: u64) -> Result<Option<Entry>, StoreError> {
+        match self.log.get(key(index))? {
+            None => Ok(None),
+            Some(bytes) => {
+                Entry::parse_from_bytes(&bytes)
+                    .map(Some)
+                    .map_err(|err| StoreError::Corrupt {
+                        tree: "raft_log",
+                        key: index.to_string(),
+                        reason: err.to_string(),
+                    })
+            }
+        }
+    }
+}
+
+impl raft::Storage for RaftStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(
+            self.hard_state().map_err(raft_store_error)?,
+            self.conf_state().map_err(raft_store_error)?,
+        ))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        let first = self.snapshot_metadata().map_err(raft_store_error)?.index + 1;
+        if low < first {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        let last = self.raft_last_index().map_err(raft_store_error)?;
+        if high > last + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let mut entries = Vec::with_capacity((high - low) as usize);
+        for item in self.log.range(key(low)..key(high)) {
+            let (k, bytes) = item.map_err(raft_store_error)?;
+            let entry = Entry::parse_from_bytes(&bytes).map_err(|err| {
+                raft_store_error(StoreError::Corrupt {
+                    tree: "raft_log",
+                    key: index_of(&k).to_string(),
+                    reason: err.to_string(),
+                })
+            })?;
+            entries.push(entry);
+        }
+        raft::util::limit_size(&mut entries, max_size.into());
+        Ok(entries)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let snapshot = self.snapshot_metadata().map_err(raft_store_error)?;
+        if idx == snapshot.index {
+            return Ok(snapshot.term);
+        }
+        if idx < snapshot.index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        match self.entry(idx).map_err(raft_store_error)? {
+            Some(entry) => Ok(entry.term),
+            None => Err(raft::Error::Store(StorageError::Unavailable)),
+        }
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.snapshot_metadata().map_err(raft_store_error)?.index + 1)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        self.raft_last_index().map_err(raft_store_error)
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        let meta = self.snapshot_metadata().map_err(raft_store_error)?;
+        if meta.index < request_index {
+            return Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            ));
+        }
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(
+            self.snapshot_data()
+                .map_err(raft_store_error)?
+                .unwrap_or_default()
+                .into(),
+        );
+        snapshot.set_metadata(meta);
+        Ok(snapshot)
+    }
+}

@@ -1,0 +1,452 @@
+//! The Raft control plane as real processes on loopback: three `control-plane` nodes with
+//! their own sled directories, talking gRPC. Leaders are killed under a stream of proposals
+//! and nodes restart from sled.
+
+// A test fails by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hasten_proto::v1::control_plane_client::ControlPlaneClient;
+use hasten_proto::v1::{
+    CacheEntry, CachedDocument, CommittedEvent, ControlCommand, ControlState, NodeStatus,
+    ProposeRequest, SnapshotRequest, StatusRequest, SubscribeRequest, applied_command,
+    control_command,
+};
+use hasten_tests::persistent_work_dir;
+use loadtest::process::{ManagedProcess, binary};
+use tonic::transport::Channel;
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const DIMENSION: usize = 8;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Cluster {
+    work: PathBuf,
+    addresses: BTreeMap<u64, String>,
+    nodes: BTreeMap<u64, ManagedProcess>,
+    max_log_entries: u64,
+}
+
+impl Cluster {
+    fn start(name: &str, size: u64, max_log_entries: u64) -> Self {
+        let work = persistent_work_dir(name).unwrap();
+        let addresses: BTreeMap<u64, String> = (1..=size)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let mut cluster = Self {
+            work,
+            addresses,
+            nodes: BTreeMap::new(),
+            max_log_entries,
+        };
+        for id in 1..=size {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    fn start_node(&mut self, id: u64) {
+        let mut args = vec![
+            "--id".to_string(),
+            id.to_string(),
+            "--listen".into(),
+            self.addresses[&id].clone(),
+            "--data-dir".into(),
+            self.work.join(format!("node-{id}")).display().to_string(),
+            "--tick-ms".into(),
+            "50".into(),
+            "--max-log-entries".into(),
+            self.max_log_entries.to_string(),
+        ];
+        for (peer, address) in &self.addresses {
+            args.push("--peer".into());
+            args.push(format!("{peer}={address}"));
+        }
+        let process = ManagedProcess::start(
+            &format!("node-{id}"),
+            &binary("control-plane").unwrap(),
+            &args,
+            &self.work,
+            START_TIMEOUT,
+        )
+        .unwrap();
+        self.nodes.insert(id, process);
+    }
+
+    fn kill(&mut self, id: u64) {
+        if let Some(mut node) = self.nodes.remove(&id) {
+            node.stop();
+        }
+    }
+
+    async fn client(&self, id: u64) -> ControlPlaneClient<Channel> {
+        let channel = Channel::from_shared(format!("http://{}", self.addresses[&id]))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        ControlPlaneClient::new(channel).max_decoding_message_size(256 << 20)
+    }
+
+    async fn status(&self, id: u64) -> Option<NodeStatus> {
+        let channel = Channel::from_shared(format!("http://{}", self.addresses[&id]))
+            .ok()?
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .ok()?;
+        let mut client = ControlPlaneClient::new(channel);
+        client
+            .status(StatusRequest {})
+            .await
+            .ok()
+            .map(|r| r.into_inner())
+    }
+
+    /// Waits until every running node agrees on one leader; returns its id.
+    async fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut leaders = Vec::new();
+            for id in self.nodes.keys() {
+                if let Some(status) = self.status(*id).await {
+                    leaders.push(status.leader_id);
+                }
+            }
+            if leaders.len() == self.nodes.len()
+                && leaders[0] != 0
+                && leaders.iter().all(|l| *l == leaders[0])
+                && self.nodes.contains_key(&leaders[0])
+            {
+                return leaders[0];
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader among {:?}: {leaders:?}",
+                self.nodes.keys().collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn state(&self, id: u64) -> ControlState {
+        self.client(id)
+            .await
+            .snapshot(SnapshotRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Waits until every running node has applied at least `index`.
+    async fn applied_everywhere(&self, index: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for id in self.nodes.keys() {
+            loop {
+                let applied = self.status(*id).await.map_or(0, |s| s.applied_index);
+                if applied >= index {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} applied {applied}, expected {index}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn entry(origin: &str, seq: u64) -> ControlCommand {
+    let vector: Vec<f32> = (0..DIMENSION).map(|i| (seq + i as u64) as f32).collect();
+    ControlCommand {
+        kind: Some(control_command::Kind::Insert(CacheEntry {
+            origin: origin.into(),
+            origin_seq: seq,
+            text: Some(format!("question {seq} from {origin}")),
+            vector: vector.clone(),
+            documents: (0..3)
+                .map(|d| CachedDocument {
+                    id: seq * 10 + d,
+                    title: format!("doc {d}"),
+                    text: "passage".into(),
+                    vector: vector.clone(),
+                })
+                .collect(),
+            entity_hint: None,
+            created_unix_ms: 0,
+        })),
+    }
+}
+
+/// (origin, seq) of each cached entry, oldest first.
+fn keys(state: &ControlState) -> Vec<(String, u64)> {
+    state
+        .entries
+        .iter()
+        .map(|e| {
+            let entry = e.entry.as_ref().unwrap();
+            (entry.origin.clone(), entry.origin_seq)
+        })
+        .collect()
+}
+
+fn follower_of(cluster: &Cluster, leader: u64) -> u64 {
+    *cluster.nodes.keys().find(|id| **id != leader).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_is_elected_and_every_node_applies_the_same_entries_in_order() {
+    let cluster = Cluster::start("control-plane-order", 3, 10_000);
+    let leader = cluster.leader().await;
+    let follower = follower_of(&cluster, leader);
+    let mut client = cluster.client(follower).await;
+    let mut last = 0;
+    for seq in 1..=20 {
+        let origin = if seq % 2 == 0 { "edge-a" } else { "edge-b" };
+        last = client
+            .propose(ProposeRequest {
+                commands: vec![entry(origin, seq)],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .index;
+    }
+    // One proposal carrying several commands commits as one log entry.
+    let batch = client
+        .propose(ProposeRequest {
+            commands: (21..=25).map(|s| entry("edge-c", s)).collect(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .index;
+    assert_eq!(batch, last + 1, "a batch of five is one log entry");
+    // A retried proposal (same origin and sequence) is applied once.
+    client
+        .propose(ProposeRequest {
+            commands: vec![entry("edge-c", 25)],
+        })
+        .await
+        .unwrap();
+    let states = {
+        let status = cluster.status(leader).await.unwrap();
+        cluster.applied_everywhere(status.commit_index).await;
+        let mut states = Vec::new();
+        for id in cluster.nodes.keys() {
+            states.push(keys(&cluster.state(*id).await));
+        }
+        states
+    };
+    assert_eq!(states[0].len(), 25, "{:?}", states[0]);
+    assert!(states.iter().all(|s| *s == states[0]), "{states:?}");
+    // A bad proposal is refused with a reason, not committed.
+    let mut bad = entry("edge-a", 99);
+    if let Some(control_command::Kind::Insert(e)) = &mut bad.kind {
+        e.documents[0].vector.pop();
+    }
+    let err = client
+        .propose(ProposeRequest {
+            commands: vec![bad],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("dimensions"), "{}", err.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_under_load_loses_no_acknowledged_entry() {
+    let mut cluster = Cluster::start("control-plane-failover", 3, 50);
+    let leader = cluster.leader().await;
+    let survivors: Vec<u64> = cluster
+        .nodes
+        .keys()
+        .copied()
+        .filter(|id| *id != leader)
+        .collect();
+    let addresses: Vec<String> = survivors
+        .iter()
+        .map(|id| cluster.addresses[id].clone())
+        .collect();
+    // A steady stream of proposals to the followers (retrying on the other one), each
+    // acknowledged sequence number recorded.
+    let producer = tokio::spawn(async move {
+        let mut acknowledged = Vec::new();
+        let mut seq = 0;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(6) {
+            seq += 1;
+            for address in addresses.iter().cycle().take(4) {
+                let Ok(channel) = Channel::from_shared(format!("http://{address}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                else {
+                    continue;
+                };
+                let mut request = tonic::Request::new(ProposeRequest {
+                    commands: vec![entry("edge-load", seq)],
+                });
+                request.set_timeout(Duration::from_secs(3));
+                if ControlPlaneClient::new(channel)
+                    .propose(request)
+                    .await
+                    .is_ok()
+                {
+                    acknowledged.push(seq);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        acknowledged
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cluster.kill(leader);
+    let acknowledged = producer.await.unwrap();
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    assert!(
+        acknowledged.len() > 20,
+        "only {} proposals acknowledged",
+        acknowledged.len()
+    );
+    let commit = cluster.status(new_leader).await.unwrap().commit_index;
+    cluster.applied_everywhere(commit).await;
+    let expect = |state: &ControlState, who: &str| {
+        let held: std::collections::HashSet<u64> = keys(state).iter().map(|(_, s)| *s).collect();
+        let lost: Vec<u64> = acknowledged
+            .iter()
+            .copied()
+            .filter(|s| !held.contains(s))
+            .collect();
+        assert!(lost.is_empty(), "{who} lacks acknowledged entries {lost:?}");
+    };
+    for id in &survivors {
+        expect(&cluster.state(*id).await, &format!("node {id}"));
+    }
+    // The killed leader restarts from its sled directory and catches up (through a
+    // snapshot: the log was compacted every 50 entries meanwhile).
+    cluster.start_node(leader);
+    cluster.applied_everywhere(commit).await;
+    let restarted = cluster.state(leader).await;
+    expect(&restarted, "the restarted node");
+    assert_eq!(keys(&restarted), keys(&cluster.state(new_leader).await));
+}
+
+/// Applies a committed stream the way an edge does; returns the (origin, seq) cache.
+async fn follow(
+    client: &mut ControlPlaneClient<Channel>,
+    from: u64,
+    cache: &mut Vec<(u64, (String, u64))>,
+    until: u64,
+) -> u64 {
+    let mut stream = client
+        .subscribe(SubscribeRequest {
+            from_index: from,
+            subscriber: "test".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut applied = from.saturating_sub(1);
+    while applied < until {
+        let event: CommittedEvent = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("the stream stalled")
+            .unwrap()
+            .unwrap();
+        assert!(event.index > applied, "events out of order");
+        if let Some(state) = event.state {
+            *cache = state
+                .entries
+                .iter()
+                .map(|e| {
+                    let entry = e.entry.as_ref().unwrap();
+                    (e.id, (entry.origin.clone(), entry.origin_seq))
+                })
+                .collect();
+        }
+        for applied_command in event.applied {
+            cache.retain(|(id, _)| !applied_command.removed.contains(id));
+            if let Some(applied_command::Kind::Inserted(stored)) = applied_command.kind {
+                let entry = stored.entry.unwrap();
+                cache.push((stored.id, (entry.origin, entry.origin_seq)));
+            }
+        }
+        applied = event.index;
+    }
+    applied
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_resumes_and_after_compaction_installs_the_state() {
+    let cluster = Cluster::start("control-plane-subscribe", 3, 30);
+    let leader = cluster.leader().await;
+    let mut client = cluster.client(leader).await;
+    // Shrink the cache so eviction decisions are part of what must match.
+    client
+        .propose(ProposeRequest {
+            commands: vec![ControlCommand {
+                kind: Some(control_command::Kind::Config(
+                    hasten_proto::v1::RuntimeConfig {
+                        tau: 0.0,
+                        cache_capacity: 40,
+                    },
+                )),
+            }],
+        })
+        .await
+        .unwrap();
+    let propose = async |client: &mut ControlPlaneClient<Channel>,
+                             seqs: std::ops::RangeInclusive<u64>| {
+        let mut index = 0;
+        for seq in seqs {
+            index = client
+                .propose(ProposeRequest {
+                    commands: vec![entry("edge-a", seq)],
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .index;
+        }
+        index
+    };
+    let first = propose(&mut client, 1..=10).await;
+    let mut follower = cluster.client(follower_of(&cluster, leader)).await;
+    let mut cache = Vec::new();
+    let applied = follow(&mut follower, 1, &mut cache, first).await;
+    // While the subscriber is away, far more than the log keeps is committed.
+    let last = propose(&mut client, 11..=120).await;
+    follow(&mut follower, applied + 1, &mut cache, last).await;
+    let state = cluster.state(leader).await;
+    let expected: Vec<(u64, (String, u64))> = state
+        .entries
+        .iter()
+        .map(|e| {
+            let entry = e.entry.as_ref().unwrap();
+            (e.id, (entry.origin.clone(), entry.origin_seq))
+        })
+        .collect();
+    assert_eq!(expected.len(), 40);
+    assert_eq!(cache, expected);
+    let status = cluster.status(leader).await.unwrap();
+    assert!(
+        status.first_log_index > applied + 1,
+        "the log was not compacted: {status:?}"
+    );
+    let _ = Path::new(&cluster.work);
+}
