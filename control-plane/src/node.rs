@@ -184,10 +184,10 @@ pub fn start(
         }
         storage.flush()?;
     }
+    // Addresses from the configuration win over those recorded by past membership changes:
+    // a redeployed node may have moved.
     let mut members = storage.members()?;
-    for (id, address) in initial_members {
-        members.entry(*id).or_insert_with(|| address.clone());
-    }
+    members.extend(initial_members.iter().map(|(id, a)| (*id, a.clone())));
     let state = match storage.snapshot_data()? {
         Some(data) if !data.is_empty() => {
             let decoded =
