@@ -16,9 +16,6 @@ use hasten_proto::v1::{
 /// Cached queries kept before FIFO eviction: the HaS paper's cache of 5,000 queries.
 pub const DEFAULT_CACHE_CAPACITY: u64 = 5_000;
 
-/// The homology threshold edges start from: the paper's tau = 0.2 (2 of 10 documents).
-pub const DEFAULT_TAU: f64 = 0.2;
-
 /// Commands one log entry may carry: entry ids are `index << 16 | position`.
 pub const MAX_COMMANDS_PER_ENTRY: usize = 1 << 16;
 
@@ -102,8 +99,9 @@ impl Default for CacheStateMachine {
         Self {
             applied_index: 0,
             applied_term: 0,
+            // tau 0: not set here, edges keep their own until a `Config` command sets it.
             config: RuntimeConfig {
-                tau: DEFAULT_TAU,
+                tau: 0.0,
                 cache_capacity: DEFAULT_CACHE_CAPACITY,
             },
             shard_map: ShardMap::default(),

@@ -62,6 +62,12 @@ pub struct EdgeConfig {
     pub max_query_chars: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Control-plane nodes (gRPC host:port). When set, fallback results are replicated
+    /// through the control plane and the edge follows its committed stream; when empty the
+    /// edge caches only what it fetched itself.
+    pub control_plane: Vec<String>,
+    /// This edge's name in replicated entries.
+    pub edge_id: String,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
 }
@@ -95,6 +101,8 @@ impl Default for EdgeConfig {
             max_query_chars: 2_000,
             // A 384-d vector in JSON is ~8 KB; 64 KiB leaves room without inviting abuse.
             max_body_bytes: 64 * 1024,
+            control_plane: Vec::new(),
+            edge_id: "edge".into(),
             ready_file: None,
         }
     }

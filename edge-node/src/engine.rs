@@ -170,6 +170,7 @@ pub struct RetrievalEngine<C> {
     fuzzy: Option<FuzzyChannel>,
     cache: RwLock<CacheState>,
     cloud: C,
+    replication: Option<Arc<dyn CacheReplication>>,
 }
 
 impl<C: CloudSearch> RetrievalEngine<C> {
@@ -201,6 +202,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                 lookup,
             }),
             cloud,
+            replication: None,
         })
     }
 
@@ -298,7 +300,12 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         timings.cloud_us = micros_since(cloud_started);
         if self.settings.policy.caches() {
             let update_started = Instant::now();
-            self.insert(text, query, &result);
+            match &self.replication {
+                Some(replication) => replication.propose(text, &query, &result),
+                None => {
+                    self.insert(text, query, &result);
+                }
+            }
             timings.cache_update_us = micros_since(update_started);
         }
         timings.total_us = timings.encode_us + micros_since(started);
@@ -403,13 +410,74 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         query: Vec<f32>,
         result: &[CloudDocument],
     ) -> CacheChange {
-        if result.is_empty() || result.iter().any(|d| d.vector.len() != query.len()) {
-            tracing::warn!("cloud result without usable vectors; not cached");
+        if !usable(&query, result) {
             return CacheChange::default();
         }
         let ids: Vec<DocId> = result.iter().map(|d| d.id).collect();
         let mut state = self.cache.write();
         let (id, change) = state.hot.insert(text, query, &ids);
+        self.follow_change(&mut state, id, &change, result);
+        change
+    }
+
+    /// Applies a replicated cache event: removes the entries the control plane evicted or
+    /// invalidated, then caches `entry` under the control plane's id. Every edge applying
+    /// the same events in the same order holds the same cache.
+    pub fn apply_replicated(&self, removed: &[QueryId], entry: Option<ReplicatedEntry>) {
+        let mut state = self.cache.write();
+        if !removed.is_empty() {
+            let change = state.hot.remove(removed);
+            self.follow_removal(&mut state, &change);
+        }
+        let Some(entry) = entry else { return };
+        if !usable(&entry.vector, &entry.documents) {
+            return;
+        }
+        let ids: Vec<DocId> = entry.documents.iter().map(|d| d.id).collect();
+        let change = state
+            .hot
+            .insert_as(entry.id, entry.text, entry.vector, &ids);
+        self.follow_change(&mut state, entry.id, &change, &entry.documents);
+    }
+
+    /// The homology threshold in force.
+    pub fn tau(&self) -> f64 {
+        self.validator.tau()
+    }
+
+    /// Changes the homology threshold live (the control plane's runtime configuration).
+    pub fn set_tau(&self, tau: f64) {
+        self.validator.set_tau(tau);
+    }
+
+    /// Ids of the cached queries, oldest first.
+    pub fn cached_ids(&self) -> Vec<QueryId> {
+        self.cache.read().hot.entries().map(|e| e.id).collect()
+    }
+
+    /// Routes fallback results to the control plane instead of the local cache: they come
+    /// back, to this edge as to every other, as replicated events.
+    pub fn set_replication(&mut self, replication: Arc<dyn CacheReplication>) {
+        self.replication = Some(replication);
+    }
+
+    fn follow_removal(&self, state: &mut CacheState, change: &CacheChange) {
+        if let Err(err) = state.channel.remove(&change.released) {
+            tracing::error!(%err, "cache channel removal failed");
+        }
+        if let Err(err) = state.lookup.remove(&change.evicted) {
+            tracing::error!(%err, "query lookup removal failed");
+        }
+    }
+
+    /// Brings the cache channel and the query lookup in line with a hot-cache insertion.
+    fn follow_change(
+        &self,
+        state: &mut CacheState,
+        id: QueryId,
+        change: &CacheChange,
+        result: &[CloudDocument],
+    ) {
         let added: Vec<Arc<EdgeDocument>> = result
             .iter()
             .filter(|d| change.added.contains(&d.id))
@@ -428,15 +496,9 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                     })
             })
             .collect();
-        let state = &mut *state;
-        if let Err(err) = state.channel.remove(&change.released) {
-            tracing::error!(%err, "cache channel removal failed");
-        }
+        self.follow_removal(state, change);
         if let Err(err) = state.channel.add(added) {
             tracing::error!(%err, "cache channel insertion failed");
-        }
-        if let Err(err) = state.lookup.remove(&change.evicted) {
-            tracing::error!(%err, "query lookup removal failed");
         }
         if let Some(entry) = state.hot.get(id)
             && let Err(err) = state
@@ -445,8 +507,31 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         {
             tracing::error!(%err, "query lookup insertion failed");
         }
-        change
     }
+}
+
+/// A cache entry as the control plane replicates it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicatedEntry {
+    pub id: QueryId,
+    pub text: Option<String>,
+    pub vector: Vec<f32>,
+    pub documents: Vec<CloudDocument>,
+}
+
+/// Where fallback results go when the hot cache is replicated.
+pub trait CacheReplication: Send + Sync {
+    /// Hands a fallback result over for replication; it must not block the request.
+    fn propose(&self, text: Option<String>, query: &[f32], result: &[CloudDocument]);
+}
+
+/// Whether a result can be cached: documents with vectors of the query's dimension.
+fn usable(query: &[f32], result: &[CloudDocument]) -> bool {
+    let usable = !result.is_empty() && result.iter().all(|d| d.vector.len() == query.len());
+    if !usable {
+        tracing::warn!("cloud result without usable vectors; not cached");
+    }
+    usable
 }
 
 /// Candidates deduplicated by id, ranked by exact inner product with the query (ties by

@@ -4,6 +4,8 @@ use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::extract::State;
 use axum::http::StatusCode;
+
+use crate::replication::LinkStatus;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
@@ -88,12 +90,13 @@ async fn status(State(state): State<HttpState>) -> axum::Json<serde_json::Value>
     let settings = engine.settings();
     axum::Json(json!({
         "policy": settings.policy,
-        "tau": settings.tau,
+        "tau": engine.tau(),
         "semantic_threshold": settings.semantic_threshold,
         "cached_queries": cache.queries,
         "cached_documents": cache.documents,
         "cache_bytes": cache.bytes,
         "default_k": state.service.limits().default_k,
+        "control_plane": state.service.link().map(LinkStatus::report),
     }))
 }
 

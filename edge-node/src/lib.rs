@@ -9,4 +9,5 @@ pub mod grpc;
 pub mod has;
 pub mod http;
 pub mod lookup;
+pub mod replication;
 pub mod service;

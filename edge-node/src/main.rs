@@ -14,6 +14,7 @@ use edge_node::config::EdgeConfig;
 use edge_node::engine::{EngineSettings, RetrievalEngine, RetrievalPolicy};
 use edge_node::grpc::EdgeGrpc;
 use edge_node::has::{CacheChannel, FuzzyChannel, HotCache};
+use edge_node::replication::ControlPlaneLink;
 use edge_node::service::EdgeService;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::load_config;
@@ -130,6 +131,14 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_nprobe: Option<usize>,
+    /// A control-plane node's gRPC address (repeat for each); replicates the cache.
+    #[arg(long = "control-plane", value_name = "HOST:PORT")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    control_plane: Vec<String>,
+    /// This edge's name in replicated entries [default: edge].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edge_id: Option<String>,
     /// Write the bound addresses as JSON to this file once serving.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -247,7 +256,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
             bundle.dimension()
         );
     }
-    let engine = build_engine(&config, &bundle)?;
+    let mut engine = build_engine(&config, &bundle)?;
+    let link = (!config.control_plane.is_empty()).then(|| {
+        let link = ControlPlaneLink::start(&config.edge_id, config.control_plane.clone());
+        engine.set_replication(link.clone());
+        link
+    });
     let limits = RequestLimits {
         default_k: config.k,
         max_k: config.max_k,
@@ -255,7 +269,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         dimension: bundle.dimension(),
     };
     drop(bundle);
-    let service = EdgeService::new(Arc::new(encoder), Arc::new(engine), limits);
+    let engine = Arc::new(engine);
+    let mut service = EdgeService::new(Arc::new(encoder), Arc::clone(&engine), limits);
+    if let Some(link) = &link {
+        link.follow(engine);
+        service = service.with_link(link.status());
+        tracing::info!(control_plane = ?config.control_plane, "hot cache replicated through the control plane");
+    }
 
     let http_listener = tokio::net::TcpListener::bind(config.http_addr)
         .await

@@ -8,12 +8,14 @@ use hasten_core::encoder::TextEncoder;
 use crate::api::{EdgeError, QueryInput, RequestLimits, ValidRequest};
 use crate::cloud::QuicCloudClient;
 use crate::engine::{Retrieval, RetrievalEngine, StageTimings};
+use crate::replication::LinkStatus;
 
 #[derive(Clone)]
 pub struct EdgeService {
     encoder: Arc<TextEncoder>,
     engine: Arc<RetrievalEngine<QuicCloudClient>>,
     limits: RequestLimits,
+    link: Option<Arc<LinkStatus>>,
 }
 
 impl EdgeService {
@@ -26,7 +28,19 @@ impl EdgeService {
             encoder,
             engine,
             limits,
+            link: None,
         }
+    }
+
+    /// Reports the control-plane link's state in the status.
+    pub fn with_link(mut self, link: Arc<LinkStatus>) -> Self {
+        self.link = Some(link);
+        self
+    }
+
+    /// The control-plane link, when the cache is replicated.
+    pub fn link(&self) -> Option<&LinkStatus> {
+        self.link.as_deref()
     }
 
     pub fn limits(&self) -> &RequestLimits {

@@ -1,11 +1,17 @@
 //! Helpers for the integration tests, which run Hasten's binaries as real processes on
 //! loopback (see `loadtest::process` for starting and stopping them).
 
+pub mod cluster;
+
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use hasten_core::Question;
+use hasten_core::bundle::CorpusBundle;
 use hasten_core::corpus::Document;
+use hasten_core::encoder::TextEncoder;
 use loadtest::process::binary;
 
 /// The workspace root (this crate lives in `tests/`).
@@ -107,4 +113,51 @@ pub fn brute_force_top_k(
     scored.sort_by(|a, b| b.1.total_cmp(&a.1));
     scored.truncate(k);
     scored
+}
+
+/// Exact top-k document ids of `text` (real encoder, brute force).
+pub fn exact_ids(
+    bundle: &CorpusBundle,
+    encoder: &TextEncoder,
+    text: &str,
+    k: usize,
+) -> Result<HashSet<u64>> {
+    let vector = encoder.encode_one(text)?;
+    Ok(
+        brute_force_top_k(&bundle.documents, bundle.vectors(), &vector, k)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect(),
+    )
+}
+
+/// The bundle's first question and its most homologous sibling: among the next 30
+/// questions of the same entity, the one whose exact top-k shares the most documents with
+/// the first's.
+pub fn homologous_pair(
+    bundle: &CorpusBundle,
+    encoder: &TextEncoder,
+    k: usize,
+) -> Result<(Question, Question)> {
+    let first = bundle
+        .questions
+        .first()
+        .context("the bundle has no questions")?;
+    let first_docs = exact_ids(bundle, encoder, &first.question, k)?;
+    let mut best: Option<(usize, &Question)> = None;
+    for q in bundle
+        .questions
+        .iter()
+        .filter(|q| q.entity == first.entity && q.question != first.question)
+        .take(30)
+    {
+        let shared = exact_ids(bundle, encoder, &q.question, k)?
+            .intersection(&first_docs)
+            .count();
+        if best.is_none_or(|(most, _)| shared >= most) {
+            best = Some((shared, q));
+        }
+    }
+    let (_, sibling) = best.context("the first question's entity has no other question")?;
+    Ok((first.clone(), sibling.clone()))
 }

@@ -16,7 +16,10 @@ use hasten_core::encoder::TextEncoder;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::edge_client::EdgeClient;
 use hasten_proto::v1::{QueryVector, RetrieveRequest, SearchRequest, retrieve_request};
-use hasten_tests::{brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir};
+use hasten_tests::{
+    brute_force_top_k, build_small_bundle, exact_ids, homologous_pair, model_dir,
+    persistent_work_dir,
+};
 use loadtest::process::{ManagedProcess, binary};
 use serde_json::{Value, json};
 
@@ -47,7 +50,7 @@ impl Fixture {
     }
 
     fn exact_ids(&self, text: &str) -> HashSet<u64> {
-        self.exact(text).into_iter().map(|(id, _)| id).collect()
+        exact_ids(&self.bundle, &self.encoder, text, K).unwrap()
     }
 
     /// Asserts `reply`'s documents are a valid exact top-k for `text`: k distinct documents,
@@ -119,16 +122,9 @@ impl Fixture {
 /// Questions of the first entity, its most homologous sibling, and a question of another
 /// entity sharing almost nothing with the first question's exact result.
 fn pick_questions(f: &Fixture) -> (Question, Question, Question, Question) {
-    let by_entity: Vec<&Question> = f.bundle.questions.iter().collect();
-    let first = by_entity[0].clone();
+    let (first, sibling) = homologous_pair(&f.bundle, &f.encoder, K).unwrap();
     let first_docs = f.exact_ids(&first.question);
-    let sibling = by_entity
-        .iter()
-        .filter(|q| q.entity == first.entity && q.question != first.question)
-        .take(30)
-        .max_by_key(|q| f.exact_ids(&q.question).intersection(&first_docs).count())
-        .map(|q| (*q).clone())
-        .unwrap();
+    let by_entity: Vec<&Question> = f.bundle.questions.iter().collect();
     let mut strangers = by_entity
         .iter()
         .filter(|q| q.entity != first.entity)

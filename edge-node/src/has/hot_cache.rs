@@ -122,6 +122,42 @@ impl HotCache {
         vector: Vec<f32>,
         doc_ids: &[DocId],
     ) -> (QueryId, CacheChange) {
+        let id = self.next_id;
+        (id, self.insert_as(id, text, vector, doc_ids))
+    }
+
+    /// Removes cached queries by id (a replicated eviction or invalidation); ids not held
+    /// are ignored.
+    pub fn remove(&mut self, ids: &[QueryId]) -> CacheChange {
+        let mut change = CacheChange::default();
+        for id in ids {
+            let Some(entry) = self.entries.remove(id) else {
+                continue;
+            };
+            self.order.retain(|q| q != id);
+            for doc in &entry.doc_ids {
+                self.unlink(*doc, *id);
+                if !self.postings.contains_key(doc) && !change.released.contains(doc) {
+                    change.released.push(*doc);
+                }
+            }
+            change.evicted.push(entry);
+        }
+        change
+    }
+
+    /// Caches a query under an id chosen elsewhere (the control plane's, so every edge
+    /// names it alike). Ids must increase; an id already held is left as it is.
+    pub fn insert_as(
+        &mut self,
+        id: QueryId,
+        text: Option<String>,
+        vector: Vec<f32>,
+        doc_ids: &[DocId],
+    ) -> CacheChange {
+        if self.entries.contains_key(&id) {
+            return CacheChange::default();
+        }
         let mut seen = HashSet::new();
         let doc_ids: Vec<DocId> = doc_ids
             .iter()
@@ -144,8 +180,7 @@ impl HotCache {
                 evicted.push(entry);
             }
         }
-        let id = self.next_id;
-        self.next_id += 1;
+        self.next_id = self.next_id.max(id + 1);
         for doc in &doc_ids {
             if !before.contains(doc) && self.postings.contains_key(doc) {
                 before.insert(*doc);
@@ -181,7 +216,7 @@ impl HotCache {
                 _ => {}
             }
         }
-        (id, change)
+        change
     }
 
     fn unlink(&mut self, doc: DocId, query: QueryId) {

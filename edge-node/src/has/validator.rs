@@ -2,6 +2,8 @@
 //! enough of the draft's documents. Homologous queries (same entity, another attribute)
 //! retrieve overlapping passages, so the overlap stands in for the exact search's verdict.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use hasten_core::DocId;
 
 use super::hot_cache::{HotCache, Vote};
@@ -18,19 +20,27 @@ pub struct Verdict {
     pub best: Option<Vote>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The threshold is an atomic so the control plane's runtime configuration can change it
+/// while drafts are judged.
+#[derive(Debug)]
 pub struct HomologyValidator {
-    tau: f64,
+    tau_bits: AtomicU64,
 }
 
 impl HomologyValidator {
     /// `tau` in [0, 1]: the share of the k draft documents one cached query must hold.
     pub fn new(tau: f64) -> Self {
-        Self { tau }
+        Self {
+            tau_bits: AtomicU64::new(tau.to_bits()),
+        }
     }
 
     pub fn tau(&self) -> f64 {
-        self.tau
+        f64::from_bits(self.tau_bits.load(Ordering::Relaxed))
+    }
+
+    pub fn set_tau(&self, tau: f64) {
+        self.tau_bits.store(tau.to_bits(), Ordering::Relaxed);
     }
 
     /// Scores `draft` (of target size `k`) against the cache: score = votes / k for the best
@@ -39,7 +49,7 @@ impl HomologyValidator {
         let best = cache.best_match(draft);
         let votes = best.map_or(0, |v| v.shared);
         let k = k.max(1) as f64;
-        let accepted = best.is_some() && votes as f64 >= self.tau * k - TAU_EPSILON;
+        let accepted = best.is_some() && votes as f64 >= self.tau() * k - TAU_EPSILON;
         Verdict {
             accepted,
             score: votes as f64 / k,

@@ -1,0 +1,167 @@
+//! A control-plane group of real `control-plane` processes on loopback, for tests.
+
+// A test helper fails by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hasten_proto::v1::control_plane_client::ControlPlaneClient;
+use hasten_proto::v1::{ControlState, NodeStatus, SnapshotRequest, StatusRequest};
+use loadtest::process::{ManagedProcess, binary};
+use tonic::transport::Channel;
+
+use crate::persistent_work_dir;
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Nodes 1..=size founded together, each with its own sled directory.
+pub struct Cluster {
+    pub work: PathBuf,
+    pub addresses: BTreeMap<u64, String>,
+    pub nodes: BTreeMap<u64, ManagedProcess>,
+    max_log_entries: u64,
+}
+
+impl Cluster {
+    pub fn start(name: &str, size: u64, max_log_entries: u64) -> Self {
+        let work = persistent_work_dir(name).unwrap();
+        // Raft state of an earlier run names other ports: start from empty directories.
+        for id in 1..=size {
+            let _ = std::fs::remove_dir_all(work.join(format!("node-{id}")));
+        }
+        let addresses: BTreeMap<u64, String> = (1..=size)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let mut cluster = Self {
+            work,
+            addresses,
+            nodes: BTreeMap::new(),
+            max_log_entries,
+        };
+        for id in 1..=size {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    pub fn start_node(&mut self, id: u64) {
+        let mut args = vec![
+            "--id".to_string(),
+            id.to_string(),
+            "--listen".into(),
+            self.addresses[&id].clone(),
+            "--data-dir".into(),
+            self.work.join(format!("node-{id}")).display().to_string(),
+            "--tick-ms".into(),
+            "50".into(),
+            "--max-log-entries".into(),
+            self.max_log_entries.to_string(),
+        ];
+        for (peer, address) in &self.addresses {
+            args.push("--peer".into());
+            args.push(format!("{peer}={address}"));
+        }
+        let process = ManagedProcess::start(
+            &format!("node-{id}"),
+            &binary("control-plane").unwrap(),
+            &args,
+            &self.work,
+            START_TIMEOUT,
+        )
+        .unwrap();
+        self.nodes.insert(id, process);
+    }
+
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut node) = self.nodes.remove(&id) {
+            node.stop();
+        }
+    }
+
+    pub async fn client(&self, id: u64) -> ControlPlaneClient<Channel> {
+        let channel = Channel::from_shared(format!("http://{}", self.addresses[&id]))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        ControlPlaneClient::new(channel).max_decoding_message_size(256 << 20)
+    }
+
+    pub async fn status(&self, id: u64) -> Option<NodeStatus> {
+        let channel = Channel::from_shared(format!("http://{}", self.addresses[&id]))
+            .ok()?
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .ok()?;
+        let mut client = ControlPlaneClient::new(channel);
+        client
+            .status(StatusRequest {})
+            .await
+            .ok()
+            .map(|r| r.into_inner())
+    }
+
+    /// Waits until every running node agrees on one leader; returns its id.
+    pub async fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut leaders = Vec::new();
+            for id in self.nodes.keys() {
+                if let Some(status) = self.status(*id).await {
+                    leaders.push(status.leader_id);
+                }
+            }
+            if leaders.len() == self.nodes.len()
+                && leaders[0] != 0
+                && leaders.iter().all(|l| *l == leaders[0])
+                && self.nodes.contains_key(&leaders[0])
+            {
+                return leaders[0];
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader among {:?}: {leaders:?}",
+                self.nodes.keys().collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn state(&self, id: u64) -> ControlState {
+        self.client(id)
+            .await
+            .snapshot(SnapshotRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Waits until every running node has applied at least `index`.
+    pub async fn applied_everywhere(&self, index: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for id in self.nodes.keys() {
+            loop {
+                let applied = self.status(*id).await.map_or(0, |s| s.applied_index);
+                if applied >= index {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} applied {applied}, expected {index}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! Cross-edge learning through the Raft control plane, all real processes on loopback: three
+//! `control-plane` nodes, one `cloud-index serve`, two `edge-node serve` following different
+//! control-plane nodes. What edge A learns from a fallback, edge B uses.
+
+// A test fails by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hasten_core::bundle::CorpusBundle;
+use hasten_core::encoder::TextEncoder;
+use hasten_tests::cluster::Cluster;
+use hasten_tests::{build_small_bundle, homologous_pair, model_dir};
+use loadtest::process::{ManagedProcess, binary};
+use serde_json::{Value, json};
+
+const K: usize = 10;
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn start_edge(
+    work: &Path,
+    name: &str,
+    bundle: &str,
+    cloud: &ManagedProcess,
+    cert: &Path,
+    control_plane: &[&String],
+) -> ManagedProcess {
+    let mut args: Vec<String> = [
+        "serve",
+        "--bundle",
+        bundle,
+        "--cloud-addr",
+        &cloud.addr("quic_addr"),
+        "--cloud-ca",
+        cert.to_str().unwrap(),
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--model-dir",
+        model_dir().to_str().unwrap(),
+        "--edge-id",
+        name,
+    ]
+    .map(String::from)
+    .to_vec();
+    for address in control_plane {
+        args.push("--control-plane".into());
+        args.push((*address).clone());
+    }
+    ManagedProcess::start(
+        name,
+        &binary("edge-node").unwrap(),
+        &args,
+        work,
+        START_TIMEOUT,
+    )
+    .unwrap()
+}
+
+async fn ask(http: &reqwest::Client, edge: &str, question: &str) -> Value {
+    let response = http
+        .post(format!("http://{edge}/v1/retrieve"))
+        .json(&json!({"query": question, "k": K}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    response.json().await.unwrap()
+}
+
+async fn status(http: &reqwest::Client, edge: &str) -> Value {
+    http.get(format!("http://{edge}/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Waits until the edge's status satisfies `done`.
+async fn wait_for(http: &reqwest::Client, edge: &str, what: &str, done: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = status(http, edge).await;
+        if done(&now) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_on_one_edge_is_accepted_on_another() {
+    let mut cluster = Cluster::start("replicated-edges", 3, 10_000);
+    let work = cluster.work.clone();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let bundle_arg = bundle_dir.display().to_string();
+    let cert = work.join("cloud-cert.pem");
+    let cloud = ManagedProcess::start(
+        "cloud",
+        &binary("cloud-index").unwrap(),
+        [
+            "serve",
+            "--bundle",
+            &bundle_arg,
+            "--quic-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--dev-cert-out",
+            cert.to_str().unwrap(),
+        ],
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+    cluster.leader().await;
+    let nodes: Vec<&String> = cluster.addresses.values().collect();
+    let edge_a = start_edge(&work, "edge-a", &bundle_arg, &cloud, &cert, &nodes[..1]);
+    let edge_b = start_edge(&work, "edge-b", &bundle_arg, &cloud, &cert, &nodes[1..]);
+    let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
+    let http = reqwest::Client::new();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let encoder = TextEncoder::load(&model_dir()).unwrap();
+    let (first, sibling) = homologous_pair(&bundle, &encoder, K).unwrap();
+
+    // Edge A falls back; its result is replicated to both edges, applied once on each.
+    let reply = ask(&http, &a, &first.question).await;
+    assert_eq!(reply["outcome"], "fallback", "{reply}");
+    for edge in [&a, &b] {
+        wait_for(&http, edge, "the entry never arrived", |s| {
+            s["cached_queries"] == 1 && s["control_plane"]["subscribed"] == true
+        })
+        .await;
+    }
+    // Edge B never saw the first question, yet accepts its homologous sibling.
+    let reply = ask(&http, &b, &sibling.question).await;
+    assert_eq!(
+        reply["outcome"], "accepted",
+        "sibling {:?} of {:?} on edge B: {reply}",
+        sibling.question, first.question
+    );
+    assert_eq!(reply["matched_query"]["text"], first.question.as_str());
+
+    // Edge B loses the node it follows; edge A keeps learning; B resumes on another node
+    // and ends with the same cache as A.
+    let b_follows = *cluster
+        .addresses
+        .iter()
+        .find(|(_, address)| *address == nodes[1])
+        .unwrap()
+        .0;
+    cluster.kill(b_follows);
+    let mut asked = 1;
+    for question in bundle.questions.iter().skip(1).step_by(7).take(6) {
+        if ask(&http, &a, &question.question).await["outcome"] == "fallback" {
+            asked += 1;
+        }
+    }
+    wait_for(&http, &a, "edge A did not apply its own entries", |s| {
+        s["cached_queries"] == asked
+    })
+    .await;
+    let a_status = status(&http, &a).await;
+    wait_for(&http, &b, "edge B did not catch up", |s| {
+        s["cached_queries"] == asked
+            && s["cached_documents"] == a_status["cached_documents"]
+            && s["control_plane"]["applied_index"] == a_status["control_plane"]["applied_index"]
+    })
+    .await;
+}
