@@ -36,6 +36,9 @@ pub struct SystemSpec {
     pub params: serde_json::Value,
     #[serde(skip)]
     pub edge_args: Vec<String>,
+    /// The system's edges share their hot cache through a fresh 3-node control plane.
+    #[serde(skip)]
+    pub replicated: bool,
 }
 
 impl SystemSpec {
@@ -44,6 +47,7 @@ impl SystemSpec {
             name: name.into(),
             params,
             edge_args: args.iter().map(|a| a.to_string()).collect(),
+            replicated: false,
         }
     }
 }
@@ -94,6 +98,19 @@ pub fn system_specs(
                     ));
                 }
             }
+            "has-replicated" => {
+                for tau in taus {
+                    let t = tau.to_string();
+                    specs.push(SystemSpec {
+                        replicated: true,
+                        ..SystemSpec::new(
+                            "has-replicated",
+                            serde_json::json!({"tau": tau}),
+                            &["--policy", "has", "--tau", &t],
+                        )
+                    });
+                }
+            }
             "has-no-fuzzy" => {
                 let t = no_fuzzy_tau.to_string();
                 specs.push(SystemSpec::new(
@@ -104,7 +121,7 @@ pub fn system_specs(
             }
             other => {
                 return Err(EvalError::Invalid(format!(
-                    "unknown system {other:?}: expected cloud-only, edge-ivf, exact-cache, semantic-cache, has, has-no-fuzzy"
+                    "unknown system {other:?}: expected cloud-only, edge-ivf, exact-cache, semantic-cache, has, has-replicated, has-no-fuzzy"
                 )));
             }
         }
@@ -157,6 +174,55 @@ pub fn start_cloud(settings: &ClusterSettings) -> Result<(ManagedProcess, PathBu
     Ok((cloud, cert))
 }
 
+/// Control-plane nodes founded as one group, for a replicated system.
+const CONTROL_PLANE_NODES: u64 = 3;
+
+/// A fresh control-plane group (empty sled directories) for system `index`; returns the
+/// processes and their gRPC addresses.
+fn start_control_plane(
+    settings: &ClusterSettings,
+    index: usize,
+) -> Result<(Vec<ManagedProcess>, Vec<String>), EvalError> {
+    let mut addresses = Vec::new();
+    for _ in 0..CONTROL_PLANE_NODES {
+        let port = std::net::TcpListener::bind(loopback())
+            .and_then(|l| l.local_addr())
+            .map_err(EvalError::Relay)?
+            .port();
+        addresses.push(format!("127.0.0.1:{port}"));
+    }
+    let peers: Vec<String> = addresses
+        .iter()
+        .enumerate()
+        .flat_map(|(i, a)| ["--peer".to_string(), format!("{}={a}", i + 1)])
+        .collect();
+    let mut nodes = Vec::new();
+    for (i, address) in addresses.iter().enumerate() {
+        let name = format!("control-plane-{index:02}-{}", i + 1);
+        let data = settings.work.join(&name);
+        let _ = std::fs::remove_dir_all(&data);
+        let mut args = vec![
+            "--id".to_string(),
+            (i + 1).to_string(),
+            "--listen".into(),
+            address.clone(),
+            "--data-dir".into(),
+            data.display().to_string(),
+        ];
+        args.extend(peers.iter().cloned());
+        nodes.push(tokio::task::block_in_place(|| {
+            ManagedProcess::start(
+                &name,
+                &binary("control-plane")?,
+                &args,
+                &settings.work,
+                START_TIMEOUT,
+            )
+        })?);
+    }
+    Ok((nodes, addresses))
+}
+
 fn parse_addr(s: &str, what: &str) -> Result<SocketAddr, EvalError> {
     s.parse()
         .map_err(|_| EvalError::Invalid(format!("{what} reported an unusable address {s:?}")))
@@ -180,6 +246,11 @@ pub async fn run_system(
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> Result<SystemReport, EvalError> {
     let cloud_addr = parse_addr(&cloud.addr("quic_addr"), "the cloud")?;
+    let (_control_plane, control_plane) = if spec.replicated {
+        start_control_plane(settings, index)?
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let mut edges = Vec::new();
     let mut relays = Vec::new();
     let mut urls = Vec::new();
@@ -208,6 +279,15 @@ pub async fn run_system(
         ];
         args.extend(spec.edge_args.iter().cloned());
         args.extend(settings.extra_edge_args.iter().cloned());
+        // Each edge follows its own control-plane node first, the others on failure.
+        for n in 0..control_plane.len() {
+            args.push("--control-plane".into());
+            args.push(control_plane[(e + n) % control_plane.len()].clone());
+        }
+        if spec.replicated {
+            args.push("--edge-id".into());
+            args.push(format!("edge-{e}"));
+        }
         let name = format!("edge-{index:02}-{}-{e}", spec.name);
         let edge = tokio::task::block_in_place(|| {
             ManagedProcess::start(

@@ -109,7 +109,8 @@ struct EvalArgs {
     corpus: CorpusArgs,
     #[command(flatten)]
     workload: WorkloadArgs,
-    /// Systems to compare, in report order.
+    /// Systems to compare, in report order (has-replicated: the edges share their hot cache
+    /// through a fresh 3-node control plane).
     #[arg(
         long,
         value_delimiter = ',',
