@@ -32,6 +32,9 @@ pub struct ControlPlaneConfig {
     pub heartbeat_ticks: usize,
     /// Applied log entries kept before the state is snapshotted and the log truncated.
     pub max_log_entries: u64,
+    /// Payload bytes of applied log entries kept before the same (a log entry batches
+    /// many cache entries of ~17 KB each).
+    pub max_log_bytes: u64,
     /// How long a proposal waits for its commit before the caller is told to retry.
     pub propose_timeout_ms: u64,
     /// File written (atomically) with the listening address once the node serves.
@@ -50,6 +53,7 @@ impl Default for ControlPlaneConfig {
             election_ticks: 10,
             heartbeat_ticks: 3,
             max_log_entries: 10_000,
+            max_log_bytes: 64 * 1024 * 1024,
             propose_timeout_ms: 5_000,
             ready_file: None,
         }
@@ -83,8 +87,11 @@ impl ControlPlaneConfig {
                 "must exceed heartbeat_ticks, which must be positive",
             ));
         }
-        if self.max_log_entries == 0 {
-            return Err(ConfigError::invalid("max_log_entries", "must be positive"));
+        if self.max_log_entries == 0 || self.max_log_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "max_log_entries",
+                "and `max_log_bytes` must be positive",
+            ));
         }
         if self.propose_timeout_ms == 0 {
             return Err(ConfigError::invalid(
@@ -129,6 +136,7 @@ impl ControlPlaneConfig {
             election_ticks: self.election_ticks,
             heartbeat_ticks: self.heartbeat_ticks,
             max_log_entries: self.max_log_entries,
+            max_log_bytes: self.max_log_bytes,
         }
     }
 

@@ -56,6 +56,10 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_log_entries: Option<u64>,
+    /// Payload bytes of applied entries kept before snapshot and truncation [default: 64 MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_log_bytes: Option<u64>,
     /// Milliseconds a proposal waits for its commit [default: 5000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -82,6 +82,9 @@ pub struct NodeSettings {
     pub heartbeat_ticks: usize,
     /// Log entries kept before the state machine is snapshotted and the log truncated.
     pub max_log_entries: u64,
+    /// Payload bytes of applied log entries kept before the same: an entry batches up to
+    /// hundreds of cache entries, so a count alone does not bound the disk.
+    pub max_log_bytes: u64,
 }
 
 /// Handle to a running node.
@@ -161,6 +164,8 @@ struct RaftNode {
     pending: HashMap<u64, oneshot::Sender<Result<u64, NodeError>>>,
     next_proposal: u64,
     events: broadcast::Sender<Arc<CommittedEvent>>,
+    /// Payload bytes applied since the last snapshot.
+    applied_bytes: u64,
 }
 
 /// Opens the node's storage, restores its state machine and starts its task.
@@ -229,6 +234,7 @@ pub fn start(
         pending: HashMap::new(),
         next_proposal: 1,
         events: events.clone(),
+        applied_bytes: 0,
     };
     tokio::spawn(node.run(queue));
     Ok(NodeHandle {
@@ -447,6 +453,7 @@ impl RaftNode {
                 continue;
             }
             let proposal = proposal_id(&entry.context);
+            self.applied_bytes += entry.data.len() as u64;
             match entry.get_entry_type() {
                 EntryType::EntryNormal if !entry.data.is_empty() => {
                     let batch = CommandBatch::decode(entry.data.as_ref()).unwrap_or_else(|err| {
@@ -507,13 +514,15 @@ impl RaftNode {
     }
 
     /// Snapshots the state machine and truncates the log once it holds more than
-    /// `max_log_entries` applied entries.
+    /// `max_log_entries` applied entries or `max_log_bytes` of their payloads.
     fn maybe_compact(&mut self) -> Result<(), NodeError> {
         let applied = self.state.applied_index();
         let first = self.storage.snapshot_metadata()?.index + 1;
-        if applied < first || applied - first < self.settings.max_log_entries {
+        let too_long = applied >= first && applied - first >= self.settings.max_log_entries;
+        if !too_long && self.applied_bytes < self.settings.max_log_bytes {
             return Ok(());
         }
+        self.applied_bytes = 0;
         let data = self.state.to_state().encode_to_vec();
         self.storage
             .compact(applied, self.state.applied_term(), data)?;
