@@ -33,8 +33,8 @@ pub const NODE_QUEUE: usize = 1024;
 const REQUESTS_PER_TURN: usize = 256;
 
 /// Committed events kept for live subscribers that fall behind; beyond it they re-read
-/// from sled.
-const EVENT_BUFFER: usize = 4096;
+/// from sled. An event can carry a whole proposal batch (megabytes), so the buffer is short.
+const EVENT_BUFFER: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
