@@ -319,8 +319,7 @@ impl RaftNode {
             let _ = reply.send(Err(NodeError::NoLeader));
             return;
         }
-        let proposal = (self.settings.id << 40) | self.next_proposal;
-        self.next_proposal += 1;
+        let proposal = self.next_proposal_id();
         let data = CommandBatch { commands }.encode_to_vec();
         match self.raw.propose(proposal.to_be_bytes().to_vec(), data) {
             Ok(()) => {
@@ -356,8 +355,7 @@ impl RaftNode {
         } else {
             ConfChangeType::RemoveNode
         });
-        let proposal = (self.settings.id << 40) | self.next_proposal;
-        self.next_proposal += 1;
+        let proposal = self.next_proposal_id();
         match self
             .raw
             .propose_conf_change(proposal.to_be_bytes().to_vec(), change)
@@ -369,6 +367,14 @@ impl RaftNode {
                 let _ = reply.send(Err(NodeError::Membership(err.to_string())));
             }
         }
+    }
+
+    /// An id for a proposal of this node, unique across the group (node id in the high
+    /// bits), carried in the entry's context to find the caller when it is applied.
+    fn next_proposal_id(&mut self) -> u64 {
+        let id = (self.settings.id << 40) | self.next_proposal;
+        self.next_proposal += 1;
+        id
     }
 
     fn status(&self) -> NodeStatus {
@@ -517,7 +523,7 @@ impl RaftNode {
     /// `max_log_entries` applied entries or `max_log_bytes` of their payloads.
     fn maybe_compact(&mut self) -> Result<(), NodeError> {
         let applied = self.state.applied_index();
-        let first = self.storage.snapshot_metadata()?.index + 1;
+        let first = self.storage.snapshot_point().0 + 1;
         let too_long = applied >= first && applied - first >= self.settings.max_log_entries;
         if !too_long && self.applied_bytes < self.settings.max_log_bytes {
             return Ok(());

@@ -162,7 +162,7 @@ async fn stream_events(
     let internal = |err: crate::storage::StoreError| Status::internal(err.to_string());
     let mut next = from_index.max(1);
     loop {
-        let compacted = storage.snapshot_metadata().map_err(internal)?.index;
+        let (compacted, _) = storage.snapshot_point();
         if next <= compacted {
             let state = node.state().await.map_err(status_of)?;
             let index = state.applied_index;

@@ -249,7 +249,12 @@ impl CacheStateMachine {
     }
 
     fn remove(&mut self, id: u64) {
-        self.order.retain(|e| *e != id);
+        // FIFO eviction takes the oldest: O(1) instead of a scan of the whole order.
+        if self.order.front() == Some(&id) {
+            self.order.pop_front();
+        } else {
+            self.order.retain(|e| *e != id);
+        }
         let Some(entry) = self.entries.remove(&id) else {
             return;
         };
@@ -318,5 +323,128 @@ impl CacheStateMachine {
             machine.entries.insert(stored.id, entry);
         }
         machine
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hasten_proto::v1::{CachedDocument, InvalidateDocuments};
+
+    fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
+        ControlCommand {
+            kind: Some(control_command::Kind::Insert(CacheEntry {
+                origin: origin.into(),
+                origin_seq: seq,
+                vector: vec![1.0, 0.0],
+                documents: docs
+                    .iter()
+                    .map(|id| CachedDocument {
+                        id: *id,
+                        vector: vec![0.0, 1.0],
+                        ..CachedDocument::default()
+                    })
+                    .collect(),
+                ..CacheEntry::default()
+            })),
+        }
+    }
+
+    fn batch(commands: Vec<ControlCommand>) -> CommandBatch {
+        CommandBatch { commands }
+    }
+
+    fn ids(machine: &CacheStateMachine) -> Vec<u64> {
+        machine.to_state().entries.iter().map(|e| e.id).collect()
+    }
+
+    #[test]
+    fn fifo_eviction_retries_and_invalidation_are_decided_here() {
+        let mut machine = CacheStateMachine::default();
+        let capacity = RuntimeConfig {
+            tau: 0.0,
+            cache_capacity: 2,
+        };
+        machine.apply(
+            1,
+            1,
+            batch(vec![ControlCommand {
+                kind: Some(control_command::Kind::Config(capacity)),
+            }]),
+        );
+        machine.apply(
+            2,
+            1,
+            batch(vec![insert("a", 1, &[10, 11]), insert("a", 2, &[11])]),
+        );
+        assert_eq!(ids(&machine), vec![2 << 16, (2 << 16) | 1]);
+        // A third entry evicts the oldest, and says so.
+        let applied = machine.apply(3, 1, batch(vec![insert("b", 1, &[12])]));
+        assert_eq!(applied[0].removed, vec![2 << 16]);
+        assert_eq!(ids(&machine), vec![(2 << 16) | 1, 3 << 16]);
+        // A retried proposal (same origin and sequence) is not applied again.
+        assert!(
+            machine
+                .apply(4, 1, batch(vec![insert("b", 1, &[12])]))
+                .is_empty()
+        );
+        // Invalidating document 11 removes the entry holding it, and only that one.
+        let applied = machine.apply(
+            5,
+            1,
+            batch(vec![ControlCommand {
+                kind: Some(control_command::Kind::Invalidate(InvalidateDocuments {
+                    document_ids: vec![11],
+                })),
+            }]),
+        );
+        assert_eq!(applied[0].removed, vec![(2 << 16) | 1]);
+        assert_eq!(ids(&machine), vec![3 << 16]);
+        assert_eq!(machine.applied_index(), 5);
+    }
+
+    #[test]
+    fn a_restored_state_decides_like_the_original() {
+        let mut original = CacheStateMachine::default();
+        for index in 1..=6 {
+            original.apply(index, 2, batch(vec![insert("a", index, &[index, 100])]));
+        }
+        let mut restored = CacheStateMachine::from_state(original.to_state());
+        assert_eq!(restored.to_state(), original.to_state());
+        let next = batch(vec![
+            insert("a", 3, &[1]),
+            ControlCommand {
+                kind: Some(control_command::Kind::Invalidate(InvalidateDocuments {
+                    document_ids: vec![100],
+                })),
+            },
+            insert("a", 7, &[7]),
+        ]);
+        assert_eq!(
+            restored.apply(7, 2, next.clone()),
+            original.apply(7, 2, next)
+        );
+        assert_eq!(restored.to_state(), original.to_state());
+        assert_eq!(ids(&original), vec![7 << 16 | 2]);
+    }
+
+    #[test]
+    fn malformed_proposals_are_refused_before_the_log() {
+        assert_eq!(validate(&[]), Err(CommandError::Empty));
+        assert_eq!(
+            validate(&[ControlCommand { kind: None }]),
+            Err(CommandError::MissingKind(0))
+        );
+        let mut bad = insert("a", 1, &[1]);
+        if let Some(control_command::Kind::Insert(entry)) = &mut bad.kind {
+            entry.documents[0].vector.push(0.5);
+        }
+        let err = validate(&[insert("a", 1, &[1]), bad])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("command 1") && err.contains("3 dimensions"),
+            "{err}"
+        );
     }
 }

@@ -6,6 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use prost::Message as _;
 use protobuf::Message as _;
@@ -53,6 +56,10 @@ pub struct RaftStorage {
     log: sled::Tree,
     meta: sled::Tree,
     events: sled::Tree,
+    members: sled::Tree,
+    /// The last snapshot's metadata, kept in memory: Raft asks for its index and term on
+    /// every `term`/`first_index` call, far too often to read and decode from sled.
+    snapshot: Arc<RwLock<SnapshotMetadata>>,
 }
 
 fn key(index: u64) -> [u8; 8] {
@@ -95,12 +102,18 @@ impl RaftStorage {
                 db.flush()?;
             }
         }
-        Ok(Self {
+        let storage = Self {
             log: db.open_tree("raft_log")?,
             events: db.open_tree("committed_events")?,
+            members: db.open_tree("members")?,
             meta,
             db,
-        })
+            snapshot: Arc::default(),
+        };
+        if let Some(snapshot) = storage.read_proto(SNAPSHOT_META)? {
+            *storage.snapshot.write() = snapshot;
+        }
+        Ok(storage)
     }
 
     /// Whether the node has never stored any Raft state.
@@ -152,8 +165,21 @@ impl RaftStorage {
         Ok(self.read_proto(CONF_STATE)?.unwrap_or_default())
     }
 
-    pub fn snapshot_metadata(&self) -> Result<SnapshotMetadata, StoreError> {
-        Ok(self.read_proto(SNAPSHOT_META)?.unwrap_or_default())
+    pub fn snapshot_metadata(&self) -> SnapshotMetadata {
+        self.snapshot.read().clone()
+    }
+
+    /// Index and term of the last snapshot (0, 0 before any).
+    pub fn snapshot_point(&self) -> (u64, u64) {
+        let snapshot = self.snapshot.read();
+        (snapshot.index, snapshot.term)
+    }
+
+    fn set_snapshot(&self, meta: &SnapshotMetadata, data: &[u8]) -> Result<(), StoreError> {
+        self.write_proto(SNAPSHOT_META, meta)?;
+        self.meta.insert(SNAPSHOT_DATA, data)?;
+        *self.snapshot.write() = meta.clone();
+        Ok(())
     }
 
     /// The state machine as of the last snapshot, when there is one.
@@ -206,8 +232,7 @@ impl RaftStorage {
     /// Installs a snapshot from the leader: the log before it is discarded.
     pub fn apply_snapshot(&self, snapshot: &Snapshot) -> Result<(), StoreError> {
         let meta = snapshot.get_metadata();
-        self.write_proto(SNAPSHOT_META, meta)?;
-        self.meta.insert(SNAPSHOT_DATA, snapshot.get_data())?;
+        self.set_snapshot(meta, snapshot.get_data())?;
         self.set_conf_state(meta.get_conf_state())?;
         let mut state = self.hard_state()?;
         state.commit = state.commit.max(meta.index);
@@ -226,8 +251,7 @@ impl RaftStorage {
             ..Default::default()
         };
         meta.set_conf_state(self.conf_state()?);
-        self.write_proto(SNAPSHOT_META, &meta)?;
-        self.meta.insert(SNAPSHOT_DATA, data)?;
+        self.set_snapshot(&meta, &data)?;
         self.truncate_through(index)
     }
 
@@ -245,27 +269,23 @@ impl RaftStorage {
 
     /// Records a member's address (membership changes carry it).
     pub fn set_member(&self, id: u64, address: &str) -> Result<(), StoreError> {
-        self.members_tree()?.insert(key(id), address.as_bytes())?;
+        self.members.insert(key(id), address.as_bytes())?;
         Ok(())
     }
 
     pub fn remove_member(&self, id: u64) -> Result<(), StoreError> {
-        self.members_tree()?.remove(key(id))?;
+        self.members.remove(key(id))?;
         Ok(())
     }
 
     /// Known members' addresses by node id.
     pub fn members(&self) -> Result<BTreeMap<u64, String>, StoreError> {
         let mut members = BTreeMap::new();
-        for item in self.members_tree()?.iter() {
+        for item in self.members.iter() {
             let (k, address) = item?;
             members.insert(index_of(&k), String::from_utf8_lossy(&address).into_owned());
         }
         Ok(members)
-    }
-
-    fn members_tree(&self) -> Result<sled::Tree, StoreError> {
-        Ok(self.db.open_tree("members")?)
     }
 
     /// Makes every write so far durable.
@@ -316,7 +336,7 @@ impl RaftStorage {
     fn raft_last_index(&self) -> Result<u64, StoreError> {
         match self.log.last()? {
             Some((k, _)) => Ok(index_of(&k)),
-            None => Ok(self.snapshot_metadata()?.index),
+            None => Ok(self.snapshot_point().0),
         }
     }
 
@@ -351,7 +371,7 @@ impl raft::Storage for RaftStorage {
         max_size: impl Into<Option<u64>>,
         _context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        let first = self.snapshot_metadata().map_err(raft_store_error)?.index + 1;
+        let first = self.snapshot_point().0 + 1;
         if low < first {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
@@ -376,11 +396,11 @@ impl raft::Storage for RaftStorage {
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
-        let snapshot = self.snapshot_metadata().map_err(raft_store_error)?;
-        if idx == snapshot.index {
-            return Ok(snapshot.term);
+        let (snapshot_index, snapshot_term) = self.snapshot_point();
+        if idx == snapshot_index {
+            return Ok(snapshot_term);
         }
-        if idx < snapshot.index {
+        if idx < snapshot_index {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
         match self.entry(idx).map_err(raft_store_error)? {
@@ -390,7 +410,7 @@ impl raft::Storage for RaftStorage {
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.snapshot_metadata().map_err(raft_store_error)?.index + 1)
+        Ok(self.snapshot_point().0 + 1)
     }
 
     fn last_index(&self) -> raft::Result<u64> {
@@ -398,7 +418,7 @@ impl raft::Storage for RaftStorage {
     }
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        let meta = self.snapshot_metadata().map_err(raft_store_error)?;
+        let meta = self.snapshot_metadata();
         if meta.index < request_index {
             return Err(raft::Error::Store(
                 StorageError::SnapshotTemporarilyUnavailable,

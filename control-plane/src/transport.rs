@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use hasten_proto::control;
 use hasten_proto::v1::raft_peer_client::RaftPeerClient;
 use hasten_proto::v1::raft_peer_server::RaftPeer;
 use hasten_proto::v1::{RaftDelivered, RaftMessages};
@@ -23,10 +24,6 @@ const PEER_OUTBOX: usize = 1024;
 
 /// Messages sent to a peer in one RPC.
 const MESSAGES_PER_DELIVERY: usize = 64;
-
-/// Largest gRPC message between control-plane nodes: a snapshot of a full cache (5,000
-/// entries with their documents and vectors) is tens of megabytes.
-pub const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
 
 struct Peer {
     address: String,
@@ -102,18 +99,16 @@ async fn deliver(
     mut queue: mpsc::Receiver<Message>,
     node: mpsc::Sender<NodeRequest>,
 ) {
-    let endpoint = match tonic::transport::Endpoint::from_shared(format!("http://{address}")) {
-        Ok(endpoint) => endpoint
-            .connect_timeout(std::time::Duration::from_secs(1))
-            .tcp_nodelay(true),
+    let endpoint = match control::endpoint(&address) {
+        Ok(endpoint) => endpoint,
         Err(err) => {
             tracing::error!(to, %address, %err, "invalid peer address; messages to it are dropped");
             return;
         }
     };
     let mut client = RaftPeerClient::new(endpoint.connect_lazy())
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(control::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(control::MAX_MESSAGE_BYTES);
     while let Some(first) = queue.recv().await {
         let mut batch = vec![first];
         while batch.len() < MESSAGES_PER_DELIVERY {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use hasten_proto::control;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
     CacheEntry, CachedDocument, CommittedEvent, ControlCommand, ProposeRequest, StoredEntry,
@@ -19,7 +20,7 @@ use hasten_proto::v1::{
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::engine::{
     CacheReplication, CloudDocument, CloudSearch, ReplicatedEntry, RetrievalEngine,
@@ -36,9 +37,6 @@ const ENTRIES_PER_PROPOSAL: usize = 256;
 /// First wait before reconnecting or re-proposing; doubles up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
-
-/// A replicated snapshot of a full cache is tens of megabytes.
-const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
 
 /// What the edge reports about its link.
 #[derive(Debug, Default)]
@@ -146,15 +144,11 @@ impl CacheReplication for ControlPlaneLink {
     }
 }
 
-async fn connect(endpoint: &str) -> Result<ControlPlaneClient<Channel>, tonic::transport::Error> {
-    let channel = Endpoint::from_shared(format!("http://{endpoint}"))?
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
+async fn connect(address: &str) -> Result<ControlPlaneClient<Channel>, tonic::transport::Error> {
+    let channel = control::endpoint(address)?.connect().await?;
     Ok(ControlPlaneClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .max_decoding_message_size(control::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(control::MAX_MESSAGE_BYTES))
 }
 
 /// Proposes queued entries in batches, in order, retrying each batch on the next endpoint

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::control_plane;
 use crate::driver::{self, DriverSettings};
 use crate::evaluation::summarize;
 use crate::process::{ManagedProcess, ProcessError, binary};
@@ -174,54 +175,9 @@ pub fn start_cloud(settings: &ClusterSettings) -> Result<(ManagedProcess, PathBu
     Ok((cloud, cert))
 }
 
-/// Control-plane nodes founded as one group, for a replicated system.
+/// Control-plane nodes founded as one group, for a replicated system: the smallest group
+/// that survives the loss of a node.
 const CONTROL_PLANE_NODES: u64 = 3;
-
-/// A fresh control-plane group (empty sled directories) for system `index`; returns the
-/// processes and their gRPC addresses.
-fn start_control_plane(
-    settings: &ClusterSettings,
-    index: usize,
-) -> Result<(Vec<ManagedProcess>, Vec<String>), EvalError> {
-    let mut addresses = Vec::new();
-    for _ in 0..CONTROL_PLANE_NODES {
-        let port = std::net::TcpListener::bind(loopback())
-            .and_then(|l| l.local_addr())
-            .map_err(EvalError::Relay)?
-            .port();
-        addresses.push(format!("127.0.0.1:{port}"));
-    }
-    let peers: Vec<String> = addresses
-        .iter()
-        .enumerate()
-        .flat_map(|(i, a)| ["--peer".to_string(), format!("{}={a}", i + 1)])
-        .collect();
-    let mut nodes = Vec::new();
-    for (i, address) in addresses.iter().enumerate() {
-        let name = format!("control-plane-{index:02}-{}", i + 1);
-        let data = settings.work.join(&name);
-        let _ = std::fs::remove_dir_all(&data);
-        let mut args = vec![
-            "--id".to_string(),
-            (i + 1).to_string(),
-            "--listen".into(),
-            address.clone(),
-            "--data-dir".into(),
-            data.display().to_string(),
-        ];
-        args.extend(peers.iter().cloned());
-        nodes.push(tokio::task::block_in_place(|| {
-            ManagedProcess::start(
-                &name,
-                &binary("control-plane")?,
-                &args,
-                &settings.work,
-                START_TIMEOUT,
-            )
-        })?);
-    }
-    Ok((nodes, addresses))
-}
 
 fn parse_addr(s: &str, what: &str) -> Result<SocketAddr, EvalError> {
     s.parse()
@@ -247,7 +203,13 @@ pub async fn run_system(
 ) -> Result<SystemReport, EvalError> {
     let cloud_addr = parse_addr(&cloud.addr("quic_addr"), "the cloud")?;
     let (_control_plane, control_plane) = if spec.replicated {
-        start_control_plane(settings, index)?
+        tokio::task::block_in_place(|| {
+            control_plane::start_group(
+                &settings.work,
+                &format!("control-plane-{index:02}"),
+                CONTROL_PLANE_NODES,
+            )
+        })?
     } else {
         (Vec::new(), Vec::new())
     };

@@ -2,6 +2,7 @@
 //! `proto/hasten/v1/*.proto`, the length-prefixed frame codec used on QUIC streams,
 //! and the TLS configuration shared by QUIC clients and servers.
 
+pub mod control;
 pub mod frame;
 pub mod quic;
 

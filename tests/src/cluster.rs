@@ -7,22 +7,16 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use hasten_proto::control::{MAX_MESSAGE_BYTES, endpoint};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{ControlState, NodeStatus, SnapshotRequest, StatusRequest};
+use loadtest::control_plane::{free_loopback_port, node_args};
 use loadtest::process::{ManagedProcess, binary};
 use tonic::transport::Channel;
 
 use crate::persistent_work_dir;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Nodes 1..=size founded together, each with its own sled directory.
 pub struct Cluster {
@@ -40,7 +34,7 @@ impl Cluster {
             let _ = std::fs::remove_dir_all(work.join(format!("node-{id}")));
         }
         let addresses: BTreeMap<u64, String> = (1..=size)
-            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .map(|id| (id, format!("127.0.0.1:{}", free_loopback_port().unwrap())))
             .collect();
         let mut cluster = Self {
             work,
@@ -55,22 +49,14 @@ impl Cluster {
     }
 
     pub fn start_node(&mut self, id: u64) {
-        let mut args = vec![
-            "--id".to_string(),
-            id.to_string(),
-            "--listen".into(),
-            self.addresses[&id].clone(),
-            "--data-dir".into(),
-            self.work.join(format!("node-{id}")).display().to_string(),
-            "--tick-ms".into(),
+        let addresses: Vec<String> = self.addresses.values().cloned().collect();
+        let mut args = node_args(id, &addresses, &self.work.join(format!("node-{id}")));
+        args.extend([
+            "--tick-ms".to_string(),
             "50".into(),
             "--max-log-entries".into(),
             self.max_log_entries.to_string(),
-        ];
-        for (peer, address) in &self.addresses {
-            args.push("--peer".into());
-            args.push(format!("{peer}={address}"));
-        }
+        ]);
         let process = ManagedProcess::start(
             &format!("node-{id}"),
             &binary("control-plane").unwrap(),
@@ -89,21 +75,16 @@ impl Cluster {
     }
 
     pub async fn client(&self, id: u64) -> ControlPlaneClient<Channel> {
-        let channel = Channel::from_shared(format!("http://{}", self.addresses[&id]))
+        let channel = endpoint(&self.addresses[&id])
             .unwrap()
             .connect()
             .await
             .unwrap();
-        ControlPlaneClient::new(channel).max_decoding_message_size(256 << 20)
+        ControlPlaneClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     pub async fn status(&self, id: u64) -> Option<NodeStatus> {
-        let channel = Channel::from_shared(format!("http://{}", self.addresses[&id]))
-            .ok()?
-            .connect_timeout(Duration::from_millis(500))
-            .connect()
-            .await
-            .ok()?;
+        let channel = endpoint(&self.addresses[&id]).ok()?.connect().await.ok()?;
         let mut client = ControlPlaneClient::new(channel);
         client
             .status(StatusRequest {})

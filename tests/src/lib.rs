@@ -6,13 +6,14 @@ pub mod cluster;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::corpus::Document;
 use hasten_core::encoder::TextEncoder;
-use loadtest::process::binary;
+use loadtest::process::{ManagedProcess, binary};
 
 /// The workspace root (this crate lives in `tests/`).
 pub fn workspace_root() -> PathBuf {
@@ -95,6 +96,44 @@ pub fn build_small_bundle(
         );
     }
     Ok((bundle, serde_json::from_slice(&out.stdout)?))
+}
+
+/// How long a test waits for a cloud index to load its bundle and serve.
+const CLOUD_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where [`start_cloud_index`] writes the dev certificate of the server `name` (the file an
+/// edge or router trusts).
+pub fn dev_cert(work: &Path, name: &str) -> PathBuf {
+    work.join(format!("{name}.pem"))
+}
+
+/// `cloud-index serve` over `bundle` (a whole corpus or a shard) as process `name`: QUIC on
+/// any port, gRPC on `grpc_addr` (port 0: any), a dev certificate at [`dev_cert`].
+pub fn start_cloud_index(
+    work: &Path,
+    name: &str,
+    bundle: &Path,
+    grpc_addr: &str,
+) -> Result<ManagedProcess> {
+    let cert = dev_cert(work, name);
+    let args = [
+        "serve".to_string(),
+        "--bundle".into(),
+        bundle.display().to_string(),
+        "--quic-addr".into(),
+        "127.0.0.1:0".into(),
+        "--grpc-addr".into(),
+        grpc_addr.into(),
+        "--dev-cert-out".into(),
+        cert.display().to_string(),
+    ];
+    Ok(ManagedProcess::start(
+        name,
+        &binary("cloud-index")?,
+        args,
+        work,
+        CLOUD_START_TIMEOUT,
+    )?)
 }
 
 /// Exact top-k by brute force (plain Rust, no faiss): `(id, score)` best first.

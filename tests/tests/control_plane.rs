@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use hasten_proto::control::endpoint;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
     CacheEntry, CachedDocument, CommittedEvent, ControlCommand, ControlState, ProposeRequest,
@@ -38,15 +39,23 @@ fn entry(origin: &str, seq: u64) -> ControlCommand {
     }
 }
 
-/// (origin, seq) of each cached entry, oldest first.
-fn keys(state: &ControlState) -> Vec<(String, u64)> {
+/// (id, (origin, seq)) of each cached entry, oldest first.
+fn entries_by_id(state: &ControlState) -> Vec<(u64, (String, u64))> {
     state
         .entries
         .iter()
         .map(|e| {
             let entry = e.entry.as_ref().unwrap();
-            (entry.origin.clone(), entry.origin_seq)
+            (e.id, (entry.origin.clone(), entry.origin_seq))
         })
+        .collect()
+}
+
+/// (origin, seq) of each cached entry, oldest first.
+fn keys(state: &ControlState) -> Vec<(String, u64)> {
+    entries_by_id(state)
+        .into_iter()
+        .map(|(_, key)| key)
         .collect()
 }
 
@@ -138,11 +147,7 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_entry() {
         while started.elapsed() < Duration::from_secs(6) {
             seq += 1;
             for address in addresses.iter().cycle().take(4) {
-                let Ok(channel) = Channel::from_shared(format!("http://{address}"))
-                    .unwrap()
-                    .connect()
-                    .await
-                else {
+                let Ok(channel) = endpoint(address).unwrap().connect().await else {
                     continue;
                 };
                 let mut request = tonic::Request::new(ProposeRequest {
@@ -219,14 +224,7 @@ async fn follow(
             .unwrap();
         assert!(event.index > applied, "events out of order");
         if let Some(state) = event.state {
-            *cache = state
-                .entries
-                .iter()
-                .map(|e| {
-                    let entry = e.entry.as_ref().unwrap();
-                    (e.id, (entry.origin.clone(), entry.origin_seq))
-                })
-                .collect();
+            *cache = entries_by_id(&state);
         }
         for applied_command in event.applied {
             cache.retain(|(id, _)| !applied_command.removed.contains(id));
@@ -281,15 +279,7 @@ async fn a_subscriber_resumes_and_after_compaction_installs_the_state() {
     // While the subscriber is away, far more than the log keeps is committed.
     let last = propose(&mut client, 11..=120).await;
     follow(&mut follower, applied + 1, &mut cache, last).await;
-    let state = cluster.state(leader).await;
-    let expected: Vec<(u64, (String, u64))> = state
-        .entries
-        .iter()
-        .map(|e| {
-            let entry = e.entry.as_ref().unwrap();
-            (e.id, (entry.origin.clone(), entry.origin_seq))
-        })
-        .collect();
+    let expected = entries_by_id(&cluster.state(leader).await);
     assert_eq!(expected.len(), 40);
     assert_eq!(cache, expected);
     let status = cluster.status(leader).await.unwrap();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_tests::cluster::Cluster;
-use hasten_tests::{build_small_bundle, homologous_pair, model_dir};
+use hasten_tests::{build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index};
 use loadtest::process::{ManagedProcess, binary};
 use serde_json::{Value, json};
 
@@ -99,25 +99,8 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
     let work = cluster.work.clone();
     let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
     let bundle_arg = bundle_dir.display().to_string();
-    let cert = work.join("cloud-cert.pem");
-    let cloud = ManagedProcess::start(
-        "cloud",
-        &binary("cloud-index").unwrap(),
-        [
-            "serve",
-            "--bundle",
-            &bundle_arg,
-            "--quic-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--dev-cert-out",
-            cert.to_str().unwrap(),
-        ],
-        &work,
-        START_TIMEOUT,
-    )
-    .unwrap();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
     cluster.leader().await;
     let nodes: Vec<&String> = cluster.addresses.values().collect();
     let edge_a = start_edge(&work, "edge-a", &bundle_arg, &cloud, &cert, &nodes[..1]);

@@ -17,8 +17,8 @@ use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::edge_client::EdgeClient;
 use hasten_proto::v1::{QueryVector, RetrieveRequest, SearchRequest, retrieve_request};
 use hasten_tests::{
-    brute_force_top_k, build_small_bundle, exact_ids, homologous_pair, model_dir,
-    persistent_work_dir,
+    brute_force_top_k, build_small_bundle, dev_cert, exact_ids, homologous_pair, model_dir,
+    persistent_work_dir, start_cloud_index,
 };
 use loadtest::process::{ManagedProcess, binary};
 use serde_json::{Value, json};
@@ -148,25 +148,8 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
     let work = persistent_work_dir("retrieval-path").unwrap();
     let bundle_dir = build_bundle(&work);
     let bundle_arg = bundle_dir.display().to_string();
-    let cert = work.join("cloud-cert.pem");
-    let mut cloud = ManagedProcess::start(
-        "cloud",
-        &binary("cloud-index").unwrap(),
-        [
-            "serve",
-            "--bundle",
-            &bundle_arg,
-            "--quic-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--dev-cert-out",
-            cert.to_str().unwrap(),
-        ],
-        &work,
-        START_TIMEOUT,
-    )
-    .unwrap();
+    let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
     let edge = ManagedProcess::start(
         "edge",
         &binary("edge-node").unwrap(),

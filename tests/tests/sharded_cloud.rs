@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{InfoRequest, QueryVector, SearchRequest};
-use hasten_tests::{brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir};
+use hasten_tests::{
+    brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir, start_cloud_index,
+};
 use loadtest::process::{ManagedProcess, ProcessError, binary};
 use serde_json::{Value, json};
 
@@ -27,24 +29,7 @@ fn shard_bundle(bundle: &Path, shard: u32) -> PathBuf {
 
 /// A shard server on `grpc_addr` (port 0: any).
 fn start_shard(work: &Path, name: &str, bundle: &Path, grpc_addr: &str) -> ManagedProcess {
-    ManagedProcess::start(
-        name,
-        &binary("cloud-index").unwrap(),
-        [
-            "serve",
-            "--bundle",
-            bundle.to_str().unwrap(),
-            "--quic-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            grpc_addr,
-            "--dev-cert-out",
-            work.join(format!("{name}.pem")).to_str().unwrap(),
-        ],
-        work,
-        START_TIMEOUT,
-    )
-    .unwrap()
+    start_cloud_index(work, name, bundle, grpc_addr).unwrap()
 }
 
 fn start_router(work: &Path, shards: &[Vec<String>]) -> Result<ManagedProcess, ProcessError> {

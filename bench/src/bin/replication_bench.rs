@@ -17,9 +17,11 @@ use clap::Parser;
 use edge_node::engine::{CacheReplication, CloudDocument};
 use edge_node::replication::ControlPlaneLink;
 use hasten_bench::Latencies;
+use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{SubscribeRequest, applied_command};
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::control_plane;
+use loadtest::process::ManagedProcess;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
@@ -58,46 +60,9 @@ struct Tracker {
     applied: u64,
 }
 
-fn start_cluster(work: &std::path::Path) -> Result<(Vec<ManagedProcess>, Vec<String>)> {
-    let mut addresses = Vec::new();
-    for _ in 0..3 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        addresses.push(format!("127.0.0.1:{port}"));
-    }
-    let mut nodes = Vec::new();
-    for (i, address) in addresses.iter().enumerate() {
-        let name = format!("node-{}", i + 1);
-        let data = work.join(&name);
-        let _ = std::fs::remove_dir_all(&data);
-        let mut args = vec![
-            "--id".to_string(),
-            (i + 1).to_string(),
-            "--listen".into(),
-            address.clone(),
-            "--data-dir".into(),
-            data.display().to_string(),
-        ];
-        for (j, peer) in addresses.iter().enumerate() {
-            args.push("--peer".into());
-            args.push(format!("{}={peer}", j + 1));
-        }
-        nodes.push(ManagedProcess::start(
-            &name,
-            &binary("control-plane")?,
-            &args,
-            work,
-            Duration::from_secs(30),
-        )?);
-    }
-    Ok((nodes, addresses))
-}
-
 async fn subscribe(address: String, edges: usize, tracker: Arc<Mutex<Tracker>>) -> Result<()> {
-    let mut client = ControlPlaneClient::connect(format!("http://{address}"))
-        .await?
-        .max_decoding_message_size(512 << 20);
+    let channel = hasten_proto::control::endpoint(&address)?.connect().await?;
+    let mut client = ControlPlaneClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let mut stream = client
         .subscribe(SubscribeRequest {
             from_index: 1,
@@ -206,7 +171,7 @@ async fn main() -> Result<()> {
     hasten_core::logging::init();
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.work)?;
-    let (nodes, addresses) = start_cluster(&cli.work)?;
+    let (nodes, addresses) = control_plane::start_group(&cli.work, "node", 3)?;
     let tracker = Arc::new(Mutex::new(Tracker::default()));
     let links: Vec<Arc<ControlPlaneLink>> = (0..cli.edges)
         .map(|e| {

@@ -134,7 +134,12 @@ impl HotCache {
             let Some(entry) = self.entries.remove(id) else {
                 continue;
             };
-            self.order.retain(|q| q != id);
+            // Replicated evictions take the oldest: O(1) instead of a scan of the order.
+            if self.order.front() == Some(id) {
+                self.order.pop_front();
+            } else {
+                self.order.retain(|q| q != id);
+            }
             for doc in &entry.doc_ids {
                 self.unlink(*doc, *id);
                 if !self.postings.contains_key(doc) && !change.released.contains(doc) {
@@ -325,6 +330,29 @@ mod tests {
         assert_eq!(change.released, vec![1]);
         assert_eq!(change.added, vec![3]);
         assert!(cache.contains_document(2));
+    }
+
+    #[test]
+    fn replicated_ids_and_removals_keep_the_index_consistent() {
+        let mut cache = HotCache::new(10);
+        cache.insert_as(1 << 16, None, vec![1.0], &[1, 2]);
+        cache.insert_as(2 << 16, None, vec![1.0], &[2, 3]);
+        // An id already held is left alone; a local insert continues after the largest id.
+        assert_eq!(
+            cache.insert_as(1 << 16, None, vec![1.0], &[9]),
+            CacheChange::default()
+        );
+        let (local, _) = insert(&mut cache, &[4]);
+        assert_eq!(local, (2 << 16) + 1);
+        // Removing the oldest and a middle entry releases only unshared documents.
+        let change = cache.remove(&[1 << 16, local, 77]);
+        assert_eq!(change.released, vec![1, 4]);
+        assert_eq!(change.evicted.len(), 2);
+        assert_eq!(
+            cache.entries().map(|e| e.id).collect::<Vec<_>>(),
+            vec![2 << 16]
+        );
+        assert_eq!(cache.postings(), &rebuilt_postings(&cache));
     }
 
     proptest! {
