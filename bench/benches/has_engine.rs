@@ -25,7 +25,7 @@ use edge_node::cloud::CloudError;
 use edge_node::engine::{
     CloudDocument, CloudSearch, EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings,
 };
-use edge_node::has::{CacheChannel, EdgeDocument, FuzzyChannel, HotCache};
+use edge_node::has::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, HotCache};
 use hasten_bench::{Latencies, clustered_vectors};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::index::ExactIndex;
@@ -90,7 +90,8 @@ fn setup() -> Setup {
             vector: v.to_vec(),
         })
         .collect();
-    let fuzzy = FuzzyChannel::from_documents(D, documents, None, None).expect("fuzzy channel");
+    let documents = Arc::new(DocumentStore::new(D, documents));
+    let fuzzy = FuzzyChannel::build(&documents, 1.0, None, None).expect("fuzzy channel");
     let channel = CacheChannel::train(D, &members, None, None).expect("cache channel");
     println!(
         "setup: fuzzy {} nprobe {}, cache channel nlist {} nprobe {}",
@@ -109,6 +110,7 @@ fn setup() -> Setup {
         HotCache::new(CACHED),
         channel,
         Some(fuzzy),
+        documents,
         NoCloud,
     )
     .expect("engine");

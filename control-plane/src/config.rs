@@ -33,8 +33,11 @@ pub struct ControlPlaneConfig {
     /// Applied log entries kept before the state is snapshotted and the log truncated.
     pub max_log_entries: u64,
     /// Payload bytes of applied log entries kept before the same (a log entry batches
-    /// many cache entries of ~17 KB each).
+    /// many cache entries of ~1.6 KB each).
     pub max_log_bytes: u64,
+    /// Committed events kept behind a compaction point, so that a subscriber a little
+    /// behind resumes from events rather than receiving the whole state.
+    pub retained_events: u64,
     /// How long a proposal waits for its commit before the caller is told to retry.
     pub propose_timeout_ms: u64,
     /// File written (atomically) with the listening address once the node serves.
@@ -54,6 +57,7 @@ impl Default for ControlPlaneConfig {
             heartbeat_ticks: 3,
             max_log_entries: 10_000,
             max_log_bytes: 64 * 1024 * 1024,
+            retained_events: 2_048,
             propose_timeout_ms: 5_000,
             ready_file: None,
         }
@@ -137,6 +141,7 @@ impl ControlPlaneConfig {
             heartbeat_ticks: self.heartbeat_ticks,
             max_log_entries: self.max_log_entries,
             max_log_bytes: self.max_log_bytes,
+            retained_events: self.retained_events,
         }
     }
 

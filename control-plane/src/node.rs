@@ -20,7 +20,7 @@ use raft::{RawNode, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::state::{CacheStateMachine, CommandError, validate};
-use crate::storage::{RaftStorage, StoreError};
+use crate::storage::{DISCARD_SLICE, RaftStorage, StoreError};
 use crate::transport::PeerNetwork;
 
 /// Requests queued for the node task before senders wait: enough for a burst of proposals
@@ -85,6 +85,8 @@ pub struct NodeSettings {
     /// Payload bytes of applied log entries kept before the same: an entry batches up to
     /// hundreds of cache entries, so a count alone does not bound the disk.
     pub max_log_bytes: u64,
+    /// Committed events kept behind a compaction point for resuming subscribers.
+    pub retained_events: u64,
 }
 
 /// Handle to a running node.
@@ -529,12 +531,47 @@ impl RaftNode {
             return Ok(());
         }
         self.applied_bytes = 0;
+        let started = std::time::Instant::now();
         let data = self.state.to_state().encode_to_vec();
-        self.storage
-            .compact(applied, self.state.applied_term(), data)?;
+        let bytes = data.len();
+        self.storage.compact(
+            applied,
+            self.state.applied_term(),
+            data,
+            self.settings.retained_events,
+        )?;
         self.storage.flush()?;
-        tracing::info!(index = applied, "state machine snapshotted, log compacted");
+        tokio::spawn(discard_compacted(self.storage.clone()));
+        tracing::info!(
+            index = applied,
+            snapshot_bytes = bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "state machine snapshotted, log compacted"
+        );
         Ok(())
+    }
+}
+
+/// Pause between slices of removing compacted keys, so that the removal yields the CPU to
+/// replication (3 nodes compact at the same index).
+const DISCARD_PAUSE: Duration = Duration::from_millis(10);
+
+/// Removes what a compaction left on disk, a slice at a time beside the node.
+async fn discard_compacted(storage: RaftStorage) {
+    loop {
+        let slice = storage.clone();
+        match tokio::task::spawn_blocking(move || slice.discard_compacted(DISCARD_SLICE)).await {
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => tokio::time::sleep(DISCARD_PAUSE).await,
+            Ok(Err(err)) => {
+                tracing::warn!(%err, "removing compacted log entries failed; retried at the next compaction");
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(%err, "removing compacted log entries stopped");
+                return;
+            }
+        }
     }
 }
 

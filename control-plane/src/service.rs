@@ -162,8 +162,7 @@ async fn stream_events(
     let internal = |err: crate::storage::StoreError| Status::internal(err.to_string());
     let mut next = from_index.max(1);
     loop {
-        let (compacted, _) = storage.snapshot_point();
-        if next <= compacted {
+        if next <= storage.events_floor() {
             let state = node.state().await.map_err(status_of)?;
             let index = state.applied_index;
             let event = CommittedEvent {

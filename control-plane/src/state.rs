@@ -48,20 +48,11 @@ pub fn validate(commands: &[ControlCommand]) -> Result<(), CommandError> {
                 if entry.vector.is_empty() {
                     return Err(invalid("the query vector is empty".into()));
                 }
-                if entry.documents.is_empty() {
+                if entry.document_ids.is_empty() {
                     return Err(invalid("the entry holds no documents".into()));
                 }
-                if let Some(doc) = entry
-                    .documents
-                    .iter()
-                    .find(|d| d.vector.len() != entry.vector.len())
-                {
-                    return Err(invalid(format!(
-                        "document {} has {} dimensions, the query {}",
-                        doc.id,
-                        doc.vector.len(),
-                        entry.vector.len()
-                    )));
+                if entry.vector.iter().any(|x| !x.is_finite()) {
+                    return Err(invalid("the query vector holds a non-finite value".into()));
                 }
                 if entry.origin.is_empty() {
                     return Err(invalid("the entry names no origin edge".into()));
@@ -218,8 +209,8 @@ impl CacheStateMachine {
             *last = entry.origin_seq;
         }
         let removed = self.evict_beyond(self.capacity() - 1);
-        for doc in &entry.documents {
-            let holders = self.holders.entry(doc.id).or_default();
+        for doc in &entry.document_ids {
+            let holders = self.holders.entry(*doc).or_default();
             if !holders.contains(&id) {
                 holders.push(id);
             }
@@ -258,11 +249,11 @@ impl CacheStateMachine {
         let Some(entry) = self.entries.remove(&id) else {
             return;
         };
-        for doc in &entry.documents {
-            if let Some(holders) = self.holders.get_mut(&doc.id) {
+        for doc in &entry.document_ids {
+            if let Some(holders) = self.holders.get_mut(doc) {
                 holders.retain(|e| *e != id);
                 if holders.is_empty() {
-                    self.holders.remove(&doc.id);
+                    self.holders.remove(doc);
                 }
             }
         }
@@ -316,8 +307,8 @@ impl CacheStateMachine {
             .collect();
         for stored in state.entries {
             let Some(entry) = stored.entry else { continue };
-            for doc in &entry.documents {
-                machine.holders.entry(doc.id).or_default().push(stored.id);
+            for doc in &entry.document_ids {
+                machine.holders.entry(*doc).or_default().push(stored.id);
             }
             machine.order.push_back(stored.id);
             machine.entries.insert(stored.id, entry);
@@ -329,7 +320,7 @@ impl CacheStateMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hasten_proto::v1::{CachedDocument, InvalidateDocuments};
+    use hasten_proto::v1::InvalidateDocuments;
 
     fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
         ControlCommand {
@@ -337,14 +328,7 @@ mod tests {
                 origin: origin.into(),
                 origin_seq: seq,
                 vector: vec![1.0, 0.0],
-                documents: docs
-                    .iter()
-                    .map(|id| CachedDocument {
-                        id: *id,
-                        vector: vec![0.0, 1.0],
-                        ..CachedDocument::default()
-                    })
-                    .collect(),
+                document_ids: docs.to_vec(),
                 ..CacheEntry::default()
             })),
         }
@@ -437,13 +421,13 @@ mod tests {
         );
         let mut bad = insert("a", 1, &[1]);
         if let Some(control_command::Kind::Insert(entry)) = &mut bad.kind {
-            entry.documents[0].vector.push(0.5);
+            entry.vector[1] = f32::NAN;
         }
         let err = validate(&[insert("a", 1, &[1]), bad])
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("command 1") && err.contains("3 dimensions"),
+            err.contains("command 1") && err.contains("non-finite"),
             "{err}"
         );
     }

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cloud::CloudError;
 use crate::has::{
-    CacheChange, CacheChannel, EdgeDocument, FuzzyChannel, HomologyValidator, HotCache, QueryId,
-    Verdict,
+    CacheChange, CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, HomologyValidator,
+    HotCache, QueryId, Verdict,
 };
 use crate::lookup::QueryLookup;
 
@@ -168,6 +168,7 @@ pub struct RetrievalEngine<C> {
     settings: EngineSettings,
     validator: HomologyValidator,
     fuzzy: Option<FuzzyChannel>,
+    documents: Arc<DocumentStore>,
     cache: RwLock<CacheState>,
     cloud: C,
     replication: Option<Arc<dyn CacheReplication>>,
@@ -175,11 +176,13 @@ pub struct RetrievalEngine<C> {
 
 impl<C: CloudSearch> RetrievalEngine<C> {
     /// `fuzzy` is `None` when the fuzzy channel is switched off (the paper's ablation).
+    /// `documents` resolves the document ids of replicated entries.
     pub fn new(
         settings: EngineSettings,
         hot: HotCache,
         channel: CacheChannel,
         fuzzy: Option<FuzzyChannel>,
+        documents: Arc<DocumentStore>,
         cloud: C,
     ) -> Result<Self, EngineError> {
         let lookup = match settings.policy {
@@ -196,6 +199,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             validator: HomologyValidator::new(settings.tau),
             settings,
             fuzzy,
+            documents,
             cache: RwLock::new(CacheState {
                 hot,
                 channel,
@@ -301,7 +305,9 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         if self.settings.policy.caches() {
             let update_started = Instant::now();
             match &self.replication {
-                Some(replication) => replication.propose(text, &query, &result),
+                Some(replication) => {
+                    replication.propose(text, &query, result.iter().map(|d| d.id).collect())
+                }
                 None => {
                     self.insert(text, query, &result);
                 }
@@ -416,13 +422,28 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         let ids: Vec<DocId> = result.iter().map(|d| d.id).collect();
         let mut state = self.cache.write();
         let (id, change) = state.hot.insert(text, query, &ids);
-        self.follow_change(&mut state, id, &change, result);
+        let added = result
+            .iter()
+            .filter(|d| change.added.contains(&d.id))
+            .map(|d| {
+                self.documents.get(d.id).cloned().unwrap_or_else(|| {
+                    Arc::new(EdgeDocument {
+                        id: d.id,
+                        title: d.title.clone(),
+                        text: d.text.clone(),
+                        vector: d.vector.clone(),
+                    })
+                })
+            })
+            .collect();
+        self.follow_change(&mut state, id, &change, added);
         change
     }
 
     /// Applies a replicated cache event: removes the entries the control plane evicted or
-    /// invalidated, then caches `entry` under the control plane's id. Every edge applying
-    /// the same events in the same order holds the same cache.
+    /// invalidated, then caches `entry` under the control plane's id, its documents taken
+    /// from this edge's own store. Every edge applying the same events in the same order
+    /// holds the same cache.
     pub fn apply_replicated(&self, removed: &[QueryId], entry: Option<ReplicatedEntry>) {
         let mut state = self.cache.write();
         if !removed.is_empty() {
@@ -430,14 +451,32 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             self.follow_removal(&mut state, &change);
         }
         let Some(entry) = entry else { return };
-        if !usable(&entry.vector, &entry.documents) {
+        if entry.vector.len() != self.documents.dimension() || entry.document_ids.is_empty() {
+            tracing::warn!(
+                id = entry.id,
+                dimension = entry.vector.len(),
+                "replicated entry does not fit this edge's corpus; not cached"
+            );
             return;
         }
-        let ids: Vec<DocId> = entry.documents.iter().map(|d| d.id).collect();
         let change = state
             .hot
-            .insert_as(entry.id, entry.text, entry.vector, &ids);
-        self.follow_change(&mut state, entry.id, &change, &entry.documents);
+            .insert_as(entry.id, entry.text, entry.vector, &entry.document_ids);
+        // An id this edge's corpus lacks still counts in the homology vote (the inverted
+        // index holds it, as on every edge); only its text cannot be served from here.
+        let added: Vec<Arc<EdgeDocument>> = change
+            .added
+            .iter()
+            .filter_map(|id| self.documents.get(*id).cloned())
+            .collect();
+        if added.len() < change.added.len() {
+            tracing::warn!(
+                id = entry.id,
+                missing = change.added.len() - added.len(),
+                "replicated entry names documents outside this edge's corpus"
+            );
+        }
+        self.follow_change(&mut state, entry.id, &change, added);
     }
 
     /// The homology threshold in force.
@@ -470,32 +509,15 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         }
     }
 
-    /// Brings the cache channel and the query lookup in line with a hot-cache insertion.
+    /// Brings the cache channel and the query lookup in line with a hot-cache insertion
+    /// that newly references the documents `added`.
     fn follow_change(
         &self,
         state: &mut CacheState,
         id: QueryId,
         change: &CacheChange,
-        result: &[CloudDocument],
+        added: Vec<Arc<EdgeDocument>>,
     ) {
-        let added: Vec<Arc<EdgeDocument>> = result
-            .iter()
-            .filter(|d| change.added.contains(&d.id))
-            .map(|d| {
-                self.fuzzy
-                    .as_ref()
-                    .and_then(|f| f.document(d.id))
-                    .cloned()
-                    .unwrap_or_else(|| {
-                        Arc::new(EdgeDocument {
-                            id: d.id,
-                            title: d.title.clone(),
-                            text: d.text.clone(),
-                            vector: d.vector.clone(),
-                        })
-                    })
-            })
-            .collect();
         self.follow_removal(state, change);
         if let Err(err) = state.channel.add(added) {
             tracing::error!(%err, "cache channel insertion failed");
@@ -516,13 +538,13 @@ pub struct ReplicatedEntry {
     pub id: QueryId,
     pub text: Option<String>,
     pub vector: Vec<f32>,
-    pub documents: Vec<CloudDocument>,
+    pub document_ids: Vec<DocId>,
 }
 
 /// Where fallback results go when the hot cache is replicated.
 pub trait CacheReplication: Send + Sync {
     /// Hands a fallback result over for replication; it must not block the request.
-    fn propose(&self, text: Option<String>, query: &[f32], result: &[CloudDocument]);
+    fn propose(&self, text: Option<String>, query: &[f32], document_ids: Vec<DocId>);
 }
 
 /// Whether a result can be cached: documents with vectors of the query's dimension.
@@ -673,7 +695,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_bundle(&dir.path().join("b"), vec![], &docs, &vectors, D, &[]).unwrap();
         let bundle = CorpusBundle::load(&dir.path().join("b")).unwrap();
-        let fuzzy = FuzzyChannel::build(&bundle, 1.0, Some(2), Some(2)).unwrap();
+        let documents = Arc::new(DocumentStore::from_bundle(&bundle));
+        let fuzzy = FuzzyChannel::build(&documents, 1.0, Some(2), Some(2)).unwrap();
         let channel = CacheChannel::train(D, bundle.vectors(), Some(2), Some(2)).unwrap();
         let cloud = LocalCloud {
             searcher: ExactSearcher::new(bundle).unwrap(),
@@ -692,6 +715,7 @@ mod tests {
             HotCache::new(capacity),
             channel,
             Some(fuzzy),
+            documents,
             cloud,
         )
         .unwrap();
@@ -794,6 +818,50 @@ mod tests {
             "evicted documents still searchable"
         );
         assert_eq!(state.channel.indexed(), K);
+    }
+
+    #[tokio::test]
+    async fn a_replicated_entry_is_served_from_the_edges_own_documents() {
+        let (_dir, engine, centres) = engine(10);
+        // Another edge's fallback for topic 2 arrives as ids only; id 999 is not in this
+        // edge's corpus.
+        let ids: Vec<DocId> = (12..12 + K as u64).chain([999]).collect();
+        engine.apply_replicated(
+            &[],
+            Some(ReplicatedEntry {
+                id: 7 << 16,
+                text: Some("another edge asked about topic 2".into()),
+                vector: centres[2].clone(),
+                document_ids: ids.clone(),
+            }),
+        );
+        assert_eq!(engine.cached_ids(), vec![7 << 16]);
+        assert_eq!(
+            sizes(&engine),
+            (1, K),
+            "the unknown id has no document here"
+        );
+        assert!(engine.cache.read().hot.contains_document(999));
+
+        let reply = ask(&engine, &near(&centres, 2, 0.1), "topic 2 again").await;
+        assert_eq!(reply.outcome, Outcome::Accepted);
+        assert_eq!(calls(&engine), 0, "the cloud was not asked");
+        assert!(reply.documents.iter().all(|d| d.title == "t2"));
+
+        engine.apply_replicated(&[7 << 16], None);
+        assert_eq!(sizes(&engine), (0, 0));
+        assert!(!engine.cache.read().hot.contains_document(999));
+        // A vector of another dimension cannot be this edge's entry.
+        engine.apply_replicated(
+            &[],
+            Some(ReplicatedEntry {
+                id: 8 << 16,
+                text: None,
+                vector: vec![1.0; D + 1],
+                document_ids: ids,
+            }),
+        );
+        assert!(engine.cached_ids().is_empty());
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use edge_node::cloud::{CloudEndpoint, QuicCloudClient};
 use edge_node::config::EdgeConfig;
 use edge_node::engine::{EngineSettings, RetrievalEngine, RetrievalPolicy};
 use edge_node::grpc::EdgeGrpc;
-use edge_node::has::{CacheChannel, FuzzyChannel, HotCache};
+use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, HotCache};
 use edge_node::replication::ControlPlaneLink;
 use edge_node::service::EdgeService;
 use hasten_core::bundle::CorpusBundle;
@@ -199,6 +199,7 @@ fn build_engine(
         },
     )
     .context("opening the QUIC client endpoint")?;
+    let documents = Arc::new(DocumentStore::from_bundle(bundle));
     let drafts = matches!(
         config.policy,
         RetrievalPolicy::Has | RetrievalPolicy::EdgeIvf
@@ -206,7 +207,7 @@ fn build_engine(
     let fuzzy = if drafts && config.fuzzy_channel {
         let started = Instant::now();
         let fuzzy = FuzzyChannel::build(
-            bundle,
+            &documents,
             config.corpus_fraction,
             config.fuzzy_nlist,
             config.fuzzy_nprobe,
@@ -233,6 +234,7 @@ fn build_engine(
         HotCache::new(config.cache_capacity),
         cache_channel(bundle, config)?,
         fuzzy,
+        documents,
         cloud,
     )?)
 }

@@ -12,19 +12,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use hasten_core::DocId;
 use hasten_proto::control;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
-    CacheEntry, CachedDocument, CommittedEvent, ControlCommand, ProposeRequest, StoredEntry,
-    SubscribeRequest, applied_command, control_command,
+    CacheEntry, CommittedEvent, ControlCommand, ProposeRequest, StoredEntry, SubscribeRequest,
+    applied_command, control_command,
 };
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use crate::engine::{
-    CacheReplication, CloudDocument, CloudSearch, ReplicatedEntry, RetrievalEngine,
-};
+use crate::engine::{CacheReplication, CloudSearch, ReplicatedEntry, RetrievalEngine};
 
 /// Fallback results waiting to be proposed. At the paper's fallback rates an edge makes a
 /// few hundred a second; this covers several seconds of control-plane unavailability
@@ -115,21 +114,13 @@ impl ControlPlaneLink {
 }
 
 impl CacheReplication for ControlPlaneLink {
-    fn propose(&self, text: Option<String>, query: &[f32], result: &[CloudDocument]) {
+    fn propose(&self, text: Option<String>, query: &[f32], document_ids: Vec<DocId>) {
         let entry = CacheEntry {
             origin: self.origin.clone(),
             origin_seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             text,
             vector: query.to_vec(),
-            documents: result
-                .iter()
-                .map(|d| CachedDocument {
-                    id: d.id,
-                    title: d.title.clone(),
-                    text: d.text.clone(),
-                    vector: d.vector.clone(),
-                })
-                .collect(),
+            document_ids,
             entity_hint: None,
             created_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -265,17 +256,7 @@ fn replicated(stored: StoredEntry) -> Option<ReplicatedEntry> {
         id: stored.id,
         text: entry.text,
         vector: entry.vector,
-        documents: entry
-            .documents
-            .into_iter()
-            .map(|d| CloudDocument {
-                id: d.id,
-                score: 0.0,
-                title: d.title,
-                text: d.text,
-                vector: d.vector,
-            })
-            .collect(),
+        document_ids: entry.document_ids,
     })
 }
 

@@ -15,6 +15,7 @@ use loadtest::process::{ManagedProcess, binary};
 use tonic::transport::Channel;
 
 use crate::persistent_work_dir;
+use crate::relay::Relay;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -24,10 +25,64 @@ pub struct Cluster {
     pub addresses: BTreeMap<u64, String>,
     pub nodes: BTreeMap<u64, ManagedProcess>,
     max_log_entries: u64,
+    /// The peer addresses each node is given, when they differ from `addresses` (a node
+    /// reached through relays).
+    views: BTreeMap<u64, Vec<String>>,
 }
 
 impl Cluster {
     pub fn start(name: &str, size: u64, max_log_entries: u64) -> Self {
+        let mut cluster = Self::prepare(name, size, max_log_entries);
+        for id in 1..=size {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    /// Like `start`, but every connection between node `isolated` and the others runs
+    /// through relays: cutting them partitions the node off while the test still reaches
+    /// every node directly.
+    pub async fn start_isolatable(
+        name: &str,
+        size: u64,
+        max_log_entries: u64,
+        isolated: u64,
+    ) -> (Self, Vec<Relay>) {
+        let mut cluster = Self::prepare(name, size, max_log_entries);
+        let mut relays = Vec::new();
+        let mut inward = None;
+        for (id, address) in &cluster.addresses {
+            let relay = Relay::start(address.clone()).await.unwrap();
+            if *id == isolated {
+                inward = Some(relay.address.clone());
+            }
+            relays.push((*id, relay));
+        }
+        let direct: Vec<String> = cluster.addresses.values().cloned().collect();
+        for id in 1..=size {
+            let view = (1..=size)
+                .map(|peer| {
+                    let through = relays.iter().find(|(r, _)| *r == peer);
+                    match through {
+                        // The isolated node reaches the others through their relays.
+                        Some((_, relay)) if id == isolated && peer != isolated => {
+                            relay.address.clone()
+                        }
+                        // The others reach the isolated node through its relay.
+                        _ if id != isolated && peer == isolated => inward.clone().unwrap(),
+                        _ => direct[(peer - 1) as usize].clone(),
+                    }
+                })
+                .collect();
+            cluster.views.insert(id, view);
+        }
+        for id in 1..=size {
+            cluster.start_node(id);
+        }
+        (cluster, relays.into_iter().map(|(_, r)| r).collect())
+    }
+
+    fn prepare(name: &str, size: u64, max_log_entries: u64) -> Self {
         let work = persistent_work_dir(name).unwrap();
         // Raft state of an earlier run names other ports: start from empty directories.
         for id in 1..=size {
@@ -36,27 +91,37 @@ impl Cluster {
         let addresses: BTreeMap<u64, String> = (1..=size)
             .map(|id| (id, format!("127.0.0.1:{}", free_loopback_port().unwrap())))
             .collect();
-        let mut cluster = Self {
+        Self {
             work,
             addresses,
             nodes: BTreeMap::new(),
             max_log_entries,
-        };
-        for id in 1..=size {
-            cluster.start_node(id);
+            views: BTreeMap::new(),
         }
-        cluster
     }
 
     pub fn start_node(&mut self, id: u64) {
-        let addresses: Vec<String> = self.addresses.values().cloned().collect();
+        self.start_node_with(id, &[]);
+    }
+
+    fn start_node_with(&mut self, id: u64, extra: &[&str]) {
+        let addresses: Vec<String> = self
+            .views
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| self.addresses.values().cloned().collect());
         let mut args = node_args(id, &addresses, &self.work.join(format!("node-{id}")));
         args.extend([
             "--tick-ms".to_string(),
             "50".into(),
             "--max-log-entries".into(),
             self.max_log_entries.to_string(),
+            // Every compaction discards all events, so that subscribers that resume
+            // behind one exercise the whole-state path.
+            "--retained-events".into(),
+            "0".into(),
         ]);
+        args.extend(extra.iter().map(|a| a.to_string()));
         let process = ManagedProcess::start(
             &format!("node-{id}"),
             &binary("control-plane").unwrap(),
@@ -66,6 +131,14 @@ impl Cluster {
         )
         .unwrap();
         self.nodes.insert(id, process);
+    }
+
+    /// Starts node `id` empty, waiting to be added to the group (`AddNode` on the leader).
+    pub fn join_node(&mut self, id: u64) {
+        let _ = std::fs::remove_dir_all(self.work.join(format!("node-{id}")));
+        let address = format!("127.0.0.1:{}", free_loopback_port().unwrap());
+        self.addresses.insert(id, address);
+        self.start_node_with(id, &["--join", "true"]);
     }
 
     pub fn kill(&mut self, id: u64) {

@@ -2,6 +2,7 @@
 //! loopback (see `loadtest::process` for starting and stopping them).
 
 pub mod cluster;
+pub mod relay;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

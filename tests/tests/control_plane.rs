@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use hasten_proto::control::endpoint;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
-    CacheEntry, CachedDocument, CommittedEvent, ControlCommand, ControlState, ProposeRequest,
+    CacheEntry, CommittedEvent, ControlCommand, ControlState, MemberRequest, ProposeRequest,
     SubscribeRequest, applied_command, control_command,
 };
 use hasten_tests::cluster::Cluster;
@@ -18,21 +18,13 @@ use tonic::transport::Channel;
 const DIMENSION: usize = 8;
 
 fn entry(origin: &str, seq: u64) -> ControlCommand {
-    let vector: Vec<f32> = (0..DIMENSION).map(|i| (seq + i as u64) as f32).collect();
     ControlCommand {
         kind: Some(control_command::Kind::Insert(CacheEntry {
             origin: origin.into(),
             origin_seq: seq,
             text: Some(format!("question {seq} from {origin}")),
-            vector: vector.clone(),
-            documents: (0..3)
-                .map(|d| CachedDocument {
-                    id: seq * 10 + d,
-                    title: format!("doc {d}"),
-                    text: "passage".into(),
-                    vector: vector.clone(),
-                })
-                .collect(),
+            vector: (0..DIMENSION).map(|i| (seq + i as u64) as f32).collect(),
+            document_ids: (0..3).map(|d| seq * 10 + d).collect(),
             entity_hint: None,
             created_unix_ms: 0,
         })),
@@ -112,7 +104,7 @@ async fn a_leader_is_elected_and_every_node_applies_the_same_entries_in_order() 
     // A bad proposal is refused with a reason, not committed.
     let mut bad = entry("edge-a", 99);
     if let Some(control_command::Kind::Insert(e)) = &mut bad.kind {
-        e.documents[0].vector.pop();
+        e.document_ids.clear();
     }
     let err = client
         .propose(ProposeRequest {
@@ -121,7 +113,7 @@ async fn a_leader_is_elected_and_every_node_applies_the_same_entries_in_order() 
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("dimensions"), "{}", err.message());
+    assert!(err.message().contains("no documents"), "{}", err.message());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,4 +279,153 @@ async fn a_subscriber_resumes_and_after_compaction_installs_the_state() {
         status.first_log_index > applied + 1,
         "the log was not compacted: {status:?}"
     );
+}
+
+/// Proposes `entry(origin, seq)` through `client` until it commits (a partition or an
+/// election may make attempts fail); returns the index it committed at.
+async fn propose_until_committed(
+    client: &mut ControlPlaneClient<Channel>,
+    origin: &str,
+    seq: u64,
+) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let request = ProposeRequest {
+            commands: vec![entry(origin, seq)],
+        };
+        match client.propose(request).await {
+            Ok(reply) => return reply.into_inner().index,
+            Err(status) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "entry {seq} never committed: {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_catches_up_through_a_snapshot_after_the_partition_heals() {
+    let (cluster, relays) = Cluster::start_isolatable("control-plane-partition", 3, 20, 3).await;
+    cluster.leader().await;
+    let mut client = cluster.client(1).await;
+    let mut last = 0;
+    for seq in 1..=5 {
+        last = propose_until_committed(&mut client, "edge-a", seq).await;
+    }
+    cluster.applied_everywhere(last).await;
+
+    for relay in &relays {
+        relay.cut();
+    }
+    // The majority (nodes 1 and 2) keeps committing, electing a new leader if node 3 led.
+    for seq in 6..=60 {
+        last = propose_until_committed(&mut client, "edge-a", seq).await;
+    }
+    let isolated = cluster.status(3).await.unwrap();
+    assert!(
+        isolated.applied_index < last,
+        "the isolated node applied {} of {last}",
+        isolated.applied_index
+    );
+    let majority = cluster.status(1).await.unwrap();
+    assert!(
+        majority.first_log_index > isolated.applied_index + 1,
+        "{majority:?}"
+    );
+
+    for relay in &relays {
+        relay.heal();
+    }
+    cluster.applied_everywhere(last).await;
+    let expected = keys(&cluster.state(1).await);
+    assert_eq!(expected.len(), 60);
+    for id in [2, 3] {
+        assert_eq!(keys(&cluster.state(id).await), expected, "node {id}");
+    }
+    let log = std::fs::read_to_string(&cluster.nodes[&3].log).unwrap();
+    assert!(
+        log.contains("installed a snapshot from the leader"),
+        "the isolated node caught up without the snapshot the compacted log requires"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_and_another_leaves_while_entries_commit() {
+    let mut cluster = Cluster::start("control-plane-membership", 3, 20);
+    let leader = cluster.leader().await;
+    let mut client = cluster.client(leader).await;
+    for seq in 1..=30 {
+        propose_until_committed(&mut client, "edge-a", seq).await;
+    }
+    let members = async |cluster: &Cluster, id: u64| -> Vec<u64> {
+        let mut ids: Vec<u64> = cluster
+            .status(id)
+            .await
+            .unwrap()
+            .members
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+
+    cluster.join_node(4);
+    let added = client
+        .add_node(MemberRequest {
+            id: 4,
+            address: cluster.addresses[&4].clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(added.members.len(), 4, "{added:?}");
+    let mut last = 0;
+    for seq in 31..=40 {
+        last = propose_until_committed(&mut client, "edge-a", seq).await;
+    }
+    // The new node learned the compacted past through a snapshot and the rest from the log.
+    cluster.applied_everywhere(last).await;
+    let expected = keys(&cluster.state(leader).await);
+    assert_eq!(expected.len(), 40);
+    assert_eq!(keys(&cluster.state(4).await), expected);
+    assert_eq!(members(&cluster, 4).await, vec![1, 2, 3, 4]);
+
+    let leaving = *cluster
+        .nodes
+        .keys()
+        .find(|id| **id != leader && **id != 4)
+        .unwrap();
+    client
+        .remove_node(MemberRequest {
+            id: leaving,
+            address: String::new(),
+        })
+        .await
+        .unwrap();
+    cluster.kill(leaving);
+    for seq in 41..=50 {
+        last = propose_until_committed(&mut client, "edge-a", seq).await;
+    }
+    cluster.applied_everywhere(last).await;
+    let remaining: Vec<u64> = [1, 2, 3, 4]
+        .into_iter()
+        .filter(|id| *id != leaving)
+        .collect();
+    for id in cluster.nodes.keys() {
+        assert_eq!(members(&cluster, *id).await, remaining, "node {id}");
+        assert_eq!(keys(&cluster.state(*id).await).len(), 50, "node {id}");
+    }
+    // Adding needs the new member's address.
+    let refused = client
+        .add_node(MemberRequest {
+            id: 9,
+            address: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
 }

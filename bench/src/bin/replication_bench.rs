@@ -2,7 +2,7 @@
 //!
 //! Three real `control-plane` processes on loopback; E edges' proposers (the edge's own
 //! `ControlPlaneLink`, batching whatever is queued into one proposal) offer cache entries
-//! shaped like real ones (a 384-d query and k = 10 documents with their vectors) at a fixed
+//! shaped like real ones (a 384-d query and the ids of its k = 10 documents) at a fixed
 //! total rate; E subscribers follow the committed stream as edges do. Lag is the time from
 //! handing an entry to the proposer to the moment the last subscriber has it. The offered
 //! rate is then raised until the control plane no longer keeps up.
@@ -14,15 +14,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use edge_node::engine::{CacheReplication, CloudDocument};
+use edge_node::engine::CacheReplication;
 use edge_node::replication::ControlPlaneLink;
 use hasten_bench::Latencies;
+use hasten_core::DocId;
 use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
-use hasten_proto::v1::{SubscribeRequest, applied_command};
+use hasten_proto::v1::{CacheEntry, SubscribeRequest, applied_command};
 use loadtest::control_plane;
 use loadtest::process::ManagedProcess;
 use parking_lot::Mutex;
+use prost::Message;
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -97,19 +99,11 @@ async fn subscribe(address: String, edges: usize, tracker: Arc<Mutex<Tracker>>) 
     Ok(())
 }
 
-fn result_of(dimension: usize, k: usize, n: u64) -> (Vec<f32>, Vec<CloudDocument>) {
+fn result_of(dimension: usize, k: usize, n: u64) -> (Vec<f32>, Vec<DocId>) {
     let vector: Vec<f32> = (0..dimension)
         .map(|i| ((n as usize + i) % 97) as f32 / 97.0)
         .collect();
-    let documents = (0..k as u64)
-        .map(|d| CloudDocument {
-            id: (n * 7 + d) % 100_000,
-            score: 0.0,
-            title: format!("Title {d}"),
-            text: "A passage of about a hundred words stands here. ".repeat(12),
-            vector: vector.clone(),
-        })
-        .collect();
+    let documents = (0..k as u64).map(|d| (n * 7 + d) % 100_000).collect();
     (vector, documents)
 }
 
@@ -141,7 +135,7 @@ async fn offer(
                 .lock()
                 .sent
                 .insert(text.clone(), (Instant::now(), 0));
-            link.propose(Some(text), &vector, &documents);
+            link.propose(Some(text), &vector, documents);
             sent += 1;
         }
     }
@@ -194,12 +188,17 @@ async fn main() -> Result<()> {
     // Warm-up: a leader elected and every path connected.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let entry_bytes = {
-        let (vector, documents) = result_of(cli.dimension, cli.k, 0);
-        vector.len() * 4
-            + documents
-                .iter()
-                .map(|d| d.vector.len() * 4 + d.text.len() + d.title.len() + 8)
-                .sum::<usize>()
+        let (vector, document_ids) = result_of(cli.dimension, cli.k, 0);
+        CacheEntry {
+            origin: "edge-0/1700000000000".into(),
+            origin_seq: 1,
+            text: Some("run 0 entry 0".into()),
+            vector,
+            document_ids,
+            entity_hint: None,
+            created_unix_ms: 1_700_000_000_000,
+        }
+        .encoded_len()
     };
     let mut runs = Vec::new();
     for (run, rate) in std::iter::once(cli.rate)

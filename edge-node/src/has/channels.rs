@@ -1,5 +1,7 @@
 //! The two draft channels and the documents behind them.
 //!
+//! - [`DocumentStore`]: the corpus documents the edge was given, by id; what it serves a
+//!   cached result from, including results other edges fetched (replicated by id only).
 //! - [`FuzzyChannel`]: IVF-PQ over the edge's share of the corpus, probed aggressively
 //!   little; its candidates are re-ranked exactly with the full vectors it keeps.
 //! - [`CacheChannel`]: an ANN index over exactly the documents the hot cache references,
@@ -36,23 +38,18 @@ pub fn in_edge_share(id: DocId, fraction: f64) -> bool {
     (z as f64 / u64::MAX as f64) < fraction
 }
 
-/// IVF-PQ over the edge's share of the corpus.
-#[derive(Debug)]
-pub struct FuzzyChannel {
-    index: IvfPqIndex,
+/// The corpus documents an edge holds, by id. Replicated cache entries name their documents
+/// by id; every edge resolves them here, so they need not travel through the control plane.
+#[derive(Debug, Default)]
+pub struct DocumentStore {
+    dimension: usize,
     documents: HashMap<DocId, Arc<EdgeDocument>>,
 }
 
-impl FuzzyChannel {
-    /// Takes the share of `bundle` selected by `fraction` and builds the index over it.
-    pub fn build(
-        bundle: &CorpusBundle,
-        fraction: f64,
-        nlist: Option<usize>,
-        nprobe: Option<usize>,
-    ) -> Result<Self, IndexError> {
+impl DocumentStore {
+    /// Every document of `bundle`, with its vector.
+    pub fn from_bundle(bundle: &CorpusBundle) -> Self {
         let documents = (0..bundle.len())
-            .filter(|&row| in_edge_share(bundle.documents[row].id, fraction))
             .map(|row| {
                 let doc = &bundle.documents[row];
                 EdgeDocument {
@@ -63,13 +60,67 @@ impl FuzzyChannel {
                 }
             })
             .collect();
-        Self::from_documents(bundle.dimension(), documents, nlist, nprobe)
+        Self::new(bundle.dimension(), documents)
+    }
+
+    pub fn new(dimension: usize, documents: Vec<EdgeDocument>) -> Self {
+        Self {
+            dimension,
+            documents: documents.into_iter().map(|d| (d.id, Arc::new(d))).collect(),
+        }
+    }
+
+    pub fn get(&self, id: DocId) -> Option<&Arc<EdgeDocument>> {
+        self.documents.get(&id)
+    }
+
+    pub fn dimension(&self) -> usize {
+        self.dimension
+    }
+
+    pub fn len(&self) -> usize {
+        self.documents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.documents.is_empty()
+    }
+
+    /// The documents of the edge's share of the corpus at `fraction`, in id order.
+    pub fn share(&self, fraction: f64) -> Vec<Arc<EdgeDocument>> {
+        let mut share: Vec<Arc<EdgeDocument>> = self
+            .documents
+            .values()
+            .filter(|d| in_edge_share(d.id, fraction))
+            .cloned()
+            .collect();
+        share.sort_by_key(|d| d.id);
+        share
+    }
+}
+
+/// IVF-PQ over the edge's share of the corpus.
+#[derive(Debug)]
+pub struct FuzzyChannel {
+    index: IvfPqIndex,
+    documents: HashMap<DocId, Arc<EdgeDocument>>,
+}
+
+impl FuzzyChannel {
+    /// Takes the share of `store` selected by `fraction` and builds the index over it.
+    pub fn build(
+        store: &DocumentStore,
+        fraction: f64,
+        nlist: Option<usize>,
+        nprobe: Option<usize>,
+    ) -> Result<Self, IndexError> {
+        Self::from_documents(store.dimension(), store.share(fraction), nlist, nprobe)
     }
 
     /// Builds the index over `documents`, sizing the IVF for their number.
-    pub fn from_documents(
+    fn from_documents(
         dimension: usize,
-        documents: Vec<EdgeDocument>,
+        documents: Vec<Arc<EdgeDocument>>,
         nlist: Option<usize>,
         nprobe: Option<usize>,
     ) -> Result<Self, IndexError> {
@@ -80,7 +131,7 @@ impl FuzzyChannel {
             .collect();
         let shape = IvfShape::for_corpus(documents.len(), nlist, nprobe);
         let index = IvfPqIndex::build(dimension, &ids, &vectors, shape)?;
-        let documents = documents.into_iter().map(|d| (d.id, Arc::new(d))).collect();
+        let documents = documents.into_iter().map(|d| (d.id, d)).collect();
         Ok(Self { index, documents })
     }
 
@@ -169,8 +220,8 @@ impl CacheChannel {
     }
 
     /// Bytes held: one 8-bit code and id per indexed document, plus the documents the
-    /// channel alone keeps alive (those outside the edge's corpus share); documents shared
-    /// with the fuzzy channel cost a pointer.
+    /// channel alone keeps alive (a fallback's documents missing from the edge's store);
+    /// documents shared with the store cost a pointer.
     pub fn bytes(&self) -> usize {
         let codes = self.index.len() * (self.index.dimension() + 8);
         let documents: usize = self
