@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs Hasten end to end on loopback: builds (or reuses) a corpus bundle, then lets
-# hasten-loadtest start one cloud-index and one edge-node per system behind the emulated
-# network, send the same popularity-skewed questions through a cloud-only edge and a HaS
-# edge, and print the comparison. Every process is stopped when it ends.
+# Runs Hasten end to end on loopback: builds (or reuses) a corpus bundle cut into 2 shards,
+# then lets hasten-loadtest start the cloud tier (2 shard servers behind a router) and, per
+# system, 2 edges behind the emulated network: cloud-only edges, isolated HaS edges, and HaS
+# edges sharing their hot cache through a 3-node Raft control plane. The same
+# popularity-skewed questions go through each; the comparison shows, among others, drafts
+# accepted on one edge thanks to a fallback on the other. Every process is stopped at the end.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,9 +30,17 @@ else
   bundle=$run/bundle-synthetic
   echo "corpus: $data not found, using the synthetic knowledge base"
 fi
-"$bin/cloud-index" build "${corpus[@]}" --out "$bundle"
+"$bin/cloud-index" build "${corpus[@]}" --out "$bundle" --shards 2
 
 echo
-echo "$queries TopViews-shaped questions at $rate q/s, client-edge and edge-cloud delays on the wire"
-"$bin/hasten-loadtest" eval --bundle "$bundle" --queries "$queries" --rate "$rate" \
-  --systems cloud-only,has --taus 0.2 --out "$run/report"
+echo "$queries TopViews-shaped questions at $rate q/s over 2 edges per system, client-edge and edge-cloud delays on the wire"
+"$bin/hasten-loadtest" eval --bundle "$bundle" --shards 2 --edges 2 --queries "$queries" \
+  --rate "$rate" --systems cloud-only,has,has-replicated --taus 0.2 --out "$run/report"
+
+python3 - "$run/report/report.json" <<'SUMMARY'
+import json, sys
+systems = {s["name"]: s for s in json.load(open(sys.argv[1]))["systems"]}
+isolated, shared = systems["has"], systems["has-replicated"]
+print(f"2 isolated HaS edges: DAR {isolated['dar']:.3f}, {isolated['cross_edge_accepted']} drafts accepted through the other edge's fallbacks")
+print(f"2 replicated HaS edges: DAR {shared['dar']:.3f}, {shared['cross_edge_accepted']} drafts accepted through the other edge's fallbacks (learned through the control plane)")
+SUMMARY

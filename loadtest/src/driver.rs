@@ -82,10 +82,11 @@ struct Requester {
 impl Requester {
     async fn request(&self, index: usize, client_id: usize, intended: Instant) {
         let query = &self.workload[index];
-        let url = &self.edges[client_id % self.edges.len().max(1)];
-        let result = send(&self.client, url, query, self.k).await;
+        let edge = client_id % self.edges.len().max(1);
+        let result = send(&self.client, &self.edges[edge], query, self.k).await;
         let record = QueryRecord {
             question: query.clone(),
+            edge,
             latency: intended.elapsed(),
             result,
         };

@@ -134,6 +134,8 @@ pub fn system_specs(
 #[derive(Clone, Debug)]
 pub struct ClusterSettings {
     pub bundle: PathBuf,
+    /// Shard servers behind a router (0 or 1: one index over the whole corpus).
+    pub shards: usize,
     /// Logs, ready files and the dev certificate.
     pub work: PathBuf,
     /// Edges per system; client i talks to edge i mod `edges`.
@@ -148,31 +150,103 @@ pub struct ClusterSettings {
     pub model_dir: PathBuf,
 }
 
-/// The cloud index process, started once for all systems.
-pub fn start_cloud(settings: &ClusterSettings) -> Result<(ManagedProcess, PathBuf), EvalError> {
-    let cert = settings.work.join("cloud-cert.pem");
-    let bundle = settings.bundle.display().to_string();
-    let cert_arg = cert.display().to_string();
-    let cloud = tokio::task::block_in_place(|| {
+/// The cloud tier, started once for all systems: one index over the whole corpus, or
+/// shard servers behind a router.
+pub struct CloudTier {
+    /// Shard servers first; the process edges talk to (the index or the router) last.
+    processes: Vec<ManagedProcess>,
+    /// The certificate edges trust for QUIC.
+    pub cert: PathBuf,
+}
+
+impl CloudTier {
+    /// The process edges talk to.
+    pub fn front(&self) -> Result<&ManagedProcess, EvalError> {
+        self.processes
+            .last()
+            .ok_or_else(|| EvalError::Invalid("the cloud tier has no process".into()))
+    }
+}
+
+fn serve_index(
+    settings: &ClusterSettings,
+    name: &str,
+    bundle: &Path,
+) -> Result<ManagedProcess, EvalError> {
+    let cert = settings.work.join(format!("{name}-cert.pem"));
+    let args = [
+        "serve".to_string(),
+        "--bundle".into(),
+        bundle.display().to_string(),
+        "--quic-addr".into(),
+        "127.0.0.1:0".into(),
+        "--grpc-addr".into(),
+        "127.0.0.1:0".into(),
+        "--dev-cert-out".into(),
+        cert.display().to_string(),
+    ];
+    Ok(tokio::task::block_in_place(|| {
         ManagedProcess::start(
-            "cloud",
+            name,
             &binary("cloud-index")?,
-            [
-                "serve",
-                "--bundle",
-                &bundle,
-                "--quic-addr",
-                "127.0.0.1:0",
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--dev-cert-out",
-                &cert_arg,
-            ],
+            args,
+            &settings.work,
+            START_TIMEOUT,
+        )
+    })?)
+}
+
+/// Starts the cloud tier `settings` describe: with `shards` > 1, one server per shard
+/// bundle (`<bundle>/shards/shard-<i>`, made by `cloud-index build --shards`) and a router.
+pub fn start_cloud(settings: &ClusterSettings) -> Result<CloudTier, EvalError> {
+    if settings.shards <= 1 {
+        let cloud = serve_index(settings, "cloud", &settings.bundle)?;
+        return Ok(CloudTier {
+            processes: vec![cloud],
+            cert: settings.work.join("cloud-cert.pem"),
+        });
+    }
+    let mut processes = Vec::new();
+    let mut args = vec!["route".to_string()];
+    for shard in 0..settings.shards {
+        let dir = settings
+            .bundle
+            .join("shards")
+            .join(format!("shard-{shard}"));
+        if !dir.is_dir() {
+            return Err(EvalError::Invalid(format!(
+                "{} is missing: build the bundle with `cloud-index build --shards {}`",
+                dir.display(),
+                settings.shards
+            )));
+        }
+        let server = serve_index(settings, &format!("shard-{shard}"), &dir)?;
+        args.extend(["--shard".into(), server.addr("grpc_addr")]);
+        processes.push(server);
+    }
+    let cert = settings.work.join("router-cert.pem");
+    args.extend(
+        [
+            "--quic-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--dev-cert-out",
+        ]
+        .map(String::from),
+    );
+    args.push(cert.display().to_string());
+    let router = tokio::task::block_in_place(|| {
+        ManagedProcess::start(
+            "router",
+            &binary("cloud-index")?,
+            args,
             &settings.work,
             START_TIMEOUT,
         )
     })?;
-    Ok((cloud, cert))
+    processes.push(router);
+    Ok(CloudTier { processes, cert })
 }
 
 /// Control-plane nodes founded as one group, for a replicated system: the smallest group
@@ -193,15 +267,14 @@ fn loopback() -> SocketAddr {
 pub async fn run_system(
     spec: &SystemSpec,
     index: usize,
-    cloud: &ManagedProcess,
-    cert: &Path,
+    cloud: &CloudTier,
     settings: &ClusterSettings,
     workload: &[WorkloadQuery],
     driver_settings: &DriverSettings,
     entity_of_question: &HashMap<String, String>,
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> Result<SystemReport, EvalError> {
-    let cloud_addr = parse_addr(&cloud.addr("quic_addr"), "the cloud")?;
+    let cloud_addr = parse_addr(&cloud.front()?.addr("quic_addr"), "the cloud")?;
     let (_control_plane, control_plane) = if spec.replicated {
         tokio::task::block_in_place(|| {
             control_plane::start_group(
@@ -230,7 +303,7 @@ pub async fn run_system(
             "--cloud-addr".into(),
             cloud_relay.local_addr.to_string(),
             "--cloud-ca".into(),
-            cert.display().to_string(),
+            cloud.cert.display().to_string(),
             "--http-addr".into(),
             "127.0.0.1:0".into(),
             "--grpc-addr".into(),

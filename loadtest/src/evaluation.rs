@@ -33,6 +33,8 @@ pub struct ReplyMatch {
 #[derive(Clone, Debug)]
 pub struct QueryRecord {
     pub question: WorkloadQuery,
+    /// Which of the system's edges answered (index into its edge list).
+    pub edge: usize,
     pub latency: Duration,
     pub result: Result<EdgeReply, String>,
 }
@@ -49,6 +51,9 @@ pub struct Summary {
     pub p99_s: f64,
     pub max_s: f64,
     pub dar: f64,
+    /// Accepted drafts validated by a cached query that fell back on another edge and
+    /// never on the answering one: what replication taught this edge.
+    pub cross_edge_accepted: usize,
     /// `None` when nothing was accepted.
     pub car: Option<f64>,
     pub doc_hit_rate: f64,
@@ -89,6 +94,18 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
     let mut all = Vec::new();
     let mut at_da = Vec::new();
     let mut at_dr = Vec::new();
+    let mut fell_back_on: HashMap<&str, Vec<usize>> = HashMap::new();
+    for record in records {
+        if let Ok(reply) = &record.result
+            && reply.outcome != "accepted"
+        {
+            fell_back_on
+                .entry(record.question.question.as_str())
+                .or_default()
+                .push(record.edge);
+        }
+    }
+    let mut cross_edge_accepted = 0;
     for record in records {
         all.push(record.latency);
         let Ok(reply) = &record.result else {
@@ -104,11 +121,11 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
             accepted += 1;
             hits_at_da += usize::from(hit);
             at_da.push(record.latency);
-            let matched_entity = reply
-                .matched_query
-                .as_ref()
-                .and_then(|m| m.text.as_ref())
-                .and_then(|text| entity_of_question.get(text));
+            let matched_text = reply.matched_query.as_ref().and_then(|m| m.text.as_ref());
+            let matched_entity = matched_text.and_then(|text| entity_of_question.get(text));
+            let edges = matched_text.and_then(|text| fell_back_on.get(text.as_str()));
+            cross_edge_accepted +=
+                usize::from(edges.is_some_and(|edges| !edges.contains(&record.edge)));
             correct_accepts += usize::from(matched_entity == Some(&record.question.entity));
         } else {
             at_dr.push(record.latency);
@@ -127,6 +144,7 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
         p99_s: quantile(0.99),
         max_s: histogram.max() as f64 / 1e6,
         dar: ratio(accepted, records.len()).unwrap_or(0.0),
+        cross_edge_accepted,
         car: ratio(correct_accepts, accepted),
         doc_hit_rate: ratio(hits, records.len()).unwrap_or(0.0),
         doc_hit_rate_at_da: ratio(hits_at_da, accepted),
@@ -173,21 +191,26 @@ mod tests {
         let ms = Duration::from_millis;
         let records = vec![
             QueryRecord {
+                edge: 0,
                 question: q1.clone(),
                 latency: ms(100),
                 result: Ok(reply("fallback", "born in Lisbon", None)),
             },
             QueryRecord {
+                // Another edge than the one q1 fell back on.
+                edge: 1,
                 question: q2,
                 latency: ms(10),
                 result: Ok(reply("accepted", "a baker", Some("where born A"))),
             },
             QueryRecord {
+                edge: 0,
                 question: q3,
                 latency: ms(20),
                 result: Ok(reply("accepted", "no answer", Some("where born A"))),
             },
             QueryRecord {
+                edge: 0,
                 question: q1,
                 latency: ms(30),
                 result: Err("503".into()),
@@ -196,6 +219,7 @@ mod tests {
         let s = summarize(&records, &entities);
         assert_eq!((s.queries, s.accepted, s.fallback, s.errors), (4, 2, 1, 1));
         assert_eq!(s.dar, 0.5);
+        assert_eq!(s.cross_edge_accepted, 1);
         assert_eq!(s.car, Some(0.5));
         assert_eq!(s.doc_hit_rate, 0.5);
         assert_eq!(s.doc_hit_rate_at_da, Some(0.5));
@@ -213,11 +237,13 @@ mod tests {
         let q = question("q", "E", "The Denver Broncos");
         let records = vec![
             QueryRecord {
+                edge: 0,
                 question: q.clone(),
                 latency: Duration::from_millis(1),
                 result: Ok(reply("fallback", "won by denver broncos.", None)),
             },
             QueryRecord {
+                edge: 0,
                 question: q,
                 latency: Duration::from_millis(1),
                 result: Ok(reply("fallback", "the Denver Broncoses", None)),

@@ -132,6 +132,10 @@ struct EvalArgs {
     /// Edges per system; client i talks to edge i mod N.
     #[arg(long, default_value_t = 1)]
     edges: usize,
+    /// Serve the corpus from this many shard servers behind a router (the bundle must hold
+    /// the shard bundles: `cloud-index build --shards N`); 1 is one index.
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// One-way client-edge delay per packet: none, SECONDS or uniform:MIN,MAX (the paper's
     /// edge latency 0.01-0.05 s is a round trip).
     #[arg(long, default_value = "uniform:0.005,0.025", value_parser = DelayModel::parse)]
@@ -300,6 +304,7 @@ async fn eval(args: EvalArgs) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     let settings = ClusterSettings {
         bundle: absolute(&bundle)?,
+        shards: args.shards,
         work: absolute(&work)?,
         edges: args.edges,
         client_delay: args.client_delay,
@@ -326,7 +331,7 @@ async fn eval(args: EvalArgs) -> Result<()> {
     };
     if let Some(obj) = workload_report.as_object_mut() {
         obj.insert("network".into(), serde_json::json!({"client_one_way": args.client_delay, "cloud_one_way": args.cloud_delay}));
-        obj.insert("driver".into(), serde_json::json!({"load": load, "warmup": args.warmup, "k": args.k, "edges_per_system": args.edges}));
+        obj.insert("driver".into(), serde_json::json!({"load": load, "warmup": args.warmup, "k": args.k, "edges_per_system": args.edges, "cloud_shards": args.shards}));
         obj.insert("bundle".into(), serde_json::json!(bundle));
     }
     eprintln!("workload: {}", serde_json::to_string(&workload_report)?);
@@ -334,7 +339,7 @@ async fn eval(args: EvalArgs) -> Result<()> {
         .iter()
         .map(|q| (q.question.clone(), q.entity.clone()))
         .collect();
-    let (cloud, cert) = start_cloud(&settings)?;
+    let cloud = start_cloud(&settings)?;
     let mut systems = Vec::new();
     for (index, spec) in specs.iter().enumerate() {
         let label = format!("{} {}", spec.name, spec.params);
@@ -344,7 +349,6 @@ async fn eval(args: EvalArgs) -> Result<()> {
             spec,
             index,
             &cloud,
-            &cert,
             &settings,
             &workload,
             &driver_settings,

@@ -25,6 +25,8 @@ pub struct SystemReport {
     pub max_s: f64,
     pub throughput_qps: f64,
     pub dar: f64,
+    /// Accepted through a query another edge fell back on (replicated edges).
+    pub cross_edge_accepted: usize,
     /// `null` when nothing was accepted.
     pub car: Option<f64>,
     pub doc_hit_rate: f64,
@@ -62,6 +64,7 @@ impl SystemReport {
             max_s: summary.max_s,
             throughput_qps,
             dar: summary.dar,
+            cross_edge_accepted: summary.cross_edge_accepted,
             car: summary.car,
             doc_hit_rate: summary.doc_hit_rate,
             doc_hit_rate_at_da: summary.doc_hit_rate_at_da,
@@ -118,17 +121,18 @@ impl Report {
             serde_json::to_string(&self.workload).unwrap_or_default()
         ));
         out.push_str(
-            "| system | AvgL (s) | Doc. hit rate | DAR | CAR | DHR@DA | L@DA (s) | L@DR (s) | p50 (s) | p95 (s) | p99 (s) | max (s) | q/s | cache MB / 1k entries | edge RSS (MB) |\n",
+            "| system | AvgL (s) | Doc. hit rate | DAR | x-edge | CAR | DHR@DA | L@DA (s) | L@DR (s) | p50 (s) | p95 (s) | p99 (s) | max (s) | q/s | cache MB / 1k entries | edge RSS (MB) |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         let baseline = self.baseline();
         for s in &self.systems {
             out.push_str(&format!(
-                "| {} | {:.4} | {:.4} | {:.4} | {} | {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {} | {} |\n",
+                "| {} | {:.4} | {:.4} | {:.4} | {} | {} | {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {} | {} |\n",
                 s.label(),
                 s.avg_latency_s,
                 s.doc_hit_rate,
                 s.dar,
+                s.cross_edge_accepted,
                 fmt_opt(s.car, |v| format!("{v:.4}")),
                 fmt_opt(s.doc_hit_rate_at_da, |v| format!("{v:.4}")),
                 fmt_opt(s.latency_at_da_s, |v| format!("{v:.4}")),
@@ -143,7 +147,7 @@ impl Report {
             ));
             if let Some(b) = baseline.filter(|b| b.name != s.name) {
                 out.push_str(&format!(
-                    "| | {} | {:+.2} pt | | | | | | {} | {} | {} | | | | |\n",
+                    "| | {} | {:+.2} pt | | | | | | | {} | {} | {} | | | | |\n",
                     change(s.avg_latency_s, b.avg_latency_s),
                     100.0 * (s.doc_hit_rate - b.doc_hit_rate),
                     change(s.p50_s, b.p50_s),
@@ -154,7 +158,8 @@ impl Report {
         }
         out.push_str(
             "\nAvgL: mean latency seen by the client, network included. DAR: drafts accepted \
-             (for caches: hits). CAR: accepted drafts validated by a query about the same \
+             (for caches: hits). x-edge: drafts accepted through a query that fell back on \
+             another edge of the system (replication at work). CAR: accepted drafts validated by a query about the same \
              entity. DHR@DA: hit rate of accepted drafts. Second rows: change against \
              cloud-only (latency in %, hit rate in points).\n",
         );
