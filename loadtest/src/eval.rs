@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::control_plane;
 use crate::driver::{self, DriverSettings};
 use crate::evaluation::summarize;
-use crate::process::{ManagedProcess, ProcessError, binary};
+use crate::process::{ManagedProcess, ProcessError, binary, cloud_index_serve_args};
 use crate::relay::{DelayModel, Relay};
 use crate::report::SystemReport;
 use crate::workload::WorkloadQuery;
@@ -174,17 +174,7 @@ fn serve_index(
     bundle: &Path,
 ) -> Result<ManagedProcess, EvalError> {
     let cert = settings.work.join(format!("{name}-cert.pem"));
-    let args = [
-        "serve".to_string(),
-        "--bundle".into(),
-        bundle.display().to_string(),
-        "--quic-addr".into(),
-        "127.0.0.1:0".into(),
-        "--grpc-addr".into(),
-        "127.0.0.1:0".into(),
-        "--dev-cert-out".into(),
-        cert.display().to_string(),
-    ];
+    let args = cloud_index_serve_args(bundle, "127.0.0.1:0", &cert);
     Ok(tokio::task::block_in_place(|| {
         ManagedProcess::start(
             name,

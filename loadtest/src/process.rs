@@ -160,3 +160,19 @@ impl Drop for ManagedProcess {
         self.stop();
     }
 }
+
+/// `cloud-index serve` flags over `bundle` (a whole corpus or a shard): QUIC on any loopback
+/// port, gRPC on `grpc_addr` (port 0: any), the dev certificate written to `cert`.
+pub fn cloud_index_serve_args(bundle: &Path, grpc_addr: &str, cert: &Path) -> Vec<String> {
+    vec![
+        "serve".into(),
+        "--bundle".into(),
+        bundle.display().to_string(),
+        "--quic-addr".into(),
+        "127.0.0.1:0".into(),
+        "--grpc-addr".into(),
+        grpc_addr.into(),
+        "--dev-cert-out".into(),
+        cert.display().to_string(),
+    ]
+}

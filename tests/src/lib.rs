@@ -14,7 +14,7 @@ use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::corpus::Document;
 use hasten_core::encoder::TextEncoder;
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
 
 /// The workspace root (this crate lives in `tests/`).
 pub fn workspace_root() -> PathBuf {
@@ -117,17 +117,7 @@ pub fn start_cloud_index(
     grpc_addr: &str,
 ) -> Result<ManagedProcess> {
     let cert = dev_cert(work, name);
-    let args = [
-        "serve".to_string(),
-        "--bundle".into(),
-        bundle.display().to_string(),
-        "--quic-addr".into(),
-        "127.0.0.1:0".into(),
-        "--grpc-addr".into(),
-        grpc_addr.into(),
-        "--dev-cert-out".into(),
-        cert.display().to_string(),
-    ];
+    let args = cloud_index_serve_args(bundle, grpc_addr, &cert);
     Ok(ManagedProcess::start(
         name,
         &binary("cloud-index")?,

@@ -27,7 +27,7 @@ use hasten_core::bundle::{read_manifest, write_shards};
 use hasten_core::corpus::Document;
 use hasten_core::index::ExactIndex;
 use hasten_core::threads::{ComputeThreads, set_blas_min_batch, set_compute_threads};
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -187,21 +187,17 @@ impl Cluster {
         for i in 0..cli.shards {
             let name = format!("shard-{i}");
             let bundle = shard_dir(cli).join(&name);
-            let args: Vec<String> = vec![
-                "serve".into(),
-                "--bundle".into(),
-                bundle.display().to_string(),
-                "--quic-addr".into(),
-                "127.0.0.1:0".into(),
-                "--grpc-addr".into(),
-                "127.0.0.1:0".into(),
-                "--dev-cert-out".into(),
-                cli.work.join(format!("{name}.pem")).display().to_string(),
+            let mut args = cloud_index_serve_args(
+                &bundle,
+                "127.0.0.1:0",
+                &cli.work.join(format!("{name}.pem")),
+            );
+            args.extend([
                 "--batching".into(),
                 batching.to_string(),
                 "--openblas-threads".into(),
                 cli.shard_blas_threads.to_string(),
-            ];
+            ]);
             shards.push(ManagedProcess::start(
                 &name, &bin, &args, &cli.work, timeout,
             )?);
