@@ -11,7 +11,9 @@ use serde::Serialize;
 use crate::control_plane;
 use crate::driver::{self, DriverSettings};
 use crate::evaluation::summarize;
-use crate::process::{ManagedProcess, ProcessError, binary, cloud_index_serve_args};
+use crate::process::{
+    ManagedProcess, ProcessError, binary, cloud_index_serve_args, edge_serve_args,
+};
 use crate::relay::{DelayModel, Relay};
 use crate::report::SystemReport;
 use crate::workload::WorkloadQuery;
@@ -284,24 +286,14 @@ pub async fn run_system(
         let cloud_relay = Relay::udp(loopback(), cloud_addr, settings.cloud_delay, seed)
             .await
             .map_err(EvalError::Relay)?;
-        let mut args: Vec<String> = vec![
-            "serve".into(),
-            "--bundle".into(),
-            settings.bundle.display().to_string(),
-            "--model-dir".into(),
-            settings.model_dir.display().to_string(),
-            "--cloud-addr".into(),
-            cloud_relay.local_addr.to_string(),
-            "--cloud-ca".into(),
-            cloud.cert.display().to_string(),
-            "--http-addr".into(),
-            "127.0.0.1:0".into(),
-            "--grpc-addr".into(),
-            "127.0.0.1:0".into(),
-            // Leave room for the emulated WAN on top of the cloud's own time.
-            "--cloud-timeout-ms".into(),
-            "30000".into(),
-        ];
+        let mut args = edge_serve_args(
+            &settings.bundle,
+            &settings.model_dir,
+            &cloud_relay.local_addr.to_string(),
+            &cloud.cert,
+        );
+        // Leave room for the emulated WAN on top of the cloud's own time.
+        args.extend(["--cloud-timeout-ms".into(), "30000".into()]);
         args.extend(spec.edge_args.iter().cloned());
         args.extend(settings.extra_edge_args.iter().cloned());
         // Each edge follows its own control-plane node first, the others on failure.

@@ -176,3 +176,28 @@ pub fn cloud_index_serve_args(bundle: &Path, grpc_addr: &str, cert: &Path) -> Ve
         cert.display().to_string(),
     ]
 }
+
+/// `edge-node serve` flags over `bundle` with the encoder in `model_dir`, falling back to
+/// the cloud at `cloud_addr` (QUIC, trusting `cloud_ca`); HTTP and gRPC on any loopback port.
+pub fn edge_serve_args(
+    bundle: &Path,
+    model_dir: &Path,
+    cloud_addr: &str,
+    cloud_ca: &Path,
+) -> Vec<String> {
+    vec![
+        "serve".into(),
+        "--bundle".into(),
+        bundle.display().to_string(),
+        "--model-dir".into(),
+        model_dir.display().to_string(),
+        "--cloud-addr".into(),
+        cloud_addr.into(),
+        "--cloud-ca".into(),
+        cloud_ca.display().to_string(),
+        "--http-addr".into(),
+        "127.0.0.1:0".into(),
+        "--grpc-addr".into(),
+        "127.0.0.1:0".into(),
+    ]
+}

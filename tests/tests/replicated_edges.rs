@@ -12,7 +12,7 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::{build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index};
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
 
 const K: usize = 10;
@@ -21,30 +21,13 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 fn start_edge(
     work: &Path,
     name: &str,
-    bundle: &str,
+    bundle: &Path,
     cloud: &ManagedProcess,
     cert: &Path,
     control_plane: &[&String],
 ) -> ManagedProcess {
-    let mut args: Vec<String> = [
-        "serve",
-        "--bundle",
-        bundle,
-        "--cloud-addr",
-        &cloud.addr("quic_addr"),
-        "--cloud-ca",
-        cert.to_str().unwrap(),
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--model-dir",
-        model_dir().to_str().unwrap(),
-        "--edge-id",
-        name,
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut args = edge_serve_args(bundle, &model_dir(), &cloud.addr("quic_addr"), cert);
+    args.extend(["--edge-id".into(), name.into()]);
     for address in control_plane {
         args.push("--control-plane".into());
         args.push((*address).clone());
@@ -98,13 +81,12 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
     let mut cluster = Cluster::start("replicated-edges", 3, 10_000);
     let work = cluster.work.clone();
     let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
-    let bundle_arg = bundle_dir.display().to_string();
     let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
     let cert = dev_cert(&work, "cloud");
     cluster.leader().await;
     let nodes: Vec<&String> = cluster.addresses.values().collect();
-    let edge_a = start_edge(&work, "edge-a", &bundle_arg, &cloud, &cert, &nodes[..1]);
-    let edge_b = start_edge(&work, "edge-b", &bundle_arg, &cloud, &cert, &nodes[1..]);
+    let edge_a = start_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &nodes[..1]);
+    let edge_b = start_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &nodes[1..]);
     let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
     let http = reqwest::Client::new();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();

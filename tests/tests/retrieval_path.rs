@@ -20,7 +20,7 @@ use hasten_tests::{
     brute_force_top_k, build_small_bundle, dev_cert, exact_ids, homologous_pair, model_dir,
     persistent_work_dir, start_cloud_index,
 };
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
 
 const K: usize = 10;
@@ -147,29 +147,14 @@ fn pick_questions(f: &Fixture) -> (Question, Question, Question, Question) {
 async fn speculative_edge_in_front_of_an_exact_cloud() {
     let work = persistent_work_dir("retrieval-path").unwrap();
     let bundle_dir = build_bundle(&work);
-    let bundle_arg = bundle_dir.display().to_string();
     let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
     let cert = dev_cert(&work, "cloud");
     let edge = ManagedProcess::start(
         "edge",
         &binary("edge-node").unwrap(),
-        [
-            "serve",
-            "--bundle",
-            &bundle_arg,
-            "--cloud-addr",
-            &cloud.addr("quic_addr"),
-            "--cloud-ca",
-            cert.to_str().unwrap(),
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--cloud-timeout-ms",
-            "1000",
-            "--model-dir",
-            model_dir().to_str().unwrap(),
-        ],
+        edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
+            .into_iter()
+            .chain(["--cloud-timeout-ms".into(), "1000".into()]),
         &work,
         START_TIMEOUT,
     )

@@ -17,7 +17,7 @@ use hasten_proto::v1::{InfoRequest, QueryVector, SearchRequest};
 use hasten_tests::{
     brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir, start_cloud_index,
 };
-use loadtest::process::{ManagedProcess, ProcessError, binary};
+use loadtest::process::{ManagedProcess, ProcessError, binary, edge_serve_args};
 use serde_json::{Value, json};
 
 const K: usize = 10;
@@ -109,25 +109,14 @@ async fn router_fails_over_between_replicas_and_names_a_lost_shard() {
     let edge = ManagedProcess::start(
         "edge",
         &binary("edge-node").unwrap(),
-        [
-            "serve",
-            "--bundle",
-            bundle_dir.to_str().unwrap(),
-            "--cloud-addr",
+        edge_serve_args(
+            &bundle_dir,
+            &model_dir(),
             &router.addr("quic_addr"),
-            "--cloud-ca",
-            work.join("router.pem").to_str().unwrap(),
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--cloud-timeout-ms",
-            "3000",
-            "--tau",
-            "0.9",
-            "--model-dir",
-            model_dir().to_str().unwrap(),
-        ],
+            &work.join("router.pem"),
+        )
+        .into_iter()
+        .chain(["--cloud-timeout-ms", "3000", "--tau", "0.9"].map(String::from)),
         &work,
         START_TIMEOUT,
     )
