@@ -14,7 +14,7 @@ use cloud_index::grpc::CloudIndexGrpc;
 use cloud_index::router::Router;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, build_bundle, write_shards};
-use hasten_core::config::load_config;
+use hasten_core::config::{ConfigSource, load_config};
 use hasten_core::corpus::{CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
@@ -79,14 +79,9 @@ struct BuildArgs {
 
 #[derive(Args, Serialize)]
 struct ServeArgs {
-    /// TOML configuration file; flags and HASTEN_CLOUD_* variables override it.
-    #[arg(long)]
+    #[command(flatten)]
     #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Print the effective configuration and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    print_config: bool,
+    source: ConfigSource,
     /// Corpus bundle directory.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -152,14 +147,9 @@ struct ListenArgs {
 
 #[derive(Args, Serialize)]
 struct RouteArgs {
-    /// TOML configuration file; flags and HASTEN_ROUTER_* variables override it.
-    #[arg(long)]
+    #[command(flatten)]
     #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Print the effective configuration and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    print_config: bool,
+    source: ConfigSource,
     /// One shard's replicas as comma-separated gRPC endpoints (host:port); repeat once per
     /// shard, in shard order.
     #[arg(long = "shard", value_name = "ENDPOINTS")]
@@ -340,8 +330,8 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: ShardConfig = load_config(args.config.as_deref(), "HASTEN_CLOUD_", &args)?;
-    if args.print_config {
+    let config: ShardConfig = load_config(args.source.config.as_deref(), "HASTEN_CLOUD_", &args)?;
+    if args.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
@@ -410,8 +400,8 @@ async fn route(mut args: RouteArgs) -> Result<()> {
                 .collect(),
         );
     }
-    let config: RouterConfig = load_config(args.config.as_deref(), "HASTEN_ROUTER_", &args)?;
-    if args.print_config {
+    let config: RouterConfig = load_config(args.source.config.as_deref(), "HASTEN_ROUTER_", &args)?;
+    if args.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }

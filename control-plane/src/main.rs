@@ -9,7 +9,7 @@ use control_plane::node;
 use control_plane::service::ControlPlaneService;
 use control_plane::storage::RaftStorage;
 use control_plane::transport::RaftPeerService;
-use hasten_core::config::load_config;
+use hasten_core::config::{ConfigSource, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::v1::control_plane_server::ControlPlaneServer;
@@ -22,14 +22,9 @@ use tonic::transport::server::TcpIncoming;
 #[derive(Parser, Serialize)]
 #[command(version)]
 struct Cli {
-    /// TOML configuration file; flags and HASTEN_CP_* variables override it.
-    #[arg(long)]
+    #[command(flatten)]
     #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Print the effective configuration and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    print_config: bool,
+    source: ConfigSource,
     /// This node's Raft id [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -81,8 +76,8 @@ struct Cli {
 async fn main() -> Result<()> {
     hasten_core::logging::init();
     let cli = Cli::parse();
-    let config: ControlPlaneConfig = load_config(cli.config.as_deref(), "HASTEN_CP_", &cli)?;
-    if cli.print_config {
+    let config: ControlPlaneConfig = load_config(cli.source.config.as_deref(), "HASTEN_CP_", &cli)?;
+    if cli.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }

@@ -1,7 +1,7 @@
 //! Layered configuration for Hasten's binaries: built-in defaults, then a TOML file, then
 //! environment variables, then command-line flags, each overriding the one before.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -25,6 +25,17 @@ impl ConfigError {
             message: message.into(),
         }
     }
+}
+
+/// The flags every binary takes about its configuration itself (flatten into its command).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ConfigSource {
+    /// TOML configuration file; flags and the binary's HASTEN_* variables override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// Resolves a configuration of type `T`.

@@ -17,7 +17,7 @@ use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, HotCache};
 use edge_node::replication::ControlPlaneLink;
 use edge_node::service::EdgeService;
 use hasten_core::bundle::CorpusBundle;
-use hasten_core::config::load_config;
+use hasten_core::config::{ConfigSource, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::v1::edge_server::EdgeServer;
@@ -42,14 +42,9 @@ enum Command {
 
 #[derive(Args, Serialize)]
 struct ServeArgs {
-    /// TOML configuration file; flags and HASTEN_EDGE_* variables override it.
-    #[arg(long)]
+    #[command(flatten)]
     #[serde(skip)]
-    config: Option<PathBuf>,
-    /// Print the effective configuration and exit.
-    #[arg(long)]
-    #[serde(skip)]
-    print_config: bool,
+    source: ConfigSource,
     /// Corpus bundle directory (the one the cloud serves).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -240,8 +235,8 @@ fn build_engine(
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: EdgeConfig = load_config(args.config.as_deref(), "HASTEN_EDGE_", &args)?;
-    if args.print_config {
+    let config: EdgeConfig = load_config(args.source.config.as_deref(), "HASTEN_EDGE_", &args)?;
+    if args.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
