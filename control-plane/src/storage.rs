@@ -65,6 +65,9 @@ pub struct RaftStorage {
     /// The last snapshot's metadata, kept in memory: Raft asks for its index and term on
     /// every `term`/`first_index` call, far too often to read and decode from sled.
     snapshot: Arc<RwLock<SnapshotMetadata>>,
+    /// The hard state, kept in memory as well: the commit index advances on most `Ready`s,
+    /// and reading and decoding it from sled each time to update one field was wasted work.
+    hard_state: Arc<RwLock<HardState>>,
     /// Events up to this index were discarded; a subscriber that needs one of them gets
     /// the whole state instead. Read on every subscriber step, so kept in memory too.
     events_floor: Arc<AtomicU64>,
@@ -117,10 +120,14 @@ impl RaftStorage {
             meta,
             db,
             snapshot: Arc::default(),
+            hard_state: Arc::default(),
             events_floor: Arc::default(),
         };
         if let Some(snapshot) = storage.read_proto(SNAPSHOT_META)? {
             *storage.snapshot.write() = snapshot;
+        }
+        if let Some(hard_state) = storage.read_proto(HARD_STATE)? {
+            *storage.hard_state.write() = hard_state;
         }
         if let Some(floor) = storage.meta.get(EVENTS_FLOOR)? {
             storage
@@ -171,8 +178,8 @@ impl RaftStorage {
         Ok(())
     }
 
-    pub fn hard_state(&self) -> Result<HardState, StoreError> {
-        Ok(self.read_proto(HARD_STATE)?.unwrap_or_default())
+    pub fn hard_state(&self) -> HardState {
+        self.hard_state.read().clone()
     }
 
     pub fn conf_state(&self) -> Result<ConfState, StoreError> {
@@ -202,7 +209,9 @@ impl RaftStorage {
     }
 
     pub fn set_hard_state(&self, state: &HardState) -> Result<(), StoreError> {
-        self.write_proto(HARD_STATE, state)
+        self.write_proto(HARD_STATE, state)?;
+        *self.hard_state.write() = state.clone();
+        Ok(())
     }
 
     pub fn set_conf_state(&self, state: &ConfState) -> Result<(), StoreError> {
@@ -212,7 +221,7 @@ impl RaftStorage {
     /// Records the commit index in the hard state (raft-rs reports commit advances that
     /// come without a new hard state in its light ready).
     pub fn set_commit(&self, commit: u64) -> Result<(), StoreError> {
-        let mut state = self.hard_state()?;
+        let mut state = self.hard_state();
         if state.commit < commit {
             state.commit = commit;
             self.set_hard_state(&state)?;
@@ -248,7 +257,7 @@ impl RaftStorage {
         let meta = snapshot.get_metadata();
         self.set_snapshot(meta, snapshot.get_data())?;
         self.set_conf_state(meta.get_conf_state())?;
-        let mut state = self.hard_state()?;
+        let mut state = self.hard_state();
         state.commit = state.commit.max(meta.index);
         state.term = state.term.max(meta.term);
         self.set_hard_state(&state)?;
@@ -395,7 +404,7 @@ impl RaftStorage {
 impl raft::Storage for RaftStorage {
     fn initial_state(&self) -> raft::Result<RaftState> {
         Ok(RaftState::new(
-            self.hard_state().map_err(raft_store_error)?,
+            self.hard_state(),
             self.conf_state().map_err(raft_store_error)?,
         ))
     }
