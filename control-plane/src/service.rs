@@ -161,41 +161,51 @@ async fn stream_events(
     let storage = node.storage().clone();
     let internal = |err: crate::storage::StoreError| Status::internal(err.to_string());
     let mut next = from_index.max(1);
+    // Live events are read from the broadcast alone once the stored ones are sent; sled is
+    // read again only after this subscriber lagged behind the broadcast buffer.
+    let mut caught_up = false;
     loop {
-        if next <= storage.events_floor() {
-            let state = node.state().await.map_err(status_of)?;
-            let index = state.applied_index;
-            let event = CommittedEvent {
-                index,
-                applied: Vec::new(),
-                state: Some(state),
-            };
-            if sender.send(Ok(event)).await.is_err() {
-                return Ok(());
-            }
-            next = index + 1;
-            continue;
-        }
-        let stored = storage
-            .events_from(next, CATCH_UP_BATCH)
-            .map_err(internal)?;
-        if !stored.is_empty() {
-            for event in stored {
-                next = event.index + 1;
+        if !caught_up {
+            if next <= storage.events_floor() {
+                let state = node.state().await.map_err(status_of)?;
+                let index = state.applied_index;
+                let event = CommittedEvent {
+                    index,
+                    applied: Vec::new(),
+                    state: Some(state),
+                };
                 if sender.send(Ok(event)).await.is_err() {
                     return Ok(());
                 }
+                next = index + 1;
+                continue;
             }
-            continue;
+            let stored = storage
+                .events_from(next, CATCH_UP_BATCH)
+                .map_err(internal)?;
+            if !stored.is_empty() {
+                for event in stored {
+                    next = event.index + 1;
+                    if sender.send(Ok(event)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
+            caught_up = true;
         }
         match live.recv().await {
+            // This node installed a leader's snapshot: the events it covers were never
+            // applied here, so the subscriber gets the whole state instead.
+            Ok(_) if next <= storage.events_floor() => caught_up = false,
             Ok(event) if event.index >= next => {
                 next = event.index + 1;
                 if sender.send(Ok((*event).clone())).await.is_err() {
                     return Ok(());
                 }
             }
-            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => caught_up = false,
             Err(broadcast::error::RecvError::Closed) => {
                 return Err(Status::unavailable("the control-plane node stopped"));
             }

@@ -199,15 +199,32 @@ async fn follow(
     cache: &mut Vec<(u64, (String, u64))>,
     until: u64,
 ) -> u64 {
-    let mut stream = client
+    let mut stream = subscribe(client, from).await;
+    read_until(&mut stream, from.saturating_sub(1), cache, until).await
+}
+
+async fn subscribe(
+    client: &mut ControlPlaneClient<Channel>,
+    from: u64,
+) -> tonic::Streaming<CommittedEvent> {
+    client
         .subscribe(SubscribeRequest {
             from_index: from,
             subscriber: "test".into(),
         })
         .await
         .unwrap()
-        .into_inner();
-    let mut applied = from.saturating_sub(1);
+        .into_inner()
+}
+
+/// Applies events after `applied` to `cache` until `until` is applied; returns the last
+/// applied index.
+async fn read_until(
+    stream: &mut tonic::Streaming<CommittedEvent>,
+    mut applied: u64,
+    cache: &mut Vec<(u64, (String, u64))>,
+    until: u64,
+) -> u64 {
     while applied < until {
         let event: CommittedEvent = tokio::time::timeout(Duration::from_secs(10), stream.message())
             .await
@@ -316,6 +333,10 @@ async fn a_node_cut_off_catches_up_through_a_snapshot_after_the_partition_heals(
         last = propose_until_committed(&mut client, "edge-a", seq).await;
     }
     cluster.applied_everywhere(last).await;
+    // An edge following the node that will be cut off, read only after the partition heals.
+    let mut subscriber = subscribe(&mut cluster.client(3).await, 1).await;
+    let mut followed = Vec::new();
+    let seen = read_until(&mut subscriber, 0, &mut followed, last).await;
 
     for relay in &relays {
         relay.cut();
@@ -345,6 +366,13 @@ async fn a_node_cut_off_catches_up_through_a_snapshot_after_the_partition_heals(
     for id in [2, 3] {
         assert_eq!(keys(&cluster.state(id).await), expected, "node {id}");
     }
+    // The node jumped over the compacted entries with the leader's snapshot; its subscriber
+    // must get that state rather than miss what the snapshot covered.
+    read_until(&mut subscriber, seen, &mut followed, last).await;
+    assert_eq!(
+        followed.into_iter().map(|(_, key)| key).collect::<Vec<_>>(),
+        expected
+    );
     let log = std::fs::read_to_string(&cluster.nodes[&3].log).unwrap();
     assert!(
         log.contains("installed a snapshot from the leader"),
