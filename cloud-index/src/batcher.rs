@@ -1,29 +1,36 @@
-//! Micro-batching: a shard coalesces concurrent searches into one faiss call.
+//! Micro-batching: concurrent searches coalesced into one batch.
 //!
 //! A faiss flat scan of one query reads every vector once and is bound by memory bandwidth;
 //! a batch of queries reads them once for all (as a matrix product), so its cost grows far
-//! slower than the number of queries. One collector task owns the queue: it takes the
-//! oldest search, adds whatever else is queued (waiting at most `max_wait` after the oldest
-//! arrived, never past `max_queries`), runs the batch on the blocking pool and answers each
-//! caller. While a batch runs the next one accumulates, so batches grow with load instead
-//! of requests queueing one scan after another. The wait for company is spent only under
-//! concurrent load (the previous batch held more than one search): a lone caller's search
-//! starts at once.
+//! slower than the number of queries. A shard batches the searches it receives into one
+//! faiss call; a router batches the searches it receives into one request per shard, so
+//! that every shard sees the same batches (a closed-loop client waits for its slowest
+//! shard, and shards that batched independently were measured to settle into two
+//! interleaved groups each, paying the product's fixed cost twice).
+//!
+//! One collector task owns the queue: it takes the oldest search, adds whatever else is
+//! queued (waiting at most `max_wait` after the oldest arrived, never past `max_queries`)
+//! and hands the batch to its [`BatchRunner`], which answers every search of it. While as
+//! many batches run as the runner can serve at once, the next one accumulates, so batches
+//! grow with load instead of requests queueing one scan after another. The wait for company
+//! is spent only under concurrent load (the previous batch held more than one search): a
+//! lone caller's search starts at once.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hasten_proto::v1::SearchResponse;
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 
 use crate::error::SearchError;
-use crate::searcher::{ExactSearcher, PreparedSearch};
 
-/// How a shard batches.
+/// How searches are batched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchingSettings {
-    /// Most query vectors in one faiss call. A request larger than this runs alone.
+    /// Most query vectors in one batch. A search larger than this runs alone.
     pub max_queries: usize,
     /// Longest a search waits for company after it arrived.
     pub max_wait: Duration,
@@ -32,9 +39,26 @@ pub struct BatchingSettings {
     pub queue: usize,
 }
 
-#[derive(Debug)]
-struct Job {
-    prepared: PreparedSearch,
+/// What runs a batch: a shard's faiss call, or a router's fan-out to the shards.
+pub trait BatchRunner: Send + Sync + 'static {
+    /// One caller's search, as queued.
+    type Search: Send + 'static;
+
+    /// Query vectors in `search`.
+    fn queries(&self, search: &Self::Search) -> usize;
+
+    /// Batches that may run at once now.
+    fn parallelism(&self) -> usize;
+
+    /// Answers every search of `batch`, in order.
+    fn run(
+        self: Arc<Self>,
+        batch: Vec<Self::Search>,
+    ) -> impl Future<Output = Vec<Result<SearchResponse, SearchError>>> + Send;
+}
+
+struct Job<S> {
+    search: S,
     arrived: Instant,
     deadline: Option<Instant>,
     reply: oneshot::Sender<Result<SearchResponse, SearchError>>,
@@ -43,25 +67,42 @@ struct Job {
 /// Counts of what the collector ran.
 #[derive(Debug, Default)]
 pub struct BatchCounters {
-    /// faiss calls made.
+    /// Batches run.
     pub batches: AtomicU64,
     /// Searches answered through them.
     pub searches: AtomicU64,
 }
 
-/// Handle to a shard's batch collector.
-#[derive(Clone, Debug)]
-pub struct MicroBatcher {
-    jobs: mpsc::Sender<Job>,
+/// Handle to a batch collector.
+pub struct MicroBatcher<R: BatchRunner> {
+    jobs: mpsc::Sender<Job<R::Search>>,
     counters: Arc<BatchCounters>,
 }
 
-impl MicroBatcher {
-    /// Starts the collector task; it ends when every handle is dropped.
-    pub fn start(searcher: Arc<ExactSearcher>, settings: BatchingSettings) -> Self {
+impl<R: BatchRunner> Clone for MicroBatcher<R> {
+    fn clone(&self) -> Self {
+        Self {
+            jobs: self.jobs.clone(),
+            counters: Arc::clone(&self.counters),
+        }
+    }
+}
+
+impl<R: BatchRunner> std::fmt::Debug for MicroBatcher<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MicroBatcher")
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: BatchRunner> MicroBatcher<R> {
+    /// Starts the collector task; it ends when every handle is dropped and its batches
+    /// have finished.
+    pub fn start(runner: Arc<R>, settings: BatchingSettings) -> Self {
         let (jobs, queue) = mpsc::channel(settings.queue.max(1));
         let counters = Arc::new(BatchCounters::default());
-        tokio::spawn(collect(searcher, settings, queue, Arc::clone(&counters)));
+        tokio::spawn(collect(runner, settings, queue, Arc::clone(&counters)));
         Self { jobs, counters }
     }
 
@@ -73,12 +114,12 @@ impl MicroBatcher {
     /// search still queued then is dropped without being run.
     pub async fn search(
         &self,
-        prepared: PreparedSearch,
+        search: R::Search,
         deadline: Option<Instant>,
     ) -> Result<SearchResponse, SearchError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
-            prepared,
+            search,
             arrived: Instant::now(),
             deadline,
             reply,
@@ -93,21 +134,26 @@ impl MicroBatcher {
     }
 }
 
-async fn collect(
-    searcher: Arc<ExactSearcher>,
+async fn collect<R: BatchRunner>(
+    runner: Arc<R>,
     settings: BatchingSettings,
-    mut queue: mpsc::Receiver<Job>,
+    mut queue: mpsc::Receiver<Job<R::Search>>,
     counters: Arc<BatchCounters>,
 ) {
-    let dimension = searcher.bundle().dimension().max(1);
-    let mut held: Option<Job> = None;
+    let mut running = JoinSet::new();
+    let mut held: Option<Job<R::Search>> = None;
     let mut concurrent = false;
     loop {
+        while running.len() >= runner.parallelism().max(1) {
+            if let Some(Err(err)) = running.join_next().await {
+                tracing::error!(%err, "batch task failed");
+            }
+        }
         let first = match held.take() {
             Some(job) => job,
             None => match queue.recv().await {
                 Some(job) => job,
-                None => return,
+                None => break,
             },
         };
         let close_at = if concurrent {
@@ -115,12 +161,12 @@ async fn collect(
         } else {
             first.arrived
         };
-        let mut queries = first.prepared.len(dimension);
+        let mut queries = runner.queries(&first.search);
         let mut batch = vec![first];
         while queries < settings.max_queries {
             match tokio::time::timeout_at(close_at.into(), queue.recv()).await {
                 Ok(Some(job)) => {
-                    let n = job.prepared.len(dimension);
+                    let n = runner.queries(&job.search);
                     if queries + n > settings.max_queries {
                         held = Some(job);
                         break;
@@ -132,15 +178,20 @@ async fn collect(
             }
         }
         concurrent = batch.len() > 1 || held.is_some();
-        run(&searcher, batch, &counters).await;
+        running.spawn(run(Arc::clone(&runner), batch, Arc::clone(&counters)));
     }
+    while running.join_next().await.is_some() {}
 }
 
 /// Runs one batch and answers its callers; callers who gave up or whose deadline passed
 /// are dropped first.
-async fn run(searcher: &Arc<ExactSearcher>, batch: Vec<Job>, counters: &BatchCounters) {
+async fn run<R: BatchRunner>(
+    runner: Arc<R>,
+    batch: Vec<Job<R::Search>>,
+    counters: Arc<BatchCounters>,
+) {
     let now = Instant::now();
-    let (live, expired): (Vec<Job>, Vec<Job>) = batch
+    let (live, expired): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .filter(|job| !job.reply.is_closed())
         .partition(|job| job.deadline.is_none_or(|d| d > now));
@@ -148,48 +199,27 @@ async fn run(searcher: &Arc<ExactSearcher>, batch: Vec<Job>, counters: &BatchCou
         let waited = now.duration_since(job.arrived);
         let _ = job.reply.send(Err(SearchError::DeadlineExceeded {
             timeout_ms: waited.as_millis() as u64,
-            what: "the search waited in the shard's queue past its deadline".into(),
+            what: "the search waited in the queue past its deadline".into(),
         }));
     }
-    if live.is_empty() {
+    let Some(oldest) = live.first().map(|job| job.arrived) else {
         return;
-    }
+    };
     counters.batches.fetch_add(1, Ordering::Relaxed);
     counters
         .searches
         .fetch_add(live.len() as u64, Ordering::Relaxed);
-    let searcher = Arc::clone(searcher);
-    let outcome = tokio::task::spawn_blocking(move || {
-        let started = Instant::now();
-        let prepared: Vec<&PreparedSearch> = live.iter().map(|job| &job.prepared).collect();
-        let result = searcher.search_batch(&prepared);
-        tracing::debug!(
-            searches = live.len(),
-            waited_us = started.duration_since(live[0].arrived).as_micros() as u64,
-            search_us = started.elapsed().as_micros() as u64,
-            "batch searched"
-        );
-        (live, result)
-    })
-    .await;
-    let (live, result) = match outcome {
-        Ok(done) => done,
-        // The callers' reply senders went down with the task: each sees a task failure.
-        Err(err) => {
-            tracing::error!(%err, "batched search task failed");
-            return;
-        }
-    };
-    match result {
-        Ok(responses) => {
-            for (job, response) in live.into_iter().zip(responses) {
-                let _ = job.reply.send(Ok(response));
-            }
-        }
-        Err(err) => {
-            for job in live {
-                let _ = job.reply.send(Err(err.clone()));
-            }
-        }
+    let (searches, replies): (Vec<_>, Vec<_>) =
+        live.into_iter().map(|job| (job.search, job.reply)).unzip();
+    let count = searches.len();
+    let answers = runner.run(searches).await;
+    tracing::debug!(
+        searches = count,
+        waited_us = now.duration_since(oldest).as_micros() as u64,
+        run_us = now.elapsed().as_micros() as u64,
+        "batch run"
+    );
+    for (reply, answer) in replies.into_iter().zip(answers) {
+        let _ = reply.send(answer);
     }
 }

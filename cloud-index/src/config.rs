@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batcher::BatchingSettings;
 use crate::router::{RouterSettings, ShardMap};
+use crate::searcher::MAX_BATCH;
 
 /// TLS of a QUIC listener: certificate files, or a generated dev certificate.
 fn validate_tls(
@@ -28,6 +29,45 @@ fn validate_tls(
         return Err(ConfigError::invalid(
             "dev_cert_names",
             "must name at least one host for the generated dev certificate",
+        ));
+    }
+    Ok(())
+}
+
+/// Micro-batching settings shared by shards and routers: `None` when batching is off.
+fn batching_settings(
+    batching: bool,
+    max_queries: usize,
+    max_wait_us: u64,
+    queue: usize,
+) -> Option<BatchingSettings> {
+    batching.then(|| BatchingSettings {
+        max_queries,
+        max_wait: Duration::from_micros(max_wait_us),
+        queue,
+    })
+}
+
+/// Checks the batching keys: a batch of at least one query and at most `max_queries_limit`,
+/// and a wait no lone query would notice.
+fn validate_batching(
+    batching: bool,
+    max_queries: usize,
+    max_wait_us: u64,
+    max_queries_limit: usize,
+) -> Result<(), ConfigError> {
+    if batching && !(1..=max_queries_limit).contains(&max_queries) {
+        return Err(ConfigError::invalid(
+            "batch_max_queries",
+            format!("must be in 1..={max_queries_limit} when batching is on, got {max_queries}"),
+        ));
+    }
+    if max_wait_us > 100_000 {
+        return Err(ConfigError::invalid(
+            "batch_max_wait_us",
+            format!(
+                "is {max_wait_us} µs: a batch wait above 100 ms costs every lone query more than it saves"
+            ),
         ));
     }
     Ok(())
@@ -112,31 +152,22 @@ impl ShardConfig {
             ));
         }
         validate_tls(&self.tls_cert, &self.tls_key, &self.dev_cert_names)?;
-        if self.batching && self.batch_max_queries == 0 {
-            return Err(ConfigError::invalid(
-                "batch_max_queries",
-                "must be at least 1 when batching is on",
-            ));
-        }
-        if self.batch_max_wait_us > 100_000 {
-            return Err(ConfigError::invalid(
-                "batch_max_wait_us",
-                format!(
-                    "is {} µs: a batch wait above 100 ms costs every lone query more than it saves",
-                    self.batch_max_wait_us
-                ),
-            ));
-        }
-        Ok(())
+        validate_batching(
+            self.batching,
+            self.batch_max_queries,
+            self.batch_max_wait_us,
+            usize::MAX,
+        )
     }
 
     /// The micro-batching settings, or `None` when batching is off.
     pub fn batching_settings(&self) -> Option<BatchingSettings> {
-        self.batching.then(|| BatchingSettings {
-            max_queries: self.batch_max_queries,
-            max_wait: Duration::from_micros(self.batch_max_wait_us),
-            queue: self.batch_queue,
-        })
+        batching_settings(
+            self.batching,
+            self.batch_max_queries,
+            self.batch_max_wait_us,
+            self.batch_queue,
+        )
     }
 }
 
@@ -172,6 +203,17 @@ pub struct RouterConfig {
     pub health_interval_ms: u64,
     /// How long start-up waits for every shard to have a replica that answers, in seconds.
     pub startup_timeout_s: u64,
+    /// Coalesce concurrent searches into one request per shard, so that all shards search
+    /// the same batches (bench/README.md, "Cloud tier": shards batching on their own split
+    /// into two interleaved groups under closed-loop load).
+    pub batching: bool,
+    /// Most query vectors in one request to the shards; as the shards' own batches, and
+    /// at most a request's limit (1024).
+    pub batch_max_queries: usize,
+    /// Longest a search waits for others to join its batch, in microseconds.
+    pub batch_max_wait_us: u64,
+    /// Searches that may queue for a batch before callers wait to enqueue.
+    pub batch_queue: usize,
 }
 
 impl Default for RouterConfig {
@@ -189,6 +231,10 @@ impl Default for RouterConfig {
             attempt_timeout_ms: 1_000,
             health_interval_ms: 1_000,
             startup_timeout_s: 60,
+            batching: true,
+            batch_max_queries: 256,
+            batch_max_wait_us: 1000,
+            batch_queue: 4096,
         }
     }
 }
@@ -206,7 +252,22 @@ impl RouterConfig {
                 return Err(ConfigError::invalid(key, "must be above 0"));
             }
         }
-        Ok(())
+        validate_batching(
+            self.batching,
+            self.batch_max_queries,
+            self.batch_max_wait_us,
+            MAX_BATCH,
+        )
+    }
+
+    /// The micro-batching settings, or `None` when batching is off.
+    pub fn batching_settings(&self) -> Option<BatchingSettings> {
+        batching_settings(
+            self.batching,
+            self.batch_max_queries,
+            self.batch_max_wait_us,
+            self.batch_queue,
+        )
     }
 
     /// The configured shard map.
@@ -266,6 +327,9 @@ mod tests {
         assert!(message(config.validate().unwrap_err()).contains("listed for shard 0"));
         config.shards = vec![vec!["127.0.0.1:1".into()], vec!["127.0.0.1:2".into()]];
         config.validate().unwrap();
+        config.batch_max_queries = 2000;
+        assert!(message(config.validate().unwrap_err()).contains("1..=1024"));
+        config.batch_max_queries = 256;
         config.attempt_timeout_ms = 0;
         assert!(message(config.validate().unwrap_err()).contains("attempt_timeout_ms"));
     }

@@ -89,18 +89,9 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     listen: ListenArgs,
-    /// Coalesce concurrent searches into one faiss call [default: true].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    batching: Option<bool>,
-    /// Most query vectors in one batch [default: 256].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    batch_max_queries: Option<usize>,
-    /// Longest a search waits for company, in microseconds [default: 1000].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    batch_max_wait_us: Option<u64>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    batching: BatchingArgs,
     /// OpenMP threads for faiss; 0 for every core [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -113,6 +104,24 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     blas_min_batch: Option<usize>,
+}
+
+/// Micro-batching; shared by `serve` (one faiss call per batch) and `route` (one request per
+/// shard per batch).
+#[derive(Args, Serialize)]
+struct BatchingArgs {
+    /// Coalesce concurrent searches into one batch [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batching: Option<bool>,
+    /// Most query vectors in one batch [default: 256].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_max_queries: Option<usize>,
+    /// Longest a search waits for company, in microseconds [default: 1000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_max_wait_us: Option<u64>,
 }
 
 /// Where a server listens and how it reports itself; shared by `serve` and `route`.
@@ -178,6 +187,9 @@ struct RouteArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     startup_timeout_s: Option<u64>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    batching: BatchingArgs,
 }
 
 #[tokio::main]
@@ -408,7 +420,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
     config.validate()?;
     let (_map_updates, map) = tokio::sync::watch::channel(Arc::new(config.shard_map()?));
     let router = tokio::select! {
-        router = Router::start(map, config.router_settings()) => router?,
+        router = Router::start(map, config.router_settings(), config.batching_settings()) => router?,
         () = shutdown_signal() => return Ok(()),
     };
     let info = router.info();

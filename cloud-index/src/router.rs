@@ -11,6 +11,9 @@
 //! believed down, each is still tried once (health can lag a restart) before the shard is
 //! reported unavailable.
 //!
+//! Concurrent searches are coalesced ([`crate::batcher`]) into one request per shard, so
+//! that every shard searches the same batches and answers them together.
+//!
 //! The router reads its shard map from a `watch` channel: today fed once from the
 //! configuration, later by the control plane, with no change here.
 
@@ -24,9 +27,10 @@ use parking_lot::RwLock;
 use tokio::sync::watch;
 
 use crate::backend::SearchBackend;
+use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
 use crate::error::SearchError;
 use crate::replica::{AttemptError, Replica};
-use crate::searcher::{check_request_shape, rank_order};
+use crate::searcher::{rank_order, validated_queries};
 
 /// Which replicas serve which shard: `shards[i]` lists the endpoints of shard i's replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -164,6 +168,9 @@ struct RouterState {
 #[derive(Clone, Debug)]
 pub struct Router {
     state: Arc<RouterState>,
+    /// Coalesces concurrent searches into one request per shard; `None` sends each search
+    /// on its own.
+    batcher: Option<MicroBatcher<RouterState>>,
 }
 
 impl Router {
@@ -173,6 +180,7 @@ impl Router {
     pub async fn start(
         map: watch::Receiver<Arc<ShardMap>>,
         settings: RouterSettings,
+        batching: Option<BatchingSettings>,
     ) -> Result<Self, RouterError> {
         let pool = ReplicaPool::default();
         let current = Arc::clone(&map.borrow());
@@ -185,25 +193,47 @@ impl Router {
             rotation: AtomicUsize::new(0),
         });
         tokio::spawn(health_checks(Arc::downgrade(&state)));
-        Ok(Self { state })
+        let batcher = batching.map(|settings| MicroBatcher::start(Arc::clone(&state), settings));
+        Ok(Self { state, batcher })
     }
+}
 
+/// One caller's search as the router queues it: the request, validated, and when its
+/// caller stops waiting.
+#[derive(Debug)]
+pub struct RoutedSearch {
+    request: SearchRequest,
+    deadline: Instant,
+}
+
+/// What one caller asked for, kept while its queries travel in a combined request.
+struct Asked {
+    queries: usize,
+    k: usize,
+    include_vectors: bool,
+    include_texts: bool,
+    allow_partial: bool,
+}
+
+impl RouterState {
+    /// Searches `request` on one replica of `shard`, starting with the one `rotation`
+    /// points at, moving on to the next while the deadline allows.
     async fn search_shard(
         &self,
         shard: usize,
         endpoints: &[String],
         request: &SearchRequest,
         deadline: Instant,
+        rotation: usize,
     ) -> Result<SearchResponse, SearchError> {
         let unavailable = |reason: String| SearchError::ShardUnavailable { shard, reason };
         let replicas = endpoints
             .iter()
-            .map(|e| self.state.pool.get(e))
+            .map(|e| self.pool.get(e))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| unavailable(e.to_string()))?;
-        let start = self.state.rotation.fetch_add(1, Ordering::Relaxed);
         let rotated: Vec<&Arc<Replica>> = (0..replicas.len())
-            .map(|i| &replicas[(start + i) % replicas.len()])
+            .map(|i| &replicas[(rotation + i) % replicas.len()])
             .filter(|r| r.is_usable())
             .collect();
         let live: Vec<&Arc<Replica>> = rotated.iter().copied().filter(|r| r.is_live()).collect();
@@ -225,7 +255,7 @@ impl Router {
             if remaining.is_zero() {
                 break;
             }
-            let attempt = remaining.min(self.state.settings.attempt_timeout);
+            let attempt = remaining.min(self.settings.attempt_timeout);
             let mut shard_request = request.clone();
             shard_request.timeout_ms = u32::try_from(attempt.as_millis()).unwrap_or(u32::MAX);
             shard_request.allow_partial = false;
@@ -249,7 +279,7 @@ impl Router {
         }
         if Instant::now() >= deadline {
             return Err(SearchError::DeadlineExceeded {
-                timeout_ms: request_budget(request, &self.state.settings).as_millis() as u64,
+                timeout_ms: u64::from(request.timeout_ms),
                 what: format!(
                     "shard {shard} did not answer in time ({})",
                     failures.join("; ")
@@ -261,6 +291,103 @@ impl Router {
             failures.join("; ")
         )))
     }
+
+    /// Sends the searches of `batch` to every shard as one combined request (the largest
+    /// k, the union of what is included, the latest deadline), then gives each search its
+    /// own merged answer: its queries, cut to its k, stripped of what it did not ask for,
+    /// with its own tolerance of missing shards.
+    async fn fan_out(&self, batch: Vec<RoutedSearch>) -> Vec<Result<SearchResponse, SearchError>> {
+        let Some(deadline) = batch.iter().map(|s| s.deadline).max() else {
+            return Vec::new();
+        };
+        let mut combined = SearchRequest {
+            timeout_ms: u32::try_from(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis(),
+            )
+            .unwrap_or(u32::MAX),
+            ..Default::default()
+        };
+        let mut asked = Vec::with_capacity(batch.len());
+        for search in batch {
+            let request = search.request;
+            asked.push(Asked {
+                queries: request.queries.len(),
+                k: request.k as usize,
+                include_vectors: request.include_vectors,
+                include_texts: request.include_texts,
+                allow_partial: request.allow_partial,
+            });
+            combined.k = combined.k.max(request.k);
+            combined.include_vectors |= request.include_vectors;
+            combined.include_texts |= request.include_texts;
+            combined.queries.extend(request.queries);
+        }
+        let map = Arc::clone(&self.map.borrow());
+        // The same replica position on every shard, so that batches in flight at once
+        // keep to separate replicas.
+        let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
+        let outcomes =
+            futures::future::join_all(map.shards.iter().enumerate().map(|(shard, endpoints)| {
+                self.search_shard(shard, endpoints, &combined, deadline, rotation)
+            }))
+            .await;
+        let mut shards: Vec<Result<std::vec::IntoIter<QueryHits>, SearchError>> = outcomes
+            .into_iter()
+            .map(|outcome| outcome.map(|response| response.results.into_iter()))
+            .collect();
+        asked
+            .iter()
+            .map(|asked| answer_of(asked, &mut shards))
+            .collect()
+    }
+}
+
+/// One search's answer from the shards' answers to the combined request: takes its
+/// queries' hit lists off the front of every shard's (also when it fails, so that the next
+/// search finds its own at the front).
+fn answer_of(
+    asked: &Asked,
+    shards: &mut [Result<std::vec::IntoIter<QueryHits>, SearchError>],
+) -> Result<SearchResponse, SearchError> {
+    let mut answers = Vec::with_capacity(shards.len());
+    let mut missing = Vec::new();
+    let mut unavailable = None;
+    let mut failure = None;
+    for (shard, outcome) in shards.iter_mut().enumerate() {
+        match outcome {
+            Ok(hits) => answers.push(hits.take(asked.queries).collect()),
+            Err(err @ SearchError::ShardUnavailable { .. }) if asked.allow_partial => {
+                missing.push(shard as u32);
+                unavailable.get_or_insert_with(|| err.clone());
+            }
+            Err(err) => {
+                failure.get_or_insert_with(|| err.clone());
+            }
+        }
+    }
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    if let (true, Some(err)) = (answers.is_empty(), unavailable) {
+        return Err(err);
+    }
+    let mut results = merge_shard_results(answers, asked.queries, asked.k);
+    for hit in results.iter_mut().flat_map(|query| query.hits.iter_mut()) {
+        if !asked.include_texts {
+            hit.title = String::new();
+            hit.text = String::new();
+        }
+        if !asked.include_vectors {
+            hit.vector = Vec::new();
+        }
+    }
+    Ok(SearchResponse {
+        results,
+        partial: !missing.is_empty(),
+        missing_shards: missing,
+    })
 }
 
 /// The time a request may take: its own `timeout_ms`, or the router's default.
@@ -272,16 +399,17 @@ fn request_budget(request: &SearchRequest, settings: &RouterSettings) -> Duratio
     }
 }
 
-/// Merges the answers of all shards for `queries` queries into the global top-`k` of each:
-/// all hits ranked by score, ties by document id, cut to k.
+/// Merges the hit lists of all shards for `queries` queries (`shards[s][q]`: shard s's hits
+/// for query q) into the global top-`k` of each: all hits ranked by score, ties by document
+/// id, cut to k.
 pub fn merge_shard_results(
-    shards: Vec<SearchResponse>,
+    shards: Vec<Vec<QueryHits>>,
     queries: usize,
     k: usize,
 ) -> Vec<QueryHits> {
     let mut merged: Vec<QueryHits> = (0..queries).map(|_| QueryHits::default()).collect();
-    for response in shards {
-        for (into, hits) in merged.iter_mut().zip(response.results) {
+    for shard in shards {
+        for (into, hits) in merged.iter_mut().zip(shard) {
             into.hits.extend(hits.hits);
         }
     }
@@ -290,6 +418,39 @@ pub fn merge_shard_results(
         query.hits.truncate(k);
     }
     merged
+}
+
+/// The router batches whole searches into one request per shard. As many batches may be
+/// in flight as the shard with the fewest live replicas has replicas: each batch keeps to
+/// one replica position, so more would queue two batches on one replica.
+impl BatchRunner for RouterState {
+    type Search = RoutedSearch;
+
+    fn queries(&self, search: &RoutedSearch) -> usize {
+        search.request.queries.len()
+    }
+
+    fn parallelism(&self) -> usize {
+        let map = Arc::clone(&self.map.borrow());
+        map.shards
+            .iter()
+            .map(|endpoints| {
+                endpoints
+                    .iter()
+                    .filter(|e| self.pool.get(e).is_ok_and(|r| r.is_live()))
+                    .count()
+            })
+            .min()
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        batch: Vec<RoutedSearch>,
+    ) -> Vec<Result<SearchResponse, SearchError>> {
+        self.fan_out(batch).await
+    }
 }
 
 impl SearchBackend for Router {
@@ -319,37 +480,25 @@ impl SearchBackend for Router {
 
     #[tracing::instrument(name = "route", skip_all, fields(queries = request.queries.len(), k = request.k))]
     async fn search(&self, request: SearchRequest) -> Result<SearchResponse, SearchError> {
-        check_request_shape(&request)?;
-        let deadline = Instant::now() + request_budget(&request, &self.state.settings);
-        let map = Arc::clone(&self.state.map.borrow());
-        let outcomes = futures::future::join_all(
-            map.shards
-                .iter()
-                .enumerate()
-                .map(|(shard, endpoints)| self.search_shard(shard, endpoints, &request, deadline)),
-        )
-        .await;
-        let mut answers = Vec::with_capacity(outcomes.len());
-        let mut missing = Vec::new();
-        let mut first_unavailable = None;
-        for (shard, outcome) in outcomes.into_iter().enumerate() {
-            match outcome {
-                Ok(response) => answers.push(response),
-                Err(err @ SearchError::ShardUnavailable { .. }) if request.allow_partial => {
-                    missing.push(shard as u32);
-                    first_unavailable.get_or_insert(err);
-                }
-                Err(err) => return Err(err),
-            }
+        // Checked here, as a shard would, so that one bad request cannot fail a batch.
+        validated_queries(&request, self.state.identity.dimension as usize)?;
+        let budget = request_budget(&request, &self.state.settings);
+        let deadline = Instant::now() + budget;
+        let search = RoutedSearch { request, deadline };
+        let Some(batcher) = &self.batcher else {
+            let mut answers = self.state.fan_out(vec![search]).await;
+            return answers
+                .pop()
+                .unwrap_or_else(|| Err(SearchError::Task("the fan-out gave no answer".into())));
+        };
+        match tokio::time::timeout_at(deadline.into(), batcher.search(search, Some(deadline))).await
+        {
+            Ok(answer) => answer,
+            Err(_) => Err(SearchError::DeadlineExceeded {
+                timeout_ms: budget.as_millis() as u64,
+                what: "the shards did not answer in time".into(),
+            }),
         }
-        if let (true, Some(err)) = (answers.is_empty(), first_unavailable) {
-            return Err(err);
-        }
-        Ok(SearchResponse {
-            results: merge_shard_results(answers, request.queries.len(), request.k as usize),
-            partial: !missing.is_empty(),
-            missing_shards: missing,
-        })
     }
 }
 
@@ -483,10 +632,7 @@ mod tests {
 
     #[test]
     fn merge_keeps_the_best_k_with_ties_broken_by_id() {
-        let shard = |hits: Vec<ScoredDocument>| SearchResponse {
-            results: vec![QueryHits { hits }],
-            ..Default::default()
-        };
+        let shard = |hits: Vec<ScoredDocument>| vec![QueryHits { hits }];
         let merged = merge_shard_results(
             vec![
                 shard(vec![hit(4, 0.9), hit(2, 0.5)]),
@@ -497,5 +643,92 @@ mod tests {
         );
         let ids: Vec<u64> = merged[0].hits.iter().map(|h| h.id).collect();
         assert_eq!(ids, vec![3, 4, 1]);
+    }
+
+    fn full_hit(id: u64, score: f32) -> ScoredDocument {
+        ScoredDocument {
+            id,
+            score,
+            title: format!("t{id}"),
+            text: format!("x{id}"),
+            vector: vec![score],
+        }
+    }
+
+    fn asked(queries: usize, k: usize, texts: bool, allow_partial: bool) -> Asked {
+        Asked {
+            queries,
+            k,
+            include_vectors: false,
+            include_texts: texts,
+            allow_partial,
+        }
+    }
+
+    #[test]
+    fn a_combined_answer_is_split_back_into_each_searchs_own() {
+        // Two shards answering a combined request of 3 queries (search A: 2 queries with k 1
+        // and texts; search B: 1 query with k 2, no texts), k 2 each.
+        let shard_answer = |base: u64| -> Vec<QueryHits> {
+            (0..3)
+                .map(|q| QueryHits {
+                    hits: vec![
+                        full_hit(base + 10 * q, 0.9 - 0.1 * base as f32),
+                        full_hit(base + 10 * q + 1, 0.1),
+                    ],
+                })
+                .collect()
+        };
+        let mut shards = vec![
+            Ok(shard_answer(0).into_iter()),
+            Ok(shard_answer(2).into_iter()),
+        ];
+        let a = answer_of(&asked(2, 1, true, false), &mut shards).unwrap();
+        let b = answer_of(&asked(1, 2, false, false), &mut shards).unwrap();
+        let ids = |r: &SearchResponse| -> Vec<Vec<u64>> {
+            r.results
+                .iter()
+                .map(|q| q.hits.iter().map(|h| h.id).collect())
+                .collect()
+        };
+        assert_eq!(ids(&a), vec![vec![0], vec![10]]);
+        assert_eq!(ids(&b), vec![vec![20, 22]]);
+        assert_eq!(a.results[0].hits[0].text, "x0");
+        assert!(a.results[0].hits[0].vector.is_empty());
+        assert!(
+            b.results[0]
+                .hits
+                .iter()
+                .all(|h| h.text.is_empty() && h.title.is_empty())
+        );
+    }
+
+    #[test]
+    fn a_lost_shard_fails_only_the_searches_that_do_not_allow_partial_answers() {
+        let lost = || SearchError::ShardUnavailable {
+            shard: 1,
+            reason: "down".into(),
+        };
+        let answer = vec![
+            QueryHits {
+                hits: vec![full_hit(1, 0.5)],
+            },
+            QueryHits {
+                hits: vec![full_hit(2, 0.5)],
+            },
+        ];
+        let mut shards = vec![Ok(answer.into_iter()), Err(lost())];
+        let strict = answer_of(&asked(1, 1, true, false), &mut shards).unwrap_err();
+        assert!(matches!(
+            strict,
+            SearchError::ShardUnavailable { shard: 1, .. }
+        ));
+        let partial = answer_of(&asked(1, 1, true, true), &mut shards).unwrap();
+        assert!(partial.partial);
+        assert_eq!(partial.missing_shards, vec![1]);
+        assert_eq!(
+            partial.results[0].hits[0].id, 2,
+            "the failed search's hits were skipped"
+        );
     }
 }

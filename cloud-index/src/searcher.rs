@@ -10,7 +10,7 @@ use hasten_core::vector::normalized_query;
 use hasten_proto::v1::{IndexInfo, QueryHits, ScoredDocument, SearchRequest, SearchResponse};
 
 use crate::backend::SearchBackend;
-use crate::batcher::{BatchingSettings, MicroBatcher};
+use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
 use crate::error::SearchError;
 
 /// Largest k a caller may ask for: far beyond any RAG context (the HaS reference re-ranks 50
@@ -54,6 +54,22 @@ pub fn check_request_shape(request: &SearchRequest) -> Result<(), SearchError> {
     Ok(())
 }
 
+/// Checks the shape of `request` and every query vector against `dimension`; returns the
+/// queries normalised, in one row-major buffer.
+pub fn validated_queries(
+    request: &SearchRequest,
+    dimension: usize,
+) -> Result<Vec<f32>, SearchError> {
+    check_request_shape(request)?;
+    let mut queries = Vec::with_capacity(request.queries.len() * dimension);
+    for (i, query) in request.queries.iter().enumerate() {
+        let v = normalized_query(&query.values, dimension)
+            .map_err(|e| SearchError::InvalidArgument(format!("queries[{i}]: {e}")))?;
+        queries.extend(v);
+    }
+    Ok(queries)
+}
+
 /// Orders hits best first: descending score, ties by ascending document id. Every answer a
 /// shard or router gives is in this order, which makes merged results deterministic.
 pub fn rank_order(a: &ScoredDocument, b: &ScoredDocument) -> std::cmp::Ordering {
@@ -92,16 +108,8 @@ impl ExactSearcher {
 
     /// Validates `request` and normalises its queries.
     pub fn prepare(&self, request: &SearchRequest) -> Result<PreparedSearch, SearchError> {
-        check_request_shape(request)?;
-        let dimension = self.bundle.dimension();
-        let mut queries = Vec::with_capacity(request.queries.len() * dimension);
-        for (i, query) in request.queries.iter().enumerate() {
-            let v = normalized_query(&query.values, dimension)
-                .map_err(|e| SearchError::InvalidArgument(format!("queries[{i}]: {e}")))?;
-            queries.extend(v);
-        }
         Ok(PreparedSearch {
-            queries,
+            queries: validated_queries(request, self.bundle.dimension())?,
             k: request.k as usize,
             include_vectors: request.include_vectors,
             include_texts: request.include_texts,
@@ -229,12 +237,43 @@ impl ExactSearcher {
     }
 }
 
+/// A shard runs a batch as one faiss call on the blocking pool, one batch at a time: a
+/// batch already uses every core it was given.
+impl BatchRunner for ExactSearcher {
+    type Search = PreparedSearch;
+
+    fn queries(&self, search: &PreparedSearch) -> usize {
+        search.len(self.bundle.dimension())
+    }
+
+    fn parallelism(&self) -> usize {
+        1
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        batch: Vec<PreparedSearch>,
+    ) -> Vec<Result<SearchResponse, SearchError>> {
+        let count = batch.len();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let prepared: Vec<&PreparedSearch> = batch.iter().collect();
+            self.search_batch(&prepared)
+        })
+        .await
+        .map_err(|e| SearchError::Task(e.to_string()));
+        match outcome {
+            Ok(Ok(responses)) => responses.into_iter().map(Ok).collect(),
+            Ok(Err(err)) | Err(err) => vec![Err(err); count],
+        }
+    }
+}
+
 /// A shard server's search: one faiss call per request on the blocking pool, or, with
 /// micro-batching, concurrent requests coalesced into one faiss call.
 #[derive(Clone, Debug)]
 pub struct ShardService {
     searcher: Arc<ExactSearcher>,
-    batcher: Option<MicroBatcher>,
+    batcher: Option<MicroBatcher<ExactSearcher>>,
 }
 
 impl ShardService {

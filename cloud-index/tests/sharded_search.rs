@@ -107,7 +107,10 @@ fn merged_shard_answers_equal_the_exact_global_top_k_ties_included() {
         for k in [1, 7, 10, 64] {
             for queries in &batches {
                 let req = request(queries, k);
-                let answers = searchers.iter().map(|s| s.search(&req).unwrap()).collect();
+                let answers = searchers
+                    .iter()
+                    .map(|s| s.search(&req).unwrap().results)
+                    .collect();
                 let merged = merge_shard_results(answers, queries.len(), k);
                 for (query, hits) in queries.iter().zip(&merged) {
                     let got: Vec<(u64, f32)> = hits.hits.iter().map(|h| (h.id, h.score)).collect();

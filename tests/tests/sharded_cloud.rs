@@ -150,6 +150,52 @@ async fn router_fails_over_between_replicas_and_names_a_lost_shard() {
         assert!(hits.hits.iter().any(|h| h.id % 2 == 0) && hits.hits.iter().any(|h| h.id % 2 == 1));
     }
 
+    // Concurrent searches of different k and contents, coalesced by the router into shared
+    // requests, each get their own exact answer; a malformed one among them fails alone.
+    let concurrent = futures::future::join_all((0..24usize).map(|i| {
+        let mut cloud = cloud.clone();
+        let query = queries[i % queries.len()].clone();
+        async move {
+            let mut request = search_request(vec![query.clone()], false);
+            request.k = 1 + (i * 7 % 20) as u32;
+            request.include_texts = i % 2 == 0;
+            request.include_vectors = i % 3 == 0;
+            if i == 5 {
+                request.queries[0].values.pop();
+            }
+            (request.clone(), cloud.search(request).await)
+        }
+    }))
+    .await;
+    for (request, outcome) in concurrent {
+        let query = &request.queries[0].values;
+        if query.len() != bundle.dimension() {
+            let status = outcome.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+            continue;
+        }
+        let reply = outcome.unwrap().into_inner();
+        let k = request.k as usize;
+        let exact: Vec<u64> = brute_force_top_k(&bundle.documents, bundle.vectors(), query, k)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let hits = &reply.results[0].hits;
+        assert_eq!(
+            hits.iter().map(|h| h.id).collect::<Vec<_>>(),
+            exact,
+            "k={k}"
+        );
+        assert!(
+            hits.iter()
+                .all(|h| h.text.is_empty() != request.include_texts)
+        );
+        assert!(
+            hits.iter()
+                .all(|h| h.vector.is_empty() != request.include_vectors)
+        );
+    }
+
     // Queries flow through the edge (questions, mostly fallbacks at tau 0.9) and straight
     // to the router while one replica of shard 0 is killed.
     let stop = Arc::new(AtomicBool::new(false));

@@ -74,7 +74,7 @@ struct Cli {
     /// Batch size of the in-process thread-split measurement.
     #[arg(long, default_value_t = 256)]
     thread_batch: usize,
-    /// Shard micro-batching modes to measure: `on`, `off` or both.
+    /// Micro-batching modes to measure (shards and router alike): `on`, `off` or both.
     #[arg(long, value_delimiter = ',', default_value = "on,off")]
     batching: Vec<BatchingMode>,
     /// Measure in process only (thread splits and batch sizes), without the cluster.
@@ -214,6 +214,8 @@ impl Cluster {
             "60000".into(),
             "--attempt-timeout-ms".into(),
             "60000".into(),
+            "--batching".into(),
+            batching.to_string(),
         ];
         for shard in &shards {
             args.extend(["--shard".into(), shard.addr("grpc_addr")]);
