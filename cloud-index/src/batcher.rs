@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use crate::error::SearchError;
+use crate::metrics::CloudMetrics;
 
 /// How searches are batched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +78,7 @@ pub struct BatchCounters {
 pub struct MicroBatcher<R: BatchRunner> {
     jobs: mpsc::Sender<Job<R::Search>>,
     counters: Arc<BatchCounters>,
+    metrics: CloudMetrics,
 }
 
 impl<R: BatchRunner> Clone for MicroBatcher<R> {
@@ -84,6 +86,7 @@ impl<R: BatchRunner> Clone for MicroBatcher<R> {
         Self {
             jobs: self.jobs.clone(),
             counters: Arc::clone(&self.counters),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -99,11 +102,21 @@ impl<R: BatchRunner> std::fmt::Debug for MicroBatcher<R> {
 impl<R: BatchRunner> MicroBatcher<R> {
     /// Starts the collector task; it ends when every handle is dropped and its batches
     /// have finished.
-    pub fn start(runner: Arc<R>, settings: BatchingSettings) -> Self {
+    pub fn start(runner: Arc<R>, settings: BatchingSettings, metrics: CloudMetrics) -> Self {
         let (jobs, queue) = mpsc::channel(settings.queue.max(1));
         let counters = Arc::new(BatchCounters::default());
-        tokio::spawn(collect(runner, settings, queue, Arc::clone(&counters)));
-        Self { jobs, counters }
+        tokio::spawn(collect(
+            runner,
+            settings,
+            queue,
+            Arc::clone(&counters),
+            metrics.clone(),
+        ));
+        Self {
+            jobs,
+            counters,
+            metrics,
+        }
     }
 
     pub fn counters(&self) -> &BatchCounters {
@@ -124,10 +137,11 @@ impl<R: BatchRunner> MicroBatcher<R> {
             deadline,
             reply,
         };
-        self.jobs
-            .send(job)
-            .await
-            .map_err(|_| SearchError::ShuttingDown)?;
+        self.metrics.queue_depth.inc();
+        if self.jobs.send(job).await.is_err() {
+            self.metrics.queue_depth.dec();
+            return Err(SearchError::ShuttingDown);
+        }
         answer
             .await
             .map_err(|_| SearchError::Task("the batch carrying this search failed".into()))?
@@ -139,6 +153,7 @@ async fn collect<R: BatchRunner>(
     settings: BatchingSettings,
     mut queue: mpsc::Receiver<Job<R::Search>>,
     counters: Arc<BatchCounters>,
+    metrics: CloudMetrics,
 ) {
     let mut running = JoinSet::new();
     let mut held: Option<Job<R::Search>> = None;
@@ -152,7 +167,10 @@ async fn collect<R: BatchRunner>(
         let first = match held.take() {
             Some(job) => job,
             None => match queue.recv().await {
-                Some(job) => job,
+                Some(job) => {
+                    metrics.queue_depth.dec();
+                    job
+                }
                 None => break,
             },
         };
@@ -166,6 +184,7 @@ async fn collect<R: BatchRunner>(
         while queries < settings.max_queries {
             match tokio::time::timeout_at(close_at.into(), queue.recv()).await {
                 Ok(Some(job)) => {
+                    metrics.queue_depth.dec();
                     let n = runner.queries(&job.search);
                     if queries + n > settings.max_queries {
                         held = Some(job);
@@ -178,6 +197,7 @@ async fn collect<R: BatchRunner>(
             }
         }
         concurrent = batch.len() > 1 || held.is_some();
+        metrics.batch_queries.observe(queries as f64);
         running.spawn(run(Arc::clone(&runner), batch, Arc::clone(&counters)));
     }
     while running.join_next().await.is_some() {}

@@ -87,6 +87,8 @@ pub struct ShardConfig {
     pub quic_addr: SocketAddr,
     /// TCP address of the gRPC API (routers reach shards here).
     pub grpc_addr: SocketAddr,
+    /// TCP address of `/metrics`, `/readyz` (index loaded) and `/healthz`.
+    pub metrics_addr: SocketAddr,
     /// PEM certificate chain for QUIC TLS; with `tls_key`. When both are absent a
     /// self-signed dev certificate is generated.
     pub tls_cert: Option<PathBuf>,
@@ -127,6 +129,7 @@ impl Default for ShardConfig {
             bundle: None,
             quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7102)),
             tls_cert: None,
             tls_key: None,
             dev_cert_out: PathBuf::from("run/cloud-dev-cert.pem"),
@@ -181,6 +184,8 @@ pub struct RouterConfig {
     pub quic_addr: SocketAddr,
     /// TCP address of the gRPC API.
     pub grpc_addr: SocketAddr,
+    /// TCP address of `/metrics`, `/readyz` (every shard has a live replica) and `/healthz`.
+    pub metrics_addr: SocketAddr,
     /// PEM certificate chain for QUIC TLS; with `tls_key`.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for QUIC TLS.
@@ -222,6 +227,7 @@ impl Default for RouterConfig {
             shards: Vec::new(),
             quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7102)),
             tls_cert: None,
             tls_key: None,
             dev_cert_out: PathBuf::from("run/router-dev-cert.pem"),

@@ -7,13 +7,15 @@
 //! - [`router`]: scatter-gather over one live replica of every shard, merge by score,
 //!   failover within the request's deadline; [`replica`] keeps each replica's client and
 //!   health;
-//! - [`quic`] and [`grpc`]: the two front ends, written once over [`SearchBackend`].
+//! - [`quic`] and [`grpc`]: the two front ends, written once over [`SearchBackend`];
+//!   [`metrics`]: what both kinds of server report to Prometheus.
 
 pub mod backend;
 pub mod batcher;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod metrics;
 pub mod quic;
 pub mod replica;
 pub mod router;

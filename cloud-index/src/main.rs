@@ -5,12 +5,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use cloud_index::backend::Metered;
 use cloud_index::config::{RouterConfig, ShardConfig};
 use cloud_index::grpc::CloudIndexGrpc;
+use cloud_index::metrics::{CloudMetrics, Role};
 use cloud_index::router::Router;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, build_bundle, write_shards};
@@ -135,6 +138,10 @@ struct ListenArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_addr: Option<SocketAddr>,
+    /// TCP address for /metrics, /readyz and /healthz [default: 127.0.0.1:7102].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_addr: Option<SocketAddr>,
     /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -292,8 +299,27 @@ fn tls_files<'a>(
 struct Listeners {
     quic_addr: SocketAddr,
     grpc_addr: SocketAddr,
+    /// Already serving (bound before the slow start-up, for liveness probes).
+    metrics_addr: SocketAddr,
     identity: ServerIdentity,
     ready_file: Option<PathBuf>,
+}
+
+/// Serves `/metrics`, `/readyz` and `/healthz` on `addr` from now on; returns the bound
+/// address.
+async fn serve_observability(
+    addr: SocketAddr,
+    registry: hasten_core::metrics::prometheus::Registry,
+    refresh: Arc<dyn Fn() + Send + Sync>,
+    ready: hasten_core::metrics::ReadinessCheck,
+) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics listener on {addr}"))?;
+    let bound = listener.local_addr()?;
+    let routes = hasten_core::metrics::routes(registry, refresh, ready);
+    hasten_core::metrics::spawn_server(listener, routes);
+    Ok(bound)
 }
 
 /// Serves `backend` on QUIC and gRPC until a shutdown signal.
@@ -321,11 +347,12 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
                 shutdown_signal(),
             ),
     );
-    tracing::info!(%quic_addr, %grpc_addr, "serving");
+    tracing::info!(%quic_addr, %grpc_addr, metrics_addr = %listeners.metrics_addr, "serving");
     if let Some(path) = &listeners.ready_file {
         let ready = serde_json::json!({
             "quic_addr": quic_addr.to_string(),
             "grpc_addr": grpc_addr.to_string(),
+            "metrics_addr": listeners.metrics_addr.to_string(),
             "corpus_version": info.corpus_version,
             "documents": info.documents,
             "shard_index": info.shard_index,
@@ -348,6 +375,20 @@ async fn serve(args: ServeArgs) -> Result<()> {
         return Ok(());
     }
     config.validate()?;
+    let registry = hasten_core::metrics::registry()?;
+    let metrics = CloudMetrics::register(&registry, Role::Shard)?;
+    let loaded = Arc::new(AtomicBool::new(false));
+    let metrics_addr = serve_observability(config.metrics_addr, registry, Arc::new(|| {}), {
+        let loaded = Arc::clone(&loaded);
+        Arc::new(move || {
+            if loaded.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err("loading the index".into())
+            }
+        })
+    })
+    .await?;
     let all_cores = |n: usize| if n == 0 { available_cores() } else { n };
     let threads = set_compute_threads(
         all_cores(config.openmp_threads),
@@ -383,12 +424,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
         &config.dev_cert_out,
         &config.dev_cert_names,
     )?;
-    let service = ShardService::new(searcher, config.batching_settings());
+    let shard = info.shard_index.to_string();
+    let service = ShardService::new(searcher, config.batching_settings(), metrics.clone());
+    loaded.store(true, Ordering::Release);
     serve_backend(
-        service,
+        Metered::new(service, metrics, shard),
         Listeners {
             quic_addr: config.quic_addr,
             grpc_addr: config.grpc_addr,
+            metrics_addr,
             identity,
             ready_file: config.ready_file.clone(),
         },
@@ -418,11 +462,36 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         return Ok(());
     }
     config.validate()?;
+    let registry = hasten_core::metrics::registry()?;
+    let metrics = CloudMetrics::register(&registry, Role::Router)?;
+    let started: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
+    let refresh = {
+        let started = Arc::clone(&started);
+        Arc::new(move || {
+            if let Some(router) = started.get() {
+                router.report_replicas();
+            }
+        })
+    };
+    let metrics_addr = serve_observability(config.metrics_addr, registry, refresh, {
+        let started = Arc::clone(&started);
+        Arc::new(move || {
+            let router = started
+                .get()
+                .ok_or("waiting for a live replica of every shard")?;
+            match router.unavailable_shards().as_slice() {
+                [] => Ok(()),
+                lost => Err(format!("no live replica of shards {lost:?}")),
+            }
+        })
+    })
+    .await?;
     let (_map_updates, map) = tokio::sync::watch::channel(Arc::new(config.shard_map()?));
     let router = tokio::select! {
-        router = Router::start(map, config.router_settings(), config.batching_settings()) => router?,
+        router = Router::start(map, config.router_settings(), config.batching_settings(), metrics.clone()) => router?,
         () = shutdown_signal() => return Ok(()),
     };
+    let _ = started.set(router.clone());
     let info = router.info();
     tracing::info!(
         shards = config.shards.len(),
@@ -436,10 +505,11 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         &config.dev_cert_names,
     )?;
     serve_backend(
-        router,
+        Metered::new(router, metrics, "all".into()),
         Listeners {
             quic_addr: config.quic_addr,
             grpc_addr: config.grpc_addr,
+            metrics_addr,
             identity,
             ready_file: config.ready_file.clone(),
         },

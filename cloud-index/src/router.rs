@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use crate::backend::SearchBackend;
 use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
 use crate::error::SearchError;
+use crate::metrics::CloudMetrics;
 use crate::replica::{AttemptError, Replica};
 use crate::searcher::{rank_order, validated_queries};
 
@@ -162,6 +163,7 @@ struct RouterState {
     settings: RouterSettings,
     /// Spreads load over a shard's live replicas.
     rotation: AtomicUsize,
+    metrics: CloudMetrics,
 }
 
 /// Scatter-gather search over a sharded corpus.
@@ -181,6 +183,7 @@ impl Router {
         map: watch::Receiver<Arc<ShardMap>>,
         settings: RouterSettings,
         batching: Option<BatchingSettings>,
+        metrics: CloudMetrics,
     ) -> Result<Self, RouterError> {
         let pool = ReplicaPool::default();
         let current = Arc::clone(&map.borrow());
@@ -191,10 +194,30 @@ impl Router {
             identity,
             settings,
             rotation: AtomicUsize::new(0),
+            metrics: metrics.clone(),
         });
+        state.report_replicas();
         tokio::spawn(health_checks(Arc::downgrade(&state)));
-        let batcher = batching.map(|settings| MicroBatcher::start(Arc::clone(&state), settings));
+        let batcher =
+            batching.map(|settings| MicroBatcher::start(Arc::clone(&state), settings, metrics));
         Ok(Self { state, batcher })
+    }
+
+    /// Publishes every replica's health to the metrics now (the health checks do so every
+    /// interval; a scrape wants what requests found since).
+    pub fn report_replicas(&self) {
+        self.state.report_replicas();
+    }
+
+    /// Shards with no live replica now, for readiness.
+    pub fn unavailable_shards(&self) -> Vec<usize> {
+        self.state
+            .live_replicas()
+            .into_iter()
+            .enumerate()
+            .filter(|(_, live)| *live == 0)
+            .map(|(shard, _)| shard)
+            .collect()
     }
 }
 
@@ -216,6 +239,32 @@ struct Asked {
 }
 
 impl RouterState {
+    /// Live replicas of every shard of the current map.
+    fn live_replicas(&self) -> Vec<usize> {
+        let map = Arc::clone(&self.map.borrow());
+        map.shards
+            .iter()
+            .map(|endpoints| {
+                endpoints
+                    .iter()
+                    .filter(|e| self.pool.get(e).is_ok_and(|r| r.is_live()))
+                    .count()
+            })
+            .collect()
+    }
+
+    /// Publishes every replica's health to the metrics.
+    fn report_replicas(&self) {
+        let map = Arc::clone(&self.map.borrow());
+        for (shard, endpoints) in map.shards.iter().enumerate() {
+            let replicas: Vec<(String, bool)> = endpoints
+                .iter()
+                .map(|e| (e.clone(), self.pool.get(e).is_ok_and(|r| r.is_live())))
+                .collect();
+            self.metrics.set_replicas(shard, &replicas);
+        }
+    }
+
     /// Searches `request` on one replica of `shard`, starting with the one `rotation`
     /// points at, moving on to the next while the deadline allows.
     async fn search_shard(
@@ -274,6 +323,7 @@ impl RouterState {
                 Err(err) => err,
             };
             tracing::debug!(shard, endpoint = %replica.endpoint, %error, "shard attempt failed; trying the next replica");
+            self.metrics.failover(shard);
             replica.mark_down(error.to_string());
             failures.push(format!("{}: {error}", replica.endpoint));
         }
@@ -328,9 +378,10 @@ impl RouterState {
         // The same replica position on every shard, so that batches in flight at once
         // keep to separate replicas.
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
+        let combined = &combined;
         let outcomes =
             futures::future::join_all(map.shards.iter().enumerate().map(|(shard, endpoints)| {
-                self.search_shard(shard, endpoints, &combined, deadline, rotation)
+                self.search_shard(shard, endpoints, combined, deadline, rotation)
             }))
             .await;
         let mut shards: Vec<Result<std::vec::IntoIter<QueryHits>, SearchError>> = outcomes
@@ -431,18 +482,7 @@ impl BatchRunner for RouterState {
     }
 
     fn parallelism(&self) -> usize {
-        let map = Arc::clone(&self.map.borrow());
-        map.shards
-            .iter()
-            .map(|endpoints| {
-                endpoints
-                    .iter()
-                    .filter(|e| self.pool.get(e).is_ok_and(|r| r.is_live()))
-                    .count()
-            })
-            .min()
-            .unwrap_or(1)
-            .max(1)
+        self.live_replicas().into_iter().min().unwrap_or(1).max(1)
     }
 
     async fn run(
@@ -605,6 +645,7 @@ async fn health_checks(state: Weak<RouterState>) {
                 })
             });
         futures::future::join_all(checks).await;
+        state.report_replicas();
     }
 }
 

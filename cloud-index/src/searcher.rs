@@ -12,6 +12,7 @@ use hasten_proto::v1::{IndexInfo, QueryHits, ScoredDocument, SearchRequest, Sear
 use crate::backend::SearchBackend;
 use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
 use crate::error::SearchError;
+use crate::metrics::CloudMetrics;
 
 /// Largest k a caller may ask for: far beyond any RAG context (the HaS reference re-ranks 50
 /// candidates) while keeping one response's size bounded.
@@ -277,9 +278,14 @@ pub struct ShardService {
 }
 
 impl ShardService {
-    pub fn new(searcher: ExactSearcher, batching: Option<BatchingSettings>) -> Self {
+    pub fn new(
+        searcher: ExactSearcher,
+        batching: Option<BatchingSettings>,
+        metrics: CloudMetrics,
+    ) -> Self {
         let searcher = Arc::new(searcher);
-        let batcher = batching.map(|settings| MicroBatcher::start(Arc::clone(&searcher), settings));
+        let batcher =
+            batching.map(|settings| MicroBatcher::start(Arc::clone(&searcher), settings, metrics));
         Self { searcher, batcher }
     }
 }

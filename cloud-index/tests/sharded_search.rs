@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use cloud_index::ExactSearcher;
 use cloud_index::batcher::{BatchingSettings, MicroBatcher};
+use cloud_index::metrics::{CloudMetrics, Role};
 use cloud_index::router::merge_shard_results;
 use hasten_core::bundle::{CorpusBundle, write_shards};
 use hasten_core::corpus::Document;
@@ -140,6 +141,8 @@ async fn micro_batched_searches_answer_what_single_searches_answer() {
         .pop()
         .unwrap();
     let searcher = Arc::new(searcher);
+    let registry = hasten_core::metrics::registry().unwrap();
+    let metrics = CloudMetrics::register(&registry, Role::Shard).unwrap();
     let batcher = MicroBatcher::start(
         Arc::clone(&searcher),
         BatchingSettings {
@@ -147,6 +150,7 @@ async fn micro_batched_searches_answer_what_single_searches_answer() {
             max_wait: Duration::from_millis(20),
             queue: 1024,
         },
+        metrics.clone(),
     );
     let mut rng = StdRng::seed_from_u64(9);
     let requests: Vec<SearchRequest> = (0..48)
@@ -171,6 +175,10 @@ async fn micro_batched_searches_answer_what_single_searches_answer() {
     assert_eq!(batcher.counters().searches.load(Ordering::Relaxed), 48);
     // 96 query vectors in batches of at most 64: at least 2 faiss calls, far fewer than 48.
     assert!((2..=8).contains(&batches), "{batches} batches");
+    // The metrics saw the same batches, every query vector, and an empty queue after.
+    assert_eq!(metrics.batch_queries.get_sample_count(), batches);
+    assert_eq!(metrics.batch_queries.get_sample_sum(), 96.0);
+    assert_eq!(metrics.queue_depth.get(), 0);
 
     let expired = searcher.prepare(&requests[0]).unwrap();
     let err = batcher

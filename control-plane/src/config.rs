@@ -17,6 +17,9 @@ pub struct ControlPlaneConfig {
     pub id: u64,
     /// gRPC address for clients (edges, operators) and peers.
     pub listen: SocketAddr,
+    /// TCP address of `/metrics`, `/readyz` (a voting member that knows its leader) and
+    /// `/healthz`.
+    pub metrics_addr: SocketAddr,
     /// The founding members as `id=host:port`, this node included; every founding node
     /// lists the same set. Ignored once the data directory holds Raft state.
     pub peers: Vec<String>,
@@ -49,6 +52,7 @@ impl Default for ControlPlaneConfig {
         Self {
             id: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7402)),
             peers: vec!["1=127.0.0.1:7400".into()],
             join: false,
             data_dir: PathBuf::from("run/control-plane"),

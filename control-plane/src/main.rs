@@ -1,10 +1,12 @@
 //! `control-plane`: one node of Hasten's Raft control plane.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use control_plane::config::ControlPlaneConfig;
+use control_plane::metrics::NodeMetrics;
 use control_plane::node;
 use control_plane::service::ControlPlaneService;
 use control_plane::storage::RaftStorage;
@@ -33,6 +35,10 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<std::net::SocketAddr>,
+    /// TCP address for /metrics, /readyz and /healthz [default: 127.0.0.1:7402].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// A founding member as id=host:port (repeat; include this node).
     #[arg(long = "peer", value_name = "ID=ADDR")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -88,15 +94,34 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let address = listener.local_addr()?;
+    let metrics_listener = tokio::net::TcpListener::bind(config.metrics_addr)
+        .await
+        .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+    let registry = hasten_core::metrics::registry()?;
+    let metrics = NodeMetrics::register(&registry)?;
     let node = node::start(
         config.node_settings(),
         storage,
         &config.members()?,
         config.join,
+        metrics.clone(),
     )?;
-    tracing::info!(id = config.id, %address, data_dir = %config.data_dir.display(), "control-plane node serving");
+    hasten_core::metrics::spawn_server(
+        metrics_listener,
+        hasten_core::metrics::routes(
+            registry,
+            Arc::new(|| {}),
+            Arc::new(move || metrics.readiness()),
+        ),
+    );
+    tracing::info!(id = config.id, %address, %metrics_addr, data_dir = %config.data_dir.display(), "control-plane node serving");
     if let Some(path) = &config.ready_file {
-        let ready = serde_json::json!({"id": config.id, "address": address.to_string()});
+        let ready = serde_json::json!({
+            "id": config.id,
+            "address": address.to_string(),
+            "metrics_addr": metrics_addr.to_string(),
+        });
         write_atomically(path, ready.to_string().as_bytes())?;
     }
     let client_api = ControlPlaneServer::new(ControlPlaneService::new(

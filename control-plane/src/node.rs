@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hasten_proto::v1::{
     CommandBatch, CommittedEvent, ControlCommand, ControlState, Member, NodeStatus,
@@ -19,6 +19,7 @@ use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snaps
 use raft::{RawNode, StateRole};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::metrics::NodeMetrics;
 use crate::state::{CacheStateMachine, CommandError, validate};
 use crate::storage::{DISCARD_SLICE, RaftStorage, StoreError};
 use crate::transport::PeerNetwork;
@@ -95,9 +96,14 @@ pub struct NodeHandle {
     requests: mpsc::Sender<NodeRequest>,
     events: broadcast::Sender<Arc<CommittedEvent>>,
     storage: RaftStorage,
+    metrics: NodeMetrics,
 }
 
 impl NodeHandle {
+    pub fn metrics(&self) -> &NodeMetrics {
+        &self.metrics
+    }
+
     pub async fn request(&self, request: NodeRequest) -> Result<(), NodeError> {
         self.requests
             .send(request)
@@ -162,12 +168,15 @@ struct RaftNode {
     state: CacheStateMachine,
     peers: PeerNetwork,
     /// Proposals of this node awaiting their commit, by the id carried in the entry's
-    /// context.
-    pending: HashMap<u64, oneshot::Sender<Result<u64, NodeError>>>,
+    /// context, with when they arrived.
+    pending: HashMap<u64, (oneshot::Sender<Result<u64, NodeError>>, Instant)>,
     next_proposal: u64,
     events: broadcast::Sender<Arc<CommittedEvent>>,
     /// Payload bytes applied since the last snapshot.
     applied_bytes: u64,
+    metrics: NodeMetrics,
+    /// The leader as of the last turn, to count changes.
+    last_leader: u64,
 }
 
 /// Opens the node's storage, restores its state machine and starts its task.
@@ -179,6 +188,7 @@ pub fn start(
     storage: RaftStorage,
     initial_members: &BTreeMap<u64, String>,
     join: bool,
+    metrics: NodeMetrics,
 ) -> Result<NodeHandle, NodeError> {
     if storage.is_empty()? && !join {
         let conf = raft::prelude::ConfState {
@@ -237,12 +247,15 @@ pub fn start(
         next_proposal: 1,
         events: events.clone(),
         applied_bytes: 0,
+        metrics: metrics.clone(),
+        last_leader: raft::INVALID_ID,
     };
     tokio::spawn(node.run(queue));
     Ok(NodeHandle {
         requests,
         events,
         storage,
+        metrics,
     })
 }
 
@@ -270,11 +283,36 @@ impl RaftNode {
                 // Raft cannot continue safely without its storage: stop this node (peers
                 // elect another leader) rather than acknowledge what was not persisted.
                 tracing::error!(%err, "control-plane storage failed; the node stops");
-                for (_, reply) in self.pending.drain() {
+                for (_, (reply, _)) in self.pending.drain() {
+                    self.metrics.proposal_dropped();
                     let _ = reply.send(Err(NodeError::ShuttingDown));
                 }
                 return;
             }
+            self.report();
+        }
+    }
+
+    /// Publishes Raft's progress to the metrics; counts leader changes.
+    fn report(&mut self) {
+        let raft = &self.raw.raft;
+        let m = &self.metrics;
+        m.term.set(raft.term as i64);
+        m.commit_index.set(raft.raft_log.committed as i64);
+        m.applied_index.set(self.state.applied_index() as i64);
+        m.is_leader.set(i64::from(raft.state == StateRole::Leader));
+        m.has_leader
+            .set(i64::from(raft.leader_id != raft::INVALID_ID));
+        m.is_voter.set(i64::from(
+            raft.prs().conf().voters().contains(self.settings.id),
+        ));
+        let log = raft.raft_log.last_index() + 1 - raft.raft_log.first_index();
+        m.log_entries.set(log as i64);
+        if raft.leader_id != self.last_leader {
+            if raft.leader_id != raft::INVALID_ID {
+                m.leader_changes.inc();
+            }
+            self.last_leader = raft.leader_id;
         }
     }
 
@@ -318,6 +356,7 @@ impl RaftNode {
         reply: oneshot::Sender<Result<u64, NodeError>>,
     ) {
         if self.raw.raft.leader_id == raft::INVALID_ID {
+            self.metrics.proposal_dropped();
             let _ = reply.send(Err(NodeError::NoLeader));
             return;
         }
@@ -325,9 +364,10 @@ impl RaftNode {
         let data = CommandBatch { commands }.encode_to_vec();
         match self.raw.propose(proposal.to_be_bytes().to_vec(), data) {
             Ok(()) => {
-                self.pending.insert(proposal, reply);
+                self.pending.insert(proposal, (reply, Instant::now()));
             }
             Err(err) => {
+                self.metrics.proposal_dropped();
                 let _ = reply.send(Err(NodeError::Dropped(err.to_string())));
             }
         }
@@ -363,7 +403,7 @@ impl RaftNode {
             .propose_conf_change(proposal.to_be_bytes().to_vec(), change)
         {
             Ok(()) => {
-                self.pending.insert(proposal, reply);
+                self.pending.insert(proposal, (reply, Instant::now()));
             }
             Err(err) => {
                 let _ = reply.send(Err(NodeError::Membership(err.to_string())));
@@ -485,7 +525,8 @@ impl RaftNode {
                 }
                 _ => self.state.skip(entry.index, entry.term),
             }
-            if let Some(reply) = proposal.and_then(|p| self.pending.remove(&p)) {
+            if let Some((reply, arrived)) = proposal.and_then(|p| self.pending.remove(&p)) {
+                self.metrics.proposal_committed(arrived.elapsed());
                 let _ = reply.send(Ok(entry.index));
             }
         }
@@ -542,6 +583,8 @@ impl RaftNode {
         )?;
         self.storage.flush()?;
         tokio::spawn(discard_compacted(self.storage.clone()));
+        self.metrics.snapshots.inc();
+        self.metrics.snapshot_bytes.set(bytes as i64);
         tracing::info!(
             index = applied,
             snapshot_bytes = bytes,

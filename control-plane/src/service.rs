@@ -85,9 +85,12 @@ impl ControlPlane for ControlPlaneService {
         tokio::spawn(
             async move {
                 tracing::info!(from = request.from_index, "subscribed");
+                let subscribers = node.metrics().subscribers.clone();
+                subscribers.inc();
                 if let Err(err) = stream_events(node, request.from_index, &sender).await {
                     let _ = sender.send(Err(err)).await;
                 }
+                subscribers.dec();
                 tracing::info!("subscription ended");
             }
             .instrument(span),

@@ -1,6 +1,7 @@
 //! What Hasten's services share: the text encoder, corpus and bundle types, vector-index
 //! wrappers over faiss, answer matching, vector checks, and the ready-file and shutdown
-//! handling every server shares. Nothing here knows about a network.
+//! handling every server shares, and the metrics registry with its HTTP routes. Nothing
+//! here opens a socket.
 
 pub mod bundle;
 pub mod config;
@@ -10,6 +11,7 @@ pub mod eval;
 pub mod index;
 pub mod lifecycle;
 pub mod logging;
+pub mod metrics;
 pub mod threads;
 pub mod vector;
 

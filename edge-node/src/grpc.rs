@@ -1,5 +1,7 @@
 //! The gRPC twin of `POST /v1/retrieve`.
 
+use std::time::Instant;
+
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::edge_server::Edge;
 use tonic::{Request, Response, Status};
@@ -71,6 +73,7 @@ impl Edge for EdgeGrpc {
         &self,
         request: Request<pb::RetrieveRequest>,
     ) -> Result<Response<pb::RetrieveResponse>, Status> {
+        let started = Instant::now();
         let request = request.into_inner();
         let body = RetrieveBody {
             query: match &request.input {
@@ -85,8 +88,8 @@ impl Edge for EdgeGrpc {
         };
         let valid = body
             .validate(self.service.limits())
-            .map_err(EdgeError::from)?;
-        let retrieval = self.service.retrieve(valid).await?;
+            .map_err(|err| self.service.refused(err.into(), started))?;
+        let retrieval = self.service.retrieve(valid, started).await?;
         Ok(Response::new(to_proto(retrieval)))
     }
 }

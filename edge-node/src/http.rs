@@ -1,4 +1,8 @@
-//! JSON over HTTP for people and scripts: `POST /v1/retrieve`, `GET /v1/status`, `GET /healthz`.
+//! JSON over HTTP for people and scripts: `POST /v1/retrieve`, `GET /v1/status`, and for
+//! Prometheus and Kubernetes `GET /metrics`, `GET /readyz`, `GET /healthz`.
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, to_bytes};
@@ -10,8 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use crate::api::{EdgeError, InvalidArgument, RetrieveBody, RetrieveReply};
+use crate::api::{EdgeError, InvalidArgument, RetrieveBody, RetrieveReply, ValidRequest};
 use crate::service::EdgeService;
+use hasten_core::metrics::prometheus::Registry;
 
 #[derive(Clone)]
 struct HttpState {
@@ -19,15 +24,26 @@ struct HttpState {
     max_body_bytes: usize,
 }
 
-pub fn router(service: EdgeService, max_body_bytes: usize) -> Router {
+pub fn router(service: EdgeService, max_body_bytes: usize, registry: Registry) -> Router {
+    let observability = hasten_core::metrics::routes(
+        registry,
+        {
+            let service = service.clone();
+            Arc::new(move || service.refresh_metrics())
+        },
+        {
+            let service = service.clone();
+            Arc::new(move || service.readiness())
+        },
+    );
     Router::new()
         .route("/v1/retrieve", post(retrieve))
         .route("/v1/status", get(status))
-        .route("/healthz", get(|| async { "ok" }))
         .with_state(HttpState {
             service,
             max_body_bytes,
         })
+        .merge(observability)
 }
 
 impl IntoResponse for EdgeError {
@@ -73,15 +89,23 @@ async fn retrieve(
     State(state): State<HttpState>,
     body: Body,
 ) -> Result<axum::Json<RetrieveReply>, EdgeError> {
+    let started = Instant::now();
+    let request = match read_request(&state, body).await {
+        Ok(request) => request,
+        Err(err) => return Err(state.service.refused(err, started)),
+    };
+    let retrieval = state.service.retrieve(request, started).await?;
+    Ok(axum::Json(retrieval.into()))
+}
+
+async fn read_request(state: &HttpState, body: Body) -> Result<ValidRequest, EdgeError> {
     let bytes = to_bytes(body, state.max_body_bytes).await.map_err(|_| {
         InvalidArgument::new(
             "body",
             format!("unreadable or larger than {} bytes", state.max_body_bytes),
         )
     })?;
-    let request = parse_body(&bytes)?.validate(state.service.limits())?;
-    let retrieval = state.service.retrieve(request).await?;
-    Ok(axum::Json(retrieval.into()))
+    Ok(parse_body(&bytes)?.validate(state.service.limits())?)
 }
 
 async fn status(State(state): State<HttpState>) -> axum::Json<serde_json::Value> {

@@ -9,5 +9,6 @@ pub mod grpc;
 pub mod has;
 pub mod http;
 pub mod lookup;
+pub mod metrics;
 pub mod replication;
 pub mod service;

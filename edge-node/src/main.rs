@@ -14,6 +14,7 @@ use edge_node::config::EdgeConfig;
 use edge_node::engine::{EngineSettings, RetrievalEngine, RetrievalPolicy};
 use edge_node::grpc::EdgeGrpc;
 use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, HotCache};
+use edge_node::metrics::EdgeMetrics;
 use edge_node::replication::ControlPlaneLink;
 use edge_node::service::EdgeService;
 use hasten_core::bundle::CorpusBundle;
@@ -267,7 +268,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     drop(bundle);
     let engine = Arc::new(engine);
-    let mut service = EdgeService::new(Arc::new(encoder), Arc::clone(&engine), limits);
+    let registry = hasten_core::metrics::registry()?;
+    let metrics = Arc::new(EdgeMetrics::register(&registry)?);
+    let mut service = EdgeService::new(Arc::new(encoder), Arc::clone(&engine), limits, metrics);
     if let Some(link) = &link {
         link.follow(engine);
         service = service.with_link(link.status());
@@ -290,7 +293,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 tracing::debug!(%err, "could not set TCP_NODELAY");
             }
         }),
-        edge_node::http::router(service.clone(), config.max_body_bytes),
+        edge_node::http::router(service.clone(), config.max_body_bytes, registry),
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc = tonic::transport::Server::builder()

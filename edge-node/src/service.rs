@@ -8,6 +8,7 @@ use hasten_core::encoder::TextEncoder;
 use crate::api::{EdgeError, QueryInput, RequestLimits, ValidRequest};
 use crate::cloud::QuicCloudClient;
 use crate::engine::{Retrieval, RetrievalEngine, StageTimings};
+use crate::metrics::EdgeMetrics;
 use crate::replication::LinkStatus;
 
 #[derive(Clone)]
@@ -16,6 +17,7 @@ pub struct EdgeService {
     engine: Arc<RetrievalEngine<QuicCloudClient>>,
     limits: RequestLimits,
     link: Option<Arc<LinkStatus>>,
+    metrics: Arc<EdgeMetrics>,
 }
 
 impl EdgeService {
@@ -23,13 +25,38 @@ impl EdgeService {
         encoder: Arc<TextEncoder>,
         engine: Arc<RetrievalEngine<QuicCloudClient>>,
         limits: RequestLimits,
+        metrics: Arc<EdgeMetrics>,
     ) -> Self {
         Self {
             encoder,
             engine,
             limits,
             link: None,
+            metrics,
         }
+    }
+
+    /// Brings the scrape-time metrics up to date.
+    pub fn refresh_metrics(&self) {
+        self.metrics.refresh(
+            self.engine.cache_stats(),
+            self.link.as_deref().map(LinkStatus::report),
+        );
+    }
+
+    /// Whether the edge should get traffic: when its cache is replicated, only once it
+    /// streams from the control plane (before that it would miss what other edges learnt).
+    pub fn readiness(&self) -> Result<(), String> {
+        match self.link.as_deref().map(LinkStatus::report) {
+            Some(link) if !link.subscribed => Err("not subscribed to the control plane yet".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts a request refused before it reached the engine; gives the error back.
+    pub fn refused(&self, error: EdgeError, started: Instant) -> EdgeError {
+        self.metrics.observe_error(&error, started.elapsed());
+        error
     }
 
     /// Reports the control-plane link's state in the status.
@@ -51,7 +78,21 @@ impl EdgeService {
         &self.engine
     }
 
-    pub async fn retrieve(&self, request: ValidRequest) -> Result<Retrieval, EdgeError> {
+    /// Retrieves for `request`, received at `started`, and records the outcome.
+    pub async fn retrieve(
+        &self,
+        request: ValidRequest,
+        started: Instant,
+    ) -> Result<Retrieval, EdgeError> {
+        let outcome = self.run(request).await;
+        match &outcome {
+            Ok(retrieval) => self.metrics.observe_retrieval(retrieval, started.elapsed()),
+            Err(error) => self.metrics.observe_error(error, started.elapsed()),
+        }
+        outcome
+    }
+
+    async fn run(&self, request: ValidRequest) -> Result<Retrieval, EdgeError> {
         let mut timings = StageTimings::default();
         let (vector, text) = match request.input {
             QueryInput::Vector(vector) => (vector, None),

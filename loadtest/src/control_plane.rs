@@ -19,7 +19,7 @@ pub fn free_loopback_port() -> std::io::Result<u16> {
 }
 
 /// `control-plane` flags for node `id` of the group whose node `i + 1` listens on
-/// `addresses[i]`.
+/// `addresses[i]`; metrics on any loopback port.
 pub fn node_args(id: u64, addresses: &[String], data_dir: &Path) -> Vec<String> {
     let mut args = vec![
         "--id".to_string(),
@@ -31,6 +31,8 @@ pub fn node_args(id: u64, addresses: &[String], data_dir: &Path) -> Vec<String> 
             .unwrap_or_default(),
         "--data-dir".into(),
         data_dir.display().to_string(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
     ];
     for (i, address) in addresses.iter().enumerate() {
         args.push("--peer".into());

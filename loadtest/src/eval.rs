@@ -12,7 +12,8 @@ use crate::control_plane;
 use crate::driver::{self, DriverSettings};
 use crate::evaluation::summarize;
 use crate::process::{
-    ManagedProcess, ProcessError, binary, cloud_index_serve_args, edge_serve_args,
+    ManagedProcess, ProcessError, binary, cloud_index_route_args, cloud_index_serve_args,
+    edge_serve_args,
 };
 use crate::relay::{DelayModel, Relay};
 use crate::report::SystemReport;
@@ -199,7 +200,7 @@ pub fn start_cloud(settings: &ClusterSettings) -> Result<CloudTier, EvalError> {
         });
     }
     let mut processes = Vec::new();
-    let mut args = vec!["route".to_string()];
+    let mut shards = Vec::new();
     for shard in 0..settings.shards {
         let dir = settings
             .bundle
@@ -213,21 +214,11 @@ pub fn start_cloud(settings: &ClusterSettings) -> Result<CloudTier, EvalError> {
             )));
         }
         let server = serve_index(settings, &format!("shard-{shard}"), &dir)?;
-        args.extend(["--shard".into(), server.addr("grpc_addr")]);
+        shards.push(vec![server.addr("grpc_addr")]);
         processes.push(server);
     }
     let cert = settings.work.join("router-cert.pem");
-    args.extend(
-        [
-            "--quic-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--dev-cert-out",
-        ]
-        .map(String::from),
-    );
-    args.push(cert.display().to_string());
+    let args = cloud_index_route_args(&shards, &cert);
     let router = tokio::task::block_in_place(|| {
         ManagedProcess::start(
             "router",

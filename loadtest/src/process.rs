@@ -172,9 +172,33 @@ pub fn cloud_index_serve_args(bundle: &Path, grpc_addr: &str, cert: &Path) -> Ve
         "127.0.0.1:0".into(),
         "--grpc-addr".into(),
         grpc_addr.into(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
         "--dev-cert-out".into(),
         cert.display().to_string(),
     ]
+}
+
+/// `cloud-index route` flags over `shards` (each shard's replica endpoints), writing its dev
+/// certificate to `cert`; QUIC, gRPC and metrics on any loopback port.
+pub fn cloud_index_route_args(shards: &[Vec<String>], cert: &Path) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "route",
+        "--quic-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--dev-cert-out",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push(cert.display().to_string());
+    for replicas in shards {
+        args.extend(["--shard".into(), replicas.join(",")]);
+    }
+    args
 }
 
 /// `edge-node serve` flags over `bundle` with the encoder in `model_dir`, falling back to

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod relay;
+pub mod scrape;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

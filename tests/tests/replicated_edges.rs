@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_tests::cluster::Cluster;
+use hasten_tests::scrape::Scrape;
 use hasten_tests::{build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index};
 use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
@@ -102,6 +103,41 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
         })
         .await;
     }
+    // The control plane's metrics agree: one leader all nodes know in one term, one
+    // proposal committed (and its lag measured), both edges subscribed, all applied.
+    let mut scrapes = Vec::new();
+    for node in cluster.nodes.values() {
+        let metrics = node.addr("metrics_addr");
+        let ready = http
+            .get(format!("http://{metrics}/readyz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ready.status(), 200);
+        scrapes.push(Scrape::of(&metrics).await.unwrap());
+    }
+    let total = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        scrapes.iter().map(|s| s.value(name, labels)).sum()
+    };
+    assert_eq!(total("hasten_cp_is_leader", &[]), 1.0);
+    assert_eq!(total("hasten_cp_has_leader", &[]), 3.0);
+    assert_eq!(total("hasten_cp_is_voter", &[]), 3.0);
+    assert_eq!(
+        total("hasten_cp_proposals_total", &[("result", "committed")]),
+        1.0
+    );
+    assert_eq!(total("hasten_cp_replication_lag_seconds_count", &[]), 1.0);
+    assert_eq!(total("hasten_cp_subscribers", &[]), 2.0);
+    let term = scrapes[0].value("hasten_cp_term", &[]);
+    assert!(term >= 1.0);
+    for scrape in &scrapes {
+        assert_eq!(scrape.value("hasten_cp_term", &[]), term);
+        assert_eq!(
+            scrape.value("hasten_cp_applied_index", &[]),
+            scrape.value("hasten_cp_commit_index", &[])
+        );
+    }
+
     // Edge B never saw the first question, yet accepts its homologous sibling.
     let reply = ask(&http, &b, &sibling.question).await;
     assert_eq!(

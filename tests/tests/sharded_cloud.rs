@@ -14,10 +14,13 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{InfoRequest, QueryVector, SearchRequest};
+use hasten_tests::scrape::Scrape;
 use hasten_tests::{
     brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir, start_cloud_index,
 };
-use loadtest::process::{ManagedProcess, ProcessError, binary, edge_serve_args};
+use loadtest::process::{
+    ManagedProcess, ProcessError, binary, cloud_index_route_args, edge_serve_args,
+};
 use serde_json::{Value, json};
 
 const K: usize = 10;
@@ -33,26 +36,8 @@ fn start_shard(work: &Path, name: &str, bundle: &Path, grpc_addr: &str) -> Manag
 }
 
 fn start_router(work: &Path, shards: &[Vec<String>]) -> Result<ManagedProcess, ProcessError> {
-    let mut args: Vec<String> = [
-        "route",
-        "--quic-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--health-interval-ms",
-        "200",
-        "--startup-timeout-s",
-        "20",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend([
-        "--dev-cert-out".into(),
-        work.join("router.pem").display().to_string(),
-    ]);
-    for replicas in shards {
-        args.extend(["--shard".into(), replicas.join(",")]);
-    }
+    let mut args = cloud_index_route_args(shards, &work.join("router.pem"));
+    args.extend(["--health-interval-ms", "200", "--startup-timeout-s", "20"].map(String::from));
     ManagedProcess::start(
         "router",
         &binary("cloud-index").unwrap(),
@@ -297,6 +282,24 @@ async fn router_fails_over_between_replicas_and_names_a_lost_shard() {
         hits.iter().all(|h| h.id % 2 == 1),
         "shard 0's documents in a partial answer"
     );
+    // The router's metrics and readiness say the same: failovers on shard 0, no live
+    // replica of it, not ready.
+    let router_metrics = router.addr("metrics_addr");
+    let scrape = Scrape::of(&router_metrics).await.unwrap();
+    assert!(scrape.value("hasten_cloud_failovers_total", &[("shard", "0")]) >= 1.0);
+    assert_eq!(
+        scrape.value("hasten_cloud_shard_live_replicas", &[("shard", "0")]),
+        0.0
+    );
+    assert_eq!(
+        scrape.value("hasten_cloud_shard_live_replicas", &[("shard", "1")]),
+        2.0
+    );
+    let ready = reqwest::get(format!("http://{router_metrics}/readyz"))
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    assert!(ready.text().await.unwrap().contains("[0]"));
     // The edge's fallback fails fast with the router's reason; it never caches a partial
     // answer. The query points away from every document the edge has cached.
     let away: Vec<f32> = bundle.vector(bundle.len() / 2).iter().map(|x| -x).collect();

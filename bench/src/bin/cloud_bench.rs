@@ -27,7 +27,7 @@ use hasten_core::bundle::{read_manifest, write_shards};
 use hasten_core::corpus::Document;
 use hasten_core::index::ExactIndex;
 use hasten_core::threads::{ComputeThreads, set_blas_min_batch, set_compute_threads};
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
+use loadtest::process::{ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -202,24 +202,17 @@ impl Cluster {
                 &name, &bin, &args, &cli.work, timeout,
             )?);
         }
-        let mut args: Vec<String> = vec![
-            "route".into(),
-            "--quic-addr".into(),
-            "127.0.0.1:0".into(),
-            "--grpc-addr".into(),
-            "127.0.0.1:0".into(),
-            "--dev-cert-out".into(),
-            cli.work.join("router.pem").display().to_string(),
+        let endpoints: Vec<Vec<String>> =
+            shards.iter().map(|s| vec![s.addr("grpc_addr")]).collect();
+        let mut args = cloud_index_route_args(&endpoints, &cli.work.join("router.pem"));
+        args.extend([
             "--request-timeout-ms".into(),
             "60000".into(),
             "--attempt-timeout-ms".into(),
             "60000".into(),
             "--batching".into(),
             batching.to_string(),
-        ];
-        for shard in &shards {
-            args.extend(["--shard".into(), shard.addr("grpc_addr")]);
-        }
+        ]);
         let router = ManagedProcess::start("router", &bin, &args, &cli.work, timeout)?;
         let addr: SocketAddr = router
             .addr("quic_addr")

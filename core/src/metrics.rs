@@ -1,0 +1,102 @@
+//! Prometheus metrics every binary shares: a registry carrying the process collector (CPU,
+//! resident memory, open file descriptors), the text exposition, the latency buckets, and
+//! the routes that serve them with the health probes, served on a listener the binary
+//! bound.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus::{Encoder, Registry, TextEncoder};
+
+pub use prometheus;
+
+/// Latency buckets in seconds, shared so that dashboards compare tiers on one scale: from
+/// a cache hit (sub-millisecond) through a loopback fallback (a few ms) and a WAN fallback
+/// (tens of ms) to a 1M-vector batched scan under load (hundreds of ms) and the default
+/// request deadline (2 s), with room above it for stalls.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A registry with the process collector registered.
+pub fn registry() -> Result<Registry, prometheus::Error> {
+    let registry = Registry::new();
+    #[cfg(target_os = "linux")]
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
+    Ok(registry)
+}
+
+/// The registry's metrics in Prometheus's text format.
+pub fn exposition(registry: &Registry) -> String {
+    let mut out = Vec::new();
+    // Encoding into a Vec fails only on metrics that break the format's rules, which the
+    // registry refuses at registration.
+    if let Err(err) = TextEncoder::new().encode(&registry.gather(), &mut out) {
+        tracing::error!(%err, "metrics encoding failed");
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether a server is ready for traffic, and why not when it is not.
+pub type ReadinessCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// `GET /metrics` (refreshing scrape-time values with `refresh` first), `GET /readyz` (200,
+/// or 503 with the reason) and `GET /healthz` (200 while the process serves at all).
+pub fn routes(
+    registry: Registry,
+    refresh: Arc<dyn Fn() + Send + Sync>,
+    ready: ReadinessCheck,
+) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || async move {
+                refresh();
+                (
+                    [(CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                    exposition(&registry),
+                )
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || async move {
+                match ready() {
+                    Ok(()) => (StatusCode::OK, "ready".to_string()).into_response(),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+}
+
+/// Serves `routes` on `listener` in the background until the process ends.
+pub fn spawn_server(listener: tokio::net::TcpListener, routes: Router) {
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, routes).await {
+            tracing::error!(%err, "metrics server stopped");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_carries_registered_metrics_and_the_process_collector() {
+        let registry = registry().unwrap();
+        let counter = prometheus::IntCounter::new("hasten_test_total", "a test counter").unwrap();
+        registry.register(Box::new(counter.clone())).unwrap();
+        counter.inc_by(3);
+        let text = exposition(&registry);
+        assert!(text.contains("hasten_test_total 3"), "{text}");
+        assert!(text.contains("process_resident_memory_bytes"), "{text}");
+    }
+}

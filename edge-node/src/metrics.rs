@@ -1,0 +1,228 @@
+//! The edge's Prometheus metrics: requests by outcome and error kind, latency end to end and
+//! per stage, the homology score, the cache's size, the draft acceptance rate over a
+//! sliding window, and the control-plane link.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use hasten_core::metrics::LATENCY_BUCKETS;
+use hasten_core::metrics::prometheus::{
+    self, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+};
+use parking_lot::Mutex;
+
+use crate::api::EdgeError;
+use crate::engine::{CacheStats, Outcome, Retrieval};
+use crate::replication::LinkReport;
+
+/// Requests the draft acceptance rate is computed over: enough that one request moves it
+/// by 0.1%, few enough that it follows a workload shift within seconds at production rates.
+pub const DAR_WINDOW: usize = 1000;
+
+/// Homology scores are votes / k, so tenths for k = 10; finer buckets serve other k.
+const SCORE_BUCKETS: &[f64] = &[
+    0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+];
+
+/// The edge's metrics.
+#[derive(Debug)]
+pub struct EdgeMetrics {
+    requests: IntCounterVec,
+    errors: IntCounterVec,
+    duration: HistogramVec,
+    stages: HistogramVec,
+    homology: Histogram,
+    cache_entries: IntGauge,
+    cache_documents: IntGauge,
+    cache_bytes: IntGauge,
+    dar: Gauge,
+    recent: Mutex<VecDeque<bool>>,
+    subscribed: IntGauge,
+    applied_index: IntGauge,
+    proposals: IntCounterVec,
+    /// Link counts already added to `proposals` (the link counts since start).
+    proposals_seen: Mutex<(u64, u64)>,
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: T,
+) -> Result<T, prometheus::Error> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+impl EdgeMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let latency = |name: &str, help: &str| {
+            HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec())
+        };
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help);
+        Ok(Self {
+            requests: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_edge_requests_total",
+                        "Retrieval requests by outcome: accepted draft, cloud fallback, error",
+                    ),
+                    &["outcome"],
+                )?,
+            )?,
+            errors: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_edge_request_errors_total",
+                        "Failed requests by kind",
+                    ),
+                    &["kind"],
+                )?,
+            )?,
+            duration: register(
+                registry,
+                HistogramVec::new(
+                    latency(
+                        "hasten_edge_request_duration_seconds",
+                        "Retrieval latency end to end, by outcome",
+                    ),
+                    &["outcome"],
+                )?,
+            )?,
+            stages: register(
+                registry,
+                HistogramVec::new(
+                    latency(
+                        "hasten_edge_stage_duration_seconds",
+                        "Latency of each stage that ran",
+                    ),
+                    &["stage"],
+                )?,
+            )?,
+            homology: register(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "hasten_edge_homology_score",
+                        "Score each acceptance was decided on (HaS: shared documents / k)",
+                    )
+                    .buckets(SCORE_BUCKETS.to_vec()),
+                )?,
+            )?,
+            cache_entries: register(
+                registry,
+                gauge("hasten_edge_cache_entries", "Cached queries")?,
+            )?,
+            cache_documents: register(
+                registry,
+                gauge(
+                    "hasten_edge_cache_documents",
+                    "Documents the cache refers to",
+                )?,
+            )?,
+            cache_bytes: register(
+                registry,
+                gauge("hasten_edge_cache_bytes", "Bytes the cache holds")?,
+            )?,
+            dar: register(
+                registry,
+                Gauge::new(
+                    "hasten_edge_draft_acceptance_ratio",
+                    "Share of the last 1000 answered requests served by an accepted draft",
+                )?,
+            )?,
+            recent: Mutex::new(VecDeque::with_capacity(DAR_WINDOW)),
+            subscribed: register(
+                registry,
+                gauge(
+                    "hasten_edge_control_plane_subscribed",
+                    "1 while the edge streams committed cache events from a control-plane node",
+                )?,
+            )?,
+            applied_index: register(
+                registry,
+                gauge(
+                    "hasten_edge_control_plane_applied_index",
+                    "Index of the last control-plane event applied to the cache",
+                )?,
+            )?,
+            proposals: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_edge_proposals_total",
+                        "Fallback results offered to the control plane: sent, or dropped on a full queue",
+                    ),
+                    &["result"],
+                )?,
+            )?,
+            proposals_seen: Mutex::new((0, 0)),
+        })
+    }
+
+    /// One answered request.
+    pub fn observe_retrieval(&self, retrieval: &Retrieval, took: Duration) {
+        let accepted = retrieval.outcome == Outcome::Accepted;
+        let outcome = if accepted { "accepted" } else { "fallback" };
+        self.requests.with_label_values(&[outcome]).inc();
+        self.duration
+            .with_label_values(&[outcome])
+            .observe(took.as_secs_f64());
+        self.homology.observe(retrieval.homology_score);
+        let t = &retrieval.timings;
+        for (stage, micros) in [
+            ("encode", t.encode_us),
+            ("cache_channel", t.cache_channel_us),
+            ("fuzzy_channel", t.fuzzy_channel_us),
+            ("validation", t.validation_us),
+            ("cloud_fallback", t.cloud_us),
+        ] {
+            if micros > 0 {
+                self.stages
+                    .with_label_values(&[stage])
+                    .observe(micros as f64 / 1e6);
+            }
+        }
+        let mut recent = self.recent.lock();
+        if recent.len() == DAR_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(accepted);
+        let accepted = recent.iter().filter(|a| **a).count();
+        self.dar.set(accepted as f64 / recent.len() as f64);
+    }
+
+    /// One failed request, refused at parsing or failed in the engine.
+    pub fn observe_error(&self, error: &EdgeError, took: Duration) {
+        let kind = match error {
+            EdgeError::InvalidArgument(_) => "invalid_argument",
+            EdgeError::Unavailable(_) => "unavailable",
+            EdgeError::Internal(_) => "internal",
+        };
+        self.requests.with_label_values(&["error"]).inc();
+        self.errors.with_label_values(&[kind]).inc();
+        self.duration
+            .with_label_values(&["error"])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Scrape-time values: the cache's size and the control-plane link's state.
+    pub fn refresh(&self, cache: CacheStats, link: Option<LinkReport>) {
+        self.cache_entries.set(cache.queries as i64);
+        self.cache_documents.set(cache.documents as i64);
+        self.cache_bytes.set(cache.bytes as i64);
+        let Some(link) = link else {
+            return;
+        };
+        self.subscribed.set(i64::from(link.subscribed));
+        self.applied_index.set(link.applied_index as i64);
+        let mut seen = self.proposals_seen.lock();
+        self.proposals
+            .with_label_values(&["sent"])
+            .inc_by(link.proposed.saturating_sub(seen.0));
+        self.proposals
+            .with_label_values(&["dropped"])
+            .inc_by(link.dropped.saturating_sub(seen.1));
+        *seen = (link.proposed.max(seen.0), link.dropped.max(seen.1));
+    }
+}
