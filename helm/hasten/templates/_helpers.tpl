@@ -1,0 +1,311 @@
+{{/*
+Names, labels and the shared pieces of every pod.
+*/}}
+
+{{- define "hasten.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name prefix: `<release>-hasten`, or the release name when it already says hasten. */}}
+{{- define "hasten.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "hasten.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "hasten.labels" -}}
+helm.sh/chart: {{ include "hasten.chart" . }}
+app.kubernetes.io/name: {{ include "hasten.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hasten
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "edge"). */}}
+{{- define "hasten.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hasten.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Object names. */}}
+{{- define "hasten.controlPlane.name" -}}{{ include "hasten.fullname" . }}-control-plane{{- end }}
+{{- define "hasten.controlPlane.headless" -}}{{ include "hasten.fullname" . }}-control-plane-headless{{- end }}
+{{- define "hasten.router.name" -}}{{ include "hasten.fullname" . }}-router{{- end }}
+{{- define "hasten.edge.name" -}}{{ include "hasten.fullname" . }}-edge{{- end }}
+{{/* (dict "root" $ "shard" 0) */}}
+{{- define "hasten.shard.name" -}}{{ include "hasten.fullname" .root }}-shard-{{ .shard }}{{- end }}
+
+{{- define "hasten.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "hasten.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "hasten.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* host:port for a server to bind. */}}
+{{- define "hasten.bind" -}}
+{{- printf "%s:%v" .root.Values.bindHost .port }}
+{{- end }}
+
+{{/* Fully qualified DNS name of a Service in the release namespace. */}}
+{{- define "hasten.svcFqdn" -}}
+{{- printf "%s.%s.svc.%s" .service .root.Release.Namespace .root.Values.clusterDomain }}
+{{- end }}
+
+{{/* Control-plane pod i's gRPC address: (dict "root" $ "index" 0). */}}
+{{- define "hasten.controlPlane.podAddress" -}}
+{{- printf "%s-%d.%s:7400" (include "hasten.controlPlane.name" .root) (int .index) (include "hasten.svcFqdn" (dict "root" .root "service" (include "hasten.controlPlane.headless" .root))) }}
+{{- end }}
+
+{{/* The TLS name edges expect on the router's certificate. */}}
+{{- define "hasten.cloud.serverName" -}}
+{{- default (printf "%s.%s.svc" (include "hasten.router.name" .) .Release.Namespace) .Values.tls.cloud.serverName }}
+{{- end }}
+
+{{/* Names the router's certificate must carry (generated or dev). */}}
+{{- define "hasten.router.dnsNames" -}}
+{{- $router := include "hasten.router.name" . -}}
+{{- $names := list $router (printf "%s.%s" $router .Release.Namespace) (printf "%s.%s.svc" $router .Release.Namespace) (include "hasten.svcFqdn" (dict "root" . "service" $router)) -}}
+{{- if .Values.tls.cloud.serverName }}{{ $names = append $names .Values.tls.cloud.serverName | uniq }}{{ end -}}
+{{- toJson $names }}
+{{- end }}
+
+{{/* Name of the Secret with the cloud's TLS material, empty in dev-certificate mode. */}}
+{{- define "hasten.tls.secretName" -}}
+{{- if .Values.tls.cloud.secretName }}
+{{- .Values.tls.cloud.secretName }}
+{{- else if .Values.tls.cloud.generate }}
+{{- include "hasten.fullname" . }}-cloud-tls
+{{- end }}
+{{- end }}
+
+{{/*
+Checks of values that would otherwise render a deployment that cannot work. Included by
+every workload template, so that `helm template` and `helm install` stop with the message.
+*/}}
+{{- define "hasten.validate" -}}
+{{- if and (not .Values.tls.cloud.secretName) (not .Values.tls.cloud.generate) (not .Values.tls.allowDevCerts) }}
+{{- fail "tls: set tls.cloud.secretName (a Secret with tls.crt, tls.key and ca.crt for the router) or tls.cloud.generate=true. Without either, the router generates a dev certificate inside its pod that the edges cannot verify, so the edges cannot start; set tls.allowDevCerts=true only to try the cloud tier and control plane on their own." }}
+{{- end }}
+{{- if not .Values.corpus.existingClaim }}
+{{- fail "corpus.existingClaim: name the PersistentVolumeClaim that holds the output of `cloud-index build --shards <cloud.shards>`" }}
+{{- end }}
+{{- if lt (int .Values.cloud.shards) 1 }}
+{{- fail "cloud.shards must be at least 1" }}
+{{- end }}
+{{- if lt (int .Values.cloud.replicasPerShard) 1 }}
+{{- fail "cloud.replicasPerShard must be at least 1" }}
+{{- end }}
+{{- if and .Values.controlPlane.enabled (lt (int .Values.controlPlane.replicas) 1) }}
+{{- fail "controlPlane.replicas must be at least 1 (3 or 5 for fault tolerance)" }}
+{{- end }}
+{{- if not (has .Values.edge.kind (list "Deployment" "DaemonSet")) }}
+{{- fail (printf "edge.kind must be Deployment or DaemonSet, got %q" .Values.edge.kind) }}
+{{- end }}
+{{- if not (has .Values.podAntiAffinity (list "soft" "hard" "none")) }}
+{{- fail (printf "podAntiAffinity must be soft, hard or none, got %q" .Values.podAntiAffinity) }}
+{{- end }}
+{{- end }}
+
+{{/* Pod anti-affinity preset: (dict "root" $ "component" "shard-0" "affinity" .Values.x.affinity). */}}
+{{- define "hasten.affinity" -}}
+{{- if .affinity }}
+{{- toYaml .affinity }}
+{{- else if eq .root.Values.podAntiAffinity "soft" }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "hasten.selectorLabels" (dict "root" .root "component" .component) | nindent 12 }}
+{{- else if eq .root.Values.podAntiAffinity "hard" }}
+podAntiAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "hasten.selectorLabels" (dict "root" .root "component" .component) | nindent 10 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Volumes every pod has: writable scratch, and /etc/hasten with the pod's TOML file and, when
+the cloud has TLS material, what this pod needs of it under tls/: the certificate and key for
+a server (`"tls" "server"`, the router and shards), the CA for a client (`"tls" "client"`,
+the edges). (dict "root" $ "configMap" name "tls" "server"|"client"|"")
+*/}}
+{{- define "hasten.baseVolumes" -}}
+- name: tmp
+  emptyDir: {}
+- name: run
+  emptyDir:
+    medium: Memory
+    sizeLimit: 16Mi
+- name: config
+  projected:
+    defaultMode: 0444
+    sources:
+      - configMap:
+          name: {{ .configMap }}
+      {{- $secret := include "hasten.tls.secretName" .root }}
+      {{- if and $secret .tls }}
+      - secret:
+          name: {{ $secret }}
+          items:
+            {{- if eq .tls "server" }}
+            - key: tls.crt
+              path: tls/tls.crt
+            - key: tls.key
+              path: tls/tls.key
+              mode: 0440
+            {{- else }}
+            - key: ca.crt
+              path: tls/ca.crt
+            {{- end }}
+      {{- end }}
+{{- end }}
+
+{{- define "hasten.baseVolumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: run
+  mountPath: /var/run/hasten
+- name: config
+  mountPath: /etc/hasten
+  readOnly: true
+{{- end }}
+
+{{- define "hasten.corpusVolume" -}}
+- name: corpus
+  persistentVolumeClaim:
+    claimName: {{ .Values.corpus.existingClaim }}
+    readOnly: true
+{{- end }}
+
+{{- define "hasten.corpusVolumeMount" -}}
+- name: corpus
+  mountPath: /var/lib/hasten/corpus
+  readOnly: true
+  {{- with .Values.corpus.subPath }}
+  subPath: {{ . }}
+  {{- end }}
+{{- end }}
+
+{{/* Pod-level settings shared by every pod (indented by the caller). */}}
+{{- define "hasten.podCommon" -}}
+serviceAccountName: {{ include "hasten.serviceAccountName" . }}
+automountServiceAccountToken: false
+{{- /*
+Service links would put `<SERVICE>_PORT`-style variables into every container; with a
+release called hasten they start with HASTEN_EDGE_, HASTEN_ROUTER_... and the binaries read
+those prefixes as configuration keys, which deny_unknown_fields rejects.
+*/}}
+enableServiceLinks: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end }}
+
+{{/* Environment every container gets. */}}
+{{- define "hasten.commonEnv" -}}
+- name: RUST_LOG
+  value: {{ .Values.logLevel | quote }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- end }}
+
+{{/* HTTP probes on one port: (dict "port" "metrics" "startup" .Values.x.startupProbe) */}}
+{{- define "hasten.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ .port }}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 6
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: {{ .port }}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 3
+{{- if .startup }}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: {{ .port }}
+  periodSeconds: {{ .startup.periodSeconds }}
+  failureThreshold: {{ .startup.failureThreshold }}
+  timeoutSeconds: 3
+{{- end }}
+{{- end }}
+
+{{/*
+A TOML value: strings quoted (JSON escaping is valid TOML for the characters used here),
+lists as TOML arrays, numbers and booleans as they are.
+*/}}
+{{- define "hasten.toml.value" -}}
+{{- if kindIs "string" . }}{{ toJson . }}
+{{- else if kindIs "slice" . }}[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "hasten.toml.value" $v }}{{ end }}]
+{{- else if kindIs "float64" . }}{{ if eq (float64 (int64 .)) . }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else }}{{ . }}
+{{- end }}
+{{- end }}
+
+{{/* `key = value` lines of a map, sorted, nulls left out: (dict "values" map "floats" list-of-keys-kept-as-floats). */}}
+{{- define "hasten.toml.table" -}}
+{{- $floats := default (list) .floats }}
+{{- range $key, $value := .values }}
+{{- if not (kindIs "invalid" $value) }}
+{{- if and (has $key $floats) (or (kindIs "float64" $value) (kindIs "int" $value) (kindIs "int64" $value)) }}
+{{ $key }} = {{ regexReplaceAll "^(-?[0-9]+)$" (printf "%g" (float64 $value) | replace "e+" "e") "${1}.0" }}
+{{- else }}
+{{ $key }} = {{ include "hasten.toml.value" $value }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the prometheus-operator CRDs may be rendered. */}}
+{{- define "hasten.monitoring.crds" -}}
+{{- if or .Values.monitoring.forceCRDs (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- end }}
+
+{{/* PromQL label matchers selecting this release's series. */}}
+{{- define "hasten.monitoring.selector" -}}
+{{- default (printf "namespace=%q" .Release.Namespace) .Values.monitoring.prometheusRule.selector }}
+{{- end }}

