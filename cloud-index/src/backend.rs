@@ -2,12 +2,14 @@
 //! over the whole corpus. The QUIC and gRPC front ends are written once against this.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Instant;
 
 use hasten_proto::v1::{IndexInfo, SearchRequest, SearchResponse};
 
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
+use tokio::sync::Semaphore;
 
 pub trait SearchBackend: Clone + Send + Sync + 'static {
     /// What this server answers over.
@@ -50,5 +52,38 @@ impl<B: SearchBackend> SearchBackend for Metered<B> {
         self.metrics
             .observe_search(&self.shard, outcome.is_ok(), started.elapsed());
         outcome
+    }
+}
+
+/// A backend that answers at most `limit` searches at once and refuses the rest at once
+/// with [`SearchError::Overloaded`], so that overload shows as fast refusals a caller can
+/// retry elsewhere rather than as a queue whose every entry misses its deadline.
+#[derive(Clone, Debug)]
+pub struct Admission<B> {
+    inner: B,
+    permits: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl<B: SearchBackend> Admission<B> {
+    pub fn new(inner: B, limit: usize) -> Self {
+        Self {
+            inner,
+            permits: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
+}
+
+impl<B: SearchBackend> SearchBackend for Admission<B> {
+    fn info(&self) -> IndexInfo {
+        self.inner.info()
+    }
+
+    async fn search(&self, request: SearchRequest) -> Result<SearchResponse, SearchError> {
+        let _permit = self.permits.try_acquire().map_err(|_| {
+            SearchError::Overloaded(format!("{} searches already in flight", self.limit))
+        })?;
+        self.inner.search(request).await
     }
 }

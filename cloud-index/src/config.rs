@@ -73,6 +73,22 @@ fn validate_batching(
     Ok(())
 }
 
+/// Searches a cloud server answers at once. A 1M-vector shard answers ~200-250 searches a
+/// second batched (bench/README.md, "Cloud tier"), so ~500 fit in the default 2 s deadline;
+/// twice that absorbs a burst, and a search beyond it would only wait out its deadline in
+/// the queue.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+fn validate_in_flight(max_in_flight: usize) -> Result<(), ConfigError> {
+    if max_in_flight == 0 {
+        return Err(ConfigError::invalid(
+            "max_in_flight",
+            "must be at least 1: with 0 every search is refused",
+        ));
+    }
+    Ok(())
+}
+
 fn default_dev_cert_names() -> Vec<String> {
     vec!["localhost".into(), "127.0.0.1".into()]
 }
@@ -110,6 +126,9 @@ pub struct ShardConfig {
     pub batch_max_wait_us: u64,
     /// Searches that may queue for a batch before callers wait to enqueue.
     pub batch_queue: usize,
+    /// Searches answered at once; beyond it RESOURCE_EXHAUSTED at once. See
+    /// [`DEFAULT_MAX_IN_FLIGHT`].
+    pub max_in_flight: usize,
     /// OpenMP threads for faiss's per-query scans and result merging. 1, because batches go
     /// through OpenBLAS (see `blas_min_batch`), and OpenMP threads running beside OpenBLAS's
     /// oversubscribe the cores (bench/README.md, "Cloud tier": OpenMP 2 + OpenBLAS 2 ran a
@@ -139,6 +158,7 @@ impl Default for ShardConfig {
             batch_max_queries: 256,
             batch_max_wait_us: 1000,
             batch_queue: 4096,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             openmp_threads: 1,
             openblas_threads: 0,
             blas_min_batch: 4,
@@ -155,6 +175,7 @@ impl ShardConfig {
             ));
         }
         validate_tls(&self.tls_cert, &self.tls_key, &self.dev_cert_names)?;
+        validate_in_flight(self.max_in_flight)?;
         validate_batching(
             self.batching,
             self.batch_max_queries,
@@ -219,6 +240,9 @@ pub struct RouterConfig {
     pub batch_max_wait_us: u64,
     /// Searches that may queue for a batch before callers wait to enqueue.
     pub batch_queue: usize,
+    /// Searches routed at once; beyond it RESOURCE_EXHAUSTED at once. See
+    /// [`DEFAULT_MAX_IN_FLIGHT`].
+    pub max_in_flight: usize,
 }
 
 impl Default for RouterConfig {
@@ -241,6 +265,7 @@ impl Default for RouterConfig {
             batch_max_queries: 256,
             batch_max_wait_us: 1000,
             batch_queue: 4096,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
 }
@@ -258,6 +283,7 @@ impl RouterConfig {
                 return Err(ConfigError::invalid(key, "must be above 0"));
             }
         }
+        validate_in_flight(self.max_in_flight)?;
         validate_batching(
             self.batching,
             self.batch_max_queries,
@@ -314,6 +340,9 @@ mod tests {
         config.validate().unwrap();
         config.tls_cert = Some("cert.pem".into());
         assert!(message(config.validate().unwrap_err()).contains("tls_key"));
+        config.tls_cert = None;
+        config.max_in_flight = 0;
+        assert!(message(config.validate().unwrap_err()).contains("max_in_flight"));
     }
 
     #[test]

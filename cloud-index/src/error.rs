@@ -13,6 +13,8 @@ pub enum SearchError {
     ShardUnavailable { shard: usize, reason: String },
     #[error("deadline of {timeout_ms} ms exceeded: {what}")]
     DeadlineExceeded { timeout_ms: u64, what: String },
+    #[error("overloaded: {0}")]
+    Overloaded(String),
     #[error("shutting down")]
     ShuttingDown,
 }

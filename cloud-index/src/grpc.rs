@@ -27,6 +27,7 @@ impl From<SearchError> for Status {
                 Status::unavailable(message)
             }
             SearchError::DeadlineExceeded { .. } => Status::deadline_exceeded(message),
+            SearchError::Overloaded(_) => Status::resource_exhausted(message),
             SearchError::Index(_) | SearchError::Task(_) => Status::internal(message),
         }
     }

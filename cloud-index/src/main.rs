@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use cloud_index::backend::Metered;
+use cloud_index::backend::{Admission, Metered};
 use cloud_index::config::{RouterConfig, ShardConfig};
 use cloud_index::grpc::CloudIndexGrpc;
 use cloud_index::metrics::{CloudMetrics, Role};
@@ -91,7 +91,7 @@ struct ServeArgs {
     bundle: Option<PathBuf>,
     #[command(flatten)]
     #[serde(flatten)]
-    listen: ListenArgs,
+    server: ServerArgs,
     #[command(flatten)]
     #[serde(flatten)]
     batching: BatchingArgs,
@@ -127,9 +127,10 @@ struct BatchingArgs {
     batch_max_wait_us: Option<u64>,
 }
 
-/// Where a server listens and how it reports itself; shared by `serve` and `route`.
+/// What shard servers and routers share: where they listen, how they report themselves,
+/// and how much they take on at once.
 #[derive(Args, Serialize)]
-struct ListenArgs {
+struct ServerArgs {
     /// UDP address for QUIC [default: 127.0.0.1:7100].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -142,6 +143,10 @@ struct ListenArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
+    /// Searches answered at once; beyond it RESOURCE_EXHAUSTED [default: 1024].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_in_flight: Option<usize>,
     /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -177,7 +182,7 @@ struct RouteArgs {
     shards: Option<Vec<Vec<String>>>,
     #[command(flatten)]
     #[serde(flatten)]
-    listen: ListenArgs,
+    server: ServerArgs,
     /// Deadline of a request that names none, in milliseconds [default: 2000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -428,7 +433,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let service = ShardService::new(searcher, config.batching_settings(), metrics.clone());
     loaded.store(true, Ordering::Release);
     serve_backend(
-        Metered::new(service, metrics, shard),
+        Metered::new(
+            Admission::new(service, config.max_in_flight),
+            metrics,
+            shard,
+        ),
         Listeners {
             quic_addr: config.quic_addr,
             grpc_addr: config.grpc_addr,
@@ -505,7 +514,11 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         &config.dev_cert_names,
     )?;
     serve_backend(
-        Metered::new(router, metrics, "all".into()),
+        Metered::new(
+            Admission::new(router, config.max_in_flight),
+            metrics,
+            "all".into(),
+        ),
         Listeners {
             quic_addr: config.quic_addr,
             grpc_addr: config.grpc_addr,

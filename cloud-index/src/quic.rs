@@ -62,6 +62,7 @@ fn error_code(err: &SearchError) -> Code {
         SearchError::InvalidArgument(_) => Code::InvalidArgument,
         SearchError::ShardUnavailable { .. } | SearchError::ShuttingDown => Code::Unavailable,
         SearchError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        SearchError::Overloaded(_) => Code::ResourceExhausted,
         SearchError::Index(_) | SearchError::Task(_) => Code::Internal,
     }
 }

@@ -30,6 +30,9 @@ pub enum AttemptError {
     Failed(String),
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
+    /// The replica serves but is at its bound of searches in flight: try another, keep it.
+    #[error("{0}")]
+    Overloaded(String),
 }
 
 /// A shard replica: where it is, a client to it, and whether it is believed to be serving.
@@ -158,6 +161,9 @@ async fn within<T>(
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
             Err(AttemptError::Rejected(status.message().to_string()))
+        }
+        Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
+            Err(AttemptError::Overloaded(status.message().to_string()))
         }
         Ok(Err(status)) => Err(AttemptError::Failed(format!(
             "{:?}: {}",

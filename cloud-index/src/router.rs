@@ -299,6 +299,7 @@ impl RouterState {
         let candidates = if live.is_empty() { rotated } else { live };
         let queries = request.queries.len();
         let mut failures = Vec::new();
+        let mut overloaded = 0;
         for replica in candidates {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
@@ -320,6 +321,11 @@ impl RouterState {
                 Err(AttemptError::Rejected(message)) => {
                     return Err(SearchError::InvalidArgument(message));
                 }
+                Err(AttemptError::Overloaded(message)) => {
+                    overloaded += 1;
+                    failures.push(format!("{}: {message}", replica.endpoint));
+                    continue;
+                }
                 Err(err) => err,
             };
             tracing::debug!(shard, endpoint = %replica.endpoint, %error, "shard attempt failed; trying the next replica");
@@ -335,6 +341,12 @@ impl RouterState {
                     failures.join("; ")
                 ),
             });
+        }
+        if overloaded > 0 && overloaded == failures.len() {
+            return Err(SearchError::Overloaded(format!(
+                "every replica of shard {shard} is at its bound ({})",
+                failures.join("; ")
+            )));
         }
         Err(unavailable(format!(
             "no replica answered ({})",

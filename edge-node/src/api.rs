@@ -4,6 +4,7 @@
 use hasten_core::vector::normalized_query;
 use serde::{Deserialize, Serialize};
 
+use crate::cloud::CloudError;
 use crate::engine::{
     EngineError, MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings,
 };
@@ -115,6 +116,9 @@ pub enum EdgeError {
     InvalidArgument(#[from] InvalidArgument),
     #[error("{0}")]
     Unavailable(String),
+    /// Too much in flight here or in the cloud: retry shortly (HTTP 429).
+    #[error("{0}")]
+    Overloaded(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -122,6 +126,9 @@ pub enum EdgeError {
 impl From<EngineError> for EdgeError {
     fn from(err: EngineError) -> Self {
         match err {
+            EngineError::Cloud(e @ CloudError::Overloaded(_)) => {
+                EdgeError::Overloaded(e.to_string())
+            }
             EngineError::Cloud(e) => {
                 EdgeError::Unavailable(format!("cloud index unavailable: {e}"))
             }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, FrameError, read_frame, write_frame};
+use hasten_proto::v1::quic_error::Code;
 use hasten_proto::v1::{
     InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest, SearchResponse,
     quic_request, quic_response,
@@ -51,6 +52,8 @@ pub enum CloudError {
     Timeout(Duration),
     #[error("the cloud index refused the request: {0}")]
     Refused(String),
+    #[error("the cloud index is overloaded: {0}")]
+    Overloaded(String),
     #[error(
         "the cloud index serves corpus version {cloud}, this edge holds {edge}: rebuild or redeploy so both use the same bundle"
     )]
@@ -163,6 +166,9 @@ impl QuicCloudClient {
         })?;
         match response.body {
             Some(quic_response::Body::Search(search)) => Ok(fallback_documents(search)),
+            Some(quic_response::Body::Error(e)) if e.code() == Code::ResourceExhausted => {
+                Err(CloudError::Overloaded(e.message))
+            }
             Some(quic_response::Body::Error(e)) => Err(CloudError::Refused(e.message)),
             _ => Err(CloudError::Protocol("expected search results".into())),
         }

@@ -62,6 +62,11 @@ pub struct EdgeConfig {
     pub max_query_chars: usize,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Requests answered at once; beyond it 429 / RESOURCE_EXHAUSTED at once instead of a
+    /// growing queue. A fallback holds its slot for up to `cloud_timeout_ms`, so this bounds
+    /// memory and tail latency while leaving far more concurrency than the encoder's cores
+    /// can use.
+    pub max_in_flight: usize,
     /// Control-plane nodes (gRPC host:port). When set, fallback results are replicated
     /// through the control plane and the edge follows its committed stream; when empty the
     /// edge caches only what it fetched itself.
@@ -101,6 +106,7 @@ impl Default for EdgeConfig {
             max_query_chars: 2_000,
             // A 384-d vector in JSON is ~8 KB; 64 KiB leaves room without inviting abuse.
             max_body_bytes: 64 * 1024,
+            max_in_flight: 512,
             control_plane: Vec::new(),
             edge_id: "edge".into(),
             ready_file: None,
@@ -174,11 +180,14 @@ impl EdgeConfig {
                 "must be at least 1",
             ));
         }
-        if self.max_query_chars == 0 || self.max_body_bytes == 0 {
-            return Err(ConfigError::invalid(
-                "max_query_chars",
-                "limits must be positive",
-            ));
+        for (key, value) in [
+            ("max_query_chars", self.max_query_chars),
+            ("max_body_bytes", self.max_body_bytes),
+            ("max_in_flight", self.max_in_flight),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ impl From<EdgeError> for Status {
         match err {
             EdgeError::InvalidArgument(e) => Status::invalid_argument(e.to_string()),
             EdgeError::Unavailable(m) => Status::unavailable(m),
+            EdgeError::Overloaded(m) => Status::resource_exhausted(m),
             EdgeError::Internal(m) => Status::internal(m),
         }
     }

@@ -57,6 +57,15 @@ impl IntoResponse for EdgeError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": {"code": "unavailable", "message": message}}),
             ),
+            EdgeError::Overloaded(message) => {
+                let body = json!({"error": {"code": "overloaded", "message": message}});
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(axum::http::header::RETRY_AFTER, "1")],
+                    axum::Json(body),
+                )
+                    .into_response();
+            }
             EdgeError::Internal(message) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 json!({"error": {"code": "internal", "message": message}}),

@@ -131,6 +131,10 @@ struct ServeArgs {
     #[arg(long = "control-plane", value_name = "HOST:PORT")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     control_plane: Vec<String>,
+    /// Requests answered at once; beyond it 429 / RESOURCE_EXHAUSTED [default: 512].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_in_flight: Option<usize>,
     /// This edge's name in replicated entries [default: edge].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -270,7 +274,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let engine = Arc::new(engine);
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(EdgeMetrics::register(&registry)?);
-    let mut service = EdgeService::new(Arc::new(encoder), Arc::clone(&engine), limits, metrics);
+    let mut service = EdgeService::new(
+        Arc::new(encoder),
+        Arc::clone(&engine),
+        limits,
+        metrics,
+        config.max_in_flight,
+    );
     if let Some(link) = &link {
         link.follow(engine);
         service = service.with_link(link.status());

@@ -197,6 +197,7 @@ impl EdgeMetrics {
         let kind = match error {
             EdgeError::InvalidArgument(_) => "invalid_argument",
             EdgeError::Unavailable(_) => "unavailable",
+            EdgeError::Overloaded(_) => "overloaded",
             EdgeError::Internal(_) => "internal",
         };
         self.requests.with_label_values(&["error"]).inc();

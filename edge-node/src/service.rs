@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hasten_core::encoder::TextEncoder;
+use tokio::sync::Semaphore;
 
 use crate::api::{EdgeError, QueryInput, RequestLimits, ValidRequest};
 use crate::cloud::QuicCloudClient;
@@ -18,6 +19,9 @@ pub struct EdgeService {
     limits: RequestLimits,
     link: Option<Arc<LinkStatus>>,
     metrics: Arc<EdgeMetrics>,
+    /// Requests being answered; beyond its bound a request is refused at once.
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
 }
 
 impl EdgeService {
@@ -26,6 +30,7 @@ impl EdgeService {
         engine: Arc<RetrievalEngine<QuicCloudClient>>,
         limits: RequestLimits,
         metrics: Arc<EdgeMetrics>,
+        max_in_flight: usize,
     ) -> Self {
         Self {
             encoder,
@@ -33,6 +38,8 @@ impl EdgeService {
             limits,
             link: None,
             metrics,
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
         }
     }
 
@@ -84,7 +91,13 @@ impl EdgeService {
         request: ValidRequest,
         started: Instant,
     ) -> Result<Retrieval, EdgeError> {
-        let outcome = self.run(request).await;
+        let outcome = match self.in_flight.try_acquire() {
+            Ok(_permit) => self.run(request).await,
+            Err(_) => Err(EdgeError::Overloaded(format!(
+                "{} requests already in flight at this edge; retry shortly",
+                self.max_in_flight
+            ))),
+        };
         match &outcome {
             Ok(retrieval) => self.metrics.observe_retrieval(retrieval, started.elapsed()),
             Err(error) => self.metrics.observe_error(error, started.elapsed()),
