@@ -2,6 +2,7 @@
 //! loopback (see `loadtest::process` for starting and stopping them).
 
 pub mod cluster;
+pub mod edge;
 pub mod relay;
 pub mod scrape;
 
@@ -126,6 +127,27 @@ pub fn start_cloud_index(
         work,
         CLOUD_START_TIMEOUT,
     )?)
+}
+
+/// A self-signed certificate for `localhost` and `127.0.0.1` and its key, written to
+/// `<dir>/<name>.crt` and `<dir>/<name>.key`: a server identity that survives restarts
+/// (a generated dev certificate changes with every start).
+pub fn write_tls_identity(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf)> {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".into()])?;
+    let cert = dir.join(format!("{name}.crt"));
+    let key = dir.join(format!("{name}.key"));
+    std::fs::write(&cert, certified.cert.pem())?;
+    std::fs::write(&key, certified.signing_key.serialize_pem())?;
+    Ok((cert, key))
+}
+
+/// A UDP port on loopback that was free a moment ago, for a server that must come back on
+/// the same address after a restart.
+pub fn free_udp_port() -> Result<u16> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Exact top-k by brute force (plain Rust, no faiss): `(id, score)` best first.

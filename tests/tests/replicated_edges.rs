@@ -6,18 +6,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_tests::cluster::Cluster;
+use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::scrape::Scrape;
 use hasten_tests::{build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index};
 use loadtest::process::{ManagedProcess, binary, edge_serve_args};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const K: usize = 10;
 const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an edge may take to apply what the control plane committed.
+const WAIT: Duration = Duration::from_secs(15);
 
 fn start_edge(
     work: &Path,
@@ -44,37 +47,9 @@ fn start_edge(
 }
 
 async fn ask(http: &reqwest::Client, edge: &str, question: &str) -> Value {
-    let response = http
-        .post(format!("http://{edge}/v1/retrieve"))
-        .json(&json!({"query": question, "k": K}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    response.json().await.unwrap()
-}
-
-async fn status(http: &reqwest::Client, edge: &str) -> Value {
-    http.get(format!("http://{edge}/v1/status"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// Waits until the edge's status satisfies `done`.
-async fn wait_for(http: &reqwest::Client, edge: &str, what: &str, done: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let now = status(http, edge).await;
-        if done(&now) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {now}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (code, reply) = retrieve(http, edge, question, K).await;
+    assert_eq!(code, 200, "{reply}");
+    reply
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +73,7 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
     let reply = ask(&http, &a, &first.question).await;
     assert_eq!(reply["outcome"], "fallback", "{reply}");
     for edge in [&a, &b] {
-        wait_for(&http, edge, "the entry never arrived", |s| {
+        wait_for(&http, edge, "the entry never arrived", WAIT, |s| {
             s["cached_queries"] == 1 && s["control_plane"]["subscribed"] == true
         })
         .await;
@@ -162,15 +137,88 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
             asked += 1;
         }
     }
-    wait_for(&http, &a, "edge A did not apply its own entries", |s| {
-        s["cached_queries"] == asked
-    })
+    wait_for(
+        &http,
+        &a,
+        "edge A did not apply its own entries",
+        WAIT,
+        |s| s["cached_queries"] == asked,
+    )
     .await;
     let a_status = status(&http, &a).await;
-    wait_for(&http, &b, "edge B did not catch up", |s| {
+    wait_for(&http, &b, "edge B did not catch up", WAIT, |s| {
         s["cached_queries"] == asked
             && s["cached_documents"] == a_status["cached_documents"]
             && s["control_plane"]["applied_index"] == a_status["control_plane"]["applied_index"]
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edges_serve_from_their_caches_while_the_control_plane_is_down_and_resync_after() {
+    let mut cluster = Cluster::start("control-plane-down", 3, 10_000);
+    let work = cluster.work.clone();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
+    cluster.leader().await;
+    let nodes: Vec<String> = cluster.addresses.values().cloned().collect();
+    let all: Vec<&String> = nodes.iter().collect();
+    let edge_a = start_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &all);
+    let edge_b = start_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &all);
+    let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
+    let http = reqwest::Client::new();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let encoder = TextEncoder::load(&model_dir()).unwrap();
+    let (first, sibling) = homologous_pair(&bundle, &encoder, K).unwrap();
+    assert_eq!(ask(&http, &a, &first.question).await["outcome"], "fallback");
+    for edge in [&a, &b] {
+        wait_for(&http, edge, "the entry never arrived", WAIT, |s| {
+            s["cached_queries"] == 1
+        })
+        .await;
+    }
+
+    // Every control-plane node down: both edges keep answering, from their caches where
+    // the draft holds (edge B never saw the first question) and from the cloud otherwise.
+    let ids: Vec<u64> = cluster.addresses.keys().copied().collect();
+    for id in &ids {
+        cluster.kill(*id);
+    }
+    let reply = ask(&http, &b, &sibling.question).await;
+    assert_eq!(reply["outcome"], "accepted", "{reply}");
+    let later = bundle
+        .questions
+        .iter()
+        .filter(|q| q.entity != first.entity)
+        .find(|q| q.question != sibling.question)
+        .unwrap();
+    assert_eq!(ask(&http, &a, &later.question).await["outcome"], "fallback");
+    wait_for(
+        &http,
+        &b,
+        "edge B still believes it is subscribed",
+        WAIT,
+        |s| s["control_plane"]["subscribed"] == false,
+    )
+    .await;
+
+    // The nodes restart from their sled directories: the edges subscribe again, edge A's
+    // proposal made during the outage commits, and both end with both entries.
+    for id in &ids {
+        cluster.start_node(*id);
+    }
+    cluster.leader().await;
+    for edge in [&a, &b] {
+        wait_for(
+            &http,
+            edge,
+            "the edge did not resync",
+            Duration::from_secs(30),
+            |s| s["control_plane"]["subscribed"] == true && s["cached_queries"] == 2,
+        )
+        .await;
+    }
+    let reply = ask(&http, &b, &later.question).await;
+    assert_eq!(reply["outcome"], "accepted", "{reply}");
 }

@@ -1,0 +1,58 @@
+//! Talking to a running edge over its JSON API, as a client would.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// `POST /v1/retrieve` of `question` with `k`: the status and the body.
+pub async fn retrieve(
+    http: &reqwest::Client,
+    edge: &str,
+    question: &str,
+    k: usize,
+) -> (u16, Value) {
+    retrieve_body(http, edge, &json!({"query": question, "k": k})).await
+}
+
+/// `POST /v1/retrieve` of `body`: the status and the body.
+pub async fn retrieve_body(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {
+    let response = http
+        .post(format!("http://{edge}/v1/retrieve"))
+        .json(body)
+        .send()
+        .await
+        .expect("the edge answers HTTP");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("a JSON body"))
+}
+
+/// `GET /v1/status`.
+pub async fn status(http: &reqwest::Client, edge: &str) -> Value {
+    http.get(format!("http://{edge}/v1/status"))
+        .send()
+        .await
+        .expect("the edge answers HTTP")
+        .json()
+        .await
+        .expect("a JSON status")
+}
+
+/// Waits up to `limit` until the edge's status satisfies `done`; panics with `what` and
+/// the last status otherwise.
+pub async fn wait_for(
+    http: &reqwest::Client,
+    edge: &str,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&Value) -> bool,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let now = status(http, edge).await;
+        if done(&now) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {now}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
