@@ -1,5 +1,8 @@
 //! Talking to a running edge over its JSON API, as a client would.
 
+// Test helpers fail the calling test by panicking.
+#![allow(clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
