@@ -28,6 +28,18 @@ pub enum StoreError {
         reason: String,
     },
     #[error(
+        "the data directory {dir} holds files that are not a control-plane store ({found}); \
+         refusing to use it: point data_dir at an empty directory or at this node's store"
+    )]
+    NotAStore { dir: String, found: String },
+    #[error(
+        "the control-plane store in {dir} is damaged: sled opened it but it holds no node id \
+         (a corrupt or truncated store, or one reset by sled); refusing to start on it rather \
+         than lose what it held. Restore it from a backup, or remove the directory and let the \
+         node rejoin the group (it catches up from the leader)"
+    )]
+    Damaged { dir: String },
+    #[error(
         "the data directory {dir} belongs to control-plane node {found}, not node {expected}; \
          point this node at its own directory"
     )]
@@ -44,6 +56,34 @@ pub enum StoreError {
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 const NODE_ID: &[u8] = b"node_id";
+
+/// Files sled keeps in every store it made.
+const SLED_FILES: [&str; 2] = ["conf", "db"];
+
+/// Whether `dir` is new (absent or empty); refuses a directory that holds anything but a
+/// sled store, so that a mistyped path never becomes a store on top of someone's files.
+fn check_directory(dir: &Path) -> Result<bool, StoreError> {
+    let entries: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(true),
+        Err(err) => return Err(StoreError::Sled(sled::Error::Io(err))),
+    };
+    if entries.is_empty() {
+        return Ok(true);
+    }
+    if SLED_FILES.iter().all(|f| entries.iter().any(|e| e == f)) {
+        return Ok(false);
+    }
+    let mut found: Vec<&str> = entries.iter().map(String::as_str).take(5).collect();
+    found.sort_unstable();
+    Err(StoreError::NotAStore {
+        dir: dir.display().to_string(),
+        found: found.join(", "),
+    })
+}
 const HARD_STATE: &[u8] = b"hard_state";
 const CONF_STATE: &[u8] = b"conf_state";
 const SNAPSHOT_META: &[u8] = b"snapshot_meta";
@@ -92,6 +132,7 @@ impl RaftStorage {
     /// Opens (or creates) the data directory of node `node_id`. A directory written by
     /// another node is refused.
     pub fn open(dir: &Path, node_id: u64) -> Result<Self, StoreError> {
+        let fresh = check_directory(dir)?;
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(SLED_CACHE_BYTES)
@@ -108,9 +149,14 @@ impl RaftStorage {
                     });
                 }
             }
-            None => {
+            None if fresh => {
                 meta.insert(NODE_ID, &key(node_id))?;
                 db.flush()?;
+            }
+            None => {
+                return Err(StoreError::Damaged {
+                    dir: dir.display().to_string(),
+                });
             }
         }
         let storage = Self {
@@ -478,5 +524,56 @@ impl raft::Storage for RaftStorage {
         );
         snapshot.set_metadata(meta);
         Ok(snapshot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_reopens_for_its_node_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node");
+        drop(RaftStorage::open(&path, 3).unwrap());
+        drop(RaftStorage::open(&path, 3).unwrap());
+        let err = RaftStorage::open(&path, 4).err().unwrap();
+        assert!(
+            matches!(
+                err,
+                StoreError::ForeignNode {
+                    found: 3,
+                    expected: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_directory_of_other_files_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let err = RaftStorage::open(dir.path(), 1).err().unwrap();
+        assert!(err.to_string().contains("notes.txt"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "the store wrote into a foreign directory");
+    }
+
+    #[test]
+    fn a_corrupted_store_is_refused_not_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node");
+        drop(RaftStorage::open(&path, 1).unwrap());
+        // Overwrite sled's files with garbage, as a bad disk or a bad copy would.
+        for file in SLED_FILES {
+            std::fs::write(path.join(file), vec![0xA5u8; 4096]).unwrap();
+        }
+        let err = RaftStorage::open(&path, 1).err();
+        assert!(
+            matches!(err, Some(StoreError::Damaged { .. } | StoreError::Sled(_))),
+            "a corrupted store opened: {err:?}"
+        );
     }
 }
