@@ -431,4 +431,147 @@ mod tests {
             "{err}"
         );
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// What a test sequence does to the state machine.
+        #[derive(Clone, Debug)]
+        enum Op {
+            Insert {
+                origin: u8,
+                seq: u64,
+                docs: Vec<u64>,
+            },
+            Invalidate(Vec<u64>),
+            Capacity(u32),
+            /// Replaces the machine by one restored from its own snapshot.
+            Snapshot,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                6 => (0u8..3, 0u64..25, proptest::collection::vec(0u64..12, 1..4))
+                    .prop_map(|(origin, seq, docs)| Op::Insert { origin, seq, docs }),
+                2 => proptest::collection::vec(0u64..12, 1..3).prop_map(Op::Invalidate),
+                1 => (1u32..6).prop_map(Op::Capacity),
+                1 => Just(Op::Snapshot),
+            ]
+        }
+
+        /// The cache as a plain list, oldest first: (id, origin, seq, documents).
+        #[derive(Default)]
+        struct Model {
+            entries: Vec<(u64, String, u64, Vec<u64>)>,
+            last_seq: std::collections::HashMap<String, u64>,
+            capacity: usize,
+        }
+
+        impl Model {
+            fn evict_beyond(&mut self, keep: usize) -> Vec<u64> {
+                let excess = self.entries.len().saturating_sub(keep);
+                self.entries.drain(..excess).map(|e| e.0).collect()
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever the sequence of inserts, retries, invalidations, capacity changes and
+            /// snapshot restores, the machine holds exactly what a FIFO list holds, in order,
+            /// reports exactly the removals the list made, and never exceeds its capacity.
+            #[test]
+            fn the_cache_state_machine_is_a_fifo_with_retries_applied_once(
+                ops in proptest::collection::vec(op(), 1..60)
+            ) {
+                let mut machine = CacheStateMachine::default();
+                let mut model = Model {
+                    capacity: machine.capacity(),
+                    ..Model::default()
+                };
+                for (i, op) in ops.into_iter().enumerate() {
+                    let index = i as u64 + 1;
+                    let id = index << 16;
+                    let (command, expected_removed) = match op {
+                        Op::Snapshot => {
+                            machine = CacheStateMachine::from_state(machine.to_state());
+                            continue;
+                        }
+                        Op::Insert { origin, seq, docs } => {
+                            let origin = format!("edge-{origin}");
+                            let retried = seq > 0
+                                && model.last_seq.get(&origin).is_some_and(|last| seq <= *last);
+                            let removed = if retried {
+                                None
+                            } else {
+                                if seq > 0 {
+                                    model.last_seq.insert(origin.clone(), seq);
+                                }
+                                let keep = model.capacity - 1;
+                                let removed = model.evict_beyond(keep);
+                                model.entries.push((id, origin.clone(), seq, docs.clone()));
+                                Some(removed)
+                            };
+                            let command = ControlCommand {
+                                kind: Some(control_command::Kind::Insert(CacheEntry {
+                                    origin,
+                                    origin_seq: seq,
+                                    vector: vec![1.0, 0.0],
+                                    document_ids: docs,
+                                    ..CacheEntry::default()
+                                })),
+                            };
+                            (command, removed)
+                        }
+                        Op::Invalidate(docs) => {
+                            let (gone, kept): (Vec<_>, Vec<_>) = model
+                                .entries
+                                .drain(..)
+                                .partition(|e| e.3.iter().any(|d| docs.contains(d)));
+                            model.entries = kept;
+                            let mut removed: Vec<u64> = gone.into_iter().map(|e| e.0).collect();
+                            removed.sort_unstable();
+                            let command = ControlCommand {
+                                kind: Some(control_command::Kind::Invalidate(InvalidateDocuments {
+                                    document_ids: docs,
+                                })),
+                            };
+                            (command, Some(removed))
+                        }
+                        Op::Capacity(capacity) => {
+                            model.capacity = capacity as usize;
+                            let removed = model.evict_beyond(model.capacity);
+                            let command = ControlCommand {
+                                kind: Some(control_command::Kind::Config(RuntimeConfig {
+                                    tau: 0.0,
+                                    cache_capacity: u64::from(capacity),
+                                })),
+                            };
+                            (command, Some(removed))
+                        }
+                    };
+                    let applied = machine.apply(index, 1, batch(vec![command]));
+                    let removed: Option<Vec<u64>> = applied.first().map(|a| a.removed.clone());
+                    prop_assert_eq!(removed, expected_removed, "removals at op {}", i);
+                    let held: Vec<(u64, String, u64)> = machine
+                        .to_state()
+                        .entries
+                        .iter()
+                        .map(|e| {
+                            let entry = e.entry.clone().unwrap_or_default();
+                            (e.id, entry.origin, entry.origin_seq)
+                        })
+                        .collect();
+                    let expected: Vec<(u64, String, u64)> = model
+                        .entries
+                        .iter()
+                        .map(|e| (e.0, e.1.clone(), e.2))
+                        .collect();
+                    prop_assert_eq!(held, expected, "entries after op {}", i);
+                    prop_assert!(machine.len() <= model.capacity);
+                }
+            }
+        }
+    }
 }
