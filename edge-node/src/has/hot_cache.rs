@@ -355,18 +355,67 @@ mod tests {
         assert_eq!(cache.postings(), &rebuilt_postings(&cache));
     }
 
+    /// One step of a property test: insert a result, remove some cached queries (an
+    /// invalidation or a replicated eviction), or vote on a draft.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Insert(Vec<DocId>),
+        Remove(Vec<usize>),
+        Vote(Vec<DocId>),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => prop::collection::vec(0u64..20, 0..8).prop_map(Step::Insert),
+            1 => prop::collection::vec(0usize..8, 1..3).prop_map(Step::Remove),
+            2 => prop::collection::vec(0u64..20, 1..10).prop_map(Step::Vote),
+        ]
+    }
+
     proptest! {
+        /// Under any sequence of inserts, removals and votes: the inverted index equals the
+        /// one rebuilt from the entries, the reported added/released documents track exactly
+        /// what is referenced, the capacity holds, and a vote equals a brute-force count
+        /// (most shared documents, ties to the newest query).
         #[test]
-        fn inverted_index_always_equals_the_one_rebuilt_from_entries(
+        fn the_cache_and_its_inverted_index_agree_under_any_sequence(
             capacity in 1usize..6,
-            results in prop::collection::vec(prop::collection::vec(0u64..20, 0..8), 1..40),
+            steps in prop::collection::vec(step(), 1..60),
         ) {
             let mut cache = HotCache::new(capacity);
             let mut referenced: HashSet<DocId> = HashSet::new();
-            for docs in results {
-                let (_, change) = insert(&mut cache, &docs);
-                for d in &change.released { prop_assert!(referenced.remove(d)); }
-                for d in &change.added { prop_assert!(referenced.insert(*d)); }
+            for step in steps {
+                match step {
+                    Step::Insert(docs) => {
+                        let (_, change) = insert(&mut cache, &docs);
+                        for d in &change.released { prop_assert!(referenced.remove(d)); }
+                        for d in &change.added { prop_assert!(referenced.insert(*d)); }
+                    }
+                    Step::Remove(picks) => {
+                        let ids: Vec<QueryId> = cache.entries().map(|e| e.id).collect();
+                        let chosen: Vec<QueryId> = picks
+                            .iter()
+                            .filter_map(|i| ids.get(*i).copied())
+                            .collect();
+                        let change = cache.remove(&chosen);
+                        for d in &change.released { prop_assert!(referenced.remove(d)); }
+                        prop_assert!(change.added.is_empty());
+                    }
+                    Step::Vote(draft) => {
+                        let unique: HashSet<DocId> = draft.iter().copied().collect();
+                        let expected = cache
+                            .entries()
+                            .map(|e| {
+                                let shared =
+                                    e.doc_ids.iter().filter(|d| unique.contains(d)).count();
+                                (shared, e.id)
+                            })
+                            .filter(|(shared, _)| *shared > 0)
+                            .max()
+                            .map(|(shared, query)| Vote { query, shared });
+                        prop_assert_eq!(cache.best_match(&draft), expected);
+                    }
+                }
                 prop_assert!(cache.len() <= capacity);
                 prop_assert_eq!(cache.postings(), &rebuilt_postings(&cache));
                 let live: HashSet<DocId> = cache.postings().keys().copied().collect();
