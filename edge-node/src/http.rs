@@ -76,7 +76,7 @@ impl IntoResponse for EdgeError {
 }
 
 /// Parses the body, naming the offending field on error (`body` when it is not JSON at all).
-fn parse_body(bytes: &[u8]) -> Result<RetrieveBody, InvalidArgument> {
+pub fn parse_body(bytes: &[u8]) -> Result<RetrieveBody, InvalidArgument> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let body: RetrieveBody =
         serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {

@@ -307,7 +307,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     )
     .with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc = tonic::transport::Server::builder()
-        .add_service(EdgeServer::new(EdgeGrpc::new(service)))
+        // The same bound as the JSON API's body: a 384-d vector is ~1.5 KB in protobuf.
+        .add_service(
+            EdgeServer::new(EdgeGrpc::new(service))
+                .max_decoding_message_size(config.max_body_bytes),
+        )
         .serve_with_incoming_shutdown(
             // HTTP/2 writes headers and data separately; without TCP_NODELAY the second
             // write waits for the client's delayed ACK (~40 ms).

@@ -291,6 +291,22 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
             "{request:?}: {status}"
         );
     }
+    // A message beyond the body bound (64 KiB) is refused before it is decoded.
+    let status = edge_grpc
+        .retrieve(RetrieveRequest {
+            input: Some(retrieve_request::Input::Query("x".repeat(100_000))),
+            k: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            status.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{status}"
+    );
+    assert!(status.message().contains("too large"), "{status}");
     let ok = edge_grpc
         .retrieve(RetrieveRequest {
             input: Some(retrieve_request::Input::Query(sibling.question.clone())),

@@ -1,0 +1,24 @@
+//! The QUIC fast path's frame decoder, fed whatever a peer could put on a stream: it decodes
+//! or refuses, never panics; what decodes re-encodes to the same message; a search that
+//! decodes passes the cloud's request checks or is refused by them.
+#![no_main]
+
+use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame};
+use hasten_proto::v1::{QuicRequest, QuicResponse, quic_request};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(request) = decode_frame::<QuicRequest>(data, DEFAULT_MAX_FRAME_BYTES) {
+        let again: QuicRequest = decode_frame(&encode_frame(&request), DEFAULT_MAX_FRAME_BYTES)
+            .expect("a re-encoded frame decodes");
+        assert_eq!(again, request);
+        if let Some(quic_request::Body::Search(search)) = &request.body {
+            if let Ok(queries) = cloud_index::searcher::validated_queries(search, 384) {
+                assert_eq!(queries.len(), search.queries.len() * 384);
+                assert!(queries.iter().all(|x| x.is_finite()));
+            }
+        }
+    }
+    // Edges decode the cloud's answers with the same decoder.
+    let _ = decode_frame::<QuicResponse>(data, DEFAULT_MAX_FRAME_BYTES);
+});
