@@ -25,8 +25,8 @@ for target in "${targets[@]}"; do
   status=0
   (cd fuzz && cargo fuzz run --sanitizer none "$target" -- \
       -max_total_time="$seconds" -print_final_stats=1) > "$log" 2>&1 || status=$?
-  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1 || true)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || true)
   corpus=$(find "fuzz/corpus/$target" -type f 2>/dev/null | wc -l)
   if [ "$status" -eq 0 ]; then
     outcome="no crash"

@@ -16,7 +16,7 @@ use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::corpus::Document;
 use hasten_core::encoder::TextEncoder;
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
+use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, edge_serve_args};
 
 /// The workspace root (this crate lives in `tests/`).
 pub fn workspace_root() -> PathBuf {
@@ -148,6 +148,27 @@ pub fn free_udp_port() -> Result<u16> {
     Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+/// `edge-node serve` over `bundle` as process `name`, falling back to the cloud at
+/// `cloud_addr` (QUIC, trusting `cloud_ca`), with `extra` flags.
+pub fn start_edge(
+    work: &Path,
+    name: &str,
+    bundle: &Path,
+    cloud_addr: &str,
+    cloud_ca: &Path,
+    extra: &[&str],
+) -> Result<ManagedProcess> {
+    let mut args = edge_serve_args(bundle, &model_dir(), cloud_addr, cloud_ca);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    Ok(ManagedProcess::start(
+        name,
+        &binary("edge-node")?,
+        args,
+        work,
+        CLOUD_START_TIMEOUT,
+    )?)
 }
 
 /// Exact top-k by brute force (plain Rust, no faiss): `(id, score)` best first.

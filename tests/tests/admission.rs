@@ -12,8 +12,8 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{QueryVector, SearchRequest};
 use hasten_tests::scrape::Scrape;
-use hasten_tests::{build_small_bundle, dev_cert, model_dir, persistent_work_dir};
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, edge_serve_args};
+use hasten_tests::{build_small_bundle, dev_cert, persistent_work_dir, start_edge};
+use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
 use serde_json::{Value, json};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -34,19 +34,13 @@ async fn bursts_beyond_the_bounds_are_refused_at_once_and_counted() {
         START_TIMEOUT,
     )
     .unwrap();
-    let edge = ManagedProcess::start(
-        "edge",
-        &binary("edge-node").unwrap(),
-        edge_serve_args(
-            &bundle_dir,
-            &model_dir(),
-            &cloud.addr("quic_addr"),
-            &dev_cert(&work, "cloud"),
-        )
-        .into_iter()
-        .chain(["--max-in-flight", "2", "--tau", "0.9"].map(String::from)),
+    let edge = start_edge(
         &work,
-        START_TIMEOUT,
+        "edge",
+        &bundle_dir,
+        &cloud.addr("quic_addr"),
+        &dev_cert(&work, "cloud"),
+        &["--max-in-flight", "2", "--tau", "0.9"],
     )
     .unwrap();
     let edge_addr = edge.addr("http_addr");

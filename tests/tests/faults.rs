@@ -10,9 +10,9 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_tests::edge::{retrieve, retrieve_body};
 use hasten_tests::scrape::Scrape;
 use hasten_tests::{
-    build_small_bundle, free_udp_port, model_dir, persistent_work_dir, write_tls_identity,
+    build_small_bundle, free_udp_port, persistent_work_dir, start_edge, write_tls_identity,
 };
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, edge_serve_args};
+use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
 use serde_json::json;
 
 const K: usize = 10;
@@ -55,17 +55,14 @@ async fn with_the_cloud_down_fallbacks_fail_fast_drafts_keep_serving_and_recover
     let (cert, key) = write_tls_identity(&work, "cloud").unwrap();
     let quic_addr = format!("127.0.0.1:{}", free_udp_port().unwrap());
     let mut cloud = start_cloud(&work, &bundle_dir, &quic_addr, &cert, &key);
-    let edge = ManagedProcess::start(
-        "edge",
-        &binary("edge-node").unwrap(),
-        edge_serve_args(&bundle_dir, &model_dir(), &quic_addr, &cert)
-            .into_iter()
-            .chain([
-                "--cloud-timeout-ms".into(),
-                CLOUD_TIMEOUT.as_millis().to_string(),
-            ]),
+    let timeout_ms = CLOUD_TIMEOUT.as_millis().to_string();
+    let edge = start_edge(
         &work,
-        START_TIMEOUT,
+        "edge",
+        &bundle_dir,
+        &quic_addr,
+        &cert,
+        &["--cloud-timeout-ms", &timeout_ms],
     )
     .unwrap();
     let edge_addr = edge.addr("http_addr");

@@ -5,17 +5,12 @@
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::scrape::Scrape;
 use hasten_tests::{
-    build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index,
+    build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
-
-const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What the replies said, counted by the test.
 #[derive(Default, Debug)]
@@ -33,20 +28,14 @@ async fn counters_and_histograms_move_by_what_the_traffic_did() {
     let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
     let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
-    let edge = ManagedProcess::start(
-        "edge",
-        &binary("edge-node").unwrap(),
-        edge_serve_args(
-            &bundle_dir,
-            &model_dir(),
-            &cloud.addr("quic_addr"),
-            &dev_cert(&work, "cloud"),
-        )
-        .into_iter()
-        // A strict threshold, so that distinct questions fall back and repeats are accepted.
-        .chain(["--tau", "0.9"].map(String::from)),
+    // A strict threshold, so that distinct questions fall back and repeats are accepted.
+    let edge = start_edge(
         &work,
-        START_TIMEOUT,
+        "edge",
+        &bundle_dir,
+        &cloud.addr("quic_addr"),
+        &dev_cert(&work, "cloud"),
+        &["--tau", "0.9"],
     )
     .unwrap();
     let (edge_addr, cloud_metrics) = (edge.addr("http_addr"), cloud.addr("metrics_addr"));

@@ -13,16 +13,18 @@ use hasten_core::encoder::TextEncoder;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::scrape::Scrape;
-use hasten_tests::{build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index};
-use loadtest::process::{ManagedProcess, binary, edge_serve_args};
+use hasten_tests::{
+    build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index, start_edge,
+};
+use loadtest::process::ManagedProcess;
 use serde_json::Value;
 
 const K: usize = 10;
-const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long an edge may take to apply what the control plane committed.
 const WAIT: Duration = Duration::from_secs(15);
 
-fn start_edge(
+/// An edge named `name` that follows the control-plane nodes at `control_plane`.
+fn start_replicated_edge(
     work: &Path,
     name: &str,
     bundle: &Path,
@@ -30,20 +32,11 @@ fn start_edge(
     cert: &Path,
     control_plane: &[&String],
 ) -> ManagedProcess {
-    let mut args = edge_serve_args(bundle, &model_dir(), &cloud.addr("quic_addr"), cert);
-    args.extend(["--edge-id".into(), name.into()]);
+    let mut extra = vec!["--edge-id", name];
     for address in control_plane {
-        args.push("--control-plane".into());
-        args.push((*address).clone());
+        extra.extend(["--control-plane", address.as_str()]);
     }
-    ManagedProcess::start(
-        name,
-        &binary("edge-node").unwrap(),
-        &args,
-        work,
-        START_TIMEOUT,
-    )
-    .unwrap()
+    start_edge(work, name, bundle, &cloud.addr("quic_addr"), cert, &extra).unwrap()
 }
 
 async fn ask(http: &reqwest::Client, edge: &str, question: &str) -> Value {
@@ -61,8 +54,8 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
     let cert = dev_cert(&work, "cloud");
     cluster.leader().await;
     let nodes: Vec<&String> = cluster.addresses.values().collect();
-    let edge_a = start_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &nodes[..1]);
-    let edge_b = start_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &nodes[1..]);
+    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &nodes[..1]);
+    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &nodes[1..]);
     let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
     let http = reqwest::Client::new();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -164,8 +157,8 @@ async fn edges_serve_from_their_caches_while_the_control_plane_is_down_and_resyn
     cluster.leader().await;
     let nodes: Vec<String> = cluster.addresses.values().cloned().collect();
     let all: Vec<&String> = nodes.iter().collect();
-    let edge_a = start_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &all);
-    let edge_b = start_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &all);
+    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &all);
+    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &all);
     let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
     let http = reqwest::Client::new();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();

@@ -16,11 +16,9 @@ use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{InfoRequest, QueryVector, SearchRequest};
 use hasten_tests::scrape::Scrape;
 use hasten_tests::{
-    brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir, start_cloud_index,
+    brute_force_top_k, build_small_bundle, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::process::{
-    ManagedProcess, ProcessError, binary, cloud_index_route_args, edge_serve_args,
-};
+use loadtest::process::{ManagedProcess, ProcessError, binary, cloud_index_route_args};
 use serde_json::{Value, json};
 
 const K: usize = 10;
@@ -91,19 +89,13 @@ async fn router_fails_over_between_replicas_and_names_a_lost_shard() {
     let endpoints: Vec<String> = replicas.iter().map(|p| p.addr("grpc_addr")).collect();
     let shard_map = vec![endpoints[..2].to_vec(), endpoints[2..].to_vec()];
     let router = start_router(&work, &shard_map).unwrap();
-    let edge = ManagedProcess::start(
-        "edge",
-        &binary("edge-node").unwrap(),
-        edge_serve_args(
-            &bundle_dir,
-            &model_dir(),
-            &router.addr("quic_addr"),
-            &work.join("router.pem"),
-        )
-        .into_iter()
-        .chain(["--cloud-timeout-ms", "3000", "--tau", "0.9"].map(String::from)),
+    let edge = start_edge(
         &work,
-        START_TIMEOUT,
+        "edge",
+        &bundle_dir,
+        &router.addr("quic_addr"),
+        &work.join("router.pem"),
+        &["--cloud-timeout-ms", "3000", "--tau", "0.9"],
     )
     .unwrap();
 
