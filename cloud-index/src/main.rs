@@ -318,13 +318,9 @@ async fn serve_observability(
     refresh: Arc<dyn Fn() + Send + Sync>,
     ready: hasten_core::metrics::ReadinessCheck,
 ) -> Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr)
+    hasten_core::metrics::serve(addr, registry, refresh, ready)
         .await
-        .with_context(|| format!("binding the metrics listener on {addr}"))?;
-    let bound = listener.local_addr()?;
-    let routes = hasten_core::metrics::routes(registry, refresh, ready);
-    hasten_core::metrics::spawn_server(listener, routes);
-    Ok(bound)
+        .with_context(|| format!("binding the metrics listener on {addr}"))
 }
 
 /// Serves `backend` on QUIC and gRPC until a shutdown signal.

@@ -94,27 +94,22 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let address = listener.local_addr()?;
-    let metrics_listener = tokio::net::TcpListener::bind(config.metrics_addr)
-        .await
-        .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
-    let metrics_addr = metrics_listener.local_addr()?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = NodeMetrics::register(&registry)?;
+    let metrics_addr =
+        hasten_core::metrics::serve(config.metrics_addr, registry, Arc::new(|| {}), {
+            let metrics = metrics.clone();
+            Arc::new(move || metrics.readiness())
+        })
+        .await
+        .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
     let node = node::start(
         config.node_settings(),
         storage,
         &config.members()?,
         config.join,
-        metrics.clone(),
+        metrics,
     )?;
-    hasten_core::metrics::spawn_server(
-        metrics_listener,
-        hasten_core::metrics::routes(
-            registry,
-            Arc::new(|| {}),
-            Arc::new(move || metrics.readiness()),
-        ),
-    );
     tracing::info!(id = config.id, %address, %metrics_addr, data_dir = %config.data_dir.display(), "control-plane node serving");
     if let Some(path) = &config.ready_file {
         let ready = serde_json::json!({

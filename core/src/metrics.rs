@@ -1,7 +1,6 @@
 //! Prometheus metrics every binary shares: a registry carrying the process collector (CPU,
 //! resident memory, open file descriptors), the text exposition, the latency buckets, and
-//! the routes that serve them with the health probes, served on a listener the binary
-//! bound.
+//! the routes that serve them with the health probes, and the listener that serves them.
 
 use std::sync::Arc;
 
@@ -76,13 +75,23 @@ pub fn routes(
         .route("/healthz", get(|| async { "ok" }))
 }
 
-/// Serves `routes` on `listener` in the background until the process ends.
-pub fn spawn_server(listener: tokio::net::TcpListener, routes: Router) {
+/// Binds `addr` and serves [`routes`] on it in the background until the process ends;
+/// returns the bound address.
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    registry: Registry,
+    refresh: Arc<dyn Fn() + Send + Sync>,
+    ready: ReadinessCheck,
+) -> std::io::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let routes = routes(registry, refresh, ready);
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, routes).await {
             tracing::error!(%err, "metrics server stopped");
         }
     });
+    Ok(bound)
 }
 
 #[cfg(test)]
