@@ -24,6 +24,26 @@ const SCORE_BUCKETS: &[f64] = &[
     0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
 ];
 
+/// The outcomes of the last [`DAR_WINDOW`] answers, with a running count of acceptances so
+/// that each answer costs O(1).
+#[derive(Debug, Default)]
+struct AnswerWindow {
+    outcomes: VecDeque<bool>,
+    accepted: usize,
+}
+
+impl AnswerWindow {
+    /// Records one answer; returns the share accepted in the window.
+    fn push(&mut self, accepted: bool) -> f64 {
+        if self.outcomes.len() == DAR_WINDOW && self.outcomes.pop_front() == Some(true) {
+            self.accepted -= 1;
+        }
+        self.outcomes.push_back(accepted);
+        self.accepted += usize::from(accepted);
+        self.accepted as f64 / self.outcomes.len() as f64
+    }
+}
+
 /// The edge's metrics.
 #[derive(Debug)]
 pub struct EdgeMetrics {
@@ -36,7 +56,7 @@ pub struct EdgeMetrics {
     cache_documents: IntGauge,
     cache_bytes: IntGauge,
     dar: Gauge,
-    recent: Mutex<VecDeque<bool>>,
+    recent: Mutex<AnswerWindow>,
     subscribed: IntGauge,
     applied_index: IntGauge,
     proposals: IntCounterVec,
@@ -131,7 +151,7 @@ impl EdgeMetrics {
                     "Share of the last 1000 answered requests served by an accepted draft",
                 )?,
             )?,
-            recent: Mutex::new(VecDeque::with_capacity(DAR_WINDOW)),
+            recent: Mutex::new(AnswerWindow::default()),
             subscribed: register(
                 registry,
                 gauge(
@@ -183,13 +203,8 @@ impl EdgeMetrics {
                     .observe(micros as f64 / 1e6);
             }
         }
-        let mut recent = self.recent.lock();
-        if recent.len() == DAR_WINDOW {
-            recent.pop_front();
-        }
-        recent.push_back(accepted);
-        let accepted = recent.iter().filter(|a| **a).count();
-        self.dar.set(accepted as f64 / recent.len() as f64);
+        let ratio = self.recent.lock().push(accepted);
+        self.dar.set(ratio);
     }
 
     /// One failed request, refused at parsing or failed in the engine.
@@ -225,5 +240,23 @@ impl EdgeMetrics {
             .with_label_values(&["dropped"])
             .inc_by(link.dropped.saturating_sub(seen.1));
         *seen = (link.proposed.max(seen.0), link.dropped.max(seen.1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_acceptance_window_forgets_what_slid_out() {
+        let mut window = AnswerWindow::default();
+        assert_eq!(window.push(true), 1.0);
+        assert_eq!(window.push(false), 0.5);
+        for _ in 0..DAR_WINDOW - 2 {
+            window.push(false);
+        }
+        // The first answer, the only acceptance, slides out now.
+        assert_eq!(window.push(false), 0.0);
+        assert_eq!(window.push(true), 1.0 / DAR_WINDOW as f64);
     }
 }
