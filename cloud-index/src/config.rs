@@ -7,18 +7,27 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hasten_core::config::ConfigError;
+use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
 use crate::batcher::BatchingSettings;
 use crate::router::{RouterSettings, ShardMap};
 use crate::searcher::MAX_BATCH;
 
-/// TLS of a QUIC listener: certificate files, or a generated dev certificate.
+/// TLS of a server: mutual (a CA and this server's certificate files), server-only
+/// (certificate files), or a generated dev certificate.
 fn validate_tls(
+    tls_ca: &Option<PathBuf>,
     tls_cert: &Option<PathBuf>,
     tls_key: &Option<PathBuf>,
     dev_cert_names: &[String],
 ) -> Result<(), ConfigError> {
+    if tls_ca.is_some() && tls_cert.is_none() {
+        return Err(ConfigError::invalid(
+            "tls_ca",
+            "needs `tls_cert` and `tls_key`: under mutual TLS this server shows its own certificate",
+        ));
+    }
     if tls_cert.is_some() != tls_key.is_some() {
         return Err(ConfigError::invalid(
             "tls_cert",
@@ -32,6 +41,19 @@ fn validate_tls(
         ));
     }
     Ok(())
+}
+
+/// The mutual-TLS files, when a CA is configured (checked by [`validate_tls`]).
+fn mutual_tls_paths(
+    tls_ca: &Option<PathBuf>,
+    tls_cert: &Option<PathBuf>,
+    tls_key: &Option<PathBuf>,
+) -> Option<TlsPaths> {
+    Some(TlsPaths {
+        ca: tls_ca.clone()?,
+        cert: tls_cert.clone()?,
+        key: tls_key.clone()?,
+    })
 }
 
 /// Micro-batching settings shared by shards and routers: `None` when batching is off.
@@ -105,8 +127,11 @@ pub struct ShardConfig {
     pub grpc_addr: SocketAddr,
     /// TCP address of `/metrics`, `/readyz` (index loaded) and `/healthz`.
     pub metrics_addr: SocketAddr,
-    /// PEM certificate chain for QUIC TLS; with `tls_key`. When both are absent a
-    /// self-signed dev certificate is generated.
+    /// PEM CA certificate for mutual TLS: when set, QUIC and gRPC clients must show a
+    /// certificate issued by it (edges, routers), and `tls_cert`/`tls_key` are required.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate chain for QUIC (and, with `tls_ca`, gRPC) TLS; with `tls_key`. When
+    /// both are absent a self-signed dev certificate is generated.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for QUIC TLS.
     pub tls_key: Option<PathBuf>,
@@ -149,6 +174,7 @@ impl Default for ShardConfig {
             quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7102)),
+            tls_ca: None,
             tls_cert: None,
             tls_key: None,
             dev_cert_out: PathBuf::from("run/cloud-dev-cert.pem"),
@@ -174,7 +200,12 @@ impl ShardConfig {
                 "is required: the corpus or shard bundle directory made by `cloud-index build`",
             ));
         }
-        validate_tls(&self.tls_cert, &self.tls_key, &self.dev_cert_names)?;
+        validate_tls(
+            &self.tls_ca,
+            &self.tls_cert,
+            &self.tls_key,
+            &self.dev_cert_names,
+        )?;
         validate_in_flight(self.max_in_flight)?;
         validate_batching(
             self.batching,
@@ -182,6 +213,11 @@ impl ShardConfig {
             self.batch_max_wait_us,
             usize::MAX,
         )
+    }
+
+    /// The mutual-TLS files, when a CA is configured.
+    pub fn mutual_tls(&self) -> Option<TlsPaths> {
+        mutual_tls_paths(&self.tls_ca, &self.tls_cert, &self.tls_key)
     }
 
     /// The micro-batching settings, or `None` when batching is off.
@@ -207,7 +243,10 @@ pub struct RouterConfig {
     pub grpc_addr: SocketAddr,
     /// TCP address of `/metrics`, `/readyz` (every shard has a live replica) and `/healthz`.
     pub metrics_addr: SocketAddr,
-    /// PEM certificate chain for QUIC TLS; with `tls_key`.
+    /// PEM CA certificate for mutual TLS: when set, clients must show a certificate issued
+    /// by it, shards are reached over mutual TLS, and `tls_cert`/`tls_key` are required.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate chain for QUIC (and, with `tls_ca`, gRPC) TLS; with `tls_key`.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for QUIC TLS.
     pub tls_key: Option<PathBuf>,
@@ -252,6 +291,7 @@ impl Default for RouterConfig {
             quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7102)),
+            tls_ca: None,
             tls_cert: None,
             tls_key: None,
             dev_cert_out: PathBuf::from("run/router-dev-cert.pem"),
@@ -273,7 +313,12 @@ impl Default for RouterConfig {
 impl RouterConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.shard_map()?;
-        validate_tls(&self.tls_cert, &self.tls_key, &self.dev_cert_names)?;
+        validate_tls(
+            &self.tls_ca,
+            &self.tls_cert,
+            &self.tls_key,
+            &self.dev_cert_names,
+        )?;
         for (key, value) in [
             ("request_timeout_ms", self.request_timeout_ms),
             ("attempt_timeout_ms", self.attempt_timeout_ms),
@@ -290,6 +335,11 @@ impl RouterConfig {
             self.batch_max_wait_us,
             MAX_BATCH,
         )
+    }
+
+    /// The mutual-TLS files, when a CA is configured.
+    pub fn mutual_tls(&self) -> Option<TlsPaths> {
+        mutual_tls_paths(&self.tls_ca, &self.tls_cert, &self.tls_key)
     }
 
     /// The micro-batching settings, or `None` when batching is off.

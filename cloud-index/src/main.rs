@@ -23,7 +23,8 @@ use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
-use hasten_proto::quic::{ServerIdentity, server_config};
+use hasten_proto::quic::server_config;
+use hasten_proto::tls::{Identity, MutualTls, TlsPaths};
 use hasten_proto::v1::cloud_index_server::CloudIndexServer;
 use serde::Serialize;
 use tonic::transport::server::TcpIncoming;
@@ -147,6 +148,11 @@ struct ServerArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_in_flight: Option<usize>,
+    /// PEM CA certificate for mutual TLS (with --tls-cert and --tls-key): clients must show a
+    /// certificate issued by it.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_ca: Option<PathBuf>,
     /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -273,31 +279,52 @@ fn build(args: BuildArgs) -> Result<()> {
     Ok(())
 }
 
-/// The QUIC listener's identity: certificate files, or a dev certificate written to
+/// A server's TLS: mutual (its certificate from the deployment's CA, and clients must show
+/// one too), server-only from certificate files, or a dev certificate written to
 /// `dev_cert_out` for clients to trust.
-fn tls_identity(
-    files: Option<(&Path, &Path)>,
-    dev_cert_out: &Path,
-    dev_cert_names: &[String],
-) -> Result<ServerIdentity> {
-    if let Some((cert, key)) = files {
-        return ServerIdentity::from_pem_files(cert, key).context("loading the TLS certificate");
-    }
-    let (identity, pem) = ServerIdentity::generate_dev(dev_cert_names)?;
-    write_atomically(dev_cert_out, pem.as_bytes())
-        .with_context(|| format!("writing the dev certificate to {}", dev_cert_out.display()))?;
-    tracing::warn!(
-        path = %dev_cert_out.display(),
-        "no TLS certificate configured: generated a self-signed dev certificate; edges must trust it"
-    );
-    Ok(identity)
+struct ServerTls {
+    identity: Identity,
+    mutual: Option<MutualTls>,
 }
 
-fn tls_files<'a>(
-    cert: &'a Option<PathBuf>,
-    key: &'a Option<PathBuf>,
-) -> Option<(&'a Path, &'a Path)> {
-    cert.as_deref().zip(key.as_deref())
+impl ServerTls {
+    fn load(
+        mutual: Option<TlsPaths>,
+        files: (&Option<PathBuf>, &Option<PathBuf>),
+        dev_cert_out: &Path,
+        dev_cert_names: &[String],
+    ) -> Result<Self> {
+        if let Some(paths) = mutual {
+            let mutual = MutualTls::load(&paths).context("loading the mutual-TLS files")?;
+            return Ok(Self {
+                identity: mutual.identity().clone(),
+                mutual: Some(mutual),
+            });
+        }
+        tracing::warn!(
+            "mutual TLS is off (no `tls_ca`): any client that trusts this server's certificate may search, and gRPC is plaintext"
+        );
+        if let (Some(cert), Some(key)) = files {
+            let identity =
+                Identity::from_pem_files(cert, key).context("loading the TLS certificate")?;
+            return Ok(Self {
+                identity,
+                mutual: None,
+            });
+        }
+        let (identity, pem) = Identity::generate_self_signed(dev_cert_names)?;
+        write_atomically(dev_cert_out, pem.as_bytes()).with_context(|| {
+            format!("writing the dev certificate to {}", dev_cert_out.display())
+        })?;
+        tracing::warn!(
+            path = %dev_cert_out.display(),
+            "no TLS certificate configured: generated a self-signed dev certificate; edges must trust it"
+        );
+        Ok(Self {
+            identity,
+            mutual: None,
+        })
+    }
 }
 
 /// Where a server listens and reports itself.
@@ -306,7 +333,7 @@ struct Listeners {
     grpc_addr: SocketAddr,
     /// Already serving (bound before the slow start-up, for liveness probes).
     metrics_addr: SocketAddr,
-    identity: ServerIdentity,
+    tls: ServerTls,
     ready_file: Option<PathBuf>,
 }
 
@@ -326,8 +353,12 @@ async fn serve_observability(
 /// Serves `backend` on QUIC and gRPC until a shutdown signal.
 async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Result<()> {
     let info = backend.info();
-    let quic = cloud_index::quic::bind(listeners.quic_addr, server_config(listeners.identity)?)
-        .with_context(|| format!("binding QUIC on {}", listeners.quic_addr))?;
+    let ServerTls { identity, mutual } = listeners.tls;
+    let quic = cloud_index::quic::bind(
+        listeners.quic_addr,
+        server_config(identity, mutual.as_ref().map(MutualTls::trust))?,
+    )
+    .with_context(|| format!("binding QUIC on {}", listeners.quic_addr))?;
     let quic_addr = quic.local_addr()?;
     let grpc_listener = tokio::net::TcpListener::bind(listeners.grpc_addr)
         .await
@@ -338,8 +369,14 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
     let grpc_service = CloudIndexServer::new(CloudIndexGrpc::new(backend))
         .max_decoding_message_size(DEFAULT_MAX_FRAME_BYTES)
         .max_encoding_message_size(DEFAULT_MAX_FRAME_BYTES);
+    let mut grpc_server = tonic::transport::Server::builder();
+    if let Some(mutual) = &mutual {
+        grpc_server = grpc_server
+            .tls_config(mutual.grpc_server())
+            .context("configuring gRPC TLS")?;
+    }
     let grpc_task = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_server
             .add_service(grpc_service)
             .serve_with_incoming_shutdown(
                 // Without TCP_NODELAY, HTTP/2's separate header and data writes meet the
@@ -420,8 +457,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
         "index loaded"
     );
-    let identity = tls_identity(
-        tls_files(&config.tls_cert, &config.tls_key),
+    let tls = ServerTls::load(
+        config.mutual_tls(),
+        (&config.tls_cert, &config.tls_key),
         &config.dev_cert_out,
         &config.dev_cert_names,
     )?;
@@ -438,7 +476,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             quic_addr: config.quic_addr,
             grpc_addr: config.grpc_addr,
             metrics_addr,
-            identity,
+            tls,
             ready_file: config.ready_file.clone(),
         },
     )
@@ -491,9 +529,22 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         })
     })
     .await?;
+    let tls = ServerTls::load(
+        config.mutual_tls(),
+        (&config.tls_cert, &config.tls_key),
+        &config.dev_cert_out,
+        &config.dev_cert_names,
+    )?;
     let (_map_updates, map) = tokio::sync::watch::channel(Arc::new(config.shard_map()?));
+    let router = Router::start(
+        map,
+        config.router_settings(),
+        config.batching_settings(),
+        metrics.clone(),
+        tls.mutual.clone(),
+    );
     let router = tokio::select! {
-        router = Router::start(map, config.router_settings(), config.batching_settings(), metrics.clone()) => router?,
+        router = router => router?,
         () = shutdown_signal() => return Ok(()),
     };
     let _ = started.set(router.clone());
@@ -504,11 +555,6 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         corpus_version = %info.corpus_version,
         "every shard has a live replica"
     );
-    let identity = tls_identity(
-        tls_files(&config.tls_cert, &config.tls_key),
-        &config.dev_cert_out,
-        &config.dev_cert_names,
-    )?;
     serve_backend(
         Metered::new(
             Admission::new(router, config.max_in_flight),
@@ -519,7 +565,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
             quic_addr: config.quic_addr,
             grpc_addr: config.grpc_addr,
             metrics_addr,
-            identity,
+            tls,
             ready_file: config.ready_file.clone(),
         },
     )

@@ -3,11 +3,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use hasten_proto::control::grpc_endpoint;
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
+use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{IndexInfo, InfoRequest, SearchRequest, SearchResponse};
 use parking_lot::Mutex;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Time to open a TCP connection to a replica. A replica on the same network answers a
 /// SYN in well under a millisecond; a second means it is gone, and a request's deadline
@@ -51,19 +53,11 @@ pub struct Replica {
     info: Mutex<Option<IndexInfo>>,
 }
 
-/// A shard-map endpoint as a URI: `host:port` gets `http://`.
-pub fn endpoint_uri(endpoint: &str) -> String {
-    if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    }
-}
-
 impl Replica {
-    /// A replica client that connects on first use. Starts down until its health is checked.
-    pub fn new(endpoint: &str) -> Result<Self, String> {
-        let channel = Endpoint::from_shared(endpoint_uri(endpoint))
+    /// A replica client that connects on first use, over mutual TLS with `tls`. Starts
+    /// down until its health is checked.
+    pub fn new(endpoint: &str, tls: Option<&MutualTls>) -> Result<Self, String> {
+        let channel = grpc_endpoint(endpoint, tls)
             .map_err(|e| format!("`{endpoint}` is not a valid endpoint: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)

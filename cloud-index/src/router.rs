@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::{IndexInfo, QueryHits, SearchRequest, SearchResponse};
 use parking_lot::RwLock;
 use tokio::sync::watch;
@@ -135,9 +136,11 @@ impl CorpusIdentity {
 
 /// The replicas the router knows, by endpoint; a map update adds new ones and keeps the
 /// connections of those it still lists.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ReplicaPool {
     replicas: RwLock<HashMap<String, Arc<Replica>>>,
+    /// Mutual TLS toward the shards, when the deployment has a CA.
+    tls: Option<MutualTls>,
 }
 
 impl ReplicaPool {
@@ -145,7 +148,8 @@ impl ReplicaPool {
         if let Some(replica) = self.replicas.read().get(endpoint) {
             return Ok(Arc::clone(replica));
         }
-        let replica = Arc::new(Replica::new(endpoint).map_err(RouterError::Endpoint)?);
+        let replica =
+            Arc::new(Replica::new(endpoint, self.tls.as_ref()).map_err(RouterError::Endpoint)?);
         Ok(Arc::clone(
             self.replicas
                 .write()
@@ -178,14 +182,18 @@ pub struct Router {
 impl Router {
     /// Waits until every shard of the current map has a replica that answers, checks that
     /// all answering replicas serve the same corpus and the shard the map says, then starts
-    /// the health checks.
+    /// the health checks. With `tls`, shards are reached over mutual TLS.
     pub async fn start(
         map: watch::Receiver<Arc<ShardMap>>,
         settings: RouterSettings,
         batching: Option<BatchingSettings>,
         metrics: CloudMetrics,
+        tls: Option<MutualTls>,
     ) -> Result<Self, RouterError> {
-        let pool = ReplicaPool::default();
+        let pool = ReplicaPool {
+            replicas: RwLock::default(),
+            tls,
+        };
         let current = Arc::clone(&map.borrow());
         let identity = establish_identity(&current, &pool, &settings).await?;
         let state = Arc::new(RouterState {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hasten_core::config::ConfigError;
+use hasten_proto::tls::{MutualTls, TlsPaths};
 use serde::{Deserialize, Serialize};
 
 use crate::node::NodeSettings;
@@ -45,6 +46,13 @@ pub struct ControlPlaneConfig {
     pub propose_timeout_ms: u64,
     /// File written (atomically) with the listening address once the node serves.
     pub ready_file: Option<PathBuf>,
+    /// PEM CA certificate of the deployment: with `tls_cert` and `tls_key`, gRPC is mutual
+    /// TLS, both toward peers and for every client (edges, operators).
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate chain of this node, for mutual TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of this node, for mutual TLS.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ControlPlaneConfig {
@@ -64,6 +72,9 @@ impl Default for ControlPlaneConfig {
             retained_events: 2_048,
             propose_timeout_ms: 5_000,
             ready_file: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -107,7 +118,14 @@ impl ControlPlaneConfig {
                 "must be positive",
             ));
         }
+        self.mutual_tls()?;
         Ok(())
+    }
+
+    /// The mutual-TLS files, or `None` when mutual TLS is off.
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
+            .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 
     /// The founding members by id.
@@ -137,7 +155,8 @@ impl ControlPlaneConfig {
         Ok(members)
     }
 
-    pub fn node_settings(&self) -> NodeSettings {
+    /// The node's tunables, reaching peers over `peer_tls` when given.
+    pub fn node_settings(&self, peer_tls: Option<MutualTls>) -> NodeSettings {
         NodeSettings {
             id: self.id,
             tick: Duration::from_millis(self.tick_ms),
@@ -146,6 +165,7 @@ impl ControlPlaneConfig {
             max_log_entries: self.max_log_entries,
             max_log_bytes: self.max_log_bytes,
             retained_events: self.retained_events,
+            peer_tls,
         }
     }
 

@@ -14,6 +14,7 @@ use control_plane::transport::RaftPeerService;
 use hasten_core::config::{ConfigSource, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::control::MAX_MESSAGE_BYTES;
+use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::control_plane_server::ControlPlaneServer;
 use hasten_proto::v1::raft_peer_server::RaftPeerServer;
 use serde::Serialize;
@@ -76,6 +77,19 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     ready_file: Option<PathBuf>,
+    /// PEM CA certificate for mutual TLS with peers and clients (with --tls-cert and
+    /// --tls-key).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_ca: Option<PathBuf>,
+    /// PEM certificate chain of this node, for mutual TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of this node, for mutual TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -88,6 +102,14 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     config.validate()?;
+    let tls = config
+        .mutual_tls()?
+        .map(|paths| MutualTls::load(&paths))
+        .transpose()
+        .context("loading the mutual-TLS files")?;
+    if tls.is_none() {
+        tracing::warn!("mutual TLS is off (no `tls_ca`): peers and clients talk plaintext gRPC");
+    }
     let storage = RaftStorage::open(&config.data_dir, config.id)
         .with_context(|| format!("opening {}", config.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -104,7 +126,7 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
     let node = node::start(
-        config.node_settings(),
+        config.node_settings(tls.clone()),
         storage,
         &config.members()?,
         config.join,
@@ -128,7 +150,13 @@ async fn main() -> Result<()> {
     let peer_api = RaftPeerServer::new(RaftPeerService::new(node.requests()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        server = server
+            .tls_config(tls.grpc_server())
+            .context("configuring gRPC TLS")?;
+    }
+    server
         .add_service(client_api)
         .add_service(peer_api)
         .serve_with_incoming_shutdown(

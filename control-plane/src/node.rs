@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::{
     CommandBatch, CommittedEvent, ControlCommand, ControlState, Member, NodeStatus,
 };
@@ -88,6 +89,8 @@ pub struct NodeSettings {
     pub max_log_bytes: u64,
     /// Committed events kept behind a compaction point for resuming subscribers.
     pub retained_events: u64,
+    /// Mutual TLS toward peers, when the deployment has a CA.
+    pub peer_tls: Option<MutualTls>,
 }
 
 /// Handle to a running node.
@@ -236,7 +239,12 @@ pub fn start(
         .map_err(|err| NodeError::Membership(err.to_string()))?;
     let (requests, queue) = mpsc::channel(NODE_QUEUE);
     let (events, _) = broadcast::channel(EVENT_BUFFER);
-    let peers = PeerNetwork::new(settings.id, members, requests.clone());
+    let peers = PeerNetwork::new(
+        settings.id,
+        members,
+        requests.clone(),
+        settings.peer_tls.clone(),
+    );
     let node = RaftNode {
         settings,
         raw,

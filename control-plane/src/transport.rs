@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hasten_proto::control;
+use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::raft_peer_client::RaftPeerClient;
 use hasten_proto::v1::raft_peer_server::RaftPeer;
 use hasten_proto::v1::{RaftDelivered, RaftMessages};
@@ -35,14 +36,22 @@ pub struct PeerNetwork {
     me: u64,
     peers: HashMap<u64, Peer>,
     node: mpsc::Sender<NodeRequest>,
+    tls: Option<MutualTls>,
 }
 
 impl PeerNetwork {
-    pub fn new(me: u64, members: BTreeMap<u64, String>, node: mpsc::Sender<NodeRequest>) -> Self {
+    /// Reaches peers over mutual TLS with `tls`.
+    pub fn new(
+        me: u64,
+        members: BTreeMap<u64, String>,
+        node: mpsc::Sender<NodeRequest>,
+        tls: Option<MutualTls>,
+    ) -> Self {
         let mut network = Self {
             me,
             peers: HashMap::new(),
             node,
+            tls,
         };
         for (id, address) in members {
             network.add(id, address);
@@ -60,7 +69,13 @@ impl PeerNetwork {
         }
         let outbox = (id != self.me).then(|| {
             let (outbox, queue) = mpsc::channel(PEER_OUTBOX);
-            tokio::spawn(deliver(id, address.clone(), queue, self.node.clone()));
+            tokio::spawn(deliver(
+                id,
+                address.clone(),
+                self.tls.clone(),
+                queue,
+                self.node.clone(),
+            ));
             outbox
         });
         self.peers.insert(id, Peer { address, outbox });
@@ -96,10 +111,11 @@ impl PeerNetwork {
 async fn deliver(
     to: u64,
     address: String,
+    tls: Option<MutualTls>,
     mut queue: mpsc::Receiver<Message>,
     node: mpsc::Sender<NodeRequest>,
 ) {
-    let endpoint = match control::endpoint(&address) {
+    let endpoint = match control::endpoint(&address, tls.as_ref()) {
         Ok(endpoint) => endpoint,
         Err(err) => {
             tracing::error!(to, %address, %err, "invalid peer address; messages to it are dropped");

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::RetrievalPolicy;
@@ -25,8 +26,17 @@ pub struct EdgeConfig {
     pub cloud_addr: SocketAddr,
     /// TLS name on the cloud's certificate.
     pub cloud_server_name: String,
-    /// PEM file of the certificate(s) to trust for the cloud (its CA, or its dev certificate).
+    /// PEM file of the certificate(s) to trust for the cloud (its CA, or its dev certificate)
+    /// when mutual TLS is off; under mutual TLS the cloud is trusted through `tls_ca`.
     pub cloud_ca: PathBuf,
+    /// PEM CA certificate of the deployment: with `tls_cert` and `tls_key`, the edge shows
+    /// its certificate to the cloud (QUIC) and the control plane (gRPC) and trusts theirs
+    /// only if issued by this CA.
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate chain of this edge, for mutual TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of this edge, for mutual TLS.
+    pub tls_key: Option<PathBuf>,
     /// Deadline of one cloud request in milliseconds, connection set-up included.
     pub cloud_timeout_ms: u64,
     /// `has` (speculate, validate, fall back), or a baseline: `cloud-only`, `edge-ivf`,
@@ -87,6 +97,9 @@ impl Default for EdgeConfig {
             cloud_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
             cloud_server_name: "localhost".into(),
             cloud_ca: PathBuf::from("run/cloud-dev-cert.pem"),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
             cloud_timeout_ms: 2_000,
             policy: RetrievalPolicy::Has,
             semantic_threshold: 0.9,
@@ -180,6 +193,7 @@ impl EdgeConfig {
                 "must be at least 1",
             ));
         }
+        self.mutual_tls()?;
         for (key, value) in [
             ("max_query_chars", self.max_query_chars),
             ("max_body_bytes", self.max_body_bytes),
@@ -190,6 +204,12 @@ impl EdgeConfig {
             }
         }
         Ok(())
+    }
+
+    /// The mutual-TLS files, or `None` when mutual TLS is off.
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
+            .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

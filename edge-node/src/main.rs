@@ -21,6 +21,8 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_proto::quic::client_config;
+use hasten_proto::tls::{MutualTls, TrustRoots};
 use hasten_proto::v1::edge_server::EdgeServer;
 use serde::Serialize;
 
@@ -75,6 +77,19 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cloud_ca: Option<PathBuf>,
+    /// PEM CA certificate for mutual TLS with the cloud and control plane (with --tls-cert
+    /// and --tls-key).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_ca: Option<PathBuf>,
+    /// PEM certificate chain of this edge, for mutual TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of this edge, for mutual TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<PathBuf>,
     /// Cloud request deadline in milliseconds [default: 2000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -179,16 +194,33 @@ fn cache_channel(bundle: &CorpusBundle, config: &EdgeConfig) -> Result<CacheChan
     Ok(channel)
 }
 
-fn build_engine(
-    config: &EdgeConfig,
-    bundle: &CorpusBundle,
-) -> Result<RetrievalEngine<QuicCloudClient>> {
-    let client_config = hasten_proto::quic::client_config(&config.cloud_ca).with_context(|| {
+/// The QUIC client configuration toward the cloud: mutual TLS through the deployment's CA,
+/// or trust in `cloud_ca` alone.
+fn cloud_tls(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<quinn::ClientConfig> {
+    if let Some(mutual) = mutual {
+        return Ok(client_config(
+            mutual.trust(),
+            Some(mutual.identity().clone()),
+        )?);
+    }
+    tracing::warn!(
+        "mutual TLS is off (no `tls_ca`): the edge shows no certificate, and control-plane gRPC is plaintext"
+    );
+    let trust = TrustRoots::from_pem_file(&config.cloud_ca).with_context(|| {
         format!(
             "loading the cloud CA {} (a dev cloud writes its certificate to run/cloud-dev-cert.pem)",
             config.cloud_ca.display()
         )
     })?;
+    Ok(client_config(&trust, None)?)
+}
+
+fn build_engine(
+    config: &EdgeConfig,
+    bundle: &CorpusBundle,
+    mutual: Option<&MutualTls>,
+) -> Result<RetrievalEngine<QuicCloudClient>> {
+    let client_config = cloud_tls(config, mutual)?;
     let cloud = QuicCloudClient::new(
         client_config,
         CloudEndpoint {
@@ -258,9 +290,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
             bundle.dimension()
         );
     }
-    let mut engine = build_engine(&config, &bundle)?;
+    let mutual = config
+        .mutual_tls()?
+        .map(|paths| MutualTls::load(&paths))
+        .transpose()
+        .context("loading the mutual-TLS files")?;
+    let mut engine = build_engine(&config, &bundle, mutual.as_ref())?;
     let link = (!config.control_plane.is_empty()).then(|| {
-        let link = ControlPlaneLink::start(&config.edge_id, config.control_plane.clone());
+        let link = ControlPlaneLink::start(
+            &config.edge_id,
+            config.control_plane.clone(),
+            mutual.clone(),
+        );
         engine.set_replication(link.clone());
         link
     });

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hasten_core::DocId;
 use hasten_proto::control;
+use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
     CacheEntry, CommittedEvent, ControlCommand, ProposeRequest, StoredEntry, SubscribeRequest,
@@ -72,13 +73,16 @@ pub struct ControlPlaneLink {
     proposals: mpsc::Sender<CacheEntry>,
     status: Arc<LinkStatus>,
     endpoints: Vec<String>,
+    /// Mutual TLS toward the control plane, when the deployment has a CA.
+    tls: Option<MutualTls>,
 }
 
 impl ControlPlaneLink {
-    /// Starts the proposer for `endpoints` (control-plane gRPC addresses, host:port).
-    /// `edge_id` names this edge in proposals; a start-time suffix keeps sequence numbers
-    /// of a restarted edge from colliding with those of its previous run.
-    pub fn start(edge_id: &str, endpoints: Vec<String>) -> Arc<Self> {
+    /// Starts the proposer for `endpoints` (control-plane gRPC addresses, host:port),
+    /// reached over mutual TLS with `tls`. `edge_id` names this edge in proposals; a
+    /// start-time suffix keeps sequence numbers of a restarted edge from colliding with
+    /// those of its previous run.
+    pub fn start(edge_id: &str, endpoints: Vec<String>, tls: Option<MutualTls>) -> Arc<Self> {
         let boot = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -89,9 +93,11 @@ impl ControlPlaneLink {
             proposals,
             status: Arc::new(LinkStatus::default()),
             endpoints,
+            tls,
         });
         tokio::spawn(propose_loop(
             link.endpoints.clone(),
+            link.tls.clone(),
             queue,
             Arc::clone(&link.status),
         ));
@@ -106,6 +112,7 @@ impl ControlPlaneLink {
     pub fn follow<C: CloudSearch>(&self, engine: Arc<RetrievalEngine<C>>) {
         tokio::spawn(subscribe_loop(
             self.endpoints.clone(),
+            self.tls.clone(),
             self.origin.clone(),
             engine,
             Arc::clone(&self.status),
@@ -135,8 +142,11 @@ impl CacheReplication for ControlPlaneLink {
     }
 }
 
-async fn connect(address: &str) -> Result<ControlPlaneClient<Channel>, tonic::transport::Error> {
-    let channel = control::endpoint(address)?.connect().await?;
+async fn connect(
+    address: &str,
+    tls: Option<&MutualTls>,
+) -> Result<ControlPlaneClient<Channel>, tonic::transport::Error> {
+    let channel = control::endpoint(address, tls)?.connect().await?;
     Ok(ControlPlaneClient::new(channel)
         .max_decoding_message_size(control::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(control::MAX_MESSAGE_BYTES))
@@ -146,6 +156,7 @@ async fn connect(address: &str) -> Result<ControlPlaneClient<Channel>, tonic::tr
 /// until it commits (a retried entry is applied once: its origin sequence is known).
 async fn propose_loop(
     endpoints: Vec<String>,
+    tls: Option<MutualTls>,
     mut queue: mpsc::Receiver<CacheEntry>,
     status: Arc<LinkStatus>,
 ) {
@@ -170,7 +181,7 @@ async fn propose_loop(
         loop {
             if client.is_none() {
                 let endpoint = &endpoints[turn % endpoints.len()];
-                match connect(endpoint).await {
+                match connect(endpoint, tls.as_ref()).await {
                     Ok(connected) => client = Some(connected),
                     Err(err) => tracing::debug!(%endpoint, %err, "control plane unreachable"),
                 }
@@ -205,6 +216,7 @@ async fn propose_loop(
 /// endpoint) whenever it breaks.
 async fn subscribe_loop<C: CloudSearch>(
     endpoints: Vec<String>,
+    tls: Option<MutualTls>,
     origin: String,
     engine: Arc<RetrievalEngine<C>>,
     status: Arc<LinkStatus>,
@@ -212,7 +224,17 @@ async fn subscribe_loop<C: CloudSearch>(
     let mut wait = FIRST_RETRY;
     for endpoint in endpoints.iter().cycle() {
         let from_index = status.applied_index.load(Ordering::Relaxed) + 1;
-        match stream_from(endpoint, &origin, from_index, &engine, &status, &mut wait).await {
+        match stream_from(
+            endpoint,
+            tls.as_ref(),
+            &origin,
+            from_index,
+            &engine,
+            &status,
+            &mut wait,
+        )
+        .await
+        {
             Ok(()) => tracing::info!(%endpoint, "control-plane stream ended; reconnecting"),
             Err(err) => tracing::info!(%endpoint, %err, "control-plane stream lost; reconnecting"),
         }
@@ -224,13 +246,14 @@ async fn subscribe_loop<C: CloudSearch>(
 
 async fn stream_from<C: CloudSearch>(
     endpoint: &str,
+    tls: Option<&MutualTls>,
     origin: &str,
     from_index: u64,
     engine: &RetrievalEngine<C>,
     status: &LinkStatus,
     wait: &mut Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut client = connect(endpoint).await?;
+    let mut client = connect(endpoint, tls).await?;
     let mut stream = client
         .subscribe(SubscribeRequest {
             from_index,

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use hasten_proto::tls::DevAuthority;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::eval::{ClusterSettings, run_system, start_cloud, system_specs};
@@ -36,6 +37,39 @@ enum Command {
     Eval(Box<EvalArgs>),
     /// Generate a workload, print how homologous it is, and save it as JSON lines.
     Workload(Box<WorkloadCommand>),
+    /// Make a throwaway CA and a certificate for each component, for mutual TLS in local
+    /// runs (production certificates come from files or Kubernetes Secrets).
+    DevCerts(DevCertsArgs),
+}
+
+#[derive(Args)]
+struct DevCertsArgs {
+    /// Directory for ca.crt and each component's <component>.crt and <component>.key.
+    #[arg(long, default_value = "run/tls")]
+    out: PathBuf,
+    /// DNS names and IP addresses the certificates are valid for (repeatable).
+    #[arg(long = "name", default_values = ["localhost", "127.0.0.1"])]
+    names: Vec<String>,
+    /// Components to issue a certificate for (repeatable).
+    #[arg(long = "component", default_values = ["cloud", "edge", "control-plane"])]
+    components: Vec<String>,
+}
+
+fn dev_certs(args: &DevCertsArgs) -> Result<()> {
+    let authority = DevAuthority::new("Hasten dev CA")?;
+    let components: Vec<&str> = args.components.iter().map(String::as_str).collect();
+    let written = authority
+        .write_bundle(&args.out, &components, &args.names)
+        .with_context(|| format!("writing certificates under {}", args.out.display()))?;
+    for (component, paths) in args.components.iter().zip(&written) {
+        println!(
+            "{component}: --tls-ca {} --tls-cert {} --tls-key {}",
+            paths.ca.display(),
+            paths.cert.display(),
+            paths.key.display()
+        );
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -171,6 +205,7 @@ async fn main() -> Result<()> {
     hasten_core::logging::init();
     match Cli::parse().command {
         Command::Eval(args) => eval(*args).await,
+        Command::DevCerts(args) => dev_certs(&args),
         Command::Workload(args) => {
             let (_, questions) = corpus(&args.corpus)?;
             let (workload, stats) = make_workload(&args.workload, &questions)?;

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hasten_proto::tls::TlsPaths;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
     #[error(
@@ -159,6 +161,18 @@ impl Drop for ManagedProcess {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The flags that turn mutual TLS on for any Hasten binary.
+pub fn tls_args(paths: &TlsPaths) -> Vec<String> {
+    [
+        ("--tls-ca", &paths.ca),
+        ("--tls-cert", &paths.cert),
+        ("--tls-key", &paths.key),
+    ]
+    .into_iter()
+    .flat_map(|(flag, path)| [flag.to_string(), path.display().to_string()])
+    .collect()
 }
 
 /// `cloud-index serve` flags over `bundle` (a whole corpus or a shard): QUIC on any loopback

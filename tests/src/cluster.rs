@@ -148,7 +148,7 @@ impl Cluster {
     }
 
     pub async fn client(&self, id: u64) -> ControlPlaneClient<Channel> {
-        let channel = endpoint(&self.addresses[&id])
+        let channel = endpoint(&self.addresses[&id], None)
             .unwrap()
             .connect()
             .await
@@ -157,7 +157,11 @@ impl Cluster {
     }
 
     pub async fn status(&self, id: u64) -> Option<NodeStatus> {
-        let channel = endpoint(&self.addresses[&id]).ok()?.connect().await.ok()?;
+        let channel = endpoint(&self.addresses[&id], None)
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
         let mut client = ControlPlaneClient::new(channel);
         client
             .status(StatusRequest {})

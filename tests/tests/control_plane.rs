@@ -139,7 +139,7 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_entry() {
         while started.elapsed() < Duration::from_secs(6) {
             seq += 1;
             for address in addresses.iter().cycle().take(4) {
-                let Ok(channel) = endpoint(address).unwrap().connect().await else {
+                let Ok(channel) = endpoint(address, None).unwrap().connect().await else {
                     continue;
                 };
                 let mut request = tonic::Request::new(ProposeRequest {

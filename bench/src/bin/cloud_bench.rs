@@ -219,7 +219,10 @@ impl Cluster {
             .parse()
             .context("router QUIC address")?;
         let client = QuicCloudClient::new(
-            hasten_proto::quic::client_config(&cli.work.join("router.pem"))?,
+            hasten_proto::quic::client_config(
+                &hasten_proto::tls::TrustRoots::from_pem_file(&cli.work.join("router.pem"))?,
+                None,
+            )?,
             CloudEndpoint {
                 addr,
                 server_name: "localhost".into(),

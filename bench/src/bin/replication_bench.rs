@@ -63,7 +63,9 @@ struct Tracker {
 }
 
 async fn subscribe(address: String, edges: usize, tracker: Arc<Mutex<Tracker>>) -> Result<()> {
-    let channel = hasten_proto::control::endpoint(&address)?.connect().await?;
+    let channel = hasten_proto::control::endpoint(&address, None)?
+        .connect()
+        .await?;
     let mut client = ControlPlaneClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let mut stream = client
         .subscribe(SubscribeRequest {
@@ -172,7 +174,7 @@ async fn main() -> Result<()> {
             let endpoints = (0..addresses.len())
                 .map(|n| addresses[(e + n) % addresses.len()].clone())
                 .collect();
-            ControlPlaneLink::start(&format!("bench-edge-{e}"), endpoints)
+            ControlPlaneLink::start(&format!("bench-edge-{e}"), endpoints, None)
         })
         .collect();
     for e in 0..cli.edges {

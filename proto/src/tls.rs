@@ -1,0 +1,385 @@
+//! TLS material shared by every link between Hasten's components: a certificate chain and
+//! key ([`Identity`]), the certificates a peer is trusted by ([`TrustRoots`]), the mutual
+//! TLS of a component that both serves and calls ([`MutualTls`]), and a development
+//! certificate authority ([`DevAuthority`], behind `hasten-loadtest dev-certs`).
+//!
+//! Under mutual TLS each side proves itself to the other with a certificate issued by the
+//! deployment's CA: a peer without one is refused during the handshake, before any request.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("{path} holds no {what}")]
+    Empty { path: String, what: &'static str },
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("TLS configuration refused: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("QUIC crypto configuration refused: {0}")]
+    Quic(String),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+fn read_error(path: &Path) -> impl FnOnce(rustls_pki_types::pem::Error) -> TlsError + '_ {
+    move |source| TlsError::Read {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// A certificate chain and its private key: what a server shows its clients, and what a
+/// client shows a server under mutual TLS.
+#[derive(Debug)]
+pub struct Identity {
+    pub cert_chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl Clone for Identity {
+    fn clone(&self) -> Self {
+        Self {
+            cert_chain: self.cert_chain.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+impl Identity {
+    /// Loads a PEM certificate chain and PEM private key.
+    pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        let cert_chain = load_certificates(cert)?;
+        let key = PrivateKeyDer::from_pem_file(key).map_err(read_error(key))?;
+        Ok(Self { cert_chain, key })
+    }
+
+    /// Generates a self-signed certificate for `names` (DNS names or IP addresses).
+    /// Returns the identity and the certificate's PEM, which clients must trust.
+    pub fn generate_self_signed(names: &[String]) -> Result<(Self, String), TlsError> {
+        let certified = rcgen::generate_simple_self_signed(names.to_vec())?;
+        let pem = certified.cert.pem();
+        let key = PrivateKeyDer::try_from(certified.signing_key.serialize_der())
+            .map_err(|e| TlsError::Quic(e.to_string()))?;
+        Ok((
+            Self {
+                cert_chain: vec![certified.cert.der().clone()],
+                key,
+            },
+            pem,
+        ))
+    }
+}
+
+/// The certificates a peer's chain must lead to.
+#[derive(Clone, Debug)]
+pub struct TrustRoots(Arc<RootCertStore>);
+
+impl TrustRoots {
+    /// Trusts every certificate in the PEM file `path`.
+    pub fn from_pem_file(path: &Path) -> Result<Self, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for cert in load_certificates(path)? {
+            roots.add(cert)?;
+        }
+        Ok(Self(Arc::new(roots)))
+    }
+
+    pub(crate) fn store(&self) -> Arc<RootCertStore> {
+        self.0.clone()
+    }
+}
+
+pub(crate) fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+        .map_err(read_error(path))?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            path: path.display().to_string(),
+            what: "certificate",
+        });
+    }
+    Ok(certs)
+}
+
+pub(crate) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Where a component's mutual-TLS material lies: the deployment's CA certificate and this
+/// component's certificate and key (the `ca.crt`, `tls.crt` and `tls.key` of a Kubernetes
+/// TLS Secret).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsPaths {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsPaths {
+    /// A configuration's `tls_ca`, `tls_cert` and `tls_key`: all three (mutual TLS on) or
+    /// none (off).
+    pub fn all_or_none(
+        ca: &Option<PathBuf>,
+        cert: &Option<PathBuf>,
+        key: &Option<PathBuf>,
+    ) -> Result<Option<Self>, &'static str> {
+        match (ca, cert, key) {
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(Self {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            (None, None, None) => Ok(None),
+            _ => {
+                Err("`tls_cert` and `tls_key` must be given together: all three turn mutual TLS on")
+            }
+        }
+    }
+}
+
+/// A component's mutual TLS: it serves only peers with a certificate from the CA, and
+/// shows its own certificate to the peers it calls.
+#[derive(Clone)]
+pub struct MutualTls {
+    identity: Identity,
+    trust: TrustRoots,
+    ca_pem: Vec<u8>,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for MutualTls {
+    /// The key stays out of logs and panics.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MutualTls")
+            .field("certificates", &self.identity.cert_chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MutualTls {
+    /// Loads and checks the three PEM files.
+    pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| TlsError::Read {
+                path: path.display().to_string(),
+                source: rustls_pki_types::pem::Error::Io(source),
+            })
+        };
+        Ok(Self {
+            identity: Identity::from_pem_files(&paths.cert, &paths.key)?,
+            trust: TrustRoots::from_pem_file(&paths.ca)?,
+            ca_pem: read(&paths.ca)?,
+            cert_pem: read(&paths.cert)?,
+            key_pem: read(&paths.key)?,
+        })
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    pub fn trust(&self) -> &TrustRoots {
+        &self.trust
+    }
+
+    /// A gRPC server's TLS: this component's certificate, and a client certificate from
+    /// the CA required of every caller.
+    pub fn grpc_server(&self) -> tonic::transport::ServerTlsConfig {
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                &self.cert_pem,
+                &self.key_pem,
+            ))
+            .client_ca_root(tonic::transport::Certificate::from_pem(&self.ca_pem))
+    }
+
+    /// A gRPC client's TLS: trusts servers with a certificate from the CA (for the host it
+    /// dials) and shows this component's certificate.
+    pub fn grpc_client(&self) -> tonic::transport::ClientTlsConfig {
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca_pem))
+            .identity(tonic::transport::Identity::from_pem(
+                &self.cert_pem,
+                &self.key_pem,
+            ))
+    }
+}
+
+/// A throwaway certificate authority for local runs and tests: issues certificates good for
+/// both serving and calling (every Hasten component does both).
+pub struct DevAuthority {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+/// A certificate and key issued by a [`DevAuthority`], as PEM.
+pub struct IssuedCertificate {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl DevAuthority {
+    /// A new CA named `name`.
+    pub fn new(name: &str) -> Result<Self, TlsError> {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate()?;
+        let pem = params.self_signed(&key)?.pem();
+        Ok(Self {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        })
+    }
+
+    /// The CA certificate, which every component trusts.
+    pub fn ca_pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// A certificate for `names` (DNS names or IP addresses) with `common_name` as subject.
+    pub fn issue(
+        &self,
+        common_name: &str,
+        names: &[String],
+    ) -> Result<IssuedCertificate, TlsError> {
+        let mut params = rcgen::CertificateParams::new(names.to_vec())?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(IssuedCertificate {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Writes `ca.crt` and, for each component, `<component>.crt` and `<component>.key`
+    /// (owner-only) into `dir`; returns each component's [`TlsPaths`].
+    pub fn write_bundle(
+        &self,
+        dir: &Path,
+        components: &[&str],
+        names: &[String],
+    ) -> Result<Vec<TlsPaths>, TlsError> {
+        let write = |path: PathBuf, contents: &str, private: bool| -> Result<PathBuf, TlsError> {
+            write_file(&path, contents, private).map_err(|source| TlsError::Write {
+                path: path.display().to_string(),
+                source,
+            })?;
+            Ok(path)
+        };
+        std::fs::create_dir_all(dir).map_err(|source| TlsError::Write {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let ca = write(dir.join("ca.crt"), &self.pem, false)?;
+        components
+            .iter()
+            .map(|component| {
+                let issued = self.issue(component, names)?;
+                Ok(TlsPaths {
+                    ca: ca.clone(),
+                    cert: write(
+                        dir.join(format!("{component}.crt")),
+                        &issued.cert_pem,
+                        false,
+                    )?,
+                    key: write(dir.join(format!("{component}.key")), &issued.key_pem, true)?,
+                })
+            })
+            .collect()
+    }
+}
+
+fn write_file(path: &Path, contents: &str, private: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = private;
+    options.open(path)?.write_all(contents.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issued_certificates_lead_to_their_authority_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = vec!["localhost".to_string()];
+        let ours = DevAuthority::new("ours").unwrap();
+        let paths = ours.write_bundle(dir.path(), &["edge"], &names).unwrap();
+        let tls = MutualTls::load(&paths[0]).unwrap();
+
+        let verify = |roots: &TrustRoots| {
+            rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.store(),
+                crypto_provider(),
+            )
+            .build()
+            .unwrap()
+            .verify_client_cert(
+                &tls.identity().cert_chain[0],
+                &[],
+                rustls_pki_types::UnixTime::now(),
+            )
+            .map(|_| ())
+        };
+        assert!(verify(tls.trust()).is_ok());
+
+        let other_dir = tempfile::tempdir().unwrap();
+        let theirs = DevAuthority::new("theirs").unwrap();
+        let other = theirs
+            .write_bundle(other_dir.path(), &["edge"], &names)
+            .unwrap();
+        let their_roots = TrustRoots::from_pem_file(&other[0].ca).unwrap();
+        assert!(verify(&their_roots).is_err());
+    }
+
+    #[test]
+    fn a_missing_or_empty_file_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let err = TrustRoots::from_pem_file(&empty).unwrap_err().to_string();
+        assert!(err.contains("empty.pem"), "{err}");
+        let missing = dir.path().join("missing.pem");
+        let err = TrustRoots::from_pem_file(&missing).unwrap_err().to_string();
+        assert!(err.contains("missing.pem"), "{err}");
+    }
+}

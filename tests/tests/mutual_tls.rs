@@ -1,0 +1,193 @@
+//! Mutual TLS between real processes: a cloud index, a three-node control plane and edges,
+//! each with a certificate from the deployment's CA (`hasten_proto::tls::DevAuthority`, the
+//! code behind `hasten-loadtest dev-certs`). A peer whose certificate comes from another CA,
+//! or that shows none, is refused on every link.
+
+// A test fails by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use hasten_core::bundle::CorpusBundle;
+use hasten_proto::control::{MAX_MESSAGE_BYTES, grpc_endpoint};
+use hasten_proto::tls::{DevAuthority, MutualTls, TlsPaths};
+use hasten_proto::v1::InfoRequest;
+use hasten_proto::v1::StatusRequest;
+use hasten_proto::v1::cloud_index_client::CloudIndexClient;
+use hasten_proto::v1::control_plane_client::ControlPlaneClient;
+use hasten_tests::edge::{retrieve, status, wait_for};
+use hasten_tests::{build_small_bundle, persistent_work_dir, start_edge};
+use loadtest::control_plane::{free_loopback_port, node_args};
+use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, tls_args};
+use serde_json::json;
+
+const K: usize = 10;
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+const WAIT: Duration = Duration::from_secs(30);
+
+fn names() -> Vec<String> {
+    vec!["localhost".into(), "127.0.0.1".into()]
+}
+
+/// Our CA's certificates for the three components, and a stranger's edge certificate.
+fn certificates(work: &Path) -> (TlsPaths, TlsPaths, TlsPaths, TlsPaths) {
+    let ours = DevAuthority::new("deployment CA").unwrap();
+    let mut issued = ours
+        .write_bundle(
+            &work.join("tls"),
+            &["cloud", "control-plane", "edge"],
+            &names(),
+        )
+        .unwrap()
+        .into_iter();
+    let stranger = DevAuthority::new("another CA").unwrap();
+    let foreign = stranger
+        .write_bundle(&work.join("tls-foreign"), &["edge"], &names())
+        .unwrap()
+        .remove(0);
+    let cloud = issued.next().unwrap();
+    let control_plane = issued.next().unwrap();
+    let edge = issued.next().unwrap();
+    // The stranger trusts our CA, so the only thing wrong is its own certificate.
+    let stranger_edge = TlsPaths {
+        ca: edge.ca.clone(),
+        ..foreign
+    };
+    (cloud, control_plane, edge, stranger_edge)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_link_needs_a_certificate_from_the_deployments_ca() {
+    let work = persistent_work_dir("mutual-tls").unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let (cloud_tls, cp_tls, edge_tls, stranger_tls) = certificates(&work);
+
+    let mut args = cloud_index_serve_args(&bundle_dir, "127.0.0.1:0", &work.join("unused.pem"));
+    args.extend(tls_args(&cloud_tls));
+    let cloud = ManagedProcess::start(
+        "cloud",
+        &binary("cloud-index").unwrap(),
+        args,
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+
+    let addresses: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_loopback_port().unwrap()))
+        .collect();
+    let mut nodes = Vec::new();
+    for id in 1..=3u64 {
+        let dir = work.join(format!("node-{id}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut args = node_args(id, &addresses, &dir);
+        args.extend(["--tick-ms".into(), "50".into()]);
+        args.extend(tls_args(&cp_tls));
+        nodes.push(
+            ManagedProcess::start(
+                &format!("node-{id}"),
+                &binary("control-plane").unwrap(),
+                args,
+                &work,
+                START_TIMEOUT,
+            )
+            .unwrap(),
+        );
+    }
+
+    let edge_flags = |paths: &TlsPaths| {
+        let mut extra = tls_args(paths);
+        for address in &addresses {
+            extra.extend(["--control-plane".to_string(), address.clone()]);
+        }
+        extra.extend(["--cloud-timeout-ms".into(), "1000".into()]);
+        extra
+    };
+    let start = |name: &str, extra: Vec<String>| {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        start_edge(
+            &work,
+            name,
+            &bundle_dir,
+            &cloud.addr("quic_addr"),
+            &cloud_tls.ca,
+            &extra,
+        )
+        .unwrap()
+    };
+    let trusted = start("edge-trusted", edge_flags(&edge_tls));
+    let stranger = start("edge-stranger", edge_flags(&stranger_tls));
+    let http = reqwest::Client::new();
+    let question = &bundle.questions[0].question;
+
+    // A trusted edge reaches the cloud over QUIC, and its fallback comes back through the
+    // control plane: the proposal committed on a quorum of peers talking mutual TLS.
+    let trusted_addr = trusted.addr("http_addr");
+    let (code, reply) = retrieve(&http, &trusted_addr, question, K).await;
+    assert_eq!(
+        (code, &reply["outcome"]),
+        (200, &json!("fallback")),
+        "{reply}"
+    );
+    wait_for(
+        &http,
+        &trusted_addr,
+        "the entry never came back",
+        WAIT,
+        |s| s["cached_queries"] == 1 && s["control_plane"]["subscribed"] == true,
+    )
+    .await;
+
+    // The stranger's QUIC handshake fails, so its fallback cannot be served...
+    let stranger_addr = stranger.addr("http_addr");
+    let (code, reply) = retrieve(&http, &stranger_addr, question, K).await;
+    assert_eq!(code, 503, "{reply}");
+    // ...and the control plane never lets it subscribe, nor sends it the trusted edge's entry.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = status(&http, &stranger_addr).await;
+    assert_eq!(seen["control_plane"]["subscribed"], json!(false), "{seen}");
+    assert_eq!(seen["cached_queries"], json!(0), "{seen}");
+
+    // Direct gRPC callers: no certificate, or plaintext, is refused by both servers; our
+    // own certificate is accepted.
+    let trusted_client = MutualTls::load(&edge_tls).unwrap();
+    let ca_only = tonic::transport::ClientTlsConfig::new().ca_certificate(
+        tonic::transport::Certificate::from_pem(std::fs::read(&edge_tls.ca).unwrap()),
+    );
+    let cp = &addresses[0];
+    let cloud_grpc = cloud.addr("grpc_addr");
+    for (address, what) in [
+        (cp.as_str(), "control plane"),
+        (cloud_grpc.as_str(), "cloud"),
+    ] {
+        let without_certificate =
+            tonic::transport::Endpoint::from_shared(format!("https://{address}"))
+                .unwrap()
+                .tls_config(ca_only.clone())
+                .unwrap();
+        let plaintext = grpc_endpoint(address, None).unwrap();
+        let with_ours = grpc_endpoint(address, Some(&trusted_client)).unwrap();
+        for (endpoint, allowed) in [
+            (without_certificate, false),
+            (plaintext, false),
+            (with_ours, true),
+        ] {
+            let answered = match endpoint.connect().await {
+                Err(_) => false,
+                Ok(channel) if what == "cloud" => CloudIndexClient::new(channel)
+                    .info(InfoRequest {})
+                    .await
+                    .is_ok(),
+                Ok(channel) => ControlPlaneClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .status(StatusRequest {})
+                    .await
+                    .is_ok(),
+            };
+            assert_eq!(answered, allowed, "{what} at {address}");
+        }
+    }
+    drop(nodes);
+}
