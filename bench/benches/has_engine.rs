@@ -26,6 +26,7 @@ use edge_node::engine::{
     CloudDocument, CloudSearch, EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings,
 };
 use edge_node::has::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, HotCache};
+use edge_node::tenants::Tenant;
 use hasten_bench::{Latencies, clustered_vectors};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::index::ExactIndex;
@@ -46,7 +47,12 @@ const SPREAD: f32 = 0.05;
 struct NoCloud;
 
 impl CloudSearch for NoCloud {
-    async fn search(&self, _query: &[f32], _k: usize) -> Result<Vec<CloudDocument>, CloudError> {
+    async fn search(
+        &self,
+        _query: &[f32],
+        _k: usize,
+        _deadline: Option<Instant>,
+    ) -> Result<Vec<CloudDocument>, CloudError> {
         Err(CloudError::Protocol("the benchmark has no cloud".into()))
     }
 }
@@ -116,7 +122,14 @@ fn setup() -> Setup {
     .expect("engine");
     for topic in 0..CACHED {
         let query = centres[topic * D..(topic + 1) * D].to_vec();
-        engine.insert(None, query, &cloud_documents(&members, topic, 0..K));
+        engine
+            .insert(
+                &Tenant::default_tenant(),
+                None,
+                query,
+                &cloud_documents(&members, topic, 0..K),
+            )
+            .expect("the default tenant has a cache");
     }
     let cache = engine.cache_stats();
     let (queries, docs) = (cache.queries, cache.documents);
@@ -153,7 +166,12 @@ fn bench(c: &mut Criterion) {
         .iter()
         .filter(|q| {
             s.engine
-                .speculate(q, K, &mut StageTimings::default())
+                .speculate(
+                    &Tenant::default_tenant(),
+                    q,
+                    K,
+                    &mut StageTimings::default(),
+                )
                 .map(|sp| sp.verdict.accepted)
                 .unwrap_or(false)
         })
@@ -165,7 +183,7 @@ fn bench(c: &mut Criterion) {
     let mut stages = [0u64; 4];
     for q in &queries {
         let mut t = StageTimings::default();
-        let _ = s.engine.speculate(q, K, &mut t);
+        let _ = s.engine.speculate(&Tenant::default_tenant(), q, K, &mut t);
         let measured = [
             t.cache_channel_us,
             t.fuzzy_channel_us,
@@ -197,7 +215,12 @@ fn bench(c: &mut Criterion) {
                 let q = &queries[next % queries.len()];
                 next += 1;
                 let started = Instant::now();
-                let speculation = s.engine.speculate(q, K, &mut StageTimings::default());
+                let speculation = s.engine.speculate(
+                    &Tenant::default_tenant(),
+                    q,
+                    K,
+                    &mut StageTimings::default(),
+                );
                 let elapsed = started.elapsed();
                 black_box(speculation.map(|sp| sp.verdict.accepted).unwrap_or(false));
                 accept.record(elapsed);
@@ -226,7 +249,10 @@ fn bench(c: &mut Criterion) {
                 let docs = cloud_documents(&s.members, t, half);
                 let query = s.centres[t * D..(t + 1) * D].to_vec();
                 let started = Instant::now();
-                let change = s.engine.insert(None, query, &docs);
+                let change = s
+                    .engine
+                    .insert(&Tenant::default_tenant(), None, query, &docs)
+                    .expect("the default tenant has a cache");
                 let elapsed = started.elapsed();
                 churn.0 += change.added.len();
                 churn.1 += change.released.len();

@@ -77,7 +77,9 @@ pub struct CacheStateMachine {
     applied_term: u64,
     config: RuntimeConfig,
     shard_map: ShardMap,
-    order: VecDeque<u64>,
+    /// Each tenant's entries, oldest first: the cache capacity holds per tenant, so one
+    /// tenant's traffic never evicts another's entries.
+    orders: HashMap<String, VecDeque<u64>>,
     entries: HashMap<u64, CacheEntry>,
     /// Document -> entries whose result holds it (for invalidation).
     holders: HashMap<u64, Vec<u64>>,
@@ -96,7 +98,7 @@ impl Default for CacheStateMachine {
                 cache_capacity: DEFAULT_CACHE_CAPACITY,
             },
             shard_map: ShardMap::default(),
-            order: VecDeque::new(),
+            orders: HashMap::new(),
             entries: HashMap::new(),
             holders: HashMap::new(),
             origins: HashMap::new(),
@@ -176,7 +178,11 @@ impl CacheStateMachine {
                 let mut removed = Vec::new();
                 if config.cache_capacity > 0 {
                     self.config.cache_capacity = config.cache_capacity;
-                    removed = self.evict_beyond(self.capacity());
+                    let mut tenants: Vec<String> = self.orders.keys().cloned().collect();
+                    tenants.sort();
+                    for tenant in tenants {
+                        removed.extend(self.evict_beyond(&tenant, self.capacity()));
+                    }
                 }
                 Some(AppliedCommand {
                     kind: Some(applied_command::Kind::Config(self.config)),
@@ -208,14 +214,17 @@ impl CacheStateMachine {
             }
             *last = entry.origin_seq;
         }
-        let removed = self.evict_beyond(self.capacity() - 1);
+        let removed = self.evict_beyond(&entry.tenant, self.capacity() - 1);
         for doc in &entry.document_ids {
             let holders = self.holders.entry(*doc).or_default();
             if !holders.contains(&id) {
                 holders.push(id);
             }
         }
-        self.order.push_back(id);
+        self.orders
+            .entry(entry.tenant.clone())
+            .or_default()
+            .push_back(id);
         self.entries.insert(id, entry.clone());
         Some(AppliedCommand {
             kind: Some(applied_command::Kind::Inserted(StoredEntry {
@@ -226,13 +235,15 @@ impl CacheStateMachine {
         })
     }
 
-    /// Evicts the oldest entries until at most `keep` remain.
-    fn evict_beyond(&mut self, keep: usize) -> Vec<u64> {
+    /// Evicts `tenant`'s oldest entries until at most `keep` of its entries remain.
+    fn evict_beyond(&mut self, tenant: &str, keep: usize) -> Vec<u64> {
         let mut removed = Vec::new();
-        while self.entries.len() > keep {
-            let Some(oldest) = self.order.front().copied() else {
-                break;
-            };
+        while let Some(oldest) = self
+            .orders
+            .get(tenant)
+            .filter(|order| order.len() > keep)
+            .and_then(|order| order.front().copied())
+        {
             self.remove(oldest);
             removed.push(oldest);
         }
@@ -240,15 +251,20 @@ impl CacheStateMachine {
     }
 
     fn remove(&mut self, id: u64) {
-        // FIFO eviction takes the oldest: O(1) instead of a scan of the whole order.
-        if self.order.front() == Some(&id) {
-            self.order.pop_front();
-        } else {
-            self.order.retain(|e| *e != id);
-        }
         let Some(entry) = self.entries.remove(&id) else {
             return;
         };
+        if let Some(order) = self.orders.get_mut(&entry.tenant) {
+            // FIFO eviction takes the oldest: O(1) instead of a scan of the whole order.
+            if order.front() == Some(&id) {
+                order.pop_front();
+            } else {
+                order.retain(|e| *e != id);
+            }
+            if order.is_empty() {
+                self.orders.remove(&entry.tenant);
+            }
+        }
         for doc in &entry.document_ids {
             if let Some(holders) = self.holders.get_mut(doc) {
                 holders.retain(|e| *e != id);
@@ -259,7 +275,8 @@ impl CacheStateMachine {
         }
     }
 
-    /// The whole state, oldest entry first.
+    /// The whole state, oldest entry first (ids grow with the log, so their order is the
+    /// order entries were applied in, across tenants).
     pub fn to_state(&self) -> ControlState {
         let mut origins: Vec<OriginSequence> = self
             .origins
@@ -275,16 +292,18 @@ impl CacheStateMachine {
             applied_term: self.applied_term,
             config: Some(self.config),
             shard_map: Some(self.shard_map.clone()),
-            entries: self
-                .order
-                .iter()
-                .filter_map(|id| {
-                    self.entries.get(id).map(|entry| StoredEntry {
+            entries: {
+                let mut entries: Vec<StoredEntry> = self
+                    .entries
+                    .iter()
+                    .map(|(id, entry)| StoredEntry {
                         id: *id,
                         entry: Some(entry.clone()),
                     })
-                })
-                .collect(),
+                    .collect();
+                entries.sort_by_key(|stored| stored.id);
+                entries
+            },
             origins,
         }
     }
@@ -310,7 +329,11 @@ impl CacheStateMachine {
             for doc in &entry.document_ids {
                 machine.holders.entry(*doc).or_default().push(stored.id);
             }
-            machine.order.push_back(stored.id);
+            machine
+                .orders
+                .entry(entry.tenant.clone())
+                .or_default()
+                .push_back(stored.id);
             machine.entries.insert(stored.id, entry);
         }
         machine
@@ -336,6 +359,45 @@ mod tests {
 
     fn batch(commands: Vec<ControlCommand>) -> CommandBatch {
         CommandBatch { commands }
+    }
+
+    #[test]
+    fn each_tenant_evicts_only_its_own_entries() {
+        let mut machine = CacheStateMachine::default();
+        let capacity = ControlCommand {
+            kind: Some(control_command::Kind::Config(RuntimeConfig {
+                tau: 0.0,
+                cache_capacity: 2,
+            })),
+        };
+        machine.apply(1, 1, batch(vec![capacity]));
+        let of = |tenant: &str, seq: u64| {
+            let mut command = insert("edge", seq, &[seq]);
+            if let Some(control_command::Kind::Insert(entry)) = &mut command.kind {
+                entry.tenant = tenant.into();
+            }
+            command
+        };
+        machine.apply(
+            2,
+            1,
+            batch(vec![of("globex", 1), of("acme", 2), of("acme", 3)]),
+        );
+        // acme's third entry evicts acme's oldest, never globex's only one.
+        let applied = machine.apply(3, 1, batch(vec![of("acme", 4)]));
+        assert_eq!(applied[0].removed, vec![(2 << 16) | 1]);
+        assert_eq!(machine.len(), 3);
+        let tenants: Vec<String> = machine
+            .to_state()
+            .entries
+            .iter()
+            .map(|e| e.entry.as_ref().unwrap().tenant.clone())
+            .collect();
+        assert_eq!(tenants, ["globex", "acme", "acme"]);
+        // A snapshot restores the per-tenant order: the next acme entry evicts acme's oldest.
+        let mut restored = CacheStateMachine::from_state(machine.to_state());
+        let applied = restored.apply(4, 1, batch(vec![of("acme", 5)]));
+        assert_eq!(applied[0].removed, vec![(2 << 16) | 2]);
     }
 
     fn ids(machine: &CacheStateMachine) -> Vec<u64> {

@@ -7,7 +7,7 @@
 //!   churn (the semantic cache's query vectors).
 
 use faiss::index::scalar_quantizer::{IVFScalarQuantizerIndexImpl, QuantizerType};
-use faiss::index::{IndexImpl, SearchWithParamsMut};
+use faiss::index::{IndexImpl, SearchWithParamsMut, TryClone};
 use faiss::search_params::SearchParametersIVF;
 use faiss::selector::IdSelector;
 use faiss::{ConcurrentIndex, FlatIndex, IdMap, Idx, Index, MetricType};
@@ -289,6 +289,17 @@ impl RemovableIvfIndex {
         index.train(sample)?;
         index.set_nprobe(shape.nprobe as u32);
         Ok(Self { index, dimension })
+    }
+
+    /// An empty index with the same trained centroids and quantiser: one training serves
+    /// many caches (one per tenant).
+    pub fn empty_copy(&self) -> Result<Self, IndexError> {
+        let mut index = self.index.try_clone()?;
+        index.reset()?;
+        Ok(Self {
+            index,
+            dimension: self.dimension,
+        })
     }
 
     pub fn shape(&self) -> IvfShape {

@@ -8,6 +8,7 @@ use crate::cloud::CloudError;
 use crate::engine::{
     EngineError, MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings,
 };
+use crate::tenants::AuthError;
 
 /// Bounds on what a request may ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +120,12 @@ pub enum EdgeError {
     /// Too much in flight here or in the cloud: retry shortly (HTTP 429).
     #[error("{0}")]
     Overloaded(String),
+    /// No valid bearer token (HTTP 401, UNAUTHENTICATED).
+    #[error(transparent)]
+    Unauthenticated(#[from] AuthError),
+    /// The client's deadline passed before an answer (HTTP 504, DEADLINE_EXCEEDED).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -129,11 +136,15 @@ impl From<EngineError> for EdgeError {
             EngineError::Cloud(e @ CloudError::Overloaded(_)) => {
                 EdgeError::Overloaded(e.to_string())
             }
+            EngineError::Cloud(e @ CloudError::ClientDeadline(_)) => {
+                EdgeError::DeadlineExceeded(e.to_string())
+            }
             EngineError::Cloud(e) => {
                 EdgeError::Unavailable(format!("cloud index unavailable: {e}"))
             }
             EngineError::Index(e) => EdgeError::Internal(e.to_string()),
             EngineError::Misconfigured(m) => EdgeError::Internal(m.to_string()),
+            e @ EngineError::UnknownTenant(_) => EdgeError::Internal(e.to_string()),
         }
     }
 }

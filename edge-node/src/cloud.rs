@@ -2,7 +2,7 @@
 //! stream per request, reconnecting when the connection is lost.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, FrameError, read_frame, write_frame};
 use hasten_proto::v1::quic_error::Code;
@@ -50,6 +50,8 @@ pub enum CloudError {
     Unreachable { addr: SocketAddr, reason: String },
     #[error("the cloud index did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("the client's deadline passed before the cloud index answered (it had {0:?})")]
+    ClientDeadline(Duration),
     #[error("the cloud index refused the request: {0}")]
     Refused(String),
     #[error("the cloud index is overloaded: {0}")]
@@ -150,13 +152,15 @@ impl QuicCloudClient {
         &self,
         query: &[f32],
         k: usize,
+        give_up: Instant,
     ) -> Result<Vec<CloudDocument>, CloudError> {
         let connection = self.connection().await?;
+        // The cloud is told what remains after connecting, and drops the work once it is
+        // spent.
+        let remaining = give_up.saturating_duration_since(Instant::now());
         let request = QuicRequest {
             body: Some(quic_request::Body::Search(fallback_request(
-                query,
-                k,
-                self.target.timeout,
+                query, k, remaining,
             ))),
         };
         let response = exchange(&connection, request).await.inspect_err(|_| {
@@ -197,17 +201,31 @@ async fn exchange(
 }
 
 impl CloudSearch for QuicCloudClient {
-    async fn search(&self, query: &[f32], k: usize) -> Result<Vec<CloudDocument>, CloudError> {
-        let deadline = self.target.timeout;
-        match tokio::time::timeout(deadline, self.search_within_deadline(query, k)).await {
+    async fn search(
+        &self,
+        query: &[f32],
+        k: usize,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<CloudDocument>, CloudError> {
+        let started = Instant::now();
+        let client_budget = deadline.map(|d| d.saturating_duration_since(started));
+        let budget = client_budget.map_or(self.target.timeout, |b| b.min(self.target.timeout));
+        let clients_deadline_binds = client_budget.is_some_and(|b| b < self.target.timeout);
+        if budget.is_zero() {
+            return Err(CloudError::ClientDeadline(budget));
+        }
+        let give_up = started + budget;
+        let search = self.search_within_deadline(query, k, give_up);
+        match tokio::time::timeout_at(give_up.into(), search).await {
             Ok(result) => result,
+            Err(_) if clients_deadline_binds => Err(CloudError::ClientDeadline(budget)),
             Err(_) => {
                 // A cloud that stopped answering may have lost our connection state; start
                 // over on the next request rather than wait for the idle timeout.
                 if let Some(connection) = self.connection.lock().await.take() {
                     connection.close(0u32.into(), b"request timed out");
                 }
-                Err(CloudError::Timeout(deadline))
+                Err(CloudError::Timeout(budget))
             }
         }
     }

@@ -83,6 +83,10 @@ pub struct EdgeConfig {
     pub control_plane: Vec<String>,
     /// This edge's name in replicated entries.
     pub edge_id: String,
+    /// TOML file mapping tenants to their bearer tokens (`[tenants] name = ["token", ...]`).
+    /// When set, every request needs a token and each tenant has its own cache; when
+    /// absent, the API is open and all requests share one cache.
+    pub tenants_file: Option<PathBuf>,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
 }
@@ -122,6 +126,7 @@ impl Default for EdgeConfig {
             max_in_flight: 512,
             control_plane: Vec::new(),
             edge_id: "edge".into(),
+            tenants_file: None,
             ready_file: None,
         }
     }

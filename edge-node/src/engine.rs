@@ -2,7 +2,7 @@
 //! and the exact fallback to the cloud whose result is cached), and the baselines HaS is
 //! measured against, behind one interface so that they run on the same machinery.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +19,7 @@ use crate::has::{
     HotCache, QueryId, Verdict,
 };
 use crate::lookup::QueryLookup;
+use crate::tenants::Tenant;
 
 /// How the edge answers a query.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -58,11 +59,13 @@ pub struct CloudDocument {
 
 /// The exact search the edge falls back to.
 pub trait CloudSearch: Send + Sync + 'static {
-    /// Exact top-`k` for a normalised query, with texts and vectors.
+    /// Exact top-`k` for a normalised query, with texts and vectors; given up at
+    /// `deadline` (the caller's), or at the client's own timeout if sooner.
     fn search(
         &self,
         query: &[f32],
         k: usize,
+        deadline: Option<Instant>,
     ) -> impl Future<Output = Result<Vec<CloudDocument>, CloudError>> + Send;
 }
 
@@ -74,6 +77,8 @@ pub enum EngineError {
     Index(#[from] IndexError),
     #[error("{0}")]
     Misconfigured(&'static str),
+    #[error("no cache for tenant `{0}` at this edge")]
+    UnknownTenant(Tenant),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +120,18 @@ pub struct MatchedQuery {
     pub shared_documents: usize,
 }
 
+/// One retrieval as the engine receives it: a normalised query vector, for a tenant.
+#[derive(Clone, Debug)]
+pub struct RetrievalRequest {
+    pub tenant: Tenant,
+    pub vector: Vec<f32>,
+    /// The query's text, when it came as text (cached with the result).
+    pub text: Option<String>,
+    pub k: usize,
+    /// When the client stops waiting; a fallback gets what remains of it.
+    pub deadline: Option<Instant>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Retrieval {
     pub documents: Vec<RetrievedDocument>,
@@ -148,10 +165,40 @@ pub struct CacheStats {
     pub bytes: usize,
 }
 
+/// One tenant's cache: its queries, the channel over their documents, and the lookup the
+/// caching baselines use.
 struct CacheState {
     hot: HotCache,
     channel: CacheChannel,
     lookup: QueryLookup,
+}
+
+impl CacheState {
+    fn new(
+        policy: RetrievalPolicy,
+        hot: HotCache,
+        channel: CacheChannel,
+    ) -> Result<Self, EngineError> {
+        let lookup = match policy {
+            RetrievalPolicy::ExactCache => QueryLookup::exact(),
+            RetrievalPolicy::SemanticCache => QueryLookup::semantic(channel.dimension())?,
+            _ => QueryLookup::None,
+        };
+        Ok(Self {
+            hot,
+            channel,
+            lookup,
+        })
+    }
+
+    fn stats(&self) -> CacheStats {
+        let dimension = self.channel.dimension();
+        CacheStats {
+            queries: self.hot.len(),
+            documents: self.channel.len(),
+            bytes: self.hot.bytes() + self.channel.bytes() + self.lookup.bytes(dimension),
+        }
+    }
 }
 
 /// A draft and its verdict.
@@ -169,14 +216,17 @@ pub struct RetrievalEngine<C> {
     validator: HomologyValidator,
     fuzzy: Option<FuzzyChannel>,
     documents: Arc<DocumentStore>,
-    cache: RwLock<CacheState>,
+    /// One cache per tenant: a tenant's drafts are validated only by its own queries, and
+    /// its fallback results are served to no one else.
+    caches: BTreeMap<Tenant, RwLock<CacheState>>,
     cloud: C,
     replication: Option<Arc<dyn CacheReplication>>,
 }
 
 impl<C: CloudSearch> RetrievalEngine<C> {
     /// `fuzzy` is `None` when the fuzzy channel is switched off (the paper's ablation).
-    /// `documents` resolves the document ids of replicated entries.
+    /// `documents` resolves the document ids of replicated entries. The engine serves the
+    /// default tenant until [`Self::with_tenants`] names others.
     pub fn new(
         settings: EngineSettings,
         hot: HotCache,
@@ -185,53 +235,91 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         documents: Arc<DocumentStore>,
         cloud: C,
     ) -> Result<Self, EngineError> {
-        let lookup = match settings.policy {
-            RetrievalPolicy::ExactCache => QueryLookup::exact(),
-            RetrievalPolicy::SemanticCache => QueryLookup::semantic(channel.dimension())?,
-            _ => QueryLookup::None,
-        };
         if settings.policy == RetrievalPolicy::EdgeIvf && fuzzy.is_none() {
             return Err(EngineError::Misconfigured(
                 "the edge-ivf policy needs the fuzzy channel",
             ));
         }
+        let state = CacheState::new(settings.policy, hot, channel)?;
         Ok(Self {
             validator: HomologyValidator::new(settings.tau),
             settings,
             fuzzy,
             documents,
-            cache: RwLock::new(CacheState {
-                hot,
-                channel,
-                lookup,
-            }),
+            caches: BTreeMap::from([(Tenant::default_tenant(), RwLock::new(state))]),
             cloud,
             replication: None,
         })
+    }
+
+    /// Gives each of `tenants` its own empty cache (of the same capacity and trained
+    /// channel), in place of the default tenant's.
+    pub fn with_tenants(mut self, tenants: &[Tenant]) -> Result<Self, EngineError> {
+        let template = self
+            .caches
+            .values()
+            .next()
+            .ok_or(EngineError::Misconfigured("the engine has no cache"))?;
+        let (capacity, channel) = {
+            let state = template.read();
+            (state.hot.capacity(), state.channel.empty_copy()?)
+        };
+        let mut caches = BTreeMap::new();
+        for tenant in tenants {
+            let state = CacheState::new(
+                self.settings.policy,
+                HotCache::new(capacity),
+                channel.empty_copy()?,
+            )?;
+            caches.insert(tenant.clone(), RwLock::new(state));
+        }
+        self.caches = caches;
+        Ok(self)
+    }
+
+    fn cache(&self, tenant: &Tenant) -> Result<&RwLock<CacheState>, EngineError> {
+        self.caches
+            .get(tenant)
+            .ok_or_else(|| EngineError::UnknownTenant(tenant.clone()))
     }
 
     pub fn settings(&self) -> &EngineSettings {
         &self.settings
     }
 
-    /// Cached queries, the distinct documents they reference, and the bytes held.
+    /// Cached queries, the distinct documents they reference, and the bytes held, over
+    /// all tenants.
     pub fn cache_stats(&self) -> CacheStats {
-        let state = self.cache.read();
-        let dimension = state.channel.dimension();
-        CacheStats {
-            queries: state.hot.len(),
-            documents: state.channel.len(),
-            bytes: state.hot.bytes() + state.channel.bytes() + state.lookup.bytes(dimension),
-        }
+        self.tenant_cache_stats()
+            .into_iter()
+            .fold(CacheStats::default(), |total, (_, one)| CacheStats {
+                queries: total.queries + one.queries,
+                documents: total.documents + one.documents,
+                bytes: total.bytes + one.bytes,
+            })
     }
 
-    /// The exact-repeat cache's answer for `text`, found before any encoding.
-    pub fn cached_answer_for_text(&self, text: &str, k: usize) -> Option<Retrieval> {
+    /// Each tenant's cache size.
+    pub fn tenant_cache_stats(&self) -> Vec<(Tenant, CacheStats)> {
+        self.caches
+            .iter()
+            .map(|(tenant, cache)| (tenant.clone(), cache.read().stats()))
+            .collect()
+    }
+
+    /// The exact-repeat cache's answer for `text` among `tenant`'s queries, found before
+    /// any encoding.
+    pub fn cached_answer_for_text(
+        &self,
+        tenant: &Tenant,
+        text: &str,
+        k: usize,
+    ) -> Option<Retrieval> {
         if self.settings.policy != RetrievalPolicy::ExactCache {
             return None;
         }
         let started = Instant::now();
-        let state = self.cache.read();
+        let state = self.caches.get(tenant)?.read();
         let id = state.lookup.find_text(text)?;
         let (documents, matched) = serve_entry(&state, id, None, k)?;
         let lookup_us = micros_since(started);
@@ -250,20 +338,26 @@ impl<C: CloudSearch> RetrievalEngine<C> {
 
     /// Answers a normalised query under the engine's policy: an accepted draft or cached
     /// result, or the cloud's exact result (cached when the policy caches).
-    #[tracing::instrument(skip_all, fields(k, outcome))]
+    #[tracing::instrument(skip_all, fields(k, tenant = %request.tenant, outcome))]
     pub async fn retrieve(
         &self,
-        query: Vec<f32>,
-        text: Option<String>,
-        k: usize,
+        request: RetrievalRequest,
         mut timings: StageTimings,
     ) -> Result<Retrieval, EngineError> {
+        let RetrievalRequest {
+            tenant,
+            vector: query,
+            text,
+            k,
+            deadline,
+        } = request;
         tracing::Span::current().record("k", k);
+        let cache = self.cache(&tenant)?;
         let started = Instant::now();
         let mut homology_score = 0.0;
         let accepted = match self.settings.policy {
             RetrievalPolicy::Has => {
-                let judged = self.speculate(&query, k, &mut timings)?;
+                let judged = self.speculate(&tenant, &query, k, &mut timings)?;
                 homology_score = judged.verdict.score;
                 judged
                     .verdict
@@ -276,7 +370,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             }
             RetrievalPolicy::SemanticCache => {
                 let stage = Instant::now();
-                let state = self.cache.read();
+                let state = cache.read();
                 let found = state.lookup.nearest(&query)?;
                 homology_score = found.map_or(0.0, |(_, similarity)| f64::from(similarity));
                 let hit = found
@@ -300,16 +394,19 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         }
         tracing::Span::current().record("outcome", "fallback");
         let cloud_started = Instant::now();
-        let result = self.cloud.search(&query, k).await?;
+        let result = self.cloud.search(&query, k, deadline).await?;
         timings.cloud_us = micros_since(cloud_started);
         if self.settings.policy.caches() {
             let update_started = Instant::now();
             match &self.replication {
-                Some(replication) => {
-                    replication.propose(text, &query, result.iter().map(|d| d.id).collect())
-                }
+                Some(replication) => replication.propose(
+                    &tenant,
+                    text,
+                    &query,
+                    result.iter().map(|d| d.id).collect(),
+                ),
                 None => {
-                    self.insert(text, query, &result);
+                    self.insert(&tenant, text, query, &result)?;
                 }
             }
             timings.cache_update_us = micros_since(update_started);
@@ -351,15 +448,16 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         Ok(draft)
     }
 
-    /// Two-channel draft, exact re-rank to k, and the homology verdict: the accept path,
-    /// without the encoder and without touching the cloud.
+    /// Two-channel draft, exact re-rank to k, and the homology verdict against `tenant`'s
+    /// cache: the accept path, without the encoder and without touching the cloud.
     pub fn speculate(
         &self,
+        tenant: &Tenant,
         query: &[f32],
         k: usize,
         timings: &mut StageTimings,
     ) -> Result<Speculation, EngineError> {
-        let state = self.cache.read();
+        let state = self.cache(tenant)?.read();
         // The two channels are independent; run them side by side (the draft waits for the
         // slower one instead of their sum).
         let cache_channel = || -> Result<(Vec<Arc<EdgeDocument>>, u64), IndexError> {
@@ -407,20 +505,22 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         })
     }
 
-    /// Caches a fallback result: the hot cache, its inverted index and the cache channel
-    /// change together under one write lock. Returns how the cached documents changed
-    /// (nothing when the result carries no usable vectors).
+    /// Caches a fallback result in `tenant`'s cache: the hot cache, its inverted index and
+    /// the cache channel change together under one write lock. Returns how the cached
+    /// documents changed (nothing when the result carries no usable vectors).
     pub fn insert(
         &self,
+        tenant: &Tenant,
         text: Option<String>,
         query: Vec<f32>,
         result: &[CloudDocument],
-    ) -> CacheChange {
+    ) -> Result<CacheChange, EngineError> {
+        let cache = self.cache(tenant)?;
         if !usable(&query, result) {
-            return CacheChange::default();
+            return Ok(CacheChange::default());
         }
         let ids: Vec<DocId> = result.iter().map(|d| d.id).collect();
-        let mut state = self.cache.write();
+        let mut state = cache.write();
         let (id, change) = state.hot.insert(text, query, &ids);
         let added = result
             .iter()
@@ -436,21 +536,32 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                 })
             })
             .collect();
-        self.follow_change(&mut state, id, &change, added);
-        change
+        follow_change(&mut state, id, &change, added);
+        Ok(change)
     }
 
     /// Applies a replicated cache event: removes the entries the control plane evicted or
-    /// invalidated, then caches `entry` under the control plane's id, its documents taken
-    /// from this edge's own store. Every edge applying the same events in the same order
-    /// holds the same cache.
+    /// invalidated (ids are unique across tenants), then caches `entry` in its tenant's
+    /// cache under the control plane's id, its documents taken from this edge's own store.
+    /// Every edge applying the same events in the same order holds the same caches.
     pub fn apply_replicated(&self, removed: &[QueryId], entry: Option<ReplicatedEntry>) {
-        let mut state = self.cache.write();
         if !removed.is_empty() {
-            let change = state.hot.remove(removed);
-            self.follow_removal(&mut state, &change);
+            for cache in self.caches.values() {
+                let mut state = cache.write();
+                let change = state.hot.remove(removed);
+                follow_removal(&mut state, &change);
+            }
         }
         let Some(entry) = entry else { return };
+        let Some(cache) = self.caches.get(&entry.tenant) else {
+            tracing::debug!(
+                id = entry.id,
+                tenant = %entry.tenant,
+                "replicated entry of a tenant this edge does not serve; not cached"
+            );
+            return;
+        };
+        let mut state = cache.write();
         if entry.vector.len() != self.documents.dimension() || entry.document_ids.is_empty() {
             tracing::warn!(
                 id = entry.id,
@@ -476,7 +587,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                 "replicated entry names documents outside this edge's corpus"
             );
         }
-        self.follow_change(&mut state, entry.id, &change, added);
+        follow_change(&mut state, entry.id, &change, added);
     }
 
     /// The homology threshold in force.
@@ -489,9 +600,12 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         self.validator.set_tau(tau);
     }
 
-    /// Ids of the cached queries, oldest first.
+    /// Ids of the cached queries of every tenant, each tenant's oldest first.
     pub fn cached_ids(&self) -> Vec<QueryId> {
-        self.cache.read().hot.entries().map(|e| e.id).collect()
+        self.caches
+            .values()
+            .flat_map(|cache| cache.read().hot.entries().map(|e| e.id).collect::<Vec<_>>())
+            .collect()
     }
 
     /// Routes fallback results to the control plane instead of the local cache: they come
@@ -499,36 +613,35 @@ impl<C: CloudSearch> RetrievalEngine<C> {
     pub fn set_replication(&mut self, replication: Arc<dyn CacheReplication>) {
         self.replication = Some(replication);
     }
+}
 
-    fn follow_removal(&self, state: &mut CacheState, change: &CacheChange) {
-        if let Err(err) = state.channel.remove(&change.released) {
-            tracing::error!(%err, "cache channel removal failed");
-        }
-        if let Err(err) = state.lookup.remove(&change.evicted) {
-            tracing::error!(%err, "query lookup removal failed");
-        }
+fn follow_removal(state: &mut CacheState, change: &CacheChange) {
+    if let Err(err) = state.channel.remove(&change.released) {
+        tracing::error!(%err, "cache channel removal failed");
     }
+    if let Err(err) = state.lookup.remove(&change.evicted) {
+        tracing::error!(%err, "query lookup removal failed");
+    }
+}
 
-    /// Brings the cache channel and the query lookup in line with a hot-cache insertion
-    /// that newly references the documents `added`.
-    fn follow_change(
-        &self,
-        state: &mut CacheState,
-        id: QueryId,
-        change: &CacheChange,
-        added: Vec<Arc<EdgeDocument>>,
-    ) {
-        self.follow_removal(state, change);
-        if let Err(err) = state.channel.add(added) {
-            tracing::error!(%err, "cache channel insertion failed");
-        }
-        if let Some(entry) = state.hot.get(id)
-            && let Err(err) = state
-                .lookup
-                .insert(id, entry.text.as_deref(), &entry.vector)
-        {
-            tracing::error!(%err, "query lookup insertion failed");
-        }
+/// Brings the cache channel and the query lookup in line with a hot-cache insertion that
+/// newly references the documents `added`.
+fn follow_change(
+    state: &mut CacheState,
+    id: QueryId,
+    change: &CacheChange,
+    added: Vec<Arc<EdgeDocument>>,
+) {
+    follow_removal(state, change);
+    if let Err(err) = state.channel.add(added) {
+        tracing::error!(%err, "cache channel insertion failed");
+    }
+    if let Some(entry) = state.hot.get(id)
+        && let Err(err) = state
+            .lookup
+            .insert(id, entry.text.as_deref(), &entry.vector)
+    {
+        tracing::error!(%err, "query lookup insertion failed");
     }
 }
 
@@ -536,6 +649,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplicatedEntry {
     pub id: QueryId,
+    pub tenant: Tenant,
     pub text: Option<String>,
     pub vector: Vec<f32>,
     pub document_ids: Vec<DocId>,
@@ -543,8 +657,15 @@ pub struct ReplicatedEntry {
 
 /// Where fallback results go when the hot cache is replicated.
 pub trait CacheReplication: Send + Sync {
-    /// Hands a fallback result over for replication; it must not block the request.
-    fn propose(&self, text: Option<String>, query: &[f32], document_ids: Vec<DocId>);
+    /// Hands `tenant`'s fallback result over for replication; it must not block the
+    /// request.
+    fn propose(
+        &self,
+        tenant: &Tenant,
+        text: Option<String>,
+        query: &[f32],
+        document_ids: Vec<DocId>,
+    );
 }
 
 /// Whether a result can be cached: documents with vectors of the query's dimension.
@@ -646,7 +767,12 @@ mod tests {
     }
 
     impl CloudSearch for LocalCloud {
-        async fn search(&self, query: &[f32], k: usize) -> Result<Vec<CloudDocument>, CloudError> {
+        async fn search(
+            &self,
+            query: &[f32],
+            k: usize,
+            _deadline: Option<Instant>,
+        ) -> Result<Vec<CloudDocument>, CloudError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let response = self
                 .searcher
@@ -754,10 +880,31 @@ mod tests {
     }
 
     async fn ask(engine: &RetrievalEngine<LocalCloud>, q: &[f32], text: &str) -> Retrieval {
+        ask_as(engine, &Tenant::default_tenant(), q, text).await
+    }
+
+    async fn ask_as(
+        engine: &RetrievalEngine<LocalCloud>,
+        tenant: &Tenant,
+        q: &[f32],
+        text: &str,
+    ) -> Retrieval {
+        let request = RetrievalRequest {
+            tenant: tenant.clone(),
+            vector: q.to_vec(),
+            text: Some(text.into()),
+            k: K,
+            deadline: None,
+        };
         engine
-            .retrieve(q.to_vec(), Some(text.into()), K, StageTimings::default())
+            .retrieve(request, StageTimings::default())
             .await
             .unwrap()
+    }
+
+    /// The default tenant's cache.
+    fn default_cache(engine: &RetrievalEngine<LocalCloud>) -> &RwLock<CacheState> {
+        engine.cache(&Tenant::default_tenant()).unwrap()
     }
 
     #[tokio::test]
@@ -800,10 +947,10 @@ mod tests {
         assert!(
             first_ids
                 .iter()
-                .all(|id| engine.cache.read().channel.contains(*id))
+                .all(|id| default_cache(&engine).read().channel.contains(*id))
         );
         ask(&engine, &centres[5], "topic 5").await;
-        let state = engine.cache.read();
+        let state = default_cache(&engine).read();
         assert_eq!(state.hot.len(), 1);
         for id in &first_ids {
             assert!(
@@ -830,6 +977,7 @@ mod tests {
             &[],
             Some(ReplicatedEntry {
                 id: 7 << 16,
+                tenant: Tenant::default_tenant(),
                 text: Some("another edge asked about topic 2".into()),
                 vector: centres[2].clone(),
                 document_ids: ids.clone(),
@@ -841,7 +989,7 @@ mod tests {
             (1, K),
             "the unknown id has no document here"
         );
-        assert!(engine.cache.read().hot.contains_document(999));
+        assert!(default_cache(&engine).read().hot.contains_document(999));
 
         let reply = ask(&engine, &near(&centres, 2, 0.1), "topic 2 again").await;
         assert_eq!(reply.outcome, Outcome::Accepted);
@@ -850,18 +998,60 @@ mod tests {
 
         engine.apply_replicated(&[7 << 16], None);
         assert_eq!(sizes(&engine), (0, 0));
-        assert!(!engine.cache.read().hot.contains_document(999));
+        assert!(!default_cache(&engine).read().hot.contains_document(999));
         // A vector of another dimension cannot be this edge's entry.
         engine.apply_replicated(
             &[],
             Some(ReplicatedEntry {
                 id: 8 << 16,
+                tenant: Tenant::default_tenant(),
                 text: None,
                 vector: vec![1.0; D + 1],
                 document_ids: ids,
             }),
         );
         assert!(engine.cached_ids().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_tenant_is_never_accepted_through_another_tenants_cache() {
+        let (_dir, engine, centres) = engine(10);
+        let (acme, globex) = (Tenant::new("acme"), Tenant::new("globex"));
+        let engine = engine
+            .with_tenants(&[acme.clone(), globex.clone()])
+            .unwrap();
+        let first = ask_as(&engine, &acme, &centres[2], "topic 2").await;
+        assert_eq!(first.outcome, Outcome::Fallback);
+        // The homologous question is accepted for the tenant who asked the first...
+        let again = ask_as(&engine, &acme, &near(&centres, 2, 0.1), "topic 2 again").await;
+        assert_eq!(again.outcome, Outcome::Accepted);
+        // ...but another tenant's draft finds nothing to validate it: the cloud answers.
+        let other = ask_as(&engine, &globex, &near(&centres, 2, 0.1), "topic 2 again").await;
+        assert_eq!(other.outcome, Outcome::Fallback);
+        assert_eq!(calls(&engine), 2);
+        let stats: BTreeMap<Tenant, CacheStats> = engine.tenant_cache_stats().into_iter().collect();
+        assert_eq!((stats[&acme].queries, stats[&globex].queries), (1, 1));
+
+        // A replicated entry lands in its own tenant's cache only, and one of a tenant this
+        // edge does not serve is dropped.
+        let entry = |id: QueryId, tenant: &Tenant| ReplicatedEntry {
+            id,
+            tenant: tenant.clone(),
+            text: None,
+            vector: centres[5].clone(),
+            document_ids: (30..30 + K as u64).collect(),
+        };
+        engine.apply_replicated(&[], Some(entry(9 << 16, &globex)));
+        engine.apply_replicated(&[], Some(entry(10 << 16, &Tenant::new("initech"))));
+        let stats: BTreeMap<Tenant, CacheStats> = engine.tenant_cache_stats().into_iter().collect();
+        assert_eq!((stats[&acme].queries, stats[&globex].queries), (1, 2));
+        assert_eq!(
+            ask_as(&engine, &acme, &near(&centres, 5, 0.1), "t5")
+                .await
+                .outcome,
+            Outcome::Fallback
+        );
+        assert!(engine.cache(&Tenant::default_tenant()).is_err());
     }
 
     #[tokio::test]
@@ -879,16 +1069,24 @@ mod tests {
     #[tokio::test]
     async fn exact_cache_reuses_only_an_identical_text() {
         let (_dir, engine, centres) = engine_with(10, RetrievalPolicy::ExactCache);
-        assert!(engine.cached_answer_for_text("about topic 2", K).is_none());
+        assert!(
+            engine
+                .cached_answer_for_text(&Tenant::default_tenant(), "about topic 2", K)
+                .is_none()
+        );
         let first = ask(&engine, &centres[2], "about topic 2").await;
         assert_eq!(first.outcome, Outcome::Fallback);
         let hit = engine
-            .cached_answer_for_text("  About   TOPIC 2 ", K)
+            .cached_answer_for_text(&Tenant::default_tenant(), "  About   TOPIC 2 ", K)
             .unwrap();
         assert_eq!(hit.outcome, Outcome::Accepted);
         let ids = |r: &Retrieval| r.documents.iter().map(|d| d.id).collect::<Vec<_>>();
         assert_eq!(ids(&hit), ids(&first));
-        assert!(engine.cached_answer_for_text("about topic 2?", K).is_none());
+        assert!(
+            engine
+                .cached_answer_for_text(&Tenant::default_tenant(), "about topic 2?", K)
+                .is_none()
+        );
         // A homologous but different text is not an exact repeat: the cloud answers.
         let other = ask(&engine, &near(&centres, 2, 0.05), "more about topic 2").await;
         assert_eq!(other.outcome, Outcome::Fallback);

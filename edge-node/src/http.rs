@@ -2,12 +2,12 @@
 //! Prometheus and Kubernetes `GET /metrics`, `GET /readyz`, `GET /healthz`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 
 use crate::replication::LinkStatus;
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,10 @@ use serde_json::json;
 use crate::api::{EdgeError, InvalidArgument, RetrieveBody, RetrieveReply, ValidRequest};
 use crate::service::EdgeService;
 use hasten_core::metrics::prometheus::Registry;
+
+/// Header in which a client says how long it will wait, in milliseconds: the edge gives up
+/// (504) when it passes and passes what remains on to the cloud.
+pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
 
 #[derive(Clone)]
 struct HttpState {
@@ -66,6 +70,20 @@ impl IntoResponse for EdgeError {
                 )
                     .into_response();
             }
+            EdgeError::Unauthenticated(error) => {
+                let body =
+                    json!({"error": {"code": "unauthenticated", "message": error.to_string()}});
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+                    axum::Json(body),
+                )
+                    .into_response();
+            }
+            EdgeError::DeadlineExceeded(message) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                json!({"error": {"code": "deadline_exceeded", "message": message}}),
+            ),
             EdgeError::Internal(message) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 json!({"error": {"code": "internal", "message": message}}),
@@ -96,15 +114,38 @@ pub fn parse_body(bytes: &[u8]) -> Result<RetrieveBody, InvalidArgument> {
 
 async fn retrieve(
     State(state): State<HttpState>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<axum::Json<RetrieveReply>, EdgeError> {
     let started = Instant::now();
+    let authorization = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let timeout =
+        client_timeout(&headers).map_err(|err| state.service.refused(None, err.into(), started))?;
+    let caller = state.service.caller(authorization, timeout, started)?;
     let request = match read_request(&state, body).await {
         Ok(request) => request,
-        Err(err) => return Err(state.service.refused(err, started)),
+        Err(err) => return Err(state.service.refused(Some(&caller.tenant), err, started)),
     };
-    let retrieval = state.service.retrieve(request, started).await?;
+    let retrieval = state.service.retrieve(caller, request, started).await?;
     Ok(axum::Json(retrieval.into()))
+}
+
+/// The client's timeout from [`TIMEOUT_HEADER`], when it sent one.
+fn client_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidArgument> {
+    let Some(value) = headers.get(TIMEOUT_HEADER) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(|ms| Some(Duration::from_millis(ms)))
+        .ok_or_else(|| {
+            InvalidArgument::new(TIMEOUT_HEADER, "must be a positive number of milliseconds")
+        })
 }
 
 async fn read_request(state: &HttpState, body: Body) -> Result<ValidRequest, EdgeError> {

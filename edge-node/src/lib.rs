@@ -12,3 +12,4 @@ pub mod lookup;
 pub mod metrics;
 pub mod replication;
 pub mod service;
+pub mod tenants;

@@ -17,6 +17,7 @@ use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, HotCache};
 use edge_node::metrics::EdgeMetrics;
 use edge_node::replication::ControlPlaneLink;
 use edge_node::service::EdgeService;
+use edge_node::tenants::TenantDirectory;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, load_config};
 use hasten_core::encoder::TextEncoder;
@@ -150,6 +151,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_in_flight: Option<usize>,
+    /// TOML file of tenants and their bearer tokens; without it the API is open.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenants_file: Option<PathBuf>,
     /// This edge's name in replicated entries [default: edge].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -295,7 +300,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .map(|paths| MutualTls::load(&paths))
         .transpose()
         .context("loading the mutual-TLS files")?;
-    let mut engine = build_engine(&config, &bundle, mutual.as_ref())?;
+    let tenants = match &config.tenants_file {
+        Some(path) => TenantDirectory::load(path)?,
+        None => {
+            tracing::warn!("no tenants file: the API is open and every request shares one cache");
+            TenantDirectory::open()
+        }
+    };
+    tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
+    let mut engine =
+        build_engine(&config, &bundle, mutual.as_ref())?.with_tenants(tenants.tenants())?;
     let link = (!config.control_plane.is_empty()).then(|| {
         let link = ControlPlaneLink::start(
             &config.edge_id,
@@ -321,6 +335,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         limits,
         metrics,
         config.max_in_flight,
+        Arc::new(tenants),
     );
     if let Some(link) = &link {
         link.follow(engine);

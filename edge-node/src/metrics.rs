@@ -7,13 +7,18 @@ use std::time::Duration;
 
 use hasten_core::metrics::LATENCY_BUCKETS;
 use hasten_core::metrics::prometheus::{
-    self, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    self, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
 };
 use parking_lot::Mutex;
 
 use crate::api::EdgeError;
 use crate::engine::{CacheStats, Outcome, Retrieval};
 use crate::replication::LinkReport;
+use crate::tenants::Tenant;
+
+/// The `tenant` label of a request refused before its token was checked.
+const NO_TENANT: &str = "";
 
 /// Requests the draft acceptance rate is computed over: enough that one request moves it
 /// by 0.1%, few enough that it follows a workload shift within seconds at production rates.
@@ -52,9 +57,9 @@ pub struct EdgeMetrics {
     duration: HistogramVec,
     stages: HistogramVec,
     homology: Histogram,
-    cache_entries: IntGauge,
-    cache_documents: IntGauge,
-    cache_bytes: IntGauge,
+    cache_entries: IntGaugeVec,
+    cache_documents: IntGaugeVec,
+    cache_bytes: IntGaugeVec,
     dar: Gauge,
     recent: Mutex<AnswerWindow>,
     subscribed: IntGauge,
@@ -78,15 +83,17 @@ impl EdgeMetrics {
             HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec())
         };
         let gauge = |name: &str, help: &str| IntGauge::new(name, help);
+        let per_tenant =
+            |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["tenant"]);
         Ok(Self {
             requests: register(
                 registry,
                 IntCounterVec::new(
                     Opts::new(
                         "hasten_edge_requests_total",
-                        "Retrieval requests by outcome: accepted draft, cloud fallback, error",
+                        "Retrieval requests by tenant and outcome: accepted draft, cloud fallback, error",
                     ),
-                    &["outcome"],
+                    &["tenant", "outcome"],
                 )?,
             )?,
             errors: register(
@@ -131,18 +138,21 @@ impl EdgeMetrics {
             )?,
             cache_entries: register(
                 registry,
-                gauge("hasten_edge_cache_entries", "Cached queries")?,
+                per_tenant("hasten_edge_cache_entries", "Cached queries, by tenant")?,
             )?,
             cache_documents: register(
                 registry,
-                gauge(
+                per_tenant(
                     "hasten_edge_cache_documents",
-                    "Documents the cache refers to",
+                    "Documents the cache refers to, by tenant",
                 )?,
             )?,
             cache_bytes: register(
                 registry,
-                gauge("hasten_edge_cache_bytes", "Bytes the cache holds")?,
+                per_tenant(
+                    "hasten_edge_cache_bytes",
+                    "Bytes the cache holds, by tenant",
+                )?,
             )?,
             dar: register(
                 registry,
@@ -180,11 +190,13 @@ impl EdgeMetrics {
         })
     }
 
-    /// One answered request.
-    pub fn observe_retrieval(&self, retrieval: &Retrieval, took: Duration) {
+    /// One answered request of `tenant`.
+    pub fn observe_retrieval(&self, tenant: &Tenant, retrieval: &Retrieval, took: Duration) {
         let accepted = retrieval.outcome == Outcome::Accepted;
         let outcome = if accepted { "accepted" } else { "fallback" };
-        self.requests.with_label_values(&[outcome]).inc();
+        self.requests
+            .with_label_values(&[tenant.as_str(), outcome])
+            .inc();
         self.duration
             .with_label_values(&[outcome])
             .observe(took.as_secs_f64());
@@ -207,26 +219,40 @@ impl EdgeMetrics {
         self.dar.set(ratio);
     }
 
-    /// One failed request, refused at parsing or failed in the engine.
-    pub fn observe_error(&self, error: &EdgeError, took: Duration) {
+    /// One failed request (of `tenant`, once its token was checked), refused at parsing or
+    /// failed in the engine.
+    pub fn observe_error(&self, tenant: Option<&Tenant>, error: &EdgeError, took: Duration) {
         let kind = match error {
             EdgeError::InvalidArgument(_) => "invalid_argument",
             EdgeError::Unavailable(_) => "unavailable",
             EdgeError::Overloaded(_) => "overloaded",
+            EdgeError::Unauthenticated(_) => "unauthenticated",
+            EdgeError::DeadlineExceeded(_) => "deadline_exceeded",
             EdgeError::Internal(_) => "internal",
         };
-        self.requests.with_label_values(&["error"]).inc();
+        self.requests
+            .with_label_values(&[tenant.map_or(NO_TENANT, Tenant::as_str), "error"])
+            .inc();
         self.errors.with_label_values(&[kind]).inc();
         self.duration
             .with_label_values(&["error"])
             .observe(took.as_secs_f64());
     }
 
-    /// Scrape-time values: the cache's size and the control-plane link's state.
-    pub fn refresh(&self, cache: CacheStats, link: Option<LinkReport>) {
-        self.cache_entries.set(cache.queries as i64);
-        self.cache_documents.set(cache.documents as i64);
-        self.cache_bytes.set(cache.bytes as i64);
+    /// Scrape-time values: each tenant's cache size and the control-plane link's state.
+    pub fn refresh(&self, caches: &[(Tenant, CacheStats)], link: Option<LinkReport>) {
+        for (tenant, cache) in caches {
+            let label = [tenant.as_str()];
+            self.cache_entries
+                .with_label_values(&label)
+                .set(cache.queries as i64);
+            self.cache_documents
+                .with_label_values(&label)
+                .set(cache.documents as i64);
+            self.cache_bytes
+                .with_label_values(&label)
+                .set(cache.bytes as i64);
+        }
         let Some(link) = link else {
             return;
         };

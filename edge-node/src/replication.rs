@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
 use crate::engine::{CacheReplication, CloudSearch, ReplicatedEntry, RetrievalEngine};
+use crate::tenants::Tenant;
 
 /// Fallback results waiting to be proposed. At the paper's fallback rates an edge makes a
 /// few hundred a second; this covers several seconds of control-plane unavailability
@@ -121,8 +122,15 @@ impl ControlPlaneLink {
 }
 
 impl CacheReplication for ControlPlaneLink {
-    fn propose(&self, text: Option<String>, query: &[f32], document_ids: Vec<DocId>) {
+    fn propose(
+        &self,
+        tenant: &Tenant,
+        text: Option<String>,
+        query: &[f32],
+        document_ids: Vec<DocId>,
+    ) {
         let entry = CacheEntry {
+            tenant: tenant.as_str().to_string(),
             origin: self.origin.clone(),
             origin_seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             text,
@@ -277,6 +285,11 @@ fn replicated(stored: StoredEntry) -> Option<ReplicatedEntry> {
     let entry = stored.entry?;
     Some(ReplicatedEntry {
         id: stored.id,
+        tenant: if entry.tenant.is_empty() {
+            Tenant::default_tenant()
+        } else {
+            Tenant::new(&entry.tenant)
+        },
         text: entry.text,
         vector: entry.vector,
         document_ids: entry.document_ids,

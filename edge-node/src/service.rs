@@ -8,9 +8,18 @@ use tokio::sync::Semaphore;
 
 use crate::api::{EdgeError, QueryInput, RequestLimits, ValidRequest};
 use crate::cloud::QuicCloudClient;
-use crate::engine::{Retrieval, RetrievalEngine, StageTimings};
+use crate::engine::{Retrieval, RetrievalEngine, RetrievalRequest, StageTimings};
 use crate::metrics::EdgeMetrics;
 use crate::replication::LinkStatus;
+use crate::tenants::{Tenant, TenantDirectory};
+
+/// Who asks and how long they wait: the tenant of the request's token, and the client's
+/// deadline when it gave one.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub tenant: Tenant,
+    pub deadline: Option<Instant>,
+}
 
 #[derive(Clone)]
 pub struct EdgeService {
@@ -19,6 +28,7 @@ pub struct EdgeService {
     limits: RequestLimits,
     link: Option<Arc<LinkStatus>>,
     metrics: Arc<EdgeMetrics>,
+    tenants: Arc<TenantDirectory>,
     /// Requests being answered; beyond its bound a request is refused at once.
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
@@ -31,6 +41,7 @@ impl EdgeService {
         limits: RequestLimits,
         metrics: Arc<EdgeMetrics>,
         max_in_flight: usize,
+        tenants: Arc<TenantDirectory>,
     ) -> Self {
         Self {
             encoder,
@@ -38,6 +49,7 @@ impl EdgeService {
             limits,
             link: None,
             metrics,
+            tenants,
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
         }
@@ -46,7 +58,7 @@ impl EdgeService {
     /// Brings the scrape-time metrics up to date.
     pub fn refresh_metrics(&self) {
         self.metrics.refresh(
-            self.engine.cache_stats(),
+            &self.engine.tenant_cache_stats(),
             self.link.as_deref().map(LinkStatus::report),
         );
     }
@@ -60,10 +72,35 @@ impl EdgeService {
         }
     }
 
-    /// Counts a request refused before it reached the engine; gives the error back.
-    pub fn refused(&self, error: EdgeError, started: Instant) -> EdgeError {
-        self.metrics.observe_error(&error, started.elapsed());
+    /// Counts a request refused before it reached the engine (of `tenant` when known);
+    /// gives the error back.
+    pub fn refused(
+        &self,
+        tenant: Option<&Tenant>,
+        error: EdgeError,
+        started: Instant,
+    ) -> EdgeError {
+        self.metrics
+            .observe_error(tenant, &error, started.elapsed());
         error
+    }
+
+    /// The caller of a request with this `Authorization` header value and client timeout.
+    /// The token itself goes no further than this.
+    pub fn caller(
+        &self,
+        authorization: Option<&str>,
+        timeout: Option<std::time::Duration>,
+        started: Instant,
+    ) -> Result<Caller, EdgeError> {
+        let tenant = self
+            .tenants
+            .authenticate(authorization)
+            .map_err(|e| self.refused(None, e.into(), started))?;
+        Ok(Caller {
+            tenant,
+            deadline: timeout.map(|t| started + t),
+        })
     }
 
     /// Reports the control-plane link's state in the status.
@@ -85,33 +122,42 @@ impl EdgeService {
         &self.engine
     }
 
-    /// Retrieves for `request`, received at `started`, and records the outcome.
+    /// Retrieves for `caller`'s `request`, received at `started`, and records the outcome.
     pub async fn retrieve(
         &self,
+        caller: Caller,
         request: ValidRequest,
         started: Instant,
     ) -> Result<Retrieval, EdgeError> {
+        let tenant = caller.tenant.clone();
         let outcome = match self.in_flight.try_acquire() {
-            Ok(_permit) => self.run(request).await,
+            Ok(_permit) => self.run(caller, request).await,
             Err(_) => Err(EdgeError::Overloaded(format!(
                 "{} requests already in flight at this edge; retry shortly",
                 self.max_in_flight
             ))),
         };
         match &outcome {
-            Ok(retrieval) => self.metrics.observe_retrieval(retrieval, started.elapsed()),
-            Err(error) => self.metrics.observe_error(error, started.elapsed()),
+            Ok(retrieval) => self
+                .metrics
+                .observe_retrieval(&tenant, retrieval, started.elapsed()),
+            Err(error) => self
+                .metrics
+                .observe_error(Some(&tenant), error, started.elapsed()),
         }
         outcome
     }
 
-    async fn run(&self, request: ValidRequest) -> Result<Retrieval, EdgeError> {
+    async fn run(&self, caller: Caller, request: ValidRequest) -> Result<Retrieval, EdgeError> {
         let mut timings = StageTimings::default();
         let (vector, text) = match request.input {
             QueryInput::Vector(vector) => (vector, None),
             QueryInput::Text(text) => {
                 // An exact-repeat cache answers before spending anything on encoding.
-                if let Some(hit) = self.engine.cached_answer_for_text(&text, request.k) {
+                if let Some(hit) =
+                    self.engine
+                        .cached_answer_for_text(&caller.tenant, &text, request.k)
+                {
                     return Ok(hit);
                 }
                 let encoder = Arc::clone(&self.encoder);
@@ -129,7 +175,16 @@ impl EdgeService {
         };
         Ok(self
             .engine
-            .retrieve(vector, text, request.k, timings)
+            .retrieve(
+                RetrievalRequest {
+                    tenant: caller.tenant,
+                    vector,
+                    text,
+                    k: request.k,
+                    deadline: caller.deadline,
+                },
+                timings,
+            )
             .await?)
     }
 }

@@ -27,6 +27,7 @@ fn entry(origin: &str, seq: u64) -> ControlCommand {
             document_ids: (0..3).map(|d| seq * 10 + d).collect(),
             entity_hint: None,
             created_unix_ms: 0,
+            tenant: String::new(),
         })),
     }
 }

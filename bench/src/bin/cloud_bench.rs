@@ -267,7 +267,7 @@ async fn single_query_latency(
         let exact = index.search(query, cli.k)?;
         local.record(started.elapsed());
         let started = Instant::now();
-        let docs = cluster.client.search(query, cli.k).await?;
+        let docs = cluster.client.search(query, cli.k, None).await?;
         routed.record(started.elapsed());
         let exact_ids: Vec<u64> = exact
             .first()
@@ -312,7 +312,7 @@ async fn throughput(
                     let sent = Instant::now();
                     cluster
                         .client
-                        .search(&queries[i % queries.len()], k)
+                        .search(&queries[i % queries.len()], k, None)
                         .await?;
                     latencies.record(sent.elapsed());
                     i += concurrency;
@@ -504,7 +504,7 @@ async fn run(cli: Cli) -> Result<()> {
         let batching = *mode == BatchingMode::On;
         let cluster = Arc::new(Cluster::start(&cli, batching, &manifest.corpus_version)?);
         for query in queries.iter().take(20) {
-            cluster.client.search(query, cli.k).await?;
+            cluster.client.search(query, cli.k, None).await?;
         }
         if batching {
             report["single_query"] = single_query_latency(&cli, &index, &cluster, &queries).await?;

@@ -16,6 +16,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use edge_node::engine::CacheReplication;
 use edge_node::replication::ControlPlaneLink;
+use edge_node::tenants::Tenant;
 use hasten_bench::Latencies;
 use hasten_core::DocId;
 use hasten_proto::control::MAX_MESSAGE_BYTES;
@@ -137,7 +138,7 @@ async fn offer(
                 .lock()
                 .sent
                 .insert(text.clone(), (Instant::now(), 0));
-            link.propose(Some(text), &vector, documents);
+            link.propose(&Tenant::default_tenant(), Some(text), &vector, documents);
             sent += 1;
         }
     }
@@ -199,6 +200,7 @@ async fn main() -> Result<()> {
             document_ids,
             entity_hint: None,
             created_unix_ms: 1_700_000_000_000,
+            tenant: "default".into(),
         }
         .encoded_len()
     };

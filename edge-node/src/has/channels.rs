@@ -202,6 +202,14 @@ impl CacheChannel {
         })
     }
 
+    /// An empty channel trained like this one, for another tenant's cache.
+    pub fn empty_copy(&self) -> Result<Self, IndexError> {
+        Ok(Self {
+            index: self.index.empty_copy()?,
+            documents: HashMap::new(),
+        })
+    }
+
     /// The IVF shape the channel was trained with.
     pub fn shape(&self) -> IvfShape {
         self.index.shape()

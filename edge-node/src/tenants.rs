@@ -1,0 +1,284 @@
+//! Tenants: who a request is for, from its bearer token.
+//!
+//! Each tenant has its own hot cache, so a draft is only ever validated by queries the same
+//! tenant asked, and a fallback result is only ever served back to that tenant. Tokens come
+//! from a TOML file (a Kubernetes Secret in production):
+//!
+//! ```toml
+//! [tenants]
+//! acme = ["token-one", "token-two"]   # several tokens allow rotation
+//! globex = ["token-three"]
+//! ```
+//!
+//! Only SHA-256 digests of the tokens are kept; a presented token's digest is compared with
+//! every known digest in constant time, and no token reaches a log, an error or `Debug`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use figment::providers::{Format, Toml};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// The tenant of every request when the edge runs without a tenants file.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Shortest token accepted: 16 characters of a random alphabet are beyond guessing, and a
+/// short one is usually a placeholder left in a Secret.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// A tenant's name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tenant(Arc<str>);
+
+impl Tenant {
+    pub fn new(name: &str) -> Self {
+        Self(Arc::from(name))
+    }
+
+    /// The tenant of an edge without tenants.
+    pub fn default_tenant() -> Self {
+        Self::new(DEFAULT_TENANT)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantsError {
+    #[error("tenants file {path}: {message}")]
+    File { path: String, message: String },
+}
+
+/// Why a request was refused before retrieval.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    #[error("a bearer token is required (Authorization: Bearer <token>)")]
+    Missing,
+    #[error("the bearer token is not valid")]
+    Invalid,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantsFile {
+    tenants: BTreeMap<String, Vec<String>>,
+}
+
+/// Bearer tokens and the tenants they stand for; or, without a tenants file, one open tenant.
+pub struct TenantDirectory {
+    /// Token digests and their tenants; empty when the edge is open.
+    tokens: Vec<([u8; 32], Tenant)>,
+    tenants: Vec<Tenant>,
+}
+
+impl std::fmt::Debug for TenantDirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantDirectory")
+            .field("tenants", &self.tenants)
+            .field("tokens", &self.tokens.len())
+            .finish()
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl TenantDirectory {
+    /// No authentication: every request is [`DEFAULT_TENANT`]'s.
+    pub fn open() -> Self {
+        Self {
+            tokens: Vec::new(),
+            tenants: vec![Tenant::default_tenant()],
+        }
+    }
+
+    /// Reads the tenants file at `path`.
+    pub fn load(path: &Path) -> Result<Self, TenantsError> {
+        let error = |message: String| TenantsError::File {
+            path: path.display().to_string(),
+            message,
+        };
+        if !path.exists() {
+            return Err(error("does not exist".into()));
+        }
+        let file: TenantsFile = figment::Figment::from(Toml::file(path))
+            .extract()
+            .map_err(|e| error(e.to_string()))?;
+        Self::from_tokens(file.tenants).map_err(error)
+    }
+
+    fn from_tokens(tenants: BTreeMap<String, Vec<String>>) -> Result<Self, String> {
+        if tenants.is_empty() {
+            return Err("names no tenant".into());
+        }
+        let mut tokens: Vec<([u8; 32], Tenant)> = Vec::new();
+        let mut names = Vec::new();
+        for (name, list) in tenants {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(format!(
+                    "tenant name `{name}` must be letters, digits, `-`, `_` or `.` (it labels metrics)"
+                ));
+            }
+            if list.is_empty() {
+                return Err(format!("tenant `{name}` has no token"));
+            }
+            let tenant = Tenant::new(&name);
+            for token in list {
+                if token.chars().count() < MIN_TOKEN_CHARS {
+                    return Err(format!(
+                        "a token of tenant `{name}` is shorter than {MIN_TOKEN_CHARS} characters"
+                    ));
+                }
+                let hashed = digest(&token);
+                if let Some((_, owner)) = tokens.iter().find(|(known, _)| *known == hashed) {
+                    return Err(format!("tenants `{owner}` and `{name}` share a token"));
+                }
+                tokens.push((hashed, tenant.clone()));
+            }
+            names.push(tenant);
+        }
+        Ok(Self {
+            tokens,
+            tenants: names,
+        })
+    }
+
+    /// Whether requests must carry a token.
+    pub fn requires_tokens(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// Every tenant, in name order.
+    pub fn tenants(&self) -> &[Tenant] {
+        &self.tenants
+    }
+
+    /// The tenant of a request with this `Authorization` header value.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Tenant, AuthError> {
+        if !self.requires_tokens() {
+            return Ok(Tenant::default_tenant());
+        }
+        let token = authorization
+            .and_then(|value| {
+                let (scheme, token) = value.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .filter(|token| !token.is_empty())
+            .ok_or(AuthError::Missing)?;
+        let presented = digest(token);
+        // Every digest is compared, each in constant time, so the time taken says nothing
+        // about which token (if any) matched or how much of it.
+        let mut found = None;
+        for (known, tenant) in &self.tokens {
+            if bool::from(known.ct_eq(&presented)) {
+                found = Some(tenant);
+            }
+        }
+        found.cloned().ok_or(AuthError::Invalid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn directory() -> TenantDirectory {
+        TenantDirectory::from_tokens(BTreeMap::from([
+            (
+                "acme".to_string(),
+                vec!["a".repeat(20), "rotated-acme-token".into()],
+            ),
+            ("globex".to_string(), vec!["g".repeat(20)]),
+        ]))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_token_names_its_tenant_and_anything_else_is_refused() {
+        let tenants = directory();
+        let bearer = |t: &str| format!("Bearer {t}");
+        assert_eq!(
+            tenants
+                .authenticate(Some(&bearer(&"a".repeat(20))))
+                .unwrap(),
+            Tenant::new("acme")
+        );
+        assert_eq!(
+            tenants
+                .authenticate(Some("bearer rotated-acme-token"))
+                .unwrap(),
+            Tenant::new("acme")
+        );
+        assert_eq!(
+            tenants
+                .authenticate(Some(&bearer(&"g".repeat(20))))
+                .unwrap(),
+            Tenant::new("globex")
+        );
+        assert_eq!(tenants.authenticate(None), Err(AuthError::Missing));
+        assert_eq!(
+            tenants.authenticate(Some("Bearer ")),
+            Err(AuthError::Missing)
+        );
+        assert_eq!(
+            tenants.authenticate(Some(&format!("Basic {}", "a".repeat(20)))),
+            Err(AuthError::Missing)
+        );
+        assert_eq!(
+            tenants.authenticate(Some(&bearer(&"a".repeat(19)))),
+            Err(AuthError::Invalid)
+        );
+        let open = TenantDirectory::open();
+        assert_eq!(open.authenticate(None).unwrap(), Tenant::default_tenant());
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_a_reason_and_no_token_is_printed() {
+        let short = TenantDirectory::from_tokens(BTreeMap::from([(
+            "acme".to_string(),
+            vec!["short".to_string()],
+        )]));
+        assert!(short.unwrap_err().contains("shorter than"));
+        let shared = TenantDirectory::from_tokens(BTreeMap::from([
+            ("acme".to_string(), vec!["s".repeat(20)]),
+            ("globex".to_string(), vec!["s".repeat(20)]),
+        ]));
+        let message = shared.unwrap_err();
+        assert!(message.contains("share a token") && !message.contains(&"s".repeat(20)));
+        let label = TenantDirectory::from_tokens(BTreeMap::from([(
+            "a b".to_string(),
+            vec!["x".repeat(20)],
+        )]));
+        assert!(label.unwrap_err().contains("`a b`"));
+        let printed = format!("{:?}", directory());
+        assert!(!printed.contains(&"a".repeat(20)) && printed.contains("acme"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.toml");
+        std::fs::write(
+            &path,
+            format!("[tenants]\nacme = [\"{}\"]\n", "k".repeat(20)),
+        )
+        .unwrap();
+        let loaded = TenantDirectory::load(&path).unwrap();
+        assert_eq!(loaded.tenants(), &[Tenant::new("acme")]);
+        let missing = TenantDirectory::load(&dir.path().join("nope.toml")).unwrap_err();
+        assert!(missing.to_string().contains("nope.toml"));
+    }
+}
