@@ -22,6 +22,22 @@ Subcommands:
   config-check BINDIR RENDERED...
       Feeds every `*.toml` of the rendered ConfigMaps to its binary with `--print-config` and
       checks that each key comes back with the value the file gave it.
+  check-files MUTUAL TENANTS RENDERED
+      For every workload: each /etc/hasten path its TOML file names (TLS material, tenants
+      file, the file itself) is projected into the pod, from a key its ConfigMap or Secret has
+      (when the Secret is rendered too); `tls_ca`/`tls_cert`/`tls_key` are all there or none
+      (`--print-config` does not check that); mutual TLS and the tenants file are on or off
+      in every file as MUTUAL and TENANTS (`on`/`off`) say.
+  mtls-names RENDERED
+      Takes the mutual-TLS Secret Helm generated (tls.mutual.generate) and runs, in memory, a
+      mutual TLS handshake for every host name the rendered configurations dial (router's
+      shard replicas, control-plane peers, the edges' control plane and cloud_server_name):
+      the certificate must verify for that name as a server and as a client, both from the
+      CA. A name outside the certificate and a client without one must fail.
+  mtls-handshake BINDIR RENDERED
+      Starts the control-plane binary (from BINDIR) on loopback with the rendered
+      control-plane.toml and the generated Secret's files, and checks that its gRPC port
+      completes a TLS handshake with the certificate and refuses a client without one.
 """
 
 import base64
@@ -31,9 +47,12 @@ import json
 import os
 import pathlib
 import re
+import socket
+import ssl
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import urllib.request
 import zipfile
@@ -246,7 +265,8 @@ def check_promql(dashboards):
             if expr.startswith("label_values("):
                 inner = expr[len("label_values(") : expr.rindex(",")]
                 expr = inner.replace("$namespace", "x")
-            expr = expr.replace("$__rate_interval", "5m").replace("$namespace", "x").replace("$pod", ".*")
+            expr = expr.replace("$__rate_interval", "5m").replace("$namespace", "x")
+            expr = expr.replace("$pod", ".*").replace("$tenant", ".*")
             errors += parse_promql(expr, path)
     for e in errors:
         print(e, file=sys.stderr)
@@ -348,6 +368,278 @@ def config_check(bindir, rendered):
     print(f"{checked} configuration files accepted by their binaries")
 
 
+def rendered_tomls(docs):
+    """{(ConfigMap name, key): (text, parsed)} of every rendered `*.toml`."""
+    import tomllib
+
+    files = {}
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            for key, text in (doc.get("data") or {}).items():
+                if key.endswith(".toml"):
+                    files[(doc["metadata"]["name"], key)] = (text, tomllib.loads(text))
+    return files
+
+
+def toml_strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from toml_strings(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from toml_strings(item)
+
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
+TLS_KEYS = ("tls_ca", "tls_cert", "tls_key")
+
+
+def check_files(mutual, tenants, rendered):
+    if mutual not in ("on", "off") or tenants not in ("on", "off"):
+        fail("MUTUAL and TENANTS are `on` or `off`")
+    docs = load_docs(rendered)
+    tomls = rendered_tomls(docs)
+    secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    errors = []
+    checked = 0
+    for doc in docs:
+        if doc["kind"] not in WORKLOAD_KINDS:
+            continue
+        spec = doc["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            where = f"{doc['kind']}/{doc['metadata']['name']} {container['name']}"
+            command = " ".join(container.get("command", []) + container.get("args", []))
+            match = re.search(r"--config (\S+\.toml)", command)
+            if not match:
+                errors.append(f"{where}: no --config FILE in its command")
+                continue
+            config_path = match.group(1)
+            # Files the container sees, by path: from projected ConfigMaps (every key) and
+            # Secrets (their items), under each volume's mount path.
+            present = {}
+            for mount in container.get("volumeMounts", []):
+                volume = volumes.get(mount["name"], {})
+                for source in volume.get("projected", {}).get("sources", []):
+                    if "configMap" in source:
+                        name = source["configMap"]["name"]
+                        cm = configmaps.get(name)
+                        if cm is None:
+                            errors.append(f"{where}: ConfigMap {name} is not rendered")
+                            continue
+                        for key in cm.get("data") or {}:
+                            present[f"{mount['mountPath']}/{key}"] = ("ConfigMap", name, key)
+                    if "secret" in source:
+                        name = source["secret"]["name"]
+                        for item in source["secret"].get("items", []):
+                            present[f"{mount['mountPath']}/{item['path']}"] = ("Secret", name, item["key"])
+                            secret = secrets.get(name)
+                            if secret is not None and item["key"] not in (secret.get("data") or {}):
+                                errors.append(f"{where}: Secret {name} has no key {item['key']}")
+            if config_path not in present or present[config_path][0] != "ConfigMap":
+                errors.append(f"{where}: {config_path} is not mounted from a ConfigMap")
+                continue
+            _, cm_name, key = present[config_path]
+            _, config = tomls[(cm_name, key)]
+            checked += 1
+            for value in toml_strings(config):
+                if value.startswith("/etc/hasten/") and value not in present:
+                    errors.append(f"{where}: {key} names {value}, which is not mounted")
+            # Edges and control-plane nodes take all three or none; cloud servers also serve
+            # QUIC with tls_cert/tls_key alone (server-only TLS), and tls_ca needs both.
+            tls = [k for k in TLS_KEYS if k in config]
+            server_only = key not in ("edge.toml", "control-plane.toml") and tls == ["tls_cert", "tls_key"]
+            if tls and len(tls) != len(TLS_KEYS) and not server_only:
+                errors.append(f"{where}: {key} sets {', '.join(tls)} but not all of {', '.join(TLS_KEYS)}")
+            if mutual == "on":
+                if len(tls) != len(TLS_KEYS):
+                    errors.append(f"{where}: {key} is without mutual TLS ({', '.join(TLS_KEYS)})")
+                for dev in ("dev_cert_out", "dev_cert_names"):
+                    if dev in config:
+                        errors.append(f"{where}: {key} sets {dev} under mutual TLS")
+            elif "tls_ca" in config:
+                errors.append(f"{where}: {key} sets tls_ca with mutual TLS off")
+            if key == "edge.toml" and (tenants == "on") != ("tenants_file" in config):
+                errors.append(f"{where}: {key} {'lacks' if tenants == 'on' else 'sets'} tenants_file")
+    if mutual == "on" and any(name.endswith("-cloud-tls") for name in secrets):
+        errors.append("tls.cloud's Secret is rendered although mutual TLS supersedes it")
+    for e in errors:
+        print(e, file=sys.stderr)
+    if errors:
+        sys.exit(1)
+    if checked == 0:
+        fail("no workload found")
+    print(f"{checked} workloads: every /etc/hasten file their configs name is mounted; mutual TLS {mutual}, tenants {tenants}")
+
+
+def generated_mtls(docs, outdir):
+    """Writes the generated mutual-TLS Secret's ca.crt, tls.crt and tls.key into outdir."""
+    found = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["labels"].get("app.kubernetes.io/component") == "mtls"]
+    cas = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["labels"].get("app.kubernetes.io/component") == "mtls-ca"]
+    if len(found) != 1 or len(cas) != 1:
+        fail("the render holds no generated mutual-TLS Secret and CA (tls.mutual.generate)")
+    data = found[0]["data"]
+    if data.get("ca.crt") != cas[0]["data"].get("tls.crt"):
+        fail("the mutual-TLS Secret's ca.crt is not the CA Secret's certificate")
+    out = pathlib.Path(outdir)
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        (out / key).write_bytes(base64.b64decode(data[key]))
+    return {key: str(out / key) for key in ("ca.crt", "tls.crt", "tls.key")}
+
+
+def dialled_names(tomls):
+    """Host names the rendered configurations make components dial (and verify)."""
+    def host(address):
+        return address.rsplit(":", 1)[0]
+
+    names = set()
+    for (_, key), (_, config) in tomls.items():
+        if key == "router.toml":
+            names.update(host(a) for shard in config["shards"] for a in shard)
+        if key == "control-plane.toml":
+            names.update(host(peer.split("=", 1)[1]) for peer in config["peers"])
+        if key == "edge.toml":
+            names.update(host(a) for a in config.get("control_plane", []))
+            names.add(config["cloud_server_name"])
+    return sorted(names)
+
+
+def memory_handshake(files, name, client_certificate=True):
+    """A TLS handshake between two in-memory ends with the files: None, or why it failed."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(files["tls.crt"], files["tls.key"])
+    server_ctx.load_verify_locations(files["ca.crt"])
+    server_ctx.verify_mode = ssl.CERT_REQUIRED
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the name
+    client_ctx.load_verify_locations(files["ca.crt"])
+    if client_certificate:
+        client_ctx.load_cert_chain(files["tls.crt"], files["tls.key"])
+    to_server, to_client, from_server, from_client = (ssl.MemoryBIO() for _ in range(4))
+    client = client_ctx.wrap_bio(to_client, from_client, server_hostname=name)
+    server = server_ctx.wrap_bio(to_server, from_server, server_side=True)
+    done = set()
+    try:
+        for _ in range(8):
+            for end, label in ((client, "client"), (server, "server")):
+                if label not in done:
+                    try:
+                        end.do_handshake()
+                        done.add(label)
+                    except ssl.SSLWantReadError:
+                        pass
+                to_server.write(from_client.read())
+                to_client.write(from_server.read())
+            if len(done) == 2:
+                break
+        # Under TLS 1.3 the server judges the client's certificate after the client is
+        # done: only data reaching the server proves it was accepted.
+        client.write(b"ping")
+        to_server.write(from_client.read())
+        if server.read(4) != b"ping":
+            return "no data crossed"
+    except ssl.SSLError as err:
+        return str(err)
+    return None if len(done) == 2 else "the handshake did not finish"
+
+
+def mtls_names(rendered):
+    docs = load_docs(rendered)
+    errors = []
+    with tempfile.TemporaryDirectory() as tmp:
+        files = generated_mtls(docs, tmp)
+        names = dialled_names(rendered_tomls(docs))
+        if not names:
+            fail("no dialled name found in the rendered configurations")
+        for name in names:
+            why = memory_handshake(files, name)
+            if why:
+                errors.append(f"{name}: {why}")
+        # The handshake must be able to fail, or its passes mean nothing.
+        if memory_handshake(files, "not-a-hasten-name.invalid") is None:
+            errors.append("a name outside the certificate was accepted")
+        if memory_handshake(files, names[0], client_certificate=False) is None:
+            errors.append("a client without a certificate was accepted")
+    for e in errors:
+        print(e, file=sys.stderr)
+    if errors:
+        sys.exit(1)
+    print(f"{len(names)} dialled names verify (server and client auth); strangers refused")
+
+
+def mtls_handshake(bindir, rendered):
+    docs = load_docs(rendered)
+    tomls = rendered_tomls(docs)
+    config = next((c for (_, key), (_, c) in tomls.items() if key == "control-plane.toml"), None)
+    if config is None:
+        fail("the render holds no control-plane.toml")
+    peer_name = dialled_names({k: v for k, v in tomls.items() if k[1] == "control-plane.toml"})[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        files = generated_mtls(docs, tmp)
+        ready = pathlib.Path(tmp) / "ready.json"
+        # The rendered file, with the pod's paths and addresses swapped for local ones.
+        local = dict(config)
+        local.update(
+            listen="127.0.0.1:0",
+            metrics_addr="127.0.0.1:0",
+            peers=["1=127.0.0.1:1"],
+            data_dir=str(pathlib.Path(tmp) / "data"),
+            ready_file=str(ready),
+            tls_ca=files["ca.crt"],
+            tls_cert=files["tls.crt"],
+            tls_key=files["tls.key"],
+        )
+        path = pathlib.Path(tmp) / "control-plane.toml"
+        path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in local.items()))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HASTEN_")}
+        log = open(pathlib.Path(tmp) / "control-plane.log", "w+")
+        process = subprocess.Popen(
+            [str(pathlib.Path(bindir) / "control-plane"), "--config", str(path), "--id", "1"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            for _ in range(300):
+                if ready.exists() or process.poll() is not None:
+                    break
+                time.sleep(0.1)
+            if not ready.exists():
+                log.seek(0)
+                fail(f"the control plane did not start:\n{log.read()[-2000:]}")
+            host, port = json.loads(ready.read_text())["address"].rsplit(":", 1)
+            outcomes = {}
+            for label, with_certificate in (("with the certificate", True), ("without a certificate", False)):
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.load_verify_locations(files["ca.crt"])
+                if with_certificate:
+                    ctx.load_cert_chain(files["tls.crt"], files["tls.key"])
+                ctx.set_alpn_protocols(["h2"])
+                try:
+                    with socket.create_connection((host, int(port)), timeout=10) as raw:
+                        with ctx.wrap_socket(raw, server_hostname=peer_name) as tls:
+                            # HTTP/2 preface and an empty SETTINGS frame: a server that
+                            # accepted the client answers with its own SETTINGS.
+                            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+                            answer = tls.recv(9)
+                            if not answer:
+                                outcomes[label] = "refused (closed without an answer)"
+                            elif len(answer) == 9 and answer[3] == 4:
+                                outcomes[label] = "answered"
+                            else:
+                                outcomes[label] = f"no SETTINGS ({answer!r})"
+                except (ssl.SSLError, OSError) as err:
+                    outcomes[label] = f"refused ({err})"
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+            log.close()
+    print(f"control plane as {peer_name}: {outcomes}")
+    if outcomes.get("with the certificate") != "answered" or not outcomes.get("without a certificate", "").startswith("refused"):
+        fail("expected the certificate to be answered and a client without one to be refused")
+    print("the control-plane binary serves the generated certificate and requires it of clients")
+
+
 def main():
     if len(sys.argv) < 2:
         fail(__doc__)
@@ -366,6 +658,12 @@ def main():
         check_promql(args)
     elif command == "config-check" and len(args) >= 2:
         config_check(args[0], args[1:])
+    elif command == "check-files" and len(args) == 3:
+        check_files(*args)
+    elif command == "mtls-names" and len(args) == 1:
+        mtls_names(*args)
+    elif command == "mtls-handshake" and len(args) == 2:
+        mtls_handshake(*args)
     else:
         fail(__doc__)
 

@@ -201,9 +201,10 @@ def use_panels(layout, sel):
     )
 
 
-def variables(metric):
-    """The datasource, namespace and pod variables, the last two read off `metric`."""
-    return [
+def variables(metric, tenants=False):
+    """The datasource, namespace and pod variables, the last two read off `metric`; with
+    `tenants`, a tenant variable too (also read off `metric`, which must carry the label)."""
+    found = [
         {
             "name": "datasource",
             "label": "Data source",
@@ -251,6 +252,28 @@ def variables(metric):
             "options": [],
         },
     ]
+    if tenants:
+        found.append(
+            {
+                "name": "tenant",
+                "label": "Tenant",
+                "type": "query",
+                "datasource": DS,
+                "description": "Filters the panels whose metrics carry a tenant label (requests and caches).",
+                "definition": f'label_values({metric}{{namespace="$namespace"}}, tenant)',
+                "query": {"query": f'label_values({metric}{{namespace="$namespace"}}, tenant)', "refId": "tenant"},
+                "current": {},
+                "hide": 0,
+                "refresh": 2,
+                "regex": "",
+                "sort": 1,
+                "includeAll": True,
+                "allValue": ".*",
+                "multi": True,
+                "options": [],
+            }
+        )
+    return found
 
 
 def dashboard(uid, title, description, layout, templating):
@@ -299,16 +322,21 @@ def dashboard(uid, title, description, layout, templating):
 
 def edge():
     s = 'namespace="$namespace", pod=~"$pod"'
+    # Series that carry a tenant label (requests, cache sizes) also follow the tenant filter.
+    # Requests refused before their tenant was known (no or an unknown bearer token) have an
+    # empty tenant, which the filter's "All" (.*) keeps.
+    st = f'{s}, tenant=~"$tenant"'
     req = "hasten_edge_requests_total"
     layout = Layout()
     layout.row("Requests (RED)")
     layout.add(
         timeseries(
             "Requests by outcome",
-            [(f"sum by (outcome) (rate({req}{{{s}}}[{RATE}]))", "{{outcome}}")],
+            [(f"sum by (outcome) (rate({req}{{{st}}}[{RATE}]))", "{{outcome}}")],
             unit="reqps",
             stack=True,
-            description="Queries answered per second: accepted drafts, cloud fallbacks and errors.",
+            description="Queries answered per second, all tenants together: accepted drafts, "
+            "cloud fallbacks and errors.",
         ),
         w=8,
     )
@@ -318,15 +346,18 @@ def edge():
             [(f"sum by (kind) (rate(hasten_edge_request_errors_total{{{s}}}[{RATE}]))", "{{kind}}")],
             unit="reqps",
             stack=True,
-            description="invalid_argument: bad requests (client side); unavailable: the cloud was "
-            "unreachable or too slow for a query that needed it; internal: a bug.",
+            description="Client side: invalid_argument (bad requests), unauthenticated (no or an "
+            "unknown bearer token). Server side: unavailable (the cloud was unreachable or too "
+            "slow for a query that needed it), deadline_exceeded (the client's "
+            "x-request-timeout-ms or grpc-timeout passed first), overloaded (max_in_flight "
+            "reached), internal (a bug). Not split by tenant.",
         ),
         w=8,
     )
     layout.add(
         timeseries(
             "Error ratio",
-            [(f'sum(rate({req}{{{s}, outcome="error"}}[{RATE}])) / sum(rate({req}{{{s}}}[{RATE}]))', "errors")],
+            [(f'sum(rate({req}{{{st}, outcome="error"}}[{RATE}])) / sum(rate({req}{{{st}}}[{RATE}]))', "errors")],
             unit="percentunit",
             minimum=0,
             description="Share of requests that ended in an error (the HastenEdgeErrorRate alert "
@@ -354,13 +385,53 @@ def edge():
             "fallbacks pay the round trip to the cloud.",
         )
     )
+    layout.row("Tenants")
+    layout.add(
+        timeseries(
+            "Requests by tenant",
+            [(f'sum by (tenant) (rate({req}{{{st}, tenant!=""}}[{RATE}]))', "{{tenant}}")],
+            unit="reqps",
+            stack=True,
+            description="Requests per second of each tenant, whatever their outcome. Edges without "
+            "a tenants file count everything under `default`; requests refused for their token "
+            "belong to no tenant (Errors by kind: unauthenticated).",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Draft acceptance rate by tenant",
+            [
+                (
+                    f'sum by (tenant) (rate({req}{{{st}, outcome="accepted"}}[{RATE}])) / sum by (tenant) (rate({req}{{{st}, outcome=~"accepted|fallback"}}[{RATE}]))',
+                    "{{tenant}}",
+                )
+            ],
+            unit="percentunit",
+            minimum=0,
+            maximum=1,
+            description="Each tenant's drafts are validated against its own cache only, so a "
+            "tenant with few or scattered queries accepts fewer drafts.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Cached queries by tenant",
+            [(f"max by (tenant) (hasten_edge_cache_entries{{{st}}})", "{{tenant}}")],
+            description="Entries of each tenant's hot cache on the edge holding most (with the "
+            "control plane every edge holds the same entries). Each tenant's cache holds up to "
+            "cache_capacity queries.",
+        ),
+        w=8,
+    )
     layout.row("HaS speculation")
     layout.add(
         timeseries(
             "Draft acceptance rate (DAR)",
             [
                 (
-                    f'sum(rate({req}{{{s}, outcome="accepted"}}[{RATE}])) / sum(rate({req}{{{s}, outcome=~"accepted|fallback"}}[{RATE}]))',
+                    f'sum(rate({req}{{{st}, outcome="accepted"}}[{RATE}])) / sum(rate({req}{{{st}, outcome=~"accepted|fallback"}}[{RATE}]))',
                     "all edges",
                 ),
                 (f"hasten_edge_draft_acceptance_ratio{{{s}}}", "{{pod}} (last 1000)"),
@@ -369,14 +440,15 @@ def edge():
             minimum=0,
             maximum=1,
             description="Share of answered queries whose draft was accepted (the HaS paper: ~30%). "
-            "A sudden drop means the hot cache was lost or the workload moved to new topics.",
+            "A sudden drop means the hot cache was lost or the workload moved to new topics. The "
+            "per-edge gauge covers every tenant.",
         )
     )
     layout.add(
         timeseries(
             "Cloud fallbacks",
             [
-                (f'sum by (pod) (rate({req}{{{s}, outcome="fallback"}}[{RATE}]))', "{{pod}}"),
+                (f'sum by (pod) (rate({req}{{{st}, outcome="fallback"}}[{RATE}]))', "{{pod}}"),
             ],
             unit="reqps",
             stack=True,
@@ -425,15 +497,28 @@ def edge():
     )
     layout.row("Hot cache and replication")
     layout.add(
-        timeseries("Cached queries", [(f"hasten_edge_cache_entries{{{s}}}", "{{pod}}")], description="Entries of the FIFO hot cache."),
+        timeseries(
+            "Cached queries",
+            [(f"sum by (pod) (hasten_edge_cache_entries{{{st}}})", "{{pod}}")],
+            description="Entries of the FIFO hot caches of each edge, summed over tenants.",
+        ),
         w=8,
     )
     layout.add(
-        timeseries("Cached documents", [(f"hasten_edge_cache_documents{{{s}}}", "{{pod}}")], description="Distinct documents in the cache channel."),
+        timeseries(
+            "Cached documents",
+            [(f"sum by (pod) (hasten_edge_cache_documents{{{st}}})", "{{pod}}")],
+            description="Distinct documents in each tenant's cache channel, summed over tenants.",
+        ),
         w=8,
     )
     layout.add(
-        timeseries("Cache memory", [(f"hasten_edge_cache_bytes{{{s}}}", "{{pod}}")], unit="bytes", description="Estimated bytes held by the hot cache."),
+        timeseries(
+            "Cache memory",
+            [(f"sum by (pod) (hasten_edge_cache_bytes{{{st}}})", "{{pod}}")],
+            unit="bytes",
+            description="Estimated bytes held by each edge's hot caches, summed over tenants.",
+        ),
         w=8,
     )
     layout.add(
@@ -469,10 +554,10 @@ def edge():
     return dashboard(
         "hasten-edge",
         "Hasten / Edge",
-        "HaS edges: traffic, errors and latency by outcome, speculation (DAR, fallbacks, "
-        "homology scores), the hot cache and its replication, resources.",
+        "HaS edges: traffic, errors and latency by outcome, tenants, speculation (DAR, "
+        "fallbacks, homology scores), the hot caches and their replication, resources.",
         layout,
-        variables("hasten_edge_requests_total"),
+        variables("hasten_edge_requests_total", tenants=True),
     )
 
 

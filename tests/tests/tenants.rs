@@ -64,7 +64,7 @@ fn write_tenants(work: &Path) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn homologous_questions_of_two_tenants_never_share_a_cache() {
-    let mut cluster = Cluster::start("tenants", 1, 10_000);
+    let cluster = Cluster::start("tenants", 1, 10_000);
     let work = cluster.work.clone();
     let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
     let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();

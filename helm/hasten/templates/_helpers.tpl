@@ -92,9 +92,64 @@ app.kubernetes.io/component: {{ .component }}
 {{- toJson $names }}
 {{- end }}
 
-{{/* Name of the Secret with the cloud's TLS material, empty in dev-certificate mode. */}}
+{{/* "true" when mutual TLS is on (tls.mutual.secretName or tls.mutual.generate). */}}
+{{- define "hasten.mtls.enabled" -}}
+{{- if or .Values.tls.mutual.secretName .Values.tls.mutual.generate }}true{{ end }}
+{{- end }}
+
+{{/* Name of the Secret with the mutual-TLS material (ca.crt, tls.crt, tls.key), empty when off. */}}
+{{- define "hasten.mtls.secretName" -}}
+{{- if .Values.tls.mutual.secretName }}
+{{- .Values.tls.mutual.secretName }}
+{{- else if .Values.tls.mutual.generate }}
+{{- include "hasten.fullname" . }}-mtls
+{{- end }}
+{{- end }}
+
+{{/*
+The mutual-TLS keys of every TOML file, as a JSON object (empty when mutual TLS is off):
+the files of the Secret as "hasten.baseVolumes" projects them.
+*/}}
+{{- define "hasten.mtls.config" -}}
+{{- if include "hasten.mtls.enabled" . }}
+{{- toJson (dict "tls_ca" "/etc/hasten/tls/ca.crt" "tls_cert" "/etc/hasten/tls/tls.crt" "tls_key" "/etc/hasten/tls/tls.key") }}
+{{- else }}
+{{- "{}" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Names the mutual-TLS certificate must carry: every Service of the release in its short,
+namespaced and fully qualified forms, and wildcards for the pods of the headless Services
+(the router dials `<shard>-R.<shard>.<ns>.svc.<domain>`, control-plane nodes and edges dial
+`<control-plane>-i.<headless>.<ns>.svc.<domain>`), plus `tls.cloud.serverName`.
+*/}}
+{{- define "hasten.mtls.dnsNames" -}}
+{{- $root := . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := include "hasten.router.dnsNames" . | fromJsonArray -}}
+{{- $services := list (include "hasten.edge.name" .) (include "hasten.controlPlane.name" .) -}}
+{{- $headless := list (include "hasten.controlPlane.headless" .) -}}
+{{- range $s := until (int .Values.cloud.shards) }}
+{{- $headless = append $headless (include "hasten.shard.name" (dict "root" $root "shard" $s)) -}}
+{{- end }}
+{{- range $service := concat $services $headless }}
+{{- $names = concat $names (list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (include "hasten.svcFqdn" (dict "root" $root "service" $service))) -}}
+{{- end }}
+{{- range $service := $headless }}
+{{- $names = concat $names (list (printf "*.%s.%s.svc" $service $ns) (printf "*.%s" (include "hasten.svcFqdn" (dict "root" $root "service" $service)))) -}}
+{{- end }}
+{{- toJson (uniq $names) }}
+{{- end }}
+
+{{/*
+Name of the Secret with the cloud's TLS material: the mutual-TLS Secret when mutual TLS is
+on (it supersedes tls.cloud), else tls.cloud's; empty in dev-certificate mode.
+*/}}
 {{- define "hasten.tls.secretName" -}}
-{{- if .Values.tls.cloud.secretName }}
+{{- if include "hasten.mtls.enabled" . }}
+{{- include "hasten.mtls.secretName" . }}
+{{- else if .Values.tls.cloud.secretName }}
 {{- .Values.tls.cloud.secretName }}
 {{- else if .Values.tls.cloud.generate }}
 {{- include "hasten.fullname" . }}-cloud-tls
@@ -106,8 +161,14 @@ Checks of values that would otherwise render a deployment that cannot work. Incl
 every workload template, so that `helm template` and `helm install` stop with the message.
 */}}
 {{- define "hasten.validate" -}}
-{{- if and (not .Values.tls.cloud.secretName) (not .Values.tls.cloud.generate) (not .Values.tls.allowDevCerts) }}
-{{- fail "tls: set tls.cloud.secretName (a Secret with tls.crt, tls.key and ca.crt for the router) or tls.cloud.generate=true. Without either, the router generates a dev certificate inside its pod that the edges cannot verify, so the edges cannot start; set tls.allowDevCerts=true only to try the cloud tier and control plane on their own." }}
+{{- if and (not (include "hasten.mtls.enabled" .)) (not .Values.tls.cloud.secretName) (not .Values.tls.cloud.generate) (not .Values.tls.allowDevCerts) }}
+{{- fail "tls: set tls.mutual.secretName (a Secret with ca.crt, tls.crt and tls.key for every component) or tls.mutual.generate=true for mutual TLS, or tls.cloud.secretName (a Secret with tls.crt, tls.key and ca.crt for the router) or tls.cloud.generate=true. Without any, the router generates a dev certificate inside its pod that the edges cannot verify, so the edges cannot start; set tls.allowDevCerts=true only to try the cloud tier and control plane on their own." }}
+{{- end }}
+{{- if and .Values.tls.mutual.generate (lt (int .Values.tls.mutual.generateValidityDays) 1) }}
+{{- fail "tls.mutual.generateValidityDays must be at least 1" }}
+{{- end }}
+{{- if and .Values.edge.tenants.secretName (not .Values.edge.tenants.key) }}
+{{- fail "edge.tenants.key: name the key of the Secret edge.tenants.secretName that holds the tenants file (e.g. tenants.toml)" }}
 {{- end }}
 {{- if not .Values.corpus.existingClaim }}
 {{- fail "corpus.existingClaim: name the PersistentVolumeClaim that holds the output of `cloud-index build --shards <cloud.shards>`" }}
@@ -153,10 +214,13 @@ podAntiAffinity:
 {{- end }}
 
 {{/*
-Volumes every pod has: writable scratch, and /etc/hasten with the pod's TOML file and, when
-the cloud has TLS material, what this pod needs of it under tls/: the certificate and key for
-a server (`"tls" "server"`, the router and shards), the CA for a client (`"tls" "client"`,
-the edges). (dict "root" $ "configMap" name "tls" "server"|"client"|"")
+Volumes every pod has: writable scratch, and /etc/hasten with the pod's TOML file and the
+TLS material this pod needs under tls/. Under mutual TLS every pod gets the CA, the
+certificate and the key. Otherwise, when the cloud has TLS material: the certificate and key
+for a server (`"tls" "server"`, the router and shards), the CA for a client (`"tls"
+"client"`, the edges). With `"tenants" true` (the edges) and edge.tenants.secretName, the
+tenants file as tenants/tenants.toml.
+(dict "root" $ "configMap" name "tls" "server"|"client"|"" "tenants" bool)
 */}}
 {{- define "hasten.baseVolumes" -}}
 - name: tmp
@@ -172,20 +236,30 @@ the edges). (dict "root" $ "configMap" name "tls" "server"|"client"|"")
       - configMap:
           name: {{ .configMap }}
       {{- $secret := include "hasten.tls.secretName" .root }}
-      {{- if and $secret .tls }}
+      {{- $mutual := include "hasten.mtls.enabled" .root }}
+      {{- if and $secret (or $mutual .tls) }}
       - secret:
           name: {{ $secret }}
           items:
-            {{- if eq .tls "server" }}
+            {{- if or $mutual (eq .tls "client") }}
+            - key: ca.crt
+              path: tls/ca.crt
+            {{- end }}
+            {{- if or $mutual (eq .tls "server") }}
             - key: tls.crt
               path: tls/tls.crt
             - key: tls.key
               path: tls/tls.key
               mode: 0440
-            {{- else }}
-            - key: ca.crt
-              path: tls/ca.crt
             {{- end }}
+      {{- end }}
+      {{- if and .tenants .root.Values.edge.tenants.secretName }}
+      - secret:
+          name: {{ .root.Values.edge.tenants.secretName }}
+          items:
+            - key: {{ .root.Values.edge.tenants.key }}
+              path: tenants/tenants.toml
+              mode: 0440
       {{- end }}
 {{- end }}
 
