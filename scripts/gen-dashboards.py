@@ -218,62 +218,38 @@ def variables(metric, tenants=False):
             "multi": False,
             "options": [],
         },
-        {
-            "name": "namespace",
-            "label": "Namespace",
-            "type": "query",
-            "datasource": DS,
-            "definition": f"label_values({metric}, namespace)",
-            "query": {"query": f"label_values({metric}, namespace)", "refId": "namespace"},
-            "current": {},
-            "hide": 0,
-            "refresh": 2,
-            "regex": "",
-            "sort": 1,
-            "includeAll": False,
-            "multi": False,
-            "options": [],
-        },
-        {
-            "name": "pod",
-            "label": "Pod",
-            "type": "query",
-            "datasource": DS,
-            "definition": f'label_values({metric}{{namespace="$namespace"}}, pod)',
-            "query": {"query": f'label_values({metric}{{namespace="$namespace"}}, pod)', "refId": "pod"},
-            "current": {},
-            "hide": 0,
-            "refresh": 2,
-            "regex": "",
-            "sort": 1,
-            "includeAll": True,
-            "allValue": ".*",
-            "multi": True,
-            "options": [],
-        },
+        label_variable("namespace", "Namespace", f"label_values({metric}, namespace)", pick_many=False),
+        label_variable("pod", "Pod", f'label_values({metric}{{namespace="$namespace"}}, pod)'),
     ]
     if tenants:
-        found.append(
-            {
-                "name": "tenant",
-                "label": "Tenant",
-                "type": "query",
-                "datasource": DS,
-                "description": "Filters the panels whose metrics carry a tenant label (requests and caches).",
-                "definition": f'label_values({metric}{{namespace="$namespace"}}, tenant)',
-                "query": {"query": f'label_values({metric}{{namespace="$namespace"}}, tenant)', "refId": "tenant"},
-                "current": {},
-                "hide": 0,
-                "refresh": 2,
-                "regex": "",
-                "sort": 1,
-                "includeAll": True,
-                "allValue": ".*",
-                "multi": True,
-                "options": [],
-            }
-        )
+        tenant = label_variable("tenant", "Tenant", f'label_values({metric}{{namespace="$namespace"}}, tenant)')
+        tenant["description"] = "Filters the panels whose metrics carry a tenant label (requests and caches)."
+        found.append(tenant)
     return found
+
+
+def label_variable(name, label, definition, pick_many=True):
+    """A query variable over the label values `definition` lists; with `pick_many`, several
+    values or all of them may be picked."""
+    variable = {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "definition": definition,
+        "query": {"query": definition, "refId": name},
+        "current": {},
+        "hide": 0,
+        "refresh": 2,
+        "regex": "",
+        "sort": 1,
+        "includeAll": pick_many,
+        "multi": pick_many,
+        "options": [],
+    }
+    if pick_many:
+        variable["allValue"] = ".*"
+    return variable
 
 
 def dashboard(uid, title, description, layout, templating):

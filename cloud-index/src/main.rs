@@ -17,7 +17,7 @@ use cloud_index::metrics::{CloudMetrics, Role};
 use cloud_index::router::Router;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, build_bundle, write_shards};
-use hasten_core::config::{ConfigSource, load_config};
+use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::corpus::{CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
@@ -148,19 +148,9 @@ struct ServerArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_in_flight: Option<usize>,
-    /// PEM CA certificate for mutual TLS (with --tls-cert and --tls-key): clients must show a
-    /// certificate issued by it.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_ca: Option<PathBuf>,
-    /// PEM certificate chain for TLS (with --tls-key); a dev certificate is generated otherwise.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key for TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    tls: TlsArgs,
     /// Where to write the generated dev certificate [default: run/cloud-dev-cert.pem for serve,
     /// run/router-dev-cert.pem for route].
     #[arg(long)]

@@ -11,7 +11,7 @@ use control_plane::node;
 use control_plane::service::ControlPlaneService;
 use control_plane::storage::RaftStorage;
 use control_plane::transport::RaftPeerService;
-use hasten_core::config::{ConfigSource, load_config};
+use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::tls::MutualTls;
@@ -77,19 +77,9 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     ready_file: Option<PathBuf>,
-    /// PEM CA certificate for mutual TLS with peers and clients (with --tls-cert and
-    /// --tls-key).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_ca: Option<PathBuf>,
-    /// PEM certificate chain of this node, for mutual TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of this node, for mutual TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    tls: TlsArgs,
 }
 
 #[tokio::main]

@@ -38,6 +38,26 @@ pub struct ConfigSource {
     pub print_config: bool,
 }
 
+/// The TLS flags every binary takes (flatten into its command, and into its serialised
+/// flags with `#[serde(flatten)]`): all three turn mutual TLS on.
+#[derive(clap::Args, Clone, Debug, Default, Serialize)]
+pub struct TlsArgs {
+    /// PEM CA certificate of the deployment, for mutual TLS (with --tls-cert and --tls-key):
+    /// peers must show a certificate it issued.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate chain of this component: shown to its clients, and under mutual TLS
+    /// to the servers it calls.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+}
+
 /// Resolves a configuration of type `T`.
 ///
 /// `env_prefix` (e.g. `HASTEN_EDGE_`) selects environment variables: `HASTEN_EDGE_TAU=0.3`

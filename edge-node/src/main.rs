@@ -19,7 +19,7 @@ use edge_node::replication::ControlPlaneLink;
 use edge_node::service::EdgeService;
 use edge_node::tenants::TenantDirectory;
 use hasten_core::bundle::CorpusBundle;
-use hasten_core::config::{ConfigSource, load_config};
+use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::quic::client_config;
@@ -78,19 +78,9 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cloud_ca: Option<PathBuf>,
-    /// PEM CA certificate for mutual TLS with the cloud and control plane (with --tls-cert
-    /// and --tls-key).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_ca: Option<PathBuf>,
-    /// PEM certificate chain of this edge, for mutual TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of this edge, for mutual TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    tls: TlsArgs,
     /// Cloud request deadline in milliseconds [default: 2000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

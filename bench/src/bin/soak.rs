@@ -492,11 +492,15 @@ fn phase_report(answers: &[Answer]) -> Vec<Value> {
         .enumerate()
         .map(|(index, (name, _))| {
             let mut latencies = Latencies::default();
+            let mut fallbacks = Latencies::default();
             let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
             let mut count = 0;
             for answer in answers.iter().filter(|a| a.phase == index) {
                 count += 1;
                 latencies.record(answer.latency);
+                if answer.kind == "fallback" {
+                    fallbacks.record(answer.latency);
+                }
                 *kinds.entry(answer.kind.as_str()).or_default() += 1;
             }
             let errors: usize = kinds
@@ -512,6 +516,10 @@ fn phase_report(answers: &[Answer]) -> Vec<Value> {
                 "p50_ms": latencies.quantile_ms(0.5),
                 "p95_ms": latencies.quantile_ms(0.95),
                 "p99_ms": latencies.quantile_ms(0.99),
+                // The answers that went through the cloud tier and, replicated, the control
+                // plane: the path the faults hit.
+                "fallback_p50_ms": fallbacks.quantile_ms(0.5),
+                "fallback_p99_ms": fallbacks.quantile_ms(0.99),
             })
         })
         .collect()
