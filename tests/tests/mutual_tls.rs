@@ -1,7 +1,7 @@
-//! Mutual TLS between real processes: a cloud index, a three-node control plane and edges,
-//! each with a certificate from the deployment's CA (`hasten_proto::tls::DevAuthority`, the
-//! code behind `hasten-loadtest dev-certs`). A peer whose certificate comes from another CA,
-//! or that shows none, is refused on every link.
+//! Mutual TLS between real processes: a shard server behind a router, a three-node control
+//! plane and edges, each with a certificate from the deployment's CA
+//! (`hasten_proto::tls::DevAuthority`, the code behind `hasten-loadtest dev-certs`). A peer
+//! whose certificate comes from another CA, or that shows none, is refused on every link.
 
 // A test fails by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -19,7 +19,9 @@ use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::{build_small_bundle, persistent_work_dir, start_edge};
 use loadtest::control_plane::{free_loopback_port, node_args};
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, tls_args};
+use loadtest::process::{
+    ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args, tls_args,
+};
 use serde_json::json;
 
 const K: usize = 10;
@@ -74,6 +76,26 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
         START_TIMEOUT,
     )
     .unwrap();
+    // The edges reach the shard through a router, which dials it over mutual TLS.
+    let route = |name: &str, paths: &TlsPaths, startup_timeout_s: &str| {
+        let shards = [vec![cloud.addr("grpc_addr")]];
+        let mut args = cloud_index_route_args(&shards, &work.join("unused.pem"));
+        args.extend(tls_args(paths));
+        args.extend(["--startup-timeout-s".into(), startup_timeout_s.into()]);
+        ManagedProcess::start(
+            name,
+            &binary("cloud-index").unwrap(),
+            args,
+            &work,
+            START_TIMEOUT,
+        )
+    };
+    // A router with the stranger's certificate never gets an answer from the shard, so it
+    // gives up at start.
+    assert!(route("router-stranger", &stranger_tls, "3").is_err());
+    let log = std::fs::read_to_string(work.join("router-stranger.log")).unwrap();
+    assert!(log.contains("no replica of shard 0"), "{log}");
+    let router = route("router", &cloud_tls, "60").unwrap();
 
     let addresses: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_loopback_port().unwrap()))
@@ -111,7 +133,7 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
             &work,
             name,
             &bundle_dir,
-            &cloud.addr("quic_addr"),
+            &router.addr("quic_addr"),
             &cloud_tls.ca,
             &extra,
         )
@@ -122,7 +144,8 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
     let http = reqwest::Client::new();
     let question = &bundle.questions[0].question;
 
-    // A trusted edge reaches the cloud over QUIC, and its fallback comes back through the
+    // A trusted edge reaches the cloud over QUIC (edge to router, router to shard), and its
+    // fallback comes back through the
     // control plane: the proposal committed on a quorum of peers talking mutual TLS.
     let trusted_addr = trusted.addr("http_addr");
     let (code, reply) = retrieve(&http, &trusted_addr, question, K).await;
@@ -157,10 +180,11 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
         tonic::transport::Certificate::from_pem(std::fs::read(&edge_tls.ca).unwrap()),
     );
     let cp = &addresses[0];
-    let cloud_grpc = cloud.addr("grpc_addr");
+    let (shard_grpc, router_grpc) = (cloud.addr("grpc_addr"), router.addr("grpc_addr"));
     for (address, what) in [
         (cp.as_str(), "control plane"),
-        (cloud_grpc.as_str(), "cloud"),
+        (shard_grpc.as_str(), "cloud"),
+        (router_grpc.as_str(), "cloud"),
     ] {
         let without_certificate =
             tonic::transport::Endpoint::from_shared(format!("https://{address}"))

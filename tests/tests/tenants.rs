@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_proto::v1::edge_client::EdgeClient;
+use hasten_proto::v1::{RetrieveRequest, retrieve_request};
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::wait_for;
 use hasten_tests::scrape::Scrape;
@@ -186,6 +188,34 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
     assert_eq!(requests("globex", "fallback"), 1.0);
     assert_eq!(requests("globex", "accepted"), 0.0);
 
+    // The gRPC API takes the same tokens, and the client's grpc-timeout.
+    let mut grpc = EdgeClient::connect(format!("http://{}", edge_a.addr("grpc_addr")))
+        .await
+        .unwrap();
+    let request = |token: Option<&str>, timeout: Option<Duration>| {
+        let mut request = tonic::Request::new(RetrieveRequest {
+            input: Some(retrieve_request::Input::Query(first.question.clone())),
+            k: Some(K as u32),
+        });
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        if let Some(timeout) = timeout {
+            request.set_timeout(timeout);
+        }
+        request
+    };
+    let refused = grpc.retrieve(request(None, None)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    let reply = grpc
+        .retrieve(request(Some(ACME_TOKEN), Some(Duration::from_secs(20))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.documents.len(), K);
+
     // A client deadline too short for a fallback ends it with 504 at the edge; a generous
     // one is met; a malformed one is refused.
     let fresh = &bundle.questions[bundle.questions.len() - 1].question;
@@ -219,6 +249,7 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
             "hasten_edge_request_errors_total",
             &[("kind", "unauthenticated")]
         ),
-        2.0
+        3.0,
+        "two refused over HTTP, one over gRPC"
     );
 }
