@@ -25,7 +25,10 @@ pub fn fallback_request(query: &[f32], k: usize, timeout: Duration) -> SearchReq
         k: k as u32,
         include_vectors: true,
         include_texts: true,
-        timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+        // At least 1 ms: 0 would mean "the server's default", not "already spent".
+        timeout_ms: u32::try_from(timeout.as_millis())
+            .unwrap_or(u32::MAX)
+            .max(1),
         allow_partial: false,
     }
 }
@@ -228,5 +231,19 @@ impl CloudSearch for QuicCloudClient {
                 Err(CloudError::Timeout(budget))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fallback_tells_the_cloud_its_remaining_budget_and_never_zero() {
+        let budget = |timeout| fallback_request(&[1.0], 10, timeout).timeout_ms;
+        assert_eq!(budget(Duration::from_millis(250)), 250);
+        // 0 would ask for the cloud's default deadline instead of none left.
+        assert_eq!(budget(Duration::ZERO), 1);
+        assert_eq!(budget(Duration::from_secs(u64::MAX / 2)), u32::MAX);
     }
 }
