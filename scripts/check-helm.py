@@ -65,6 +65,14 @@ def fail(message):
     sys.exit(1)
 
 
+def exit_on(errors):
+    """Prints every error found and exits non-zero when there is one."""
+    for e in errors:
+        print(e, file=sys.stderr)
+    if errors:
+        sys.exit(1)
+
+
 def fetch(url, attempts=3):
     for attempt in range(1, attempts + 1):
         try:
@@ -229,10 +237,7 @@ def validate_crds(schemadir, files):
                         for text in rule.get("annotations", {}).values():
                             if text.count("{{") != text.count("}}"):
                                 errors.append(f"{where}: {name}: unbalanced template braces in an annotation")
-    for e in errors:
-        print(e, file=sys.stderr)
-    if errors:
-        sys.exit(1)
+    exit_on(errors)
     print(f"{count} monitoring.coreos.com objects valid")
 
 
@@ -268,10 +273,7 @@ def check_promql(dashboards):
             expr = expr.replace("$__rate_interval", "5m").replace("$namespace", "x")
             expr = expr.replace("$pod", ".*").replace("$tenant", ".*")
             errors += parse_promql(expr, path)
-    for e in errors:
-        print(e, file=sys.stderr)
-    if errors:
-        sys.exit(1)
+    exit_on(errors)
     print(f"{count} dashboard queries parse")
 
 
@@ -359,10 +361,7 @@ def config_check(bindir, rendered):
                         if var in run_env and printed.get(name) != run_env[var]:
                             errors.append(f"{where}: {var} did not set `{name}` (got {printed.get(name)!r})")
                 print(f"ok  {where}: {' '.join(command)} --print-config")
-    for e in errors:
-        print(e, file=sys.stderr)
-    if errors:
-        sys.exit(1)
+    exit_on(errors)
     if checked == 0:
         fail("no configuration file found in the rendered manifests")
     print(f"{checked} configuration files accepted by their binaries")
@@ -466,10 +465,7 @@ def check_files(mutual, tenants, rendered):
                 errors.append(f"{where}: {key} {'lacks' if tenants == 'on' else 'sets'} tenants_file")
     if mutual == "on" and any(name.endswith("-cloud-tls") for name in secrets):
         errors.append("tls.cloud's Secret is rendered although mutual TLS supersedes it")
-    for e in errors:
-        print(e, file=sys.stderr)
-    if errors:
-        sys.exit(1)
+    exit_on(errors)
     if checked == 0:
         fail("no workload found")
     print(f"{checked} workloads: every /etc/hasten file their configs name is mounted; mutual TLS {mutual}, tenants {tenants}")
@@ -562,10 +558,7 @@ def mtls_names(rendered):
             errors.append("a name outside the certificate was accepted")
         if memory_handshake(files, names[0], client_certificate=False) is None:
             errors.append("a client without a certificate was accepted")
-    for e in errors:
-        print(e, file=sys.stderr)
-    if errors:
-        sys.exit(1)
+    exit_on(errors)
     print(f"{len(names)} dialled names verify (server and client auth); strangers refused")
 
 

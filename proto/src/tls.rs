@@ -62,9 +62,20 @@ impl Clone for Identity {
 impl Identity {
     /// Loads a PEM certificate chain and PEM private key.
     pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        let cert_chain = load_certificates(cert)?;
-        let key = PrivateKeyDer::from_pem_file(key).map_err(read_error(key))?;
-        Ok(Self { cert_chain, key })
+        Self::from_pem(&read_pem(cert)?, cert, &read_pem(key)?, key)
+    }
+
+    /// Parses PEM already read from `cert_path` and `key_path` (named in errors).
+    fn from_pem(
+        cert: &[u8],
+        cert_path: &Path,
+        key: &[u8],
+        key_path: &Path,
+    ) -> Result<Self, TlsError> {
+        Ok(Self {
+            cert_chain: certificates_in(cert, cert_path)?,
+            key: PrivateKeyDer::from_pem_slice(key).map_err(read_error(key_path))?,
+        })
     }
 
     /// Generates a self-signed certificate for `names` (DNS names or IP addresses).
@@ -91,8 +102,13 @@ pub struct TrustRoots(Arc<RootCertStore>);
 impl TrustRoots {
     /// Trusts every certificate in the PEM file `path`.
     pub fn from_pem_file(path: &Path) -> Result<Self, TlsError> {
+        Self::from_pem(&read_pem(path)?, path)
+    }
+
+    /// Parses PEM already read from `path` (named in errors).
+    fn from_pem(pem: &[u8], path: &Path) -> Result<Self, TlsError> {
         let mut roots = RootCertStore::empty();
-        for cert in load_certificates(path)? {
+        for cert in certificates_in(pem, path)? {
             roots.add(cert)?;
         }
         Ok(Self(Arc::new(roots)))
@@ -103,9 +119,17 @@ impl TrustRoots {
     }
 }
 
-pub(crate) fn load_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
+fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.display().to_string(),
+        source: rustls_pki_types::pem::Error::Io(source),
+    })
+}
+
+/// The certificates in PEM read from `path`; at least one.
+fn certificates_in(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(read_error(path))?;
     if certs.is_empty() {
         return Err(TlsError::Empty {
@@ -175,18 +199,15 @@ impl std::fmt::Debug for MutualTls {
 impl MutualTls {
     /// Loads and checks the three PEM files.
     pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
-        let read = |path: &Path| {
-            std::fs::read(path).map_err(|source| TlsError::Read {
-                path: path.display().to_string(),
-                source: rustls_pki_types::pem::Error::Io(source),
-            })
-        };
+        let ca_pem = read_pem(&paths.ca)?;
+        let cert_pem = read_pem(&paths.cert)?;
+        let key_pem = read_pem(&paths.key)?;
         Ok(Self {
-            identity: Identity::from_pem_files(&paths.cert, &paths.key)?,
-            trust: TrustRoots::from_pem_file(&paths.ca)?,
-            ca_pem: read(&paths.ca)?,
-            cert_pem: read(&paths.cert)?,
-            key_pem: read(&paths.key)?,
+            identity: Identity::from_pem(&cert_pem, &paths.cert, &key_pem, &paths.key)?,
+            trust: TrustRoots::from_pem(&ca_pem, &paths.ca)?,
+            ca_pem,
+            cert_pem,
+            key_pem,
         })
     }
 

@@ -118,8 +118,20 @@ pub fn start_cloud_index(
     bundle: &Path,
     grpc_addr: &str,
 ) -> Result<ManagedProcess> {
+    start_cloud_index_with(work, name, bundle, grpc_addr, &[])
+}
+
+/// [`start_cloud_index`] with `extra` flags.
+pub fn start_cloud_index_with(
+    work: &Path,
+    name: &str,
+    bundle: &Path,
+    grpc_addr: &str,
+    extra: &[String],
+) -> Result<ManagedProcess> {
     let cert = dev_cert(work, name);
-    let args = cloud_index_serve_args(bundle, grpc_addr, &cert);
+    let mut args = cloud_index_serve_args(bundle, grpc_addr, &cert);
+    args.extend_from_slice(extra);
     Ok(ManagedProcess::start(
         name,
         &binary("cloud-index")?,

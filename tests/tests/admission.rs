@@ -6,32 +6,26 @@
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use hasten_core::bundle::CorpusBundle;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{QueryVector, SearchRequest};
 use hasten_tests::scrape::Scrape;
-use hasten_tests::{build_small_bundle, dev_cert, persistent_work_dir, start_edge};
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
+use hasten_tests::{
+    build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index_with, start_edge,
+};
 use serde_json::{Value, json};
-
-const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_beyond_the_bounds_are_refused_at_once_and_counted() {
     let work = persistent_work_dir("admission").unwrap();
     let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
-    let mut cloud_args =
-        cloud_index_serve_args(&bundle_dir, "127.0.0.1:0", &dev_cert(&work, "cloud"));
-    cloud_args.extend(["--max-in-flight", "1", "--batching", "false"].map(String::from));
-    let cloud = ManagedProcess::start(
-        "cloud",
-        &binary("cloud-index").unwrap(),
-        cloud_args,
+    let cloud = start_cloud_index_with(
         &work,
-        START_TIMEOUT,
+        "cloud",
+        &bundle_dir,
+        "127.0.0.1:0",
+        &["--max-in-flight", "1", "--batching", "false"].map(String::from),
     )
     .unwrap();
     let edge = start_edge(

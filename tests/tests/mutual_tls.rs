@@ -17,11 +17,9 @@ use hasten_proto::v1::StatusRequest;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_tests::edge::{retrieve, status, wait_for};
-use hasten_tests::{build_small_bundle, persistent_work_dir, start_edge};
+use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge};
 use loadtest::control_plane::{free_loopback_port, node_args};
-use loadtest::process::{
-    ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args, tls_args,
-};
+use loadtest::process::{ManagedProcess, binary, cloud_index_route_args, tls_args};
 use serde_json::json;
 
 const K: usize = 10;
@@ -66,14 +64,12 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
     let (cloud_tls, cp_tls, edge_tls, stranger_tls) = certificates(&work);
 
-    let mut args = cloud_index_serve_args(&bundle_dir, "127.0.0.1:0", &work.join("unused.pem"));
-    args.extend(tls_args(&cloud_tls));
-    let cloud = ManagedProcess::start(
-        "cloud",
-        &binary("cloud-index").unwrap(),
-        args,
+    let cloud = start_cloud_index_with(
         &work,
-        START_TIMEOUT,
+        "cloud",
+        &bundle_dir,
+        "127.0.0.1:0",
+        &tls_args(&cloud_tls),
     )
     .unwrap();
     // The edges reach the shard through a router, which dials it over mutual TLS.
