@@ -315,7 +315,7 @@ impl RouterState {
             }
             let attempt = remaining.min(self.settings.attempt_timeout);
             let mut shard_request = request.clone();
-            shard_request.timeout_ms = u32::try_from(attempt.as_millis()).unwrap_or(u32::MAX);
+            shard_request.timeout_ms = hasten_proto::wire_timeout_ms(attempt);
             shard_request.allow_partial = false;
             let error = match replica.search(shard_request, attempt).await {
                 Ok(response) if response.results.len() == queries => {
@@ -371,12 +371,9 @@ impl RouterState {
             return Vec::new();
         };
         let mut combined = SearchRequest {
-            timeout_ms: u32::try_from(
-                deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_millis(),
-            )
-            .unwrap_or(u32::MAX),
+            timeout_ms: hasten_proto::wire_timeout_ms(
+                deadline.saturating_duration_since(Instant::now()),
+            ),
             ..Default::default()
         };
         let mut asked = Vec::with_capacity(batch.len());

@@ -25,10 +25,7 @@ pub fn fallback_request(query: &[f32], k: usize, timeout: Duration) -> SearchReq
         k: k as u32,
         include_vectors: true,
         include_texts: true,
-        // At least 1 ms: 0 would mean "the server's default", not "already spent".
-        timeout_ms: u32::try_from(timeout.as_millis())
-            .unwrap_or(u32::MAX)
-            .max(1),
+        timeout_ms: hasten_proto::wire_timeout_ms(timeout),
         allow_partial: false,
     }
 }

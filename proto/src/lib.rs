@@ -7,6 +7,12 @@ pub mod frame;
 pub mod quic;
 pub mod tls;
 
+/// A remaining budget as `SearchRequest.timeout_ms`: at least 1 ms, since 0 on the wire means
+/// "the server's default", not "nothing left".
+pub fn wire_timeout_ms(budget: std::time::Duration) -> u32 {
+    u32::try_from(budget.as_millis()).unwrap_or(u32::MAX).max(1)
+}
+
 /// Generated messages and services of package `hasten.v1`.
 pub mod v1 {
     #![allow(clippy::all, clippy::pedantic, missing_docs)]
