@@ -9,4 +9,5 @@ pub mod popularity;
 pub mod process;
 pub mod relay;
 pub mod report;
+pub mod scrape;
 pub mod workload;

@@ -4,7 +4,6 @@
 pub mod cluster;
 pub mod edge;
 pub mod relay;
-pub mod scrape;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::edge::{retrieve, retrieve_body};
-use hasten_tests::scrape::Scrape;
 use hasten_tests::{
     build_small_bundle, free_udp_port, persistent_work_dir, start_edge, write_tls_identity,
 };
 use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
+use loadtest::scrape::Scrape;
 use serde_json::json;
 
 const K: usize = 10;

@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_tests::scrape::Scrape;
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
 };
+use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 /// What the replies said, counted by the test.

@@ -12,11 +12,11 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for};
-use hasten_tests::scrape::Scrape;
 use hasten_tests::{
     build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index, start_edge,
 };
 use loadtest::process::ManagedProcess;
+use loadtest::scrape::Scrape;
 use serde_json::Value;
 
 const K: usize = 10;

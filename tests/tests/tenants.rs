@@ -15,10 +15,10 @@ use hasten_proto::v1::edge_client::EdgeClient;
 use hasten_proto::v1::{RetrieveRequest, retrieve_request};
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::wait_for;
-use hasten_tests::scrape::Scrape;
 use hasten_tests::{
     build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index, start_edge,
 };
+use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 const K: usize = 10;

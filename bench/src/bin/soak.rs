@@ -29,6 +29,7 @@ use loadtest::process::{
     ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args, edge_serve_args,
     tls_args,
 };
+use loadtest::scrape::Scrape;
 use loadtest::workload::{WorkloadQuery, read_jsonl};
 use parking_lot::Mutex;
 use rand::SeedableRng;
@@ -322,16 +323,9 @@ async fn main() -> Result<()> {
     let mut acknowledged = 0.0;
     let mut dropped = 0.0;
     for edge in &edges {
-        let metrics = reqwest::get(format!("http://{}/metrics", edge.addr("http_addr")))
-            .await?
-            .text()
-            .await?;
-        acknowledged += sample(&metrics, "hasten_edge_proposals_total", "result=\"sent\"");
-        dropped += sample(
-            &metrics,
-            "hasten_edge_proposals_total",
-            "result=\"dropped\"",
-        );
+        let metrics = Scrape::of(&edge.addr("http_addr")).await?;
+        acknowledged += metrics.value("hasten_edge_proposals_total", &[("result", "sent")]);
+        dropped += metrics.value("hasten_edge_proposals_total", &[("result", "dropped")]);
     }
     let unaccounted = (acknowledged as usize).saturating_sub(expected.inserted);
     lost_total += unaccounted;
@@ -523,16 +517,6 @@ fn phase_report(answers: &[Answer]) -> Vec<Value> {
             })
         })
         .collect()
-}
-
-/// The value of `name`'s sample whose labels include `label` in a Prometheus exposition.
-fn sample(metrics: &str, name: &str, label: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|line| line.starts_with(name) && line.contains(label))
-        .filter_map(|line| line.rsplit_once(' '))
-        .filter_map(|(_, value)| value.parse::<f64>().ok())
-        .sum()
 }
 
 /// What the control plane committed, as one subscriber saw it.
