@@ -21,11 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use edge_node::cloud::CloudError;
-use edge_node::engine::{
-    CloudDocument, CloudSearch, EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings,
-};
-use edge_node::has::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, HotCache};
+use edge_node::caches::{Eviction, TenantCaches};
+use edge_node::fallback::{CloudDocument, CloudError, CloudSearch};
+use edge_node::has::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel};
+use edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings};
 use edge_node::tenants::Tenant;
 use hasten_bench::{Latencies, clustered_vectors};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
@@ -53,12 +52,13 @@ impl CloudSearch for NoCloud {
         _k: usize,
         _deadline: Option<Instant>,
     ) -> Result<Vec<CloudDocument>, CloudError> {
-        Err(CloudError::Protocol("the benchmark has no cloud".into()))
+        Err(CloudError::Refused("the benchmark has no cloud".into()))
     }
 }
 
 struct Setup {
     engine: RetrievalEngine<NoCloud>,
+    caches: Arc<TenantCaches>,
     centres: Vec<f32>,
     members: Vec<f32>,
     exact: ExactIndex,
@@ -106,6 +106,18 @@ fn setup() -> Setup {
         channel.shape().nlist,
         channel.shape().nprobe
     );
+    let caches = Arc::new(
+        TenantCaches::new(
+            RetrievalPolicy::Has.lookup(),
+            &[Tenant::default_tenant()],
+            Eviction::Fifo(CACHED),
+            &channel,
+            documents,
+            "bench".into(),
+            K,
+        )
+        .expect("caches"),
+    );
     let engine = RetrievalEngine::new(
         EngineSettings {
             policy: RetrievalPolicy::Has,
@@ -113,17 +125,15 @@ fn setup() -> Setup {
             fuzzy_candidates: 50,
             semantic_threshold: 0.9,
         },
-        HotCache::new(CACHED),
-        channel,
+        Arc::clone(&caches),
         Some(fuzzy),
-        documents,
         NoCloud,
     )
     .expect("engine");
     for topic in 0..CACHED {
         let query = centres[topic * D..(topic + 1) * D].to_vec();
-        engine
-            .insert(
+        caches
+            .insert_fallback(
                 &Tenant::default_tenant(),
                 None,
                 query,
@@ -131,7 +141,7 @@ fn setup() -> Setup {
             )
             .expect("the default tenant has a cache");
     }
-    let cache = engine.cache_stats();
+    let cache = caches.total();
     let (queries, docs) = (cache.queries, cache.documents);
     println!(
         "setup: {queries} cached queries, {docs} cached documents, {:.1}s",
@@ -140,6 +150,7 @@ fn setup() -> Setup {
     let exact = ExactIndex::build(D, &members).expect("exact index");
     Setup {
         engine,
+        caches,
         centres,
         members,
         exact,
@@ -180,27 +191,22 @@ fn bench(c: &mut Criterion) {
         "accept path: {accepted}/{} benchmark queries accepted",
         queries.len()
     );
-    let mut stages = [0u64; 4];
+    let mut stages = [Duration::ZERO; 4];
     for q in &queries {
         let mut t = StageTimings::default();
         let _ = s.engine.speculate(&Tenant::default_tenant(), q, K, &mut t);
-        let measured = [
-            t.cache_channel_us,
-            t.fuzzy_channel_us,
-            t.merge_us,
-            t.validation_us,
-        ];
+        let measured = [t.cache_channel, t.fuzzy_channel, t.merge, t.validation];
         for (sum, v) in stages.iter_mut().zip(measured) {
-            *sum += v;
+            *sum += v.unwrap_or_default();
         }
     }
-    let n = queries.len() as u64;
+    let n = queries.len() as u32;
     println!(
         "accept path stages, mean us: cache channel {}, fuzzy channel {}, merge {}, validation {}",
-        stages[0] / n,
-        stages[1] / n,
-        stages[2] / n,
-        stages[3] / n
+        (stages[0] / n).as_micros(),
+        (stages[1] / n).as_micros(),
+        (stages[2] / n).as_micros(),
+        (stages[3] / n).as_micros()
     );
 
     let mut group = c.benchmark_group("has");
@@ -250,8 +256,8 @@ fn bench(c: &mut Criterion) {
                 let query = s.centres[t * D..(t + 1) * D].to_vec();
                 let started = Instant::now();
                 let change = s
-                    .engine
-                    .insert(&Tenant::default_tenant(), None, query, &docs)
+                    .caches
+                    .insert_fallback(&Tenant::default_tenant(), None, query, &docs)
                     .expect("the default tenant has a cache");
                 let elapsed = started.elapsed();
                 churn.0 += change.added.len();
@@ -268,7 +274,7 @@ fn bench(c: &mut Criterion) {
         insert.len(),
         churn.0,
         churn.1,
-        s.engine.cache_stats().documents
+        s.caches.total().documents
     );
 
     let mut flat = Latencies::default();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hasten_core::config::ConfigError;
-use hasten_proto::tls::{MutualTls, TlsPaths};
+use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
 use crate::node::NodeSettings;
@@ -155,8 +155,8 @@ impl ControlPlaneConfig {
         Ok(members)
     }
 
-    /// The node's tunables, reaching peers over `peer_tls` when given.
-    pub fn node_settings(&self, peer_tls: Option<MutualTls>) -> NodeSettings {
+    /// The node's tunables.
+    pub fn node_settings(&self) -> NodeSettings {
         NodeSettings {
             id: self.id,
             tick: Duration::from_millis(self.tick_ms),
@@ -165,7 +165,6 @@ impl ControlPlaneConfig {
             max_log_entries: self.max_log_entries,
             max_log_bytes: self.max_log_bytes,
             retained_events: self.retained_events,
-            peer_tls,
         }
     }
 

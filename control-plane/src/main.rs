@@ -10,7 +10,7 @@ use control_plane::metrics::NodeMetrics;
 use control_plane::node;
 use control_plane::service::ControlPlaneService;
 use control_plane::storage::RaftStorage;
-use control_plane::transport::RaftPeerService;
+use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_proto::control::MAX_MESSAGE_BYTES;
@@ -115,12 +115,15 @@ async fn main() -> Result<()> {
         })
         .await
         .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+    let peer_tls = tls.clone();
+    let runtime = tokio::runtime::Handle::current();
     let node = node::start(
-        config.node_settings(tls.clone()),
+        config.node_settings(),
         storage,
         &config.members()?,
         config.join,
         metrics,
+        |members, requests| GrpcTransport::new(config.id, members, requests, peer_tls, runtime),
     )?;
     tracing::info!(id = config.id, %address, %metrics_addr, data_dir = %config.data_dir.display(), "control-plane node serving");
     if let Some(path) = &config.ready_file {
@@ -146,7 +149,7 @@ async fn main() -> Result<()> {
             .tls_config(tls.grpc_server())
             .context("configuring gRPC TLS")?;
     }
-    server
+    let serving = server
         .add_service(client_api)
         .add_service(peer_api)
         .serve_with_incoming_shutdown(
@@ -155,7 +158,16 @@ async fn main() -> Result<()> {
             // (~40 ms per Raft round trip and per committed event).
             TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown_signal(),
-        )
-        .await?;
+        );
+    tokio::select! {
+        served = serving => served?,
+        () = node.stopped() => {
+            anyhow::bail!(
+                "the Raft node of control-plane node {} stopped (see the error above); exiting \
+                 rather than serving without consensus",
+                config.id
+            );
+        }
+    }
     Ok(())
 }

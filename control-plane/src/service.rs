@@ -2,6 +2,7 @@
 //! status and membership.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
@@ -40,11 +41,14 @@ impl ControlPlaneService {
 fn status_of(err: NodeError) -> Status {
     match err {
         NodeError::Invalid(_) => Status::invalid_argument(err.to_string()),
-        NodeError::NoLeader | NodeError::Dropped(_) | NodeError::ShuttingDown => {
-            Status::unavailable(err.to_string())
+        NodeError::NoLeader
+        | NodeError::Dropped(_)
+        | NodeError::Stale { .. }
+        | NodeError::ShuttingDown => Status::unavailable(err.to_string()),
+        NodeError::Membership(_) | NodeError::ConfChange(_) => {
+            Status::failed_precondition(err.to_string())
         }
-        NodeError::Membership(_) => Status::failed_precondition(err.to_string()),
-        NodeError::Store(_) => Status::internal(err.to_string()),
+        NodeError::Store(_) | NodeError::Thread(_) => Status::internal(err.to_string()),
     }
 }
 
@@ -104,7 +108,8 @@ impl ControlPlane for ControlPlaneService {
         &self,
         _request: Request<SnapshotRequest>,
     ) -> Result<Response<ControlState>, Status> {
-        Ok(Response::new(self.node.state().await.map_err(status_of)?))
+        let state = self.node.state().await.map_err(status_of)?;
+        Ok(Response::new(owned_state(state).await?))
     }
 
     async fn status(
@@ -152,6 +157,14 @@ impl ControlPlaneService {
     }
 }
 
+/// A copy of the shared whole state for one response. Copying thousands of entries takes
+/// milliseconds, so it runs on the blocking pool rather than on a worker serving others.
+async fn owned_state(state: Arc<ControlState>) -> Result<ControlState, Status> {
+    tokio::task::spawn_blocking(move || Arc::unwrap_or_clone(state))
+        .await
+        .map_err(|err| Status::internal(format!("copying the state failed: {err}")))
+}
+
 /// Sends the committed events from `from_index` on: first what sled still holds, then live
 /// events; the whole state instead when the events needed were compacted away.
 async fn stream_events(
@@ -175,7 +188,7 @@ async fn stream_events(
                 let event = CommittedEvent {
                     index,
                     applied: Vec::new(),
-                    state: Some(state),
+                    state: Some(owned_state(state).await?),
                 };
                 if sender.send(Ok(event)).await.is_err() {
                     return Ok(());

@@ -1,19 +1,21 @@
-//! The replicated state machine: the shared hot cache (FIFO-bounded, as in the HaS paper),
-//! the shard map and the runtime configuration.
+//! The replicated state machine: the shared hot cache (FIFO-bounded per tenant, as in the HaS
+//! paper), the shard map and the runtime configuration.
 //!
 //! Every decision that changes what edges hold is taken here, in log order: which entries
-//! a new one evicts, which an invalidation removes, whether a retried proposal was already
-//! applied. Replicas applying the same log therefore hold the same state, and the events
-//! they publish tell edges exactly what to add and remove.
+//! a new one evicts, which an invalidation or a corpus update removes, whether a retried
+//! proposal was already applied. Replicas applying the same log therefore hold the same
+//! state, and the events they publish tell edges exactly what to add and remove.
 
 use std::collections::{HashMap, VecDeque};
 
 use hasten_proto::v1::{
-    AppliedCommand, CacheEntry, CommandBatch, ControlCommand, ControlState, OriginSequence,
-    RuntimeConfig, ShardMap, StoredEntry, applied_command, control_command,
+    AppliedCommand, CacheEntry, CarriedEntries, CommandBatch, ControlCommand, ControlState,
+    CorpusUpdate, OriginSequence, RuntimeConfig, ShardMap, StoredEntry, applied_command,
+    control_command,
 };
 
-/// Cached queries kept before FIFO eviction: the HaS paper's cache of 5,000 queries.
+/// Cached queries kept per tenant before FIFO eviction: the HaS paper's cache of 5,000
+/// queries.
 pub const DEFAULT_CACHE_CAPACITY: u64 = 5_000;
 
 /// Commands one log entry may carry: entry ids are `index << 16 | position`.
@@ -41,42 +43,124 @@ pub fn validate(commands: &[ControlCommand]) -> Result<(), CommandError> {
         return Err(CommandError::TooMany(commands.len()));
     }
     for (position, command) in commands.iter().enumerate() {
-        let invalid = |reason: String| CommandError::Invalid { position, reason };
-        match &command.kind {
-            None => return Err(CommandError::MissingKind(position)),
-            Some(control_command::Kind::Insert(entry)) => {
-                if entry.vector.is_empty() {
-                    return Err(invalid("the query vector is empty".into()));
+        let kind = command
+            .kind
+            .as_ref()
+            .ok_or(CommandError::MissingKind(position))?;
+        check_command(kind).map_err(|reason| CommandError::Invalid { position, reason })?;
+    }
+    Ok(())
+}
+
+fn check_command(kind: &control_command::Kind) -> Result<(), String> {
+    match kind {
+        control_command::Kind::Insert(entry) => {
+            if entry.vector.is_empty() {
+                return Err("the query vector is empty".into());
+            }
+            if entry.document_ids.is_empty() {
+                return Err("the entry holds no documents".into());
+            }
+            if entry.vector.iter().any(|x| !x.is_finite()) {
+                return Err("the query vector holds a non-finite value".into());
+            }
+            if entry.origin.is_empty() {
+                return Err("the entry names no origin edge".into());
+            }
+            if entry.tenant.is_empty() {
+                return Err("the entry names no tenant".into());
+            }
+            if entry.corpus_version.is_empty() {
+                return Err("the entry names no corpus version".into());
+            }
+        }
+        control_command::Kind::Invalidate(_) => {}
+        control_command::Kind::ShardMap(map) => {
+            if map.shards.is_empty() {
+                return Err("the shard map lists no shard".into());
+            }
+            let mut seen = std::collections::HashSet::new();
+            for (shard, replicas) in map.shards.iter().enumerate() {
+                if replicas.endpoints.is_empty() {
+                    return Err(format!("shard {shard} has no replica"));
                 }
-                if entry.document_ids.is_empty() {
-                    return Err(invalid("the entry holds no documents".into()));
-                }
-                if entry.vector.iter().any(|x| !x.is_finite()) {
-                    return Err(invalid("the query vector holds a non-finite value".into()));
-                }
-                if entry.origin.is_empty() {
-                    return Err(invalid("the entry names no origin edge".into()));
+                if let Some(endpoint) = replicas.endpoints.iter().find(|e| !seen.insert(*e)) {
+                    return Err(format!("{endpoint} is listed twice in the shard map"));
                 }
             }
-            Some(control_command::Kind::Invalidate(_))
-            | Some(control_command::Kind::ShardMap(_)) => {}
-            Some(control_command::Kind::Config(config)) => {
-                if !(0.0..=1.0).contains(&config.tau) || config.tau.is_nan() {
-                    return Err(invalid(format!("tau {} is outside [0, 1]", config.tau)));
-                }
+        }
+        control_command::Kind::Config(config) => {
+            if let Some(tau) = config.tau
+                && !(0.0..=1.0).contains(&tau)
+            {
+                return Err(format!("tau {tau} is outside [0, 1]"));
+            }
+            if config.cache_capacity == Some(0) {
+                return Err("cache_capacity must be at least 1".into());
+            }
+        }
+        control_command::Kind::CorpusUpdate(update) => {
+            if update.from_version.is_empty() || update.to_version.is_empty() {
+                return Err("a corpus update names both versions".into());
+            }
+            if update.from_version == update.to_version {
+                return Err(format!(
+                    "a corpus update goes from one version to another, got {} twice",
+                    update.from_version
+                ));
+            }
+        }
+        control_command::Kind::RetireCorpusVersion(retire) => {
+            if retire.corpus_version.is_empty() {
+                return Err("retiring a corpus version needs its name".into());
             }
         }
     }
     Ok(())
 }
 
+/// The runtime settings in force.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Settings {
+    /// The homology threshold, once a `Config` command set it (edges keep their own until
+    /// then).
+    tau: Option<f64>,
+    cache_capacity: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            tau: None,
+            cache_capacity: DEFAULT_CACHE_CAPACITY,
+        }
+    }
+}
+
+impl Settings {
+    fn to_proto(self) -> RuntimeConfig {
+        RuntimeConfig {
+            tau: self.tau,
+            cache_capacity: Some(self.cache_capacity),
+        }
+    }
+
+    fn from_proto(config: RuntimeConfig) -> Self {
+        Self {
+            tau: config.tau,
+            cache_capacity: config.cache_capacity.unwrap_or(DEFAULT_CACHE_CAPACITY),
+        }
+    }
+}
+
 /// The replicated state, as of `applied_index`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CacheStateMachine {
     applied_index: u64,
     applied_term: u64,
-    config: RuntimeConfig,
-    shard_map: ShardMap,
+    settings: Settings,
+    /// The cloud's shard map, once a command set it.
+    shard_map: Option<ShardMap>,
     /// Each tenant's entries, oldest first: the cache capacity holds per tenant, so one
     /// tenant's traffic never evicts another's entries.
     orders: HashMap<String, VecDeque<u64>>,
@@ -85,25 +169,6 @@ pub struct CacheStateMachine {
     holders: HashMap<u64, Vec<u64>>,
     /// Highest sequence number applied per origin edge.
     origins: HashMap<String, u64>,
-}
-
-impl Default for CacheStateMachine {
-    fn default() -> Self {
-        Self {
-            applied_index: 0,
-            applied_term: 0,
-            // tau 0: not set here, edges keep their own until a `Config` command sets it.
-            config: RuntimeConfig {
-                tau: 0.0,
-                cache_capacity: DEFAULT_CACHE_CAPACITY,
-            },
-            shard_map: ShardMap::default(),
-            orders: HashMap::new(),
-            entries: HashMap::new(),
-            holders: HashMap::new(),
-            origins: HashMap::new(),
-        }
-    }
 }
 
 impl CacheStateMachine {
@@ -115,12 +180,13 @@ impl CacheStateMachine {
         self.applied_term
     }
 
-    pub fn config(&self) -> &RuntimeConfig {
-        &self.config
+    /// The runtime configuration in force.
+    pub fn config(&self) -> RuntimeConfig {
+        self.settings.to_proto()
     }
 
-    pub fn shard_map(&self) -> &ShardMap {
-        &self.shard_map
+    pub fn shard_map(&self) -> Option<&ShardMap> {
+        self.shard_map.as_ref()
     }
 
     /// Cached entries.
@@ -155,14 +221,40 @@ impl CacheStateMachine {
         match command.kind? {
             control_command::Kind::Insert(entry) => self.insert(id, entry),
             control_command::Kind::Invalidate(invalidation) => {
-                let mut removed: Vec<u64> = invalidation
-                    .document_ids
-                    .iter()
-                    .filter_map(|doc| self.holders.get(doc).cloned())
-                    .flatten()
-                    .collect();
-                removed.sort_unstable();
-                removed.dedup();
+                let removed = self.remove_holders_of(&invalidation.document_ids, None);
+                Some(AppliedCommand {
+                    kind: None,
+                    removed,
+                })
+            }
+            control_command::Kind::Config(config) => {
+                if let Some(tau) = config.tau {
+                    self.settings.tau = Some(tau);
+                }
+                let mut removed = Vec::new();
+                if let Some(capacity) = config.cache_capacity {
+                    self.settings.cache_capacity = capacity;
+                    let mut tenants: Vec<String> = self.orders.keys().cloned().collect();
+                    tenants.sort();
+                    for tenant in tenants {
+                        removed.extend(self.evict_beyond(&tenant, self.capacity()));
+                    }
+                }
+                Some(AppliedCommand {
+                    kind: Some(applied_command::Kind::Config(self.settings.to_proto())),
+                    removed,
+                })
+            }
+            control_command::Kind::ShardMap(map) => {
+                self.shard_map = Some(map.clone());
+                Some(AppliedCommand {
+                    kind: Some(applied_command::Kind::ShardMap(map)),
+                    removed: Vec::new(),
+                })
+            }
+            control_command::Kind::CorpusUpdate(update) => Some(self.update_corpus(update)),
+            control_command::Kind::RetireCorpusVersion(retire) => {
+                let removed = self.entries_of_version(&retire.corpus_version);
                 for entry in &removed {
                     self.remove(*entry);
                 }
@@ -171,36 +263,74 @@ impl CacheStateMachine {
                     removed,
                 })
             }
-            control_command::Kind::Config(config) => {
-                if config.tau > 0.0 {
-                    self.config.tau = config.tau;
-                }
-                let mut removed = Vec::new();
-                if config.cache_capacity > 0 {
-                    self.config.cache_capacity = config.cache_capacity;
-                    let mut tenants: Vec<String> = self.orders.keys().cloned().collect();
-                    tenants.sort();
-                    for tenant in tenants {
-                        removed.extend(self.evict_beyond(&tenant, self.capacity()));
-                    }
-                }
-                Some(AppliedCommand {
-                    kind: Some(applied_command::Kind::Config(self.config)),
-                    removed,
-                })
-            }
-            control_command::Kind::ShardMap(map) => {
-                self.shard_map = map.clone();
-                Some(AppliedCommand {
-                    kind: Some(applied_command::Kind::ShardMap(map)),
-                    removed: Vec::new(),
-                })
-            }
         }
     }
 
+    /// Drops `from_version`'s entries that hold a changed document and relabels the rest
+    /// to `to_version`.
+    fn update_corpus(&mut self, update: CorpusUpdate) -> AppliedCommand {
+        let removed =
+            self.remove_holders_of(&update.changed_document_ids, Some(&update.from_version));
+        let carried: Vec<u64> = self.entries_of_version(&update.from_version);
+        let entries = carried
+            .into_iter()
+            .filter_map(|id| {
+                let entry = self.entries.get_mut(&id)?;
+                entry.corpus_version.clone_from(&update.to_version);
+                Some(StoredEntry {
+                    id,
+                    entry: Some(entry.clone()),
+                })
+            })
+            .collect();
+        AppliedCommand {
+            kind: Some(applied_command::Kind::Carried(CarriedEntries {
+                from_version: update.from_version,
+                to_version: update.to_version,
+                entries,
+            })),
+            removed,
+        }
+    }
+
+    /// Ids of `version`'s entries, oldest first.
+    fn entries_of_version(&self, version: &str) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.corpus_version == version)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Removes the entries (of `version` only, when given) whose result holds one of
+    /// `documents`; returns their ids, ascending.
+    fn remove_holders_of(&mut self, documents: &[u64], version: Option<&str>) -> Vec<u64> {
+        let mut removed: Vec<u64> = documents
+            .iter()
+            .filter_map(|doc| self.holders.get(doc))
+            .flatten()
+            .copied()
+            .filter(|id| {
+                version.is_none_or(|v| {
+                    self.entries
+                        .get(id)
+                        .is_some_and(|entry| entry.corpus_version == v)
+                })
+            })
+            .collect();
+        removed.sort_unstable();
+        removed.dedup();
+        for entry in &removed {
+            self.remove(*entry);
+        }
+        removed
+    }
+
     fn capacity(&self) -> usize {
-        usize::try_from(self.config.cache_capacity)
+        usize::try_from(self.settings.cache_capacity)
             .unwrap_or(usize::MAX)
             .max(1)
     }
@@ -287,23 +417,21 @@ impl CacheStateMachine {
             })
             .collect();
         origins.sort_by(|a, b| a.origin.cmp(&b.origin));
+        let mut entries: Vec<StoredEntry> = self
+            .entries
+            .iter()
+            .map(|(id, entry)| StoredEntry {
+                id: *id,
+                entry: Some(entry.clone()),
+            })
+            .collect();
+        entries.sort_by_key(|stored| stored.id);
         ControlState {
             applied_index: self.applied_index,
             applied_term: self.applied_term,
-            config: Some(self.config),
-            shard_map: Some(self.shard_map.clone()),
-            entries: {
-                let mut entries: Vec<StoredEntry> = self
-                    .entries
-                    .iter()
-                    .map(|(id, entry)| StoredEntry {
-                        id: *id,
-                        entry: Some(entry.clone()),
-                    })
-                    .collect();
-                entries.sort_by_key(|stored| stored.id);
-                entries
-            },
+            config: Some(self.settings.to_proto()),
+            shard_map: self.shard_map.clone(),
+            entries,
             origins,
         }
     }
@@ -313,12 +441,10 @@ impl CacheStateMachine {
         let mut machine = Self {
             applied_index: state.applied_index,
             applied_term: state.applied_term,
+            settings: state.config.map(Settings::from_proto).unwrap_or_default(),
+            shard_map: state.shard_map,
             ..Self::default()
         };
-        if let Some(config) = state.config {
-            machine.config = config;
-        }
-        machine.shard_map = state.shard_map.unwrap_or_default();
         machine.origins = state
             .origins
             .into_iter()
@@ -343,7 +469,7 @@ impl CacheStateMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hasten_proto::v1::InvalidateDocuments;
+    use hasten_proto::v1::{InvalidateDocuments, RetireCorpusVersion};
 
     fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
         ControlCommand {
@@ -352,6 +478,8 @@ mod tests {
                 origin_seq: seq,
                 vector: vec![1.0, 0.0],
                 document_ids: docs.to_vec(),
+                tenant: "default".into(),
+                corpus_version: "v1".into(),
                 ..CacheEntry::default()
             })),
         }
@@ -366,8 +494,8 @@ mod tests {
         let mut machine = CacheStateMachine::default();
         let capacity = ControlCommand {
             kind: Some(control_command::Kind::Config(RuntimeConfig {
-                tau: 0.0,
-                cache_capacity: 2,
+                tau: None,
+                cache_capacity: Some(2),
             })),
         };
         machine.apply(1, 1, batch(vec![capacity]));
@@ -408,8 +536,8 @@ mod tests {
     fn fifo_eviction_retries_and_invalidation_are_decided_here() {
         let mut machine = CacheStateMachine::default();
         let capacity = RuntimeConfig {
-            tau: 0.0,
-            cache_capacity: 2,
+            tau: None,
+            cache_capacity: Some(2),
         };
         machine.apply(
             1,
@@ -492,6 +620,143 @@ mod tests {
             err.contains("command 1") && err.contains("non-finite"),
             "{err}"
         );
+    }
+
+    fn command(kind: control_command::Kind) -> ControlCommand {
+        ControlCommand { kind: Some(kind) }
+    }
+
+    fn of_version(origin: &str, seq: u64, docs: &[u64], version: &str) -> ControlCommand {
+        let mut command = insert(origin, seq, docs);
+        if let Some(control_command::Kind::Insert(entry)) = &mut command.kind {
+            entry.corpus_version = version.into();
+        }
+        command
+    }
+
+    fn versions(machine: &CacheStateMachine) -> Vec<(u64, String)> {
+        machine
+            .to_state()
+            .entries
+            .iter()
+            .map(|e| (e.id, e.entry.as_ref().unwrap().corpus_version.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_partial_corpus_update_drops_entries_of_changed_documents_and_carries_the_rest() {
+        let mut machine = CacheStateMachine::default();
+        machine.apply(
+            1,
+            1,
+            batch(vec![
+                of_version("a", 1, &[1, 2], "v1"),
+                of_version("a", 2, &[3, 4], "v1"),
+                of_version("a", 3, &[2, 5], "v0"),
+                of_version("a", 4, &[6], "v1"),
+            ]),
+        );
+        let applied = machine.apply(
+            2,
+            1,
+            batch(vec![command(control_command::Kind::CorpusUpdate(
+                CorpusUpdate {
+                    from_version: "v1".into(),
+                    to_version: "v2".into(),
+                    changed_document_ids: vec![2, 6],
+                },
+            ))]),
+        );
+        // Document 2 changed: v1's entry holding it goes, v0's entry holding it is another
+        // corpus's concern and stays; the untouched v1 entry carries over to v2.
+        assert_eq!(applied[0].removed, vec![1 << 16, (1 << 16) | 3]);
+        let Some(applied_command::Kind::Carried(carried)) = &applied[0].kind else {
+            panic!("{applied:?}");
+        };
+        assert_eq!(
+            (carried.from_version.as_str(), carried.to_version.as_str()),
+            ("v1", "v2")
+        );
+        let carried_ids: Vec<u64> = carried.entries.iter().map(|e| e.id).collect();
+        assert_eq!(carried_ids, vec![(1 << 16) | 1]);
+        assert_eq!(
+            versions(&machine),
+            vec![
+                ((1 << 16) | 1, "v2".to_string()),
+                ((1 << 16) | 2, "v0".to_string())
+            ]
+        );
+        // The relabelled version survives a snapshot.
+        let restored = CacheStateMachine::from_state(machine.to_state());
+        assert_eq!(restored.to_state(), machine.to_state());
+
+        let retired = machine.apply(
+            3,
+            1,
+            batch(vec![command(control_command::Kind::RetireCorpusVersion(
+                RetireCorpusVersion {
+                    corpus_version: "v0".into(),
+                },
+            ))]),
+        );
+        assert_eq!(retired[0].removed, vec![(1 << 16) | 2]);
+        assert_eq!(versions(&machine), vec![((1 << 16) | 1, "v2".to_string())]);
+    }
+
+    #[test]
+    fn corpus_commands_and_settings_are_checked_before_the_log() {
+        let update = |from: &str, to: &str| {
+            command(control_command::Kind::CorpusUpdate(CorpusUpdate {
+                from_version: from.into(),
+                to_version: to.into(),
+                changed_document_ids: vec![],
+            }))
+        };
+        assert!(validate(&[update("v1", "v2")]).is_ok());
+        assert!(validate(&[update("v1", "v1")]).is_err());
+        assert!(validate(&[update("", "v2")]).is_err());
+        let retire = command(control_command::Kind::RetireCorpusVersion(
+            RetireCorpusVersion::default(),
+        ));
+        assert!(validate(&[retire]).is_err());
+        let config = |tau: Option<f64>, capacity: Option<u64>| {
+            command(control_command::Kind::Config(RuntimeConfig {
+                tau,
+                cache_capacity: capacity,
+            }))
+        };
+        assert!(validate(&[config(Some(0.3), None)]).is_ok());
+        assert!(validate(&[config(Some(1.5), None)]).is_err());
+        assert!(validate(&[config(Some(f64::NAN), None)]).is_err());
+        assert!(validate(&[config(None, Some(0))]).is_err());
+        let mut unversioned = insert("a", 1, &[1]);
+        if let Some(control_command::Kind::Insert(entry)) = &mut unversioned.kind {
+            entry.corpus_version.clear();
+        }
+        let err = validate(&[unversioned]).unwrap_err().to_string();
+        assert!(err.contains("corpus version"), "{err}");
+    }
+
+    #[test]
+    fn a_config_changes_only_what_it_names() {
+        let mut machine = CacheStateMachine::default();
+        assert_eq!(machine.config().tau, None);
+        machine.apply(1, 1, batch(vec![config_command(Some(0.4), None)]));
+        machine.apply(2, 1, batch(vec![config_command(None, Some(7))]));
+        assert_eq!(
+            machine.config(),
+            RuntimeConfig {
+                tau: Some(0.4),
+                cache_capacity: Some(7)
+            }
+        );
+    }
+
+    fn config_command(tau: Option<f64>, cache_capacity: Option<u64>) -> ControlCommand {
+        command(control_command::Kind::Config(RuntimeConfig {
+            tau,
+            cache_capacity,
+        }))
     }
 
     mod properties {
@@ -606,8 +871,8 @@ mod tests {
                             let removed = model.evict_beyond(model.capacity);
                             let command = ControlCommand {
                                 kind: Some(control_command::Kind::Config(RuntimeConfig {
-                                    tau: 0.0,
-                                    cache_capacity: u64::from(capacity),
+                                    tau: None,
+                                    cache_capacity: Some(u64::from(capacity)),
                                 })),
                             };
                             (command, Some(removed))

@@ -9,7 +9,7 @@ use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::RetrievalPolicy;
+use crate::retrieval::RetrievalPolicy;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -49,9 +49,16 @@ pub struct EdgeConfig {
     pub k: usize,
     /// Largest k a request may ask for.
     pub max_k: usize,
-    /// Homology threshold: share of the k draft documents one cached query must hold (paper: 0.2).
+    /// Homology threshold: share of the validated draft documents one cached query must
+    /// hold (paper: 0.2).
     pub tau: f64,
-    /// Cached queries, FIFO (paper: 5,000).
+    /// Documents of a draft that are validated, and of a fallback that are cached, whatever
+    /// k a request asks for (paper: k = 10): at a depth below ~5, one shared document would
+    /// accept a draft at tau 0.2.
+    pub validation_depth: usize,
+    /// Cached queries per tenant, FIFO (paper: 5,000), for an edge without a control plane.
+    /// With one, the control plane's replicated capacity decides every eviction and this
+    /// key is not used.
     pub cache_capacity: usize,
     /// Candidates from the fuzzy channel before the exact re-rank (reference: 5 x k = 50).
     pub fuzzy_candidates: usize,
@@ -87,6 +94,10 @@ pub struct EdgeConfig {
     /// When set, every request needs a token and each tenant has its own cache; when
     /// absent, the API is open and all requests share one cache.
     pub tenants_file: Option<PathBuf>,
+    /// Show, in replies, the text of the cached query an accepted draft was validated by.
+    /// It is another user's question (of the same tenant), so it is off unless the operator
+    /// wants it (evaluations use it to judge acceptances); the id and score always show.
+    pub expose_matched_query_text: bool,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
 }
@@ -110,6 +121,7 @@ impl Default for EdgeConfig {
             k: 10,
             max_k: 100,
             tau: 0.2,
+            validation_depth: 10,
             cache_capacity: 5_000,
             fuzzy_candidates: 50,
             fuzzy_channel: true,
@@ -127,6 +139,7 @@ impl Default for EdgeConfig {
             control_plane: Vec::new(),
             edge_id: "edge".into(),
             tenants_file: None,
+            expose_matched_query_text: false,
             ready_file: None,
         }
     }
@@ -169,6 +182,15 @@ impl EdgeConfig {
         }
         if self.cache_capacity == 0 {
             return Err(ConfigError::invalid("cache_capacity", "must be at least 1"));
+        }
+        if self.validation_depth == 0 || self.validation_depth > self.max_k {
+            return Err(ConfigError::invalid(
+                "validation_depth",
+                format!(
+                    "must be in 1..=max_k ({}), got {}",
+                    self.max_k, self.validation_depth
+                ),
+            ));
         }
         if self.fuzzy_candidates == 0 {
             return Err(ConfigError::invalid(
@@ -231,13 +253,24 @@ mod tests {
         assert_eq!(
             (
                 config.k,
+                config.validation_depth,
                 config.tau,
                 config.cache_capacity,
                 config.fuzzy_candidates
             ),
-            (10, 0.2, 5000, 50)
+            (10, 10, 0.2, 5000, 50)
         );
+        assert!(!config.expose_matched_query_text);
         config.validate().unwrap();
+        config.validation_depth = 0;
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("`validation_depth`")
+        );
+        config.validation_depth = 10;
         config.tau = 1.5;
         assert!(config.validate().unwrap_err().to_string().contains("`tau`"));
         config.tau = 0.2;

@@ -1,14 +1,15 @@
-//! The gRPC twin of `POST /v1/retrieve`.
+//! The gRPC twin of `POST /v1/retrieve`. Everything about a request beyond its wire form is
+//! the pipeline's.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::edge_server::Edge;
 use tonic::{Request, Response, Status};
 
-use crate::api::{EdgeError, InvalidArgument, RetrieveBody};
-use crate::engine::{Outcome, Retrieval};
-use crate::service::EdgeService;
+use crate::api::conversions::reply_proto;
+use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
+use crate::pipeline::{EdgeService, Incoming};
 
 #[derive(Clone)]
 pub struct EdgeGrpc {
@@ -23,13 +24,14 @@ impl EdgeGrpc {
 
 impl From<EdgeError> for Status {
     fn from(err: EdgeError) -> Self {
+        let message = err.to_string();
         match err {
-            EdgeError::InvalidArgument(e) => Status::invalid_argument(e.to_string()),
-            EdgeError::Unavailable(m) => Status::unavailable(m),
-            EdgeError::Overloaded(m) => Status::resource_exhausted(m),
-            EdgeError::Unauthenticated(e) => Status::unauthenticated(e.to_string()),
-            EdgeError::DeadlineExceeded(m) => Status::deadline_exceeded(m),
-            EdgeError::Internal(m) => Status::internal(m),
+            EdgeError::InvalidArgument(_) => Status::invalid_argument(message),
+            EdgeError::Unauthenticated(_) => Status::unauthenticated(message),
+            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) => Status::resource_exhausted(message),
+            EdgeError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
+            EdgeError::Unavailable(_) => Status::unavailable(message),
+            EdgeError::Internal(_) | EdgeError::TaskFailed(_) => Status::internal(message),
         }
     }
 }
@@ -55,79 +57,35 @@ fn grpc_timeout(value: &str) -> Result<Duration, InvalidArgument> {
     })
 }
 
-fn to_proto(r: Retrieval) -> pb::RetrieveResponse {
-    let t = r.timings;
-    pb::RetrieveResponse {
-        documents: r
-            .documents
-            .into_iter()
-            .map(|d| pb::Document {
-                id: d.id,
-                title: d.title,
-                text: d.text,
-                score: d.score,
-            })
-            .collect(),
-        outcome: match r.outcome {
-            Outcome::Accepted => pb::Outcome::Accepted,
-            Outcome::Fallback => pb::Outcome::Fallback,
-        } as i32,
-        homology_score: r.homology_score as f32,
-        matched_query: r.matched_query.map(|m| pb::MatchedQuery {
-            id: m.id,
-            text: m.text.unwrap_or_default(),
-            shared_documents: m.shared_documents as u32,
-        }),
-        timings: Some(pb::StageTimings {
-            encode_us: t.encode_us,
-            cache_channel_us: t.cache_channel_us,
-            fuzzy_channel_us: t.fuzzy_channel_us,
-            merge_us: t.merge_us,
-            validation_us: t.validation_us,
-            cloud_us: t.cloud_us,
-            cache_update_us: t.cache_update_us,
-            total_us: t.total_us,
-        }),
-    }
-}
-
 #[tonic::async_trait]
 impl Edge for EdgeGrpc {
     async fn retrieve(
         &self,
         request: Request<pb::RetrieveRequest>,
     ) -> Result<Response<pb::RetrieveResponse>, Status> {
-        let started = Instant::now();
-        let authorization = request
-            .metadata()
+        let metadata = request.metadata();
+        let authorization = metadata
             .get("authorization")
-            .and_then(|v| v.to_str().ok());
-        let timeout = request
-            .metadata()
-            .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
-            .map(grpc_timeout)
-            .transpose()
-            .map_err(|err| self.service.refused(None, err.into(), started))?;
-        let caller = self.service.caller(authorization, timeout, started)?;
-        let request = request.into_inner();
-        let body = RetrieveBody {
-            query: match &request.input {
-                Some(pb::retrieve_request::Input::Query(q)) => Some(q.clone()),
-                _ => None,
-            },
-            vector: match request.input {
-                Some(pb::retrieve_request::Input::Vector(v)) => Some(v.values),
-                _ => None,
-            },
-            k: request.k.map(i64::from),
+            .map(str::to_string);
+        let timeout = match metadata.get("grpc-timeout") {
+            None => Ok(None),
+            Some(value) => value
+                .to_str()
+                .map_err(|_| InvalidArgument::new("grpc-timeout", "not ASCII"))
+                .and_then(grpc_timeout)
+                .map(Some),
         };
-        let valid = body.validate(self.service.limits()).map_err(|err| {
-            self.service
-                .refused(Some(&caller.tenant), err.into(), started)
-        })?;
-        let retrieval = self.service.retrieve(caller, valid, started).await?;
-        Ok(Response::new(to_proto(retrieval)))
+        let incoming = Incoming {
+            authorization: authorization.as_deref(),
+            timeout,
+            input: Ok(RetrieveInput::from(request.into_inner())),
+        };
+        let retrieval = self.service.handle(incoming).await?;
+        Ok(Response::new(reply_proto(
+            retrieval,
+            self.service.replies(),
+        )))
     }
 }
 

@@ -1,15 +1,28 @@
 //! Hasten's edge node: homology-aware speculative retrieval (HaS) in front of the cloud
 //! index, with a JSON and a gRPC API.
+//!
+//! - [`retrieval`]: HaS and its baselines ([`has`] holds HaS's parts: channels, hot
+//!   cache, validator; [`lookup`] the baselines' query lookups);
+//! - [`caches`]: each tenant's cache and every way it changes (local fallbacks, or the
+//!   control plane's committed stream through [`replication`]);
+//! - [`fallback`]: the cloud seam and its QUIC client;
+//! - [`pipeline`]: one request path for both front ends ([`http`], [`grpc`]), whose wire
+//!   types and conversions live in [`api`];
+//! - [`config`], [`metrics`], [`tenants`].
 
 pub mod api;
-pub mod cloud;
+pub mod caches;
 pub mod config;
-pub mod engine;
+pub mod fallback;
 pub mod grpc;
 pub mod has;
 pub mod http;
 pub mod lookup;
 pub mod metrics;
+pub mod pipeline;
 pub mod replication;
-pub mod service;
+pub mod retrieval;
 pub mod tenants;
+
+#[cfg(test)]
+mod fixture;

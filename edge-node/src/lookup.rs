@@ -16,6 +16,14 @@ pub fn normalized_text(text: &str) -> String {
         .join(" ")
 }
 
+/// Which lookup a cache keeps beside its queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupKind {
+    None,
+    ExactText,
+    Semantic,
+}
+
 /// How cached queries are looked up, per policy.
 #[derive(Debug)]
 pub enum QueryLookup {
@@ -28,6 +36,15 @@ pub enum QueryLookup {
 }
 
 impl QueryLookup {
+    /// An empty lookup of `kind` over `dimension`-d query vectors.
+    pub fn of_kind(kind: LookupKind, dimension: usize) -> Result<Self, IndexError> {
+        Ok(match kind {
+            LookupKind::None => Self::None,
+            LookupKind::ExactText => Self::exact(),
+            LookupKind::Semantic => Self::semantic(dimension)?,
+        })
+    }
+
     pub fn exact() -> Self {
         Self::ExactText(HashMap::new())
     }

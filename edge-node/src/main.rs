@@ -9,14 +9,16 @@ use anyhow::{Context, Result};
 use axum::serve::ListenerExt;
 use clap::{Args, Parser, Subcommand};
 use edge_node::api::RequestLimits;
-use edge_node::cloud::{CloudEndpoint, QuicCloudClient};
+use edge_node::api::conversions::ReplyOptions;
+use edge_node::caches::{Eviction, TenantCaches};
 use edge_node::config::EdgeConfig;
-use edge_node::engine::{EngineSettings, RetrievalEngine, RetrievalPolicy};
+use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
 use edge_node::grpc::EdgeGrpc;
-use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, HotCache};
+use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel};
 use edge_node::metrics::EdgeMetrics;
+use edge_node::pipeline::EdgeService;
 use edge_node::replication::ControlPlaneLink;
-use edge_node::service::EdgeService;
+use edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy};
 use edge_node::tenants::TenantDirectory;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
@@ -101,7 +103,11 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tau: Option<f64>,
-    /// Cached queries, FIFO [default: 5000].
+    /// Draft documents validated and fallback documents cached, whatever k [default: 10].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    validation_depth: Option<usize>,
+    /// Cached queries per tenant, FIFO, without a control plane [default: 5000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_capacity: Option<usize>,
@@ -145,6 +151,11 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tenants_file: Option<PathBuf>,
+    /// Show the matched cached query's text in replies (another user's question)
+    /// [default: false].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expose_matched_query_text: Option<bool>,
     /// This edge's name in replicated entries [default: edge].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -213,25 +224,23 @@ fn cloud_tls(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<quinn::C
 fn build_engine(
     config: &EdgeConfig,
     bundle: &CorpusBundle,
+    tenants: &TenantDirectory,
     mutual: Option<&MutualTls>,
 ) -> Result<RetrievalEngine<QuicCloudClient>> {
     let client_config = cloud_tls(config, mutual)?;
+    let corpus_version = bundle.manifest.corpus_version.clone();
     let cloud = QuicCloudClient::new(
         client_config,
         CloudEndpoint {
             addr: config.cloud_addr,
             server_name: config.cloud_server_name.clone(),
             timeout: Duration::from_millis(config.cloud_timeout_ms),
-            corpus_version: bundle.manifest.corpus_version.clone(),
+            corpus_version: corpus_version.clone(),
         },
     )
     .context("opening the QUIC client endpoint")?;
     let documents = Arc::new(DocumentStore::from_bundle(bundle));
-    let drafts = matches!(
-        config.policy,
-        RetrievalPolicy::Has | RetrievalPolicy::EdgeIvf
-    );
-    let fuzzy = if drafts && config.fuzzy_channel {
+    let fuzzy = if config.policy.drafts() && config.fuzzy_channel {
         let started = Instant::now();
         let fuzzy = FuzzyChannel::build(
             &documents,
@@ -251,6 +260,22 @@ fn build_engine(
     } else {
         None
     };
+    // With a control plane, evictions come only from its log: one FIFO decider for the
+    // one replicated cache.
+    let eviction = if config.control_plane.is_empty() {
+        Eviction::Fifo(config.cache_capacity)
+    } else {
+        Eviction::FromLog
+    };
+    let caches = TenantCaches::new(
+        config.policy.lookup(),
+        tenants.tenants(),
+        eviction,
+        &cache_channel(bundle, config)?,
+        documents,
+        corpus_version,
+        config.validation_depth,
+    )?;
     Ok(RetrievalEngine::new(
         EngineSettings {
             policy: config.policy,
@@ -258,12 +283,24 @@ fn build_engine(
             fuzzy_candidates: config.fuzzy_candidates,
             semantic_threshold: config.semantic_threshold,
         },
-        HotCache::new(config.cache_capacity),
-        cache_channel(bundle, config)?,
+        Arc::new(caches),
         fuzzy,
-        documents,
         cloud,
     )?)
+}
+
+/// Connects to the cloud until its corpus version is verified once, so that readiness
+/// follows the link before the first fallback.
+async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClient>>) {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match engine.cloud().verify_link().await {
+            Ok(()) => return,
+            Err(err) => tracing::debug!(%err, "cloud index not verified yet; retrying"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
@@ -298,17 +335,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
     };
     tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
-    let mut engine =
-        build_engine(&config, &bundle, mutual.as_ref())?.with_tenants(tenants.tenants())?;
+    let mut engine = build_engine(&config, &bundle, &tenants, mutual.as_ref())?;
     let link = (!config.control_plane.is_empty()).then(|| {
-        let link = ControlPlaneLink::start(
+        ControlPlaneLink::start(
             &config.edge_id,
+            &bundle.manifest.corpus_version,
             config.control_plane.clone(),
             mutual.clone(),
-        );
-        engine.set_replication(link.clone());
-        link
+        )
     });
+    if let Some(link) = &link {
+        engine = engine.with_replication(link.clone());
+    }
     let limits = RequestLimits {
         default_k: config.k,
         max_k: config.max_k,
@@ -317,20 +355,24 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     drop(bundle);
     let engine = Arc::new(engine);
+    tokio::spawn(verify_cloud_link(Arc::clone(&engine)));
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(EdgeMetrics::register(&registry)?);
-    let mut service = EdgeService::new(
+    let service = EdgeService::new(
         Arc::new(encoder),
         Arc::clone(&engine),
         limits,
+        ReplyOptions {
+            matched_query_text: config.expose_matched_query_text,
+        },
         metrics,
         config.max_in_flight,
         Arc::new(tenants),
+        link.as_ref().map(|link| link.status()),
     );
     if let Some(link) = &link {
         link.follow(engine);
-        service = service.with_link(link.status());
-        tracing::info!(control_plane = ?config.control_plane, "hot cache replicated through the control plane");
+        tracing::info!(control_plane = ?config.control_plane, "hot cache replicated through the control plane; evictions follow its log");
     }
 
     let http_listener = tokio::net::TcpListener::bind(config.http_addr)

@@ -1,6 +1,7 @@
 //! The edge's Prometheus metrics: requests by outcome and error kind, latency end to end and
 //! per stage, the homology score, the cache's size, the draft acceptance rate over a
-//! sliding window, and the control-plane link.
+//! sliding window, the cloud link, and the control-plane link with the replicated entries
+//! this edge could not use.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -13,8 +14,10 @@ use hasten_core::metrics::prometheus::{
 use parking_lot::Mutex;
 
 use crate::api::EdgeError;
-use crate::engine::{CacheStats, Outcome, Retrieval};
+use crate::caches::{CacheStats, SkipReason};
+use crate::fallback::quic::CloudLink;
 use crate::replication::LinkReport;
+use crate::retrieval::{Outcome, Retrieval};
 use crate::tenants::Tenant;
 
 /// The `tenant` label of a request refused before its token was checked.
@@ -24,7 +27,8 @@ const NO_TENANT: &str = "";
 /// by 0.1%, few enough that it follows a workload shift within seconds at production rates.
 pub const DAR_WINDOW: usize = 1000;
 
-/// Homology scores are votes / k, so tenths for k = 10; finer buckets serve other k.
+/// Homology scores are votes / validation depth, so tenths at the default depth of 10;
+/// finer buckets serve other depths.
 const SCORE_BUCKETS: &[f64] = &[
     0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
 ];
@@ -67,6 +71,10 @@ pub struct EdgeMetrics {
     proposals: IntCounterVec,
     /// Link counts already added to `proposals` (the link counts since start).
     proposals_seen: Mutex<(u64, u64)>,
+    cloud_link: IntGaugeVec,
+    skipped: IntCounterVec,
+    /// Skip counts already added to `skipped`, by reason.
+    skipped_seen: Mutex<[u64; 3]>,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(
@@ -187,6 +195,27 @@ impl EdgeMetrics {
                 )?,
             )?,
             proposals_seen: Mutex::new((0, 0)),
+            cloud_link: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "hasten_edge_cloud_link",
+                        "1 for the state of the link to the cloud index as the last connection left it (unknown, verified, unreachable, version_mismatch)",
+                    ),
+                    &["state"],
+                )?,
+            )?,
+            skipped: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_edge_replicated_entries_skipped_total",
+                        "Replicated cache entries this edge did not cache, by reason (tenant, corpus_version, malformed)",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
+            skipped_seen: Mutex::new([0; 3]),
         })
     }
 
@@ -202,17 +231,17 @@ impl EdgeMetrics {
             .observe(took.as_secs_f64());
         self.homology.observe(retrieval.homology_score);
         let t = &retrieval.timings;
-        for (stage, micros) in [
-            ("encode", t.encode_us),
-            ("cache_channel", t.cache_channel_us),
-            ("fuzzy_channel", t.fuzzy_channel_us),
-            ("validation", t.validation_us),
-            ("cloud_fallback", t.cloud_us),
+        for (stage, took) in [
+            ("encode", t.encode),
+            ("cache_channel", t.cache_channel),
+            ("fuzzy_channel", t.fuzzy_channel),
+            ("validation", t.validation),
+            ("cloud_fallback", t.cloud),
         ] {
-            if micros > 0 {
+            if let Some(took) = took {
                 self.stages
                     .with_label_values(&[stage])
-                    .observe(micros as f64 / 1e6);
+                    .observe(took.as_secs_f64());
             }
         }
         let ratio = self.recent.lock().push(accepted);
@@ -222,14 +251,7 @@ impl EdgeMetrics {
     /// One failed request (of `tenant`, once its token was checked), refused at parsing or
     /// failed in the engine.
     pub fn observe_error(&self, tenant: Option<&Tenant>, error: &EdgeError, took: Duration) {
-        let kind = match error {
-            EdgeError::InvalidArgument(_) => "invalid_argument",
-            EdgeError::Unavailable(_) => "unavailable",
-            EdgeError::Overloaded(_) => "overloaded",
-            EdgeError::Unauthenticated(_) => "unauthenticated",
-            EdgeError::DeadlineExceeded(_) => "deadline_exceeded",
-            EdgeError::Internal(_) => "internal",
-        };
+        let kind = error.kind();
         self.requests
             .with_label_values(&[tenant.map_or(NO_TENANT, Tenant::as_str), "error"])
             .inc();
@@ -239,8 +261,31 @@ impl EdgeMetrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Scrape-time values: each tenant's cache size and the control-plane link's state.
-    pub fn refresh(&self, caches: &[(Tenant, CacheStats)], link: Option<LinkReport>) {
+    /// Scrape-time values: each tenant's cache size, the cloud link, replicated entries
+    /// skipped (counts since start, by reason) and the control-plane link's state.
+    pub fn refresh(
+        &self,
+        caches: &[(Tenant, CacheStats)],
+        link: Option<LinkReport>,
+        cloud: &CloudLink,
+        skipped: &[(SkipReason, u64)],
+    ) {
+        let current = cloud.label();
+        for state in CloudLink::LABELS {
+            self.cloud_link
+                .with_label_values(&[state])
+                .set(i64::from(state == current));
+        }
+        {
+            let mut seen = self.skipped_seen.lock();
+            for (reason, count) in skipped {
+                let before = &mut seen[*reason as usize];
+                self.skipped
+                    .with_label_values(&[reason.label()])
+                    .inc_by(count.saturating_sub(*before));
+                *before = (*before).max(*count);
+            }
+        }
         for (tenant, cache) in caches {
             let label = [tenant.as_str()];
             self.cache_entries

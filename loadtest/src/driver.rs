@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand_distr::{Distribution, Exp};
 use tokio::time::Instant;
 
-use crate::evaluation::{EdgeReply, QueryRecord};
+use crate::scoring::{EdgeReply, QueryRecord};
 use crate::workload::WorkloadQuery;
 
 /// How queries are issued.

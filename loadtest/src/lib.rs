@@ -3,11 +3,11 @@
 
 pub mod control_plane;
 pub mod driver;
-pub mod eval;
-pub mod evaluation;
+pub mod experiment;
 pub mod popularity;
 pub mod process;
 pub mod relay;
 pub mod report;
+pub mod scoring;
 pub mod scrape;
 pub mod workload;

@@ -12,7 +12,7 @@ use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_proto::tls::DevAuthority;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
-use loadtest::eval::{ClusterSettings, run_system, start_cloud, system_specs};
+use loadtest::experiment::{ClusterSettings, run_system, start_cloud, system_specs};
 use loadtest::popularity::{DailyPopularity, ZipfModel, topviews_csv};
 use loadtest::process::binary;
 use loadtest::relay::DelayModel;

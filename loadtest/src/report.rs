@@ -7,7 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::evaluation::Summary;
+use crate::scoring::Summary;
 
 /// One system at one parameter setting.
 #[derive(Clone, Debug, Serialize)]

@@ -1,10 +1,15 @@
-//! Connection settings shared by every client and server of the control plane.
+//! What every client of the control plane shares: connection settings, and the follower
+//! of the committed stream that edges (the hot cache) and routers (the shard map) run.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::tls::MutualTls;
+use crate::v1::control_plane_client::ControlPlaneClient;
+use crate::v1::{CommittedEvent, SubscribeRequest};
 
 /// Largest gRPC message to or from a control-plane node: a snapshot of a full cache (5,000
 /// entries with their documents and vectors) is tens of megabytes.
@@ -13,14 +18,30 @@ pub const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
 /// How long connecting to a node may take before the caller tries another.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// HTTP/2 pings on every control-plane connection, idle or not: a peer that stopped
+/// answering (a hung process, a dropped route) is noticed within interval + timeout
+/// instead of never.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// First wait before a follower reconnects; doubles up to `MAX_RETRY`.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(2);
+
 /// The gRPC endpoint of the control-plane node at `address` (host:port), over mutual TLS
 /// when `tls` is given.
 pub fn endpoint(
     address: &str,
     tls: Option<&MutualTls>,
 ) -> Result<Endpoint, tonic::transport::Error> {
-    grpc_endpoint(address, tls)
-        .map(|endpoint| endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true))
+    grpc_endpoint(address, tls).map(|endpoint| {
+        endpoint
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+    })
 }
 
 /// A gRPC endpoint for `address` (`host:port` or a URI): `https` with `tls`'s client
@@ -36,4 +57,116 @@ pub fn grpc_endpoint(
         }
         None => Endpoint::from_shared(format!("http://{authority}")),
     }
+}
+
+/// A connected control-plane client with Hasten's message bounds.
+pub async fn connect(
+    address: &str,
+    tls: Option<&MutualTls>,
+) -> Result<ControlPlaneClient<Channel>, tonic::transport::Error> {
+    let channel = endpoint(address, tls)?.connect().await?;
+    Ok(ControlPlaneClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// Where a follower stands: the last index it applied and whether a stream is open.
+#[derive(Debug, Default)]
+pub struct FollowStatus {
+    applied_index: AtomicU64,
+    subscribed: AtomicBool,
+}
+
+impl FollowStatus {
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index.load(Ordering::Acquire)
+    }
+
+    pub fn subscribed(&self) -> bool {
+        self.subscribed.load(Ordering::Acquire)
+    }
+}
+
+/// Why one subscription ended.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    #[error("cannot connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("the stream failed: {0}")]
+    Stream(#[from] tonic::Status),
+    #[error("applying an event failed: {0}")]
+    Apply(#[from] tokio::task::JoinError),
+}
+
+/// Follows the committed stream of a control plane: subscribes to one of `endpoints` from
+/// the index after the last one applied, hands each event in order to `apply` (on the
+/// blocking pool: applying can take milliseconds, or seconds for a whole state), and moves
+/// to the next endpoint whenever the stream breaks. Runs until the process ends.
+pub async fn follow<F>(
+    endpoints: Vec<String>,
+    tls: Option<MutualTls>,
+    subscriber: String,
+    status: Arc<FollowStatus>,
+    apply: F,
+) where
+    F: Fn(CommittedEvent) + Send + Sync + 'static,
+{
+    let apply = Arc::new(apply);
+    let mut wait = FIRST_RETRY;
+    for endpoint in endpoints.iter().cycle() {
+        let from_index = status.applied_index() + 1;
+        match stream_from(
+            endpoint,
+            tls.as_ref(),
+            &subscriber,
+            from_index,
+            &status,
+            &apply,
+            &mut wait,
+        )
+        .await
+        {
+            Ok(()) => tracing::info!(%endpoint, "control-plane stream ended; reconnecting"),
+            Err(err) => tracing::info!(%endpoint, %err, "control-plane stream lost; reconnecting"),
+        }
+        status.subscribed.store(false, Ordering::Release);
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(MAX_RETRY);
+    }
+}
+
+async fn stream_from<F>(
+    endpoint: &str,
+    tls: Option<&MutualTls>,
+    subscriber: &str,
+    from_index: u64,
+    status: &FollowStatus,
+    apply: &Arc<F>,
+    wait: &mut Duration,
+) -> Result<(), StreamError>
+where
+    F: Fn(CommittedEvent) + Send + Sync + 'static,
+{
+    let mut client = connect(endpoint, tls).await?;
+    let mut stream = client
+        .subscribe(SubscribeRequest {
+            from_index,
+            subscriber: subscriber.to_string(),
+        })
+        .await?
+        .into_inner();
+    status.subscribed.store(true, Ordering::Release);
+    tracing::info!(%endpoint, from_index, "following the control plane");
+    while let Some(event) = stream.message().await? {
+        *wait = FIRST_RETRY;
+        let replaces_state = event.state.is_some();
+        if event.index <= status.applied_index() && !replaces_state {
+            continue;
+        }
+        let index = event.index;
+        let apply = Arc::clone(apply);
+        tokio::task::spawn_blocking(move || apply(event)).await?;
+        status.applied_index.store(index, Ordering::Release);
+    }
+    Ok(())
 }

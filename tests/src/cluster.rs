@@ -25,6 +25,8 @@ pub struct Cluster {
     pub addresses: BTreeMap<u64, String>,
     pub nodes: BTreeMap<u64, ManagedProcess>,
     max_log_entries: u64,
+    /// Flags every node gets beyond the defaults here.
+    extra: Vec<String>,
     /// The peer addresses each node is given, when they differ from `addresses` (a node
     /// reached through relays).
     views: BTreeMap<u64, Vec<String>>,
@@ -32,7 +34,13 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(name: &str, size: u64, max_log_entries: u64) -> Self {
+        Self::start_with(name, size, max_log_entries, &[])
+    }
+
+    /// Like `start`, with `extra` flags for every node.
+    pub fn start_with(name: &str, size: u64, max_log_entries: u64, extra: &[&str]) -> Self {
         let mut cluster = Self::prepare(name, size, max_log_entries);
+        cluster.extra = extra.iter().map(|a| a.to_string()).collect();
         for id in 1..=size {
             cluster.start_node(id);
         }
@@ -96,6 +104,7 @@ impl Cluster {
             addresses,
             nodes: BTreeMap::new(),
             max_log_entries,
+            extra: Vec::new(),
             views: BTreeMap::new(),
         }
     }
@@ -121,6 +130,7 @@ impl Cluster {
             "--retained-events".into(),
             "0".into(),
         ]);
+        args.extend(self.extra.iter().cloned());
         args.extend(extra.iter().map(|a| a.to_string()));
         let process = ManagedProcess::start(
             &format!("node-{id}"),
@@ -145,6 +155,26 @@ impl Cluster {
         if let Some(mut node) = self.nodes.remove(&id) {
             node.stop();
         }
+    }
+
+    /// Freezes node `id` (SIGSTOP): it holds its sockets but answers nothing, as a hung
+    /// process does.
+    pub fn pause(&self, id: u64) {
+        self.signal(id, "-STOP");
+    }
+
+    /// Lets a paused node run again (SIGCONT).
+    pub fn resume(&self, id: u64) {
+        self.signal(id, "-CONT");
+    }
+
+    fn signal(&self, id: u64, signal: &str) {
+        let pid = self.nodes[&id].pid().to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid} failed");
     }
 
     pub async fn client(&self, id: u64) -> ControlPlaneClient<Channel> {

@@ -59,3 +59,25 @@ pub async fn wait_for(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits up to `limit` until the edge's `/readyz` answers 200; panics with its last reason.
+pub async fn wait_ready(http: &reqwest::Client, edge: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let response = http
+            .get(format!("http://{edge}/readyz"))
+            .send()
+            .await
+            .expect("the edge answers HTTP");
+        let status = response.status().as_u16();
+        let reason = response.text().await.unwrap_or_default();
+        if status == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "edge {edge} not ready: {status} {reason}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -25,9 +25,8 @@ fn entry(origin: &str, seq: u64) -> ControlCommand {
             text: Some(format!("question {seq} from {origin}")),
             vector: (0..DIMENSION).map(|i| (seq + i as u64) as f32).collect(),
             document_ids: (0..3).map(|d| seq * 10 + d).collect(),
-            entity_hint: None,
-            created_unix_ms: 0,
-            tenant: String::new(),
+            tenant: "default".into(),
+            corpus_version: "test-corpus".into(),
         })),
     }
 }
@@ -259,8 +258,8 @@ async fn a_subscriber_resumes_and_after_compaction_installs_the_state() {
             commands: vec![ControlCommand {
                 kind: Some(control_command::Kind::Config(
                     hasten_proto::v1::RuntimeConfig {
-                        tau: 0.0,
-                        cache_capacity: 40,
+                        tau: None,
+                        cache_capacity: Some(40),
                     },
                 )),
             }],
@@ -457,4 +456,77 @@ async fn a_node_joins_and_another_leaves_while_entries_commit() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+}
+
+/// Bug: a proposal forwarded to a leader that then vanished waited for the propose timeout
+/// and was never counted. Now every proposal waiting when leadership moves is answered at
+/// once with a clear error, and counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposals_in_flight_when_the_leader_hangs_are_answered_long_before_the_timeout() {
+    // A propose timeout far beyond an election (tick 50 ms x 10), so that an answer within
+    // a few seconds can only come from the node noticing the leadership change.
+    let propose_timeout = Duration::from_secs(30);
+    let mut cluster = Cluster::start_with(
+        "control-plane-stale",
+        3,
+        10_000,
+        &["--propose-timeout-ms", "30000"],
+    );
+    let leader = cluster.leader().await;
+    let follower = follower_of(&cluster, leader);
+    let metrics = cluster.nodes[&follower].addr("metrics_addr");
+    let dropped = || async {
+        loadtest::scrape::Scrape::of(&metrics)
+            .await
+            .unwrap()
+            .value("hasten_cp_proposals_total", &[("result", "dropped")])
+    };
+    let dropped_before = dropped().await;
+    // The leader hangs: the follower still believes in it for an election timeout and
+    // forwards what it is given; those proposals are lost with it.
+    cluster.pause(leader);
+    let started = Instant::now();
+    let proposals: Vec<_> = (1..=8u64)
+        .map(|seq| {
+            let address = cluster.addresses[&follower].clone();
+            tokio::spawn(async move {
+                let channel = endpoint(&address, None).unwrap().connect().await.unwrap();
+                let answer = ControlPlaneClient::new(channel)
+                    .propose(ProposeRequest {
+                        commands: vec![entry("edge-stale", seq)],
+                    })
+                    .await;
+                (answer, started.elapsed())
+            })
+        })
+        .collect();
+    let mut stale = 0;
+    for proposal in proposals {
+        let (answer, took) = proposal.await.unwrap();
+        assert!(
+            took < propose_timeout / 4,
+            "a proposal was answered only after {took:?}: {answer:?}"
+        );
+        match answer {
+            Ok(_) => {}
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                assert!(
+                    status.message().contains("leadership changed"),
+                    "{}",
+                    status.message()
+                );
+                stale += 1;
+            }
+        }
+    }
+    assert!(stale > 0, "no proposal was caught in flight");
+    assert!(
+        dropped().await - dropped_before >= f64::from(stale),
+        "stale proposals were not counted as dropped"
+    );
+    // The others elected a new leader meanwhile; the hung one is gone for good.
+    cluster.kill(leader);
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
 }

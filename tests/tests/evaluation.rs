@@ -8,9 +8,9 @@
 
 use std::process::Command;
 
+use hasten_core::answers::contains_answer;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
-use hasten_core::eval::contains_answer;
 use hasten_tests::{brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir};
 use loadtest::process::binary;
 use loadtest::workload::read_jsonl;

@@ -32,7 +32,8 @@ fn start_replicated_edge(
     cert: &Path,
     control_plane: &[&String],
 ) -> ManagedProcess {
-    let mut extra = vec!["--edge-id", name];
+    // Which cached query an acceptance went through is what these tests check.
+    let mut extra = vec!["--edge-id", name, "--expose-matched-query-text", "true"];
     for address in control_plane {
         extra.extend(["--control-plane", address.as_str()]);
     }
@@ -172,11 +173,33 @@ async fn edges_serve_from_their_caches_while_the_control_plane_is_down_and_resyn
         .await;
     }
 
-    // Every control-plane node down: both edges keep answering, from their caches where
-    // the draft holds (edge B never saw the first question) and from the cloud otherwise.
+    // Every control-plane node down: both edges stay ready (bug: readiness required a live
+    // subscription, so a control-plane outage took every edge out of its Service) and keep
+    // answering, from their caches where the draft holds (edge B never saw the first
+    // question) and from the cloud otherwise.
     let ids: Vec<u64> = cluster.addresses.keys().copied().collect();
     for id in &ids {
         cluster.kill(*id);
+    }
+    wait_for(
+        &http,
+        &b,
+        "edge B still believes it is subscribed",
+        WAIT,
+        |s| s["control_plane"]["subscribed"] == false,
+    )
+    .await;
+    for edge in [&a, &b] {
+        let ready = http
+            .get(format!("http://{edge}/readyz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            ready.status(),
+            200,
+            "{edge} left service without its control plane"
+        );
     }
     let reply = ask(&http, &b, &sibling.question).await;
     assert_eq!(reply["outcome"], "accepted", "{reply}");
@@ -187,14 +210,6 @@ async fn edges_serve_from_their_caches_while_the_control_plane_is_down_and_resyn
         .find(|q| q.question != sibling.question)
         .unwrap();
     assert_eq!(ask(&http, &a, &later.question).await["outcome"], "fallback");
-    wait_for(
-        &http,
-        &b,
-        "edge B still believes it is subscribed",
-        WAIT,
-        |s| s["control_plane"]["subscribed"] == false,
-    )
-    .await;
 
     // The nodes restart from their sled directories: the edges subscribe again, edge A's
     // proposal made during the outage commits, and both end with both entries.

@@ -87,6 +87,9 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
                 &control_plane,
                 "--tenants-file",
                 tenants.to_str().unwrap(),
+                // Which cached query an acceptance went through is what this test checks.
+                "--expose-matched-query-text",
+                "true",
             ],
         )
         .unwrap()

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use edge_node::cloud::{CloudEndpoint, QuicCloudClient};
-use edge_node::engine::CloudSearch;
+use edge_node::fallback::CloudSearch;
+use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
 use hasten_bench::{Latencies, clustered_vectors};
 use hasten_core::bundle::{read_manifest, write_shards};
 use hasten_core::corpus::Document;

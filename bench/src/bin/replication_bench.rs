@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use edge_node::engine::CacheReplication;
 use edge_node::replication::ControlPlaneLink;
+use edge_node::retrieval::CacheReplication;
 use edge_node::tenants::Tenant;
 use hasten_bench::Latencies;
 use hasten_core::DocId;
@@ -175,7 +175,7 @@ async fn main() -> Result<()> {
             let endpoints = (0..addresses.len())
                 .map(|n| addresses[(e + n) % addresses.len()].clone())
                 .collect();
-            ControlPlaneLink::start(&format!("bench-edge-{e}"), endpoints, None)
+            ControlPlaneLink::start(&format!("bench-edge-{e}"), "bench", endpoints, None)
         })
         .collect();
     for e in 0..cli.edges {
@@ -198,9 +198,8 @@ async fn main() -> Result<()> {
             text: Some("run 0 entry 0".into()),
             vector,
             document_ids,
-            entity_hint: None,
-            created_unix_ms: 1_700_000_000_000,
             tenant: "default".into(),
+            corpus_version: "bench".into(),
         }
         .encoded_len()
     };

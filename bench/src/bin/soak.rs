@@ -229,6 +229,9 @@ async fn main() -> Result<()> {
             name.clone(),
             "--tenants-file".into(),
             tenants_file.display().to_string(),
+            // The cross-tenant check reads which cached query an acceptance went through.
+            "--expose-matched-query-text".into(),
+            "true".into(),
         ]);
         for address in &cp_addresses {
             args.extend(["--control-plane".to_string(), address.clone()]);

@@ -240,7 +240,7 @@ pub fn generate_synthetic(spec: &SyntheticSpec) -> Corpus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eval::contains_answer;
+    use crate::answers::contains_answer;
 
     #[test]
     fn deterministic_and_sized_by_the_spec() {

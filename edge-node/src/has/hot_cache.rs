@@ -1,6 +1,7 @@
 //! The hot cache: recent fallback queries with the documents the cloud returned for them,
-//! FIFO-bounded, plus the inverted index from each cached document to the cached queries
-//! whose results hold it. The homology validator votes through that index.
+//! plus the inverted index from each cached document to the cached queries whose results
+//! hold it. The homology validator votes through that index. A bounded cache evicts FIFO
+//! by itself; an unbounded one leaves every eviction to its owner (the replicated log).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -41,7 +42,8 @@ pub struct Vote {
 
 #[derive(Debug)]
 pub struct HotCache {
-    capacity: usize,
+    /// FIFO bound on cached queries; `None` when evictions come from elsewhere.
+    capacity: Option<usize>,
     order: VecDeque<QueryId>,
     entries: HashMap<QueryId, CachedQuery>,
     /// Inverted index: document -> cached queries whose result holds it.
@@ -50,10 +52,19 @@ pub struct HotCache {
 }
 
 impl HotCache {
-    /// An empty cache holding at most `capacity` queries (at least one).
-    pub fn new(capacity: usize) -> Self {
+    /// An empty cache holding at most `capacity` queries (at least one), evicting FIFO.
+    pub fn bounded(capacity: usize) -> Self {
+        Self::with_capacity(Some(capacity.max(1)))
+    }
+
+    /// An empty cache that never evicts by itself: its owner removes queries.
+    pub fn unbounded() -> Self {
+        Self::with_capacity(None)
+    }
+
+    fn with_capacity(capacity: Option<usize>) -> Self {
         Self {
-            capacity: capacity.max(1),
+            capacity,
             order: VecDeque::new(),
             entries: HashMap::new(),
             postings: HashMap::new(),
@@ -61,8 +72,13 @@ impl HotCache {
         }
     }
 
-    pub fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> Option<usize> {
         self.capacity
+    }
+
+    /// The id the next [`Self::insert`] would use.
+    pub fn next_id(&self) -> QueryId {
+        self.next_id
     }
 
     /// Cached queries.
@@ -114,7 +130,8 @@ impl HotCache {
         &self.postings
     }
 
-    /// Caches a query and its documents, evicting the oldest queries beyond capacity.
+    /// Caches a query and its documents, evicting the oldest queries beyond capacity (when
+    /// bounded).
     /// Returns the new query's id and the net change in referenced documents.
     pub fn insert(
         &mut self,
@@ -152,7 +169,8 @@ impl HotCache {
     }
 
     /// Caches a query under an id chosen elsewhere (the control plane's, so every edge
-    /// names it alike). Ids must increase; an id already held is left as it is.
+    /// names it alike); an id already held is left as it is. Later local ids follow the
+    /// largest id seen.
     pub fn insert_as(
         &mut self,
         id: QueryId,
@@ -172,7 +190,10 @@ impl HotCache {
         let mut touched: Vec<DocId> = Vec::new();
         let mut before: HashSet<DocId> = HashSet::new();
         let mut evicted = Vec::new();
-        while self.entries.len() >= self.capacity {
+        while self
+            .capacity
+            .is_some_and(|capacity| self.entries.len() >= capacity)
+        {
             let Some(oldest) = self.order.pop_front() else {
                 break;
             };
@@ -273,7 +294,7 @@ mod tests {
 
     #[test]
     fn votes_count_shared_documents_and_ties_go_to_the_newest() {
-        let mut cache = HotCache::new(10);
+        let mut cache = HotCache::bounded(10);
         let (a, _) = insert(&mut cache, &[1, 2, 3, 4]);
         let (b, _) = insert(&mut cache, &[3, 4, 5, 6]);
         assert_eq!(
@@ -303,7 +324,7 @@ mod tests {
 
     #[test]
     fn fifo_eviction_unlinks_the_oldest_query_and_releases_its_unshared_documents() {
-        let mut cache = HotCache::new(2);
+        let mut cache = HotCache::bounded(2);
         let (first, added) = insert(&mut cache, &[1, 2, 3]);
         assert_eq!(added.added, vec![1, 2, 3]);
         insert(&mut cache, &[3, 4]);
@@ -323,8 +344,20 @@ mod tests {
     }
 
     #[test]
+    fn an_unbounded_cache_evicts_nothing_by_itself() {
+        let mut cache = HotCache::unbounded();
+        for doc in 0..50 {
+            insert(&mut cache, &[doc]);
+        }
+        assert_eq!(cache.len(), 50);
+        let change = cache.remove(&[0]);
+        assert_eq!(change.released, vec![0]);
+        assert_eq!(cache.len(), 49);
+    }
+
+    #[test]
     fn a_document_in_both_the_evicted_and_the_new_entry_stays() {
-        let mut cache = HotCache::new(1);
+        let mut cache = HotCache::bounded(1);
         insert(&mut cache, &[1, 2]);
         let (_, change) = insert(&mut cache, &[2, 3]);
         assert_eq!(change.released, vec![1]);
@@ -334,7 +367,7 @@ mod tests {
 
     #[test]
     fn replicated_ids_and_removals_keep_the_index_consistent() {
-        let mut cache = HotCache::new(10);
+        let mut cache = HotCache::bounded(10);
         cache.insert_as(1 << 16, None, vec![1.0], &[1, 2]);
         cache.insert_as(2 << 16, None, vec![1.0], &[2, 3]);
         // An id already held is left alone; a local insert continues after the largest id.
@@ -382,7 +415,7 @@ mod tests {
             capacity in 1usize..6,
             steps in prop::collection::vec(step(), 1..60),
         ) {
-            let mut cache = HotCache::new(capacity);
+            let mut cache = HotCache::bounded(capacity);
             let mut referenced: HashSet<DocId> = HashSet::new();
             for step in steps {
                 match step {

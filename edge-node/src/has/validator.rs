@@ -15,7 +15,7 @@ const TAU_EPSILON: f64 = 1e-9;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Verdict {
     pub accepted: bool,
-    /// Votes of the best cached query divided by k.
+    /// Votes of the best cached query divided by the validation depth.
     pub score: f64,
     pub best: Option<Vote>,
 }
@@ -28,7 +28,8 @@ pub struct HomologyValidator {
 }
 
 impl HomologyValidator {
-    /// `tau` in [0, 1]: the share of the k draft documents one cached query must hold.
+    /// `tau` in [0, 1]: the share of the validated draft documents one cached query must
+    /// hold.
     pub fn new(tau: f64) -> Self {
         Self {
             tau_bits: AtomicU64::new(tau.to_bits()),
@@ -43,16 +44,19 @@ impl HomologyValidator {
         self.tau_bits.store(tau.to_bits(), Ordering::Relaxed);
     }
 
-    /// Scores `draft` (of target size `k`) against the cache: score = votes / k for the best
-    /// cached query; accepted when score >= tau.
-    pub fn judge(&self, cache: &HotCache, draft: &[DocId], k: usize) -> Verdict {
-        let best = cache.best_match(draft);
+    /// Scores the draft's best `depth` documents against the cache: score = votes / depth
+    /// for the best cached query; accepted when score >= tau. The depth is the same for
+    /// every request (cached entries hold that many documents too), so k does not change
+    /// how many shared documents accept a draft.
+    pub fn judge(&self, cache: &HotCache, draft: &[DocId], depth: usize) -> Verdict {
+        let depth = depth.max(1);
+        let best = cache.best_match(&draft[..draft.len().min(depth)]);
         let votes = best.map_or(0, |v| v.shared);
-        let k = k.max(1) as f64;
-        let accepted = best.is_some() && votes as f64 >= self.tau() * k - TAU_EPSILON;
+        let depth = depth as f64;
+        let accepted = best.is_some() && votes as f64 >= self.tau() * depth - TAU_EPSILON;
         Verdict {
             accepted,
-            score: votes as f64 / k,
+            score: votes as f64 / depth,
             best,
         }
     }
@@ -63,7 +67,7 @@ mod tests {
     use super::*;
 
     fn cache_with(results: &[&[DocId]]) -> HotCache {
-        let mut cache = HotCache::new(100);
+        let mut cache = HotCache::bounded(100);
         for docs in results {
             cache.insert(None, vec![1.0], docs);
         }
@@ -109,8 +113,21 @@ mod tests {
     }
 
     #[test]
+    fn only_the_drafts_best_depth_documents_vote() {
+        let cache = cache_with(&[&[1, 2, 3]]);
+        // Documents 2 and 3 are shared, but only the first 10 draft documents are judged.
+        let mut draft: Vec<DocId> = (100..109).collect();
+        draft.insert(0, 1);
+        draft.extend([2, 3]);
+        let verdict = HomologyValidator::new(0.2).judge(&cache, &draft, 10);
+        assert_eq!(verdict.best.map(|v| v.shared), Some(1));
+        assert!(!verdict.accepted);
+        assert!((verdict.score - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
     fn an_empty_cache_never_accepts_even_at_tau_zero() {
-        let verdict = HomologyValidator::new(0.0).judge(&HotCache::new(5), &[1, 2], 10);
+        let verdict = HomologyValidator::new(0.0).judge(&HotCache::bounded(5), &[1, 2], 10);
         assert!(!verdict.accepted);
         assert_eq!(verdict.score, 0.0);
     }

@@ -1,6 +1,5 @@
 //! The edge's link to the control plane: fallback results go out as proposals, and the
-//! committed stream comes back and is applied in order to the cache, its inverted index and
-//! the cache channel.
+//! committed stream comes back and is applied in order to the tenants' caches ([`apply`]).
 //!
 //! An edge with a control plane does not cache its own fallbacks directly: they return
 //! through the log like everyone else's, so every edge applies the same events in the same
@@ -8,23 +7,22 @@
 //! the cache it has; proposals wait in a bounded queue and the stream resumes from the
 //! last applied index.
 
+pub mod apply;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hasten_core::DocId;
-use hasten_proto::control;
+use hasten_proto::control::{self, FollowStatus};
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
-use hasten_proto::v1::{
-    CacheEntry, CommittedEvent, ControlCommand, ProposeRequest, StoredEntry, SubscribeRequest,
-    applied_command, control_command,
-};
-use serde::Serialize;
+use hasten_proto::v1::{CacheEntry, ControlCommand, ProposeRequest, control_command};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use crate::engine::{CacheReplication, CloudSearch, ReplicatedEntry, RetrievalEngine};
+use crate::fallback::CloudSearch;
+use crate::retrieval::{CacheReplication, RetrievalEngine};
 use crate::tenants::Tenant;
 
 /// Fallback results waiting to be proposed. At the paper's fallback rates an edge makes a
@@ -35,20 +33,19 @@ const PROPOSAL_QUEUE: usize = 4096;
 /// Entries sent in one `Propose` (one Raft log entry).
 const ENTRIES_PER_PROPOSAL: usize = 256;
 
-/// First wait before reconnecting or re-proposing; doubles up to `MAX_RETRY`.
+/// First wait before re-proposing; doubles up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
 
 /// What the edge reports about its link.
 #[derive(Debug, Default)]
 pub struct LinkStatus {
-    applied_index: AtomicU64,
-    subscribed: AtomicBool,
+    stream: Arc<FollowStatus>,
     proposed: AtomicU64,
     dropped: AtomicU64,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinkReport {
     pub applied_index: u64,
     pub subscribed: bool,
@@ -59,8 +56,8 @@ pub struct LinkReport {
 impl LinkStatus {
     pub fn report(&self) -> LinkReport {
         LinkReport {
-            applied_index: self.applied_index.load(Ordering::Relaxed),
-            subscribed: self.subscribed.load(Ordering::Relaxed),
+            applied_index: self.stream.applied_index(),
+            subscribed: self.stream.subscribed(),
             proposed: self.proposed.load(Ordering::Relaxed),
             dropped: self.dropped.load(Ordering::Relaxed),
         }
@@ -71,6 +68,7 @@ impl LinkStatus {
 pub struct ControlPlaneLink {
     origin: String,
     next_seq: AtomicU64,
+    corpus_version: String,
     proposals: mpsc::Sender<CacheEntry>,
     status: Arc<LinkStatus>,
     endpoints: Vec<String>,
@@ -82,8 +80,14 @@ impl ControlPlaneLink {
     /// Starts the proposer for `endpoints` (control-plane gRPC addresses, host:port),
     /// reached over mutual TLS with `tls`. `edge_id` names this edge in proposals; a
     /// start-time suffix keeps sequence numbers of a restarted edge from colliding with
-    /// those of its previous run.
-    pub fn start(edge_id: &str, endpoints: Vec<String>, tls: Option<MutualTls>) -> Arc<Self> {
+    /// those of its previous run. Entries are proposed under `corpus_version`, the
+    /// edge's bundle's.
+    pub fn start(
+        edge_id: &str,
+        corpus_version: &str,
+        endpoints: Vec<String>,
+        tls: Option<MutualTls>,
+    ) -> Arc<Self> {
         let boot = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -91,6 +95,7 @@ impl ControlPlaneLink {
         let link = Arc::new(Self {
             origin: format!("{edge_id}/{boot}"),
             next_seq: AtomicU64::new(1),
+            corpus_version: corpus_version.to_string(),
             proposals,
             status: Arc::new(LinkStatus::default()),
             endpoints,
@@ -109,14 +114,14 @@ impl ControlPlaneLink {
         Arc::clone(&self.status)
     }
 
-    /// Starts applying the committed stream to `engine`.
+    /// Starts applying the committed stream to `engine`'s caches and threshold.
     pub fn follow<C: CloudSearch>(&self, engine: Arc<RetrievalEngine<C>>) {
-        tokio::spawn(subscribe_loop(
+        tokio::spawn(control::follow(
             self.endpoints.clone(),
             self.tls.clone(),
             self.origin.clone(),
-            engine,
-            Arc::clone(&self.status),
+            Arc::clone(&self.status.stream),
+            move |event| apply::apply(&engine, event),
         ));
     }
 }
@@ -136,10 +141,7 @@ impl CacheReplication for ControlPlaneLink {
             text,
             vector: query.to_vec(),
             document_ids,
-            entity_hint: None,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            corpus_version: self.corpus_version.clone(),
         };
         if self.proposals.try_send(entry).is_err() {
             self.status.dropped.fetch_add(1, Ordering::Relaxed);
@@ -148,16 +150,6 @@ impl CacheReplication for ControlPlaneLink {
             );
         }
     }
-}
-
-async fn connect(
-    address: &str,
-    tls: Option<&MutualTls>,
-) -> Result<ControlPlaneClient<Channel>, tonic::transport::Error> {
-    let channel = control::endpoint(address, tls)?.connect().await?;
-    Ok(ControlPlaneClient::new(channel)
-        .max_decoding_message_size(control::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(control::MAX_MESSAGE_BYTES))
 }
 
 /// Proposes queued entries in batches, in order, retrying each batch on the next endpoint
@@ -189,7 +181,7 @@ async fn propose_loop(
         loop {
             if client.is_none() {
                 let endpoint = &endpoints[turn % endpoints.len()];
-                match connect(endpoint, tls.as_ref()).await {
+                match control::connect(endpoint, tls.as_ref()).await {
                     Ok(connected) => client = Some(connected),
                     Err(err) => tracing::debug!(%endpoint, %err, "control plane unreachable"),
                 }
@@ -218,122 +210,4 @@ async fn propose_loop(
             wait = (wait * 2).min(MAX_RETRY);
         }
     }
-}
-
-/// Follows the committed stream from the last applied index, reconnecting (to the next
-/// endpoint) whenever it breaks.
-async fn subscribe_loop<C: CloudSearch>(
-    endpoints: Vec<String>,
-    tls: Option<MutualTls>,
-    origin: String,
-    engine: Arc<RetrievalEngine<C>>,
-    status: Arc<LinkStatus>,
-) {
-    let mut wait = FIRST_RETRY;
-    for endpoint in endpoints.iter().cycle() {
-        let from_index = status.applied_index.load(Ordering::Relaxed) + 1;
-        match stream_from(
-            endpoint,
-            tls.as_ref(),
-            &origin,
-            from_index,
-            &engine,
-            &status,
-            &mut wait,
-        )
-        .await
-        {
-            Ok(()) => tracing::info!(%endpoint, "control-plane stream ended; reconnecting"),
-            Err(err) => tracing::info!(%endpoint, %err, "control-plane stream lost; reconnecting"),
-        }
-        status.subscribed.store(false, Ordering::Relaxed);
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(MAX_RETRY);
-    }
-}
-
-async fn stream_from<C: CloudSearch>(
-    endpoint: &str,
-    tls: Option<&MutualTls>,
-    origin: &str,
-    from_index: u64,
-    engine: &RetrievalEngine<C>,
-    status: &LinkStatus,
-    wait: &mut Duration,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut client = connect(endpoint, tls).await?;
-    let mut stream = client
-        .subscribe(SubscribeRequest {
-            from_index,
-            subscriber: origin.to_string(),
-        })
-        .await?
-        .into_inner();
-    status.subscribed.store(true, Ordering::Relaxed);
-    tracing::info!(%endpoint, from_index, "following the control plane");
-    while let Some(event) = stream.message().await? {
-        *wait = FIRST_RETRY;
-        if event.index < status.applied_index.load(Ordering::Relaxed) + 1 && event.state.is_none() {
-            continue;
-        }
-        apply(engine, event, status);
-    }
-    Ok(())
-}
-
-fn replicated(stored: StoredEntry) -> Option<ReplicatedEntry> {
-    let entry = stored.entry?;
-    Some(ReplicatedEntry {
-        id: stored.id,
-        tenant: if entry.tenant.is_empty() {
-            Tenant::default_tenant()
-        } else {
-            Tenant::new(&entry.tenant)
-        },
-        text: entry.text,
-        vector: entry.vector,
-        document_ids: entry.document_ids,
-    })
-}
-
-/// Applies one committed event: the whole state when the stream had to restart from it,
-/// then each command's removals and insertion.
-pub fn apply<C: CloudSearch>(
-    engine: &RetrievalEngine<C>,
-    event: CommittedEvent,
-    status: &LinkStatus,
-) {
-    if let Some(state) = event.state {
-        engine.apply_replicated(&engine.cached_ids(), None);
-        if let Some(config) = state.config.filter(|c| c.tau > 0.0) {
-            engine.set_tau(config.tau);
-        }
-        let entries = state.entries.len();
-        for stored in state.entries {
-            engine.apply_replicated(&[], replicated(stored));
-        }
-        tracing::info!(
-            index = state.applied_index,
-            entries,
-            "installed the control plane's state"
-        );
-    }
-    for command in event.applied {
-        let entry = match command.kind {
-            Some(applied_command::Kind::Inserted(stored)) => replicated(stored),
-            Some(applied_command::Kind::Config(config)) => {
-                if config.tau > 0.0 {
-                    engine.set_tau(config.tau);
-                    tracing::info!(
-                        tau = config.tau,
-                        "homology threshold changed by the control plane"
-                    );
-                }
-                None
-            }
-            Some(applied_command::Kind::ShardMap(_)) | None => None,
-        };
-        engine.apply_replicated(&command.removed, entry);
-    }
-    status.applied_index.store(event.index, Ordering::Relaxed);
 }

@@ -1,9 +1,9 @@
 //! Raft messages between control-plane nodes over tonic gRPC.
 //!
 //! Each peer has its own sender task and bounded outbox, so a slow or dead peer delays
-//! nobody else. Raft tolerates lost messages (it retransmits), so a full outbox drops
-//! rather than blocks the node task; a failed delivery is reported to Raft as an
-//! unreachable peer.
+//! nobody else. A full outbox drops rather than blocks the node; a failed delivery is
+//! reported to Raft as an unreachable peer. The sender tasks run on the process's main
+//! runtime, never on the node's own thread.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,10 +14,12 @@ use hasten_proto::v1::raft_peer_server::RaftPeer;
 use hasten_proto::v1::{RaftDelivered, RaftMessages};
 use protobuf::Message as _;
 use raft::prelude::{Message, MessageType};
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
-use crate::node::NodeRequest;
+use super::Transport;
+use crate::message::NodeRequest;
 
 /// Messages queued per peer: a few rounds of heartbeats and appends; a peer that cannot
 /// take them is behind or gone, and Raft resends what it missed.
@@ -31,45 +33,52 @@ struct Peer {
     outbox: Option<mpsc::Sender<Message>>,
 }
 
-/// Outbound Raft traffic of one node.
-pub struct PeerNetwork {
+/// Outbound Raft traffic of one node over gRPC.
+pub struct GrpcTransport {
     me: u64,
     peers: HashMap<u64, Peer>,
     node: mpsc::Sender<NodeRequest>,
     tls: Option<MutualTls>,
+    /// Where the sender tasks run.
+    runtime: Handle,
 }
 
-impl PeerNetwork {
-    /// Reaches peers over mutual TLS with `tls`.
+impl GrpcTransport {
+    /// Reaches `members` over mutual TLS with `tls`, from tasks on `runtime`; delivery
+    /// failures are reported to `node`.
     pub fn new(
         me: u64,
         members: BTreeMap<u64, String>,
         node: mpsc::Sender<NodeRequest>,
         tls: Option<MutualTls>,
+        runtime: Handle,
     ) -> Self {
         let mut network = Self {
             me,
             peers: HashMap::new(),
             node,
             tls,
+            runtime,
         };
         for (id, address) in members {
             network.add(id, address);
         }
         network
     }
+}
 
-    pub fn address(&self, id: u64) -> Option<String> {
+impl Transport for GrpcTransport {
+    fn address(&self, id: u64) -> Option<String> {
         self.peers.get(&id).map(|p| p.address.clone())
     }
 
-    pub fn add(&mut self, id: u64, address: String) {
+    fn add(&mut self, id: u64, address: String) {
         if self.peers.get(&id).is_some_and(|p| p.address == address) {
             return;
         }
         let outbox = (id != self.me).then(|| {
             let (outbox, queue) = mpsc::channel(PEER_OUTBOX);
-            tokio::spawn(deliver(
+            self.runtime.spawn(deliver(
                 id,
                 address.clone(),
                 self.tls.clone(),
@@ -81,11 +90,11 @@ impl PeerNetwork {
         self.peers.insert(id, Peer { address, outbox });
     }
 
-    pub fn remove(&mut self, id: u64) {
+    fn remove(&mut self, id: u64) {
         self.peers.remove(&id);
     }
 
-    pub fn send(&self, messages: Vec<Message>) {
+    fn send(&self, messages: Vec<Message>) {
         for message in messages {
             let to = message.to;
             let Some(outbox) = self.peers.get(&to).and_then(|p| p.outbox.as_ref()) else {

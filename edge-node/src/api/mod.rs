@@ -1,13 +1,14 @@
 //! The edge's request contract, shared by the JSON and gRPC front ends: what a retrieve
-//! request may hold, how it is checked, and the errors a client sees.
+//! request may hold, how it is checked, and the errors a client sees. Wire forms live in
+//! [`json`] (and the generated protobuf types); [`conversions`] turns them into these
+//! types and back.
+
+pub mod conversions;
+pub mod json;
 
 use hasten_core::vector::normalized_query;
-use serde::{Deserialize, Serialize};
 
-use crate::cloud::CloudError;
-use crate::engine::{
-    EngineError, MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings,
-};
+use crate::retrieval::{EngineError, Query};
 use crate::tenants::AuthError;
 
 /// Bounds on what a request may ask for.
@@ -19,26 +20,18 @@ pub struct RequestLimits {
     pub dimension: usize,
 }
 
-/// `POST /v1/retrieve` body.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetrieveBody {
+/// A retrieve request as either front end received it, before any check.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RetrieveInput {
     pub query: Option<String>,
     pub vector: Option<Vec<f32>>,
     pub k: Option<i64>,
 }
 
-/// What to retrieve, once checked.
-#[derive(Clone, Debug, PartialEq)]
-pub enum QueryInput {
-    Text(String),
-    /// L2-normalised.
-    Vector(Vec<f32>),
-}
-
+/// A request that passed every check.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidRequest {
-    pub input: QueryInput,
+    pub query: Query,
     pub k: usize,
 }
 
@@ -59,7 +52,7 @@ impl InvalidArgument {
     }
 }
 
-impl RetrieveBody {
+impl RetrieveInput {
     pub fn validate(self, limits: &RequestLimits) -> Result<ValidRequest, InvalidArgument> {
         let k = match self.k {
             None => limits.default_k,
@@ -71,7 +64,7 @@ impl RetrieveBody {
                 ));
             }
         };
-        let input = match (self.query, self.vector) {
+        let query = match (self.query, self.vector) {
             (Some(_), Some(_)) => {
                 return Err(InvalidArgument::new(
                     "query",
@@ -99,74 +92,80 @@ impl RetrieveBody {
                         ),
                     ));
                 }
-                QueryInput::Text(text.to_string())
+                Query::Text(text.to_string())
             }
-            (None, Some(vector)) => QueryInput::Vector(
+            (None, Some(vector)) => Query::Vector(
                 normalized_query(&vector, limits.dimension)
                     .map_err(|e| InvalidArgument::new("vector", e.to_string()))?,
             ),
         };
-        Ok(ValidRequest { input, k })
+        Ok(ValidRequest { query, k })
     }
 }
 
-/// Why a request failed, as the front ends report it.
+/// Why a request failed, as the front ends report it. Messages are for clients: what went
+/// wrong inside (addresses, TLS, index errors) stays in the source, which the edge logs.
 #[derive(Debug, thiserror::Error)]
 pub enum EdgeError {
     #[error(transparent)]
     InvalidArgument(#[from] InvalidArgument),
-    #[error("{0}")]
-    Unavailable(String),
-    /// Too much in flight here or in the cloud: retry shortly (HTTP 429).
-    #[error("{0}")]
-    Overloaded(String),
     /// No valid bearer token (HTTP 401, UNAUTHENTICATED).
     #[error(transparent)]
     Unauthenticated(#[from] AuthError),
+    /// This edge is at its bound of requests in flight (HTTP 429).
+    #[error("{0} requests already in flight at this edge; retry shortly")]
+    EdgeBusy(usize),
+    /// The cloud index is at its bound (HTTP 429).
+    #[error("the cloud index is overloaded; retry shortly")]
+    CloudBusy(#[source] EngineError),
     /// The client's deadline passed before an answer (HTTP 504, DEADLINE_EXCEEDED).
-    #[error("{0}")]
-    DeadlineExceeded(String),
-    #[error("{0}")]
-    Internal(String),
+    #[error("the request's deadline passed before the cloud index answered")]
+    DeadlineExceeded(#[source] EngineError),
+    /// The query needed the cloud index, which could not answer (HTTP 503).
+    #[error(
+        "the cloud index is unavailable; queries this edge can answer from its cache still are"
+    )]
+    Unavailable(#[source] EngineError),
+    #[error("internal error")]
+    Internal(#[source] EngineError),
+    #[error("internal error: the retrieval task failed")]
+    TaskFailed(#[source] tokio::task::JoinError),
+}
+
+impl EdgeError {
+    /// The error's kind, as metrics and JSON bodies name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) => "invalid_argument",
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::EdgeBusy(_) | Self::CloudBusy(_) => "overloaded",
+            Self::DeadlineExceeded(_) => "deadline_exceeded",
+            Self::Unavailable(_) => "unavailable",
+            Self::Internal(_) | Self::TaskFailed(_) => "internal",
+        }
+    }
+
+    /// Whether the edge or its dependencies failed (worth a log line with the cause), as
+    /// opposed to the client asking wrongly or too much.
+    pub fn is_server_side(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::Internal(_) | Self::TaskFailed(_)
+        )
+    }
 }
 
 impl From<EngineError> for EdgeError {
     fn from(err: EngineError) -> Self {
-        match err {
-            EngineError::Cloud(e @ CloudError::Overloaded(_)) => {
-                EdgeError::Overloaded(e.to_string())
-            }
-            EngineError::Cloud(e @ CloudError::ClientDeadline(_)) => {
-                EdgeError::DeadlineExceeded(e.to_string())
-            }
-            EngineError::Cloud(e) => {
-                EdgeError::Unavailable(format!("cloud index unavailable: {e}"))
-            }
-            EngineError::Index(e) => EdgeError::Internal(e.to_string()),
-            EngineError::Misconfigured(m) => EdgeError::Internal(m.to_string()),
-            e @ EngineError::UnknownTenant(_) => EdgeError::Internal(e.to_string()),
-        }
-    }
-}
-
-/// `POST /v1/retrieve` response.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RetrieveReply {
-    pub documents: Vec<RetrievedDocument>,
-    pub outcome: Outcome,
-    pub homology_score: f64,
-    pub matched_query: Option<MatchedQuery>,
-    pub timings_us: StageTimings,
-}
-
-impl From<Retrieval> for RetrieveReply {
-    fn from(r: Retrieval) -> Self {
-        Self {
-            documents: r.documents,
-            outcome: r.outcome,
-            homology_score: r.homology_score,
-            matched_query: r.matched_query,
-            timings_us: r.timings,
+        use crate::fallback::CloudError;
+        match &err {
+            EngineError::Cloud(CloudError::Overloaded(_)) => EdgeError::CloudBusy(err),
+            EngineError::Cloud(CloudError::ClientDeadline(_)) => EdgeError::DeadlineExceeded(err),
+            EngineError::Cloud(_) => EdgeError::Unavailable(err),
+            EngineError::Index(_)
+            | EngineError::Encode(_)
+            | EngineError::Cache(_)
+            | EngineError::Misconfigured(_) => EdgeError::Internal(err),
         }
     }
 }
@@ -182,60 +181,54 @@ mod tests {
         dimension: 3,
     };
 
-    fn field_of(body: RetrieveBody) -> String {
-        body.validate(&LIMITS).unwrap_err().field
+    fn field_of(input: RetrieveInput) -> String {
+        input.validate(&LIMITS).unwrap_err().field
     }
 
     #[test]
     fn every_bad_input_names_its_field() {
         let text = |q: &str| Some(q.to_string());
         assert_eq!(
-            field_of(RetrieveBody {
+            field_of(RetrieveInput {
                 query: text("  "),
                 ..Default::default()
             }),
             "query"
         );
         assert_eq!(
-            field_of(RetrieveBody {
+            field_of(RetrieveInput {
                 query: text(&"x".repeat(21)),
                 ..Default::default()
             }),
             "query"
         );
-        assert_eq!(field_of(RetrieveBody::default()), "query");
+        assert_eq!(field_of(RetrieveInput::default()), "query");
+        for k in [0, 101, -1] {
+            assert_eq!(
+                field_of(RetrieveInput {
+                    query: text("a"),
+                    k: Some(k),
+                    ..Default::default()
+                }),
+                "k"
+            );
+        }
         assert_eq!(
-            field_of(RetrieveBody {
-                query: text("a"),
-                k: Some(0),
-                ..Default::default()
-            }),
-            "k"
-        );
-        assert_eq!(
-            field_of(RetrieveBody {
-                query: text("a"),
-                k: Some(101),
-                ..Default::default()
-            }),
-            "k"
-        );
-        assert_eq!(
-            field_of(RetrieveBody {
+            field_of(RetrieveInput {
                 vector: Some(vec![1.0]),
                 ..Default::default()
             }),
             "vector"
         );
         assert_eq!(
-            field_of(RetrieveBody {
+            field_of(RetrieveInput {
                 vector: Some(vec![1.0, f32::INFINITY, 0.0]),
                 ..Default::default()
             }),
             "vector"
         );
         assert_eq!(
-            field_of(RetrieveBody {
+            field_of(RetrieveInput {
                 query: text("a"),
                 vector: Some(vec![1.0, 0.0, 0.0]),
                 k: None
@@ -246,7 +239,7 @@ mod tests {
 
     #[test]
     fn good_input_gets_defaults_and_a_normalised_vector() {
-        let ok = RetrieveBody {
+        let ok = RetrieveInput {
             query: Some(" who? ".into()),
             ..Default::default()
         }
@@ -255,11 +248,11 @@ mod tests {
         assert_eq!(
             ok,
             ValidRequest {
-                input: QueryInput::Text("who?".into()),
+                query: Query::Text("who?".into()),
                 k: 10
             }
         );
-        let v = RetrieveBody {
+        let v = RetrieveInput {
             vector: Some(vec![0.0, 2.0, 0.0]),
             k: Some(100),
             query: None,
@@ -269,9 +262,21 @@ mod tests {
         assert_eq!(
             v,
             ValidRequest {
-                input: QueryInput::Vector(vec![0.0, 1.0, 0.0]),
+                query: Query::Vector(vec![0.0, 1.0, 0.0]),
                 k: 100
             }
         );
+    }
+
+    #[test]
+    fn client_messages_keep_internals_in_the_source() {
+        use crate::fallback::CloudError;
+        let err = EdgeError::from(EngineError::Cloud(CloudError::Refused(
+            "shard 3 at 10.0.0.7:7101 unavailable".into(),
+        )));
+        assert_eq!(err.kind(), "unavailable");
+        assert!(!err.to_string().contains("10.0.0.7"), "{err}");
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert!(source.is_some_and(|s| s.contains("cloud")));
     }
 }

@@ -1,31 +1,37 @@
-//! The Raft node: one tokio task owns the `RawNode`, the storage and the state machine.
+//! The Raft node: one loop on its own thread owns the `RawNode`, the storage and the state
+//! machine.
 //!
-//! Clients, peers and the ticker reach it only through a bounded channel of
-//! [`NodeRequest`]s (backpressure, no shared mutable state). Each turn the task takes one
-//! request, then whatever else is already queued (so concurrent proposals are appended and
-//! replicated together), and handles Raft's `Ready`: persist entries and hard state, flush,
-//! then send, then apply what committed and answer the proposers.
+//! The loop blocks by design (sled's flush, snapshot encoding, applying large batches), so
+//! it runs on a dedicated thread with its own single-threaded runtime, as Qdrant runs its
+//! consensus, and never holds up the tokio workers that serve clients and peers. Clients,
+//! peers and the ticker reach it only through a bounded channel of [`NodeRequest`]s
+//! (backpressure, no shared mutable state). Each turn the loop takes one request, then
+//! whatever else is already queued (so concurrent proposals are appended and replicated
+//! together), and handles Raft's `Ready`: persist entries and hard state, flush, then send,
+//! then apply what committed and answer the proposers. A proposal still waiting when
+//! leadership moves is answered at once with [`NodeError::Stale`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::{
     CommandBatch, CommittedEvent, ControlCommand, ControlState, Member, NodeStatus,
 };
 use prost::Message as _;
 use protobuf::Message as _;
-use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Message, Snapshot};
+use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Snapshot};
 use raft::{RawNode, StateRole};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::runtime::Handle;
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+pub use crate::message::{CommitReply, NodeError, NodeRequest};
 use crate::metrics::NodeMetrics;
-use crate::state::{CacheStateMachine, CommandError, validate};
+use crate::state::{CacheStateMachine, validate};
 use crate::storage::{DISCARD_SLICE, RaftStorage, StoreError};
-use crate::transport::PeerNetwork;
+use crate::transport::Transport;
 
-/// Requests queued for the node task before senders wait: enough for a burst of proposals
+/// Requests queued for the node before senders wait: enough for a burst of proposals
 /// from many edges while a `Ready` is being persisted, small enough that a stalled node
 /// pushes back on its callers instead of buffering without bound.
 pub const NODE_QUEUE: usize = 1024;
@@ -37,43 +43,6 @@ const REQUESTS_PER_TURN: usize = 256;
 /// Committed events kept for live subscribers that fall behind; beyond it they re-read
 /// from sled. An event can carry a whole proposal batch (megabytes), so the buffer is short.
 const EVENT_BUFFER: usize = 64;
-
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    #[error("invalid proposal: {0}")]
-    Invalid(#[from] CommandError),
-    #[error("no leader is known yet; retry shortly")]
-    NoLeader,
-    #[error("the proposal was dropped by Raft ({0}); retry")]
-    Dropped(String),
-    #[error("membership change refused: {0}")]
-    Membership(String),
-    #[error("storage: {0}")]
-    Store(#[from] StoreError),
-    #[error("the control-plane node is shutting down")]
-    ShuttingDown,
-}
-
-pub enum NodeRequest {
-    Propose {
-        commands: Vec<ControlCommand>,
-        reply: oneshot::Sender<Result<u64, NodeError>>,
-    },
-    Step(Vec<Message>),
-    Unreachable(u64),
-    SnapshotSent {
-        to: u64,
-        delivered: bool,
-    },
-    Status(oneshot::Sender<NodeStatus>),
-    State(oneshot::Sender<ControlState>),
-    ChangeMember {
-        add: bool,
-        id: u64,
-        address: String,
-        reply: oneshot::Sender<Result<u64, NodeError>>,
-    },
-}
 
 /// Tunables of a node.
 #[derive(Clone, Debug)]
@@ -89,8 +58,6 @@ pub struct NodeSettings {
     pub max_log_bytes: u64,
     /// Committed events kept behind a compaction point for resuming subscribers.
     pub retained_events: u64,
-    /// Mutual TLS toward peers, when the deployment has a CA.
-    pub peer_tls: Option<MutualTls>,
 }
 
 /// Handle to a running node.
@@ -100,6 +67,8 @@ pub struct NodeHandle {
     events: broadcast::Sender<Arc<CommittedEvent>>,
     storage: RaftStorage,
     metrics: NodeMetrics,
+    /// Turns true when the node's loop has ended, for whatever reason.
+    stopped: watch::Receiver<bool>,
 }
 
 impl NodeHandle {
@@ -128,7 +97,9 @@ impl NodeHandle {
         answer.await.map_err(|_| NodeError::ShuttingDown)
     }
 
-    pub async fn state(&self) -> Result<ControlState, NodeError> {
+    /// The whole replicated state as of the node's applied index; callers asking at the
+    /// same index share one copy.
+    pub async fn state(&self) -> Result<Arc<ControlState>, NodeError> {
         let (reply, answer) = oneshot::channel();
         self.request(NodeRequest::State(reply)).await?;
         answer.await.map_err(|_| NodeError::ShuttingDown)
@@ -162,17 +133,44 @@ impl NodeHandle {
     pub fn requests(&self) -> mpsc::Sender<NodeRequest> {
         self.requests.clone()
     }
+
+    /// Resolves once the node's loop has ended (a storage failure, or a panic in Raft): the
+    /// process must not go on answering as if it were a member.
+    pub async fn stopped(&self) {
+        let mut stopped = self.stopped.clone();
+        let _ = stopped.wait_for(|done| *done).await;
+    }
 }
 
-struct RaftNode {
+/// Marks the node stopped when dropped: at the end of its loop, or while a panic unwinds
+/// its thread.
+struct StopSignal(watch::Sender<bool>);
+
+impl Drop for StopSignal {
+    fn drop(&mut self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// A proposal of this node waiting for its commit.
+struct Pending {
+    reply: CommitReply,
+    arrived: Instant,
+    /// The term and leader it was proposed under: when either changes before the commit,
+    /// the proposal may be lost and its caller is told at once.
+    term: u64,
+    leader: u64,
+}
+
+struct RaftNode<T> {
     settings: NodeSettings,
     raw: RawNode<RaftStorage>,
     storage: RaftStorage,
     state: CacheStateMachine,
-    peers: PeerNetwork,
+    peers: T,
     /// Proposals of this node awaiting their commit, by the id carried in the entry's
-    /// context, with when they arrived.
-    pending: HashMap<u64, (oneshot::Sender<Result<u64, NodeError>>, Instant)>,
+    /// context.
+    pending: HashMap<u64, Pending>,
     next_proposal: u64,
     events: broadcast::Sender<Arc<CommittedEvent>>,
     /// Payload bytes applied since the last snapshot.
@@ -180,18 +178,28 @@ struct RaftNode {
     metrics: NodeMetrics,
     /// The leader as of the last turn, to count changes.
     last_leader: u64,
+    /// (term, leader) as of the last turn, to find stale proposals.
+    last_leadership: (u64, u64),
+    /// The last whole state handed out, by applied index.
+    shared_state: Option<Arc<ControlState>>,
+    /// The process's main runtime, for work beside the node (removing compacted keys).
+    background: Handle,
 }
 
-/// Opens the node's storage, restores its state machine and starts its task.
+/// Opens the node's storage, restores its state machine and starts its loop on a thread of
+/// its own. `transport` makes the node's way to its peers from the members it knows and the
+/// node's request queue (where deliveries report failures).
 ///
 /// `initial_members` bootstraps a new cluster (every founding node lists the same set);
 /// a node joining an existing cluster passes none and waits for the leader to add it.
-pub fn start(
+/// Called from within the process's tokio runtime.
+pub fn start<T: Transport>(
     settings: NodeSettings,
     storage: RaftStorage,
     initial_members: &BTreeMap<u64, String>,
     join: bool,
     metrics: NodeMetrics,
+    transport: impl FnOnce(BTreeMap<u64, String>, mpsc::Sender<NodeRequest>) -> T,
 ) -> Result<NodeHandle, NodeError> {
     if storage.is_empty()? && !join {
         let conf = raft::prelude::ConfState {
@@ -231,20 +239,14 @@ pub fn start(
         pre_vote: true,
         ..raft::Config::default()
     };
-    config
-        .validate()
-        .map_err(|err| NodeError::Membership(err.to_string()))?;
+    config.validate().map_err(NodeError::ConfChange)?;
     let logger = slog::Logger::root(slog::Discard, slog::o!());
-    let raw = RawNode::new(&config, storage.clone(), &logger)
-        .map_err(|err| NodeError::Membership(err.to_string()))?;
+    let raw = RawNode::new(&config, storage.clone(), &logger).map_err(NodeError::ConfChange)?;
     let (requests, queue) = mpsc::channel(NODE_QUEUE);
     let (events, _) = broadcast::channel(EVENT_BUFFER);
-    let peers = PeerNetwork::new(
-        settings.id,
-        members,
-        requests.clone(),
-        settings.peer_tls.clone(),
-    );
+    let (stop_signal, stopped) = watch::channel(false);
+    let peers = transport(members, requests.clone());
+    let id = settings.id;
     let node = RaftNode {
         settings,
         raw,
@@ -257,17 +259,31 @@ pub fn start(
         applied_bytes: 0,
         metrics: metrics.clone(),
         last_leader: raft::INVALID_ID,
+        last_leadership: (0, raft::INVALID_ID),
+        shared_state: None,
+        background: Handle::current(),
     };
-    tokio::spawn(node.run(queue));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(NodeError::Thread)?;
+    std::thread::Builder::new()
+        .name(format!("raft-node-{id}"))
+        .spawn(move || {
+            let _stopped = StopSignal(stop_signal);
+            runtime.block_on(node.run(queue));
+        })
+        .map_err(NodeError::Thread)?;
     Ok(NodeHandle {
         requests,
         events,
         storage,
         metrics,
+        stopped,
     })
 }
 
-impl RaftNode {
+impl<T: Transport> RaftNode<T> {
     async fn run(mut self, mut queue: mpsc::Receiver<NodeRequest>) {
         let mut ticker = tokio::time::interval(self.settings.tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -291,13 +307,72 @@ impl RaftNode {
                 // Raft cannot continue safely without its storage: stop this node (peers
                 // elect another leader) rather than acknowledge what was not persisted.
                 tracing::error!(%err, "control-plane storage failed; the node stops");
-                for (_, (reply, _)) in self.pending.drain() {
+                for (_, pending) in self.pending.drain() {
                     self.metrics.proposal_dropped();
-                    let _ = reply.send(Err(NodeError::ShuttingDown));
+                    let _ = pending.reply.send(Err(NodeError::ShuttingDown));
                 }
                 return;
             }
+            self.fail_stale_proposals();
             self.report();
+        }
+    }
+
+    /// Answers every waiting proposal made under another term or leader than now's: its
+    /// entry may have been lost with the old leader's uncommitted log, and waiting would
+    /// only end in the caller's timeout. Proposals that did commit were answered already
+    /// (applying happens before this), and a retry of one that committed unseen is
+    /// applied once (origin sequences).
+    fn fail_stale_proposals(&mut self) {
+        let now = (self.raw.raft.term, self.raw.raft.leader_id);
+        if now == self.last_leadership {
+            return;
+        }
+        self.last_leadership = now;
+        let stale: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| (p.term, p.leader) != now)
+            .map(|(id, _)| *id)
+            .collect();
+        if !stale.is_empty() {
+            tracing::info!(
+                proposals = stale.len(),
+                term = now.0,
+                leader = now.1,
+                "leadership changed; failing the proposals waiting under the old one"
+            );
+        }
+        for id in stale {
+            if let Some(pending) = self.pending.remove(&id) {
+                self.metrics.proposal_dropped();
+                let _ = pending.reply.send(Err(NodeError::Stale {
+                    term: now.0,
+                    leader: now.1,
+                }));
+            }
+        }
+    }
+
+    fn pending(&self, reply: CommitReply) -> Pending {
+        Pending {
+            reply,
+            arrived: Instant::now(),
+            term: self.raw.raft.term,
+            leader: self.raw.raft.leader_id,
+        }
+    }
+
+    /// The whole state, shared with every caller until the next applied entry.
+    fn shared_state(&mut self) -> Arc<ControlState> {
+        let applied = self.state.applied_index();
+        match &self.shared_state {
+            Some(state) if state.applied_index == applied => Arc::clone(state),
+            _ => {
+                let state = Arc::new(self.state.to_state());
+                self.shared_state = Some(Arc::clone(&state));
+                state
+            }
         }
     }
 
@@ -347,7 +422,7 @@ impl RaftNode {
                 let _ = reply.send(self.status());
             }
             NodeRequest::State(reply) => {
-                let _ = reply.send(self.state.to_state());
+                let _ = reply.send(self.shared_state());
             }
             NodeRequest::ChangeMember {
                 add,
@@ -358,11 +433,7 @@ impl RaftNode {
         }
     }
 
-    fn propose(
-        &mut self,
-        commands: Vec<ControlCommand>,
-        reply: oneshot::Sender<Result<u64, NodeError>>,
-    ) {
+    fn propose(&mut self, commands: Vec<ControlCommand>, reply: CommitReply) {
         if self.raw.raft.leader_id == raft::INVALID_ID {
             self.metrics.proposal_dropped();
             let _ = reply.send(Err(NodeError::NoLeader));
@@ -372,22 +443,17 @@ impl RaftNode {
         let data = CommandBatch { commands }.encode_to_vec();
         match self.raw.propose(proposal.to_be_bytes().to_vec(), data) {
             Ok(()) => {
-                self.pending.insert(proposal, (reply, Instant::now()));
+                let pending = self.pending(reply);
+                self.pending.insert(proposal, pending);
             }
             Err(err) => {
                 self.metrics.proposal_dropped();
-                let _ = reply.send(Err(NodeError::Dropped(err.to_string())));
+                let _ = reply.send(Err(NodeError::Dropped(err)));
             }
         }
     }
 
-    fn change_member(
-        &mut self,
-        add: bool,
-        id: u64,
-        address: String,
-        reply: oneshot::Sender<Result<u64, NodeError>>,
-    ) {
+    fn change_member(&mut self, add: bool, id: u64, address: String, reply: CommitReply) {
         if self.raw.raft.state != StateRole::Leader {
             let _ = reply.send(Err(NodeError::Membership(format!(
                 "node {} is not the leader (leader: {}); send membership changes to the leader",
@@ -411,10 +477,11 @@ impl RaftNode {
             .propose_conf_change(proposal.to_be_bytes().to_vec(), change)
         {
             Ok(()) => {
-                self.pending.insert(proposal, (reply, Instant::now()));
+                let pending = self.pending(reply);
+                self.pending.insert(proposal, pending);
             }
             Err(err) => {
-                let _ = reply.send(Err(NodeError::Membership(err.to_string())));
+                let _ = reply.send(Err(NodeError::ConfChange(err)));
             }
         }
     }
@@ -533,9 +600,9 @@ impl RaftNode {
                 }
                 _ => self.state.skip(entry.index, entry.term),
             }
-            if let Some((reply, arrived)) = proposal.and_then(|p| self.pending.remove(&p)) {
-                self.metrics.proposal_committed(arrived.elapsed());
-                let _ = reply.send(Ok(entry.index));
+            if let Some(pending) = proposal.and_then(|p| self.pending.remove(&p)) {
+                self.metrics.proposal_committed(pending.arrived.elapsed());
+                let _ = pending.reply.send(Ok(entry.index));
             }
         }
         Ok(())
@@ -590,7 +657,8 @@ impl RaftNode {
             self.settings.retained_events,
         )?;
         self.storage.flush()?;
-        tokio::spawn(discard_compacted(self.storage.clone()));
+        self.background
+            .spawn(discard_compacted(self.storage.clone()));
         self.metrics.snapshots.inc();
         self.metrics.snapshot_bytes.set(bytes as i64);
         tracing::info!(
@@ -630,3 +698,6 @@ fn proposal_id(context: &[u8]) -> Option<u64> {
     let bytes: [u8; 8] = context.try_into().ok()?;
     Some(u64::from_be_bytes(bytes))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,5 @@
-//! The evaluation run: a cloud index process, then each system under test as edge
-//! processes behind delay relays, the same workload through every one, one report.
+//! An experiment: a cloud tier, then each system under test as edge processes behind delay
+//! relays, the same workload through every one, one report.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,13 +10,13 @@ use serde::Serialize;
 
 use crate::control_plane;
 use crate::driver::{self, DriverSettings};
-use crate::evaluation::summarize;
 use crate::process::{
     ManagedProcess, ProcessError, binary, cloud_index_route_args, cloud_index_serve_args,
     edge_serve_args,
 };
 use crate::relay::{DelayModel, Relay};
 use crate::report::SystemReport;
+use crate::scoring::summarize;
 use crate::workload::WorkloadQuery;
 
 /// How long a service may take to load its bundle and build its indexes.
@@ -283,8 +283,14 @@ pub async fn run_system(
             &cloud_relay.local_addr.to_string(),
             &cloud.cert,
         );
-        // Leave room for the emulated WAN on top of the cloud's own time.
-        args.extend(["--cloud-timeout-ms".into(), "30000".into()]);
+        // Leave room for the emulated WAN on top of the cloud's own time; the matched
+        // query's text is what CAR is judged by.
+        args.extend([
+            "--cloud-timeout-ms".into(),
+            "30000".into(),
+            "--expose-matched-query-text".into(),
+            "true".into(),
+        ]);
         args.extend(spec.edge_args.iter().cloned());
         args.extend(settings.extra_edge_args.iter().cloned());
         // Each edge follows its own control-plane node first, the others on failure.

@@ -1,18 +1,21 @@
 //! The edge's QUIC client to the cloud index: one long-lived connection, one bidirectional
-//! stream per request, reconnecting when the connection is lost.
+//! stream per request, reconnecting when the connection is lost. It also tracks the link's
+//! state for readiness: an edge is ready once it has reached a cloud serving its corpus
+//! version, and not while the cloud serves another one.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, FrameError, read_frame, write_frame};
+use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, read_frame, write_frame};
 use hasten_proto::v1::quic_error::Code;
 use hasten_proto::v1::{
     InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest, SearchResponse,
     quic_request, quic_response,
 };
-use tokio::sync::Mutex;
+use parking_lot::Mutex;
 
-use crate::engine::{CloudDocument, CloudSearch};
+use super::{CloudDocument, CloudError, CloudSearch};
 
 /// What a fallback asks the cloud for: the exact top-`k` of one query, with the texts to
 /// answer and the vectors to cache, within `timeout` (the cloud drops work past it). A
@@ -44,37 +47,11 @@ pub fn fallback_documents(mut response: SearchResponse) -> Vec<CloudDocument> {
         .collect()
 }
 
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum CloudError {
-    #[error("cannot reach the cloud index at {addr}: {reason}")]
-    Unreachable { addr: SocketAddr, reason: String },
-    #[error("the cloud index did not answer within {0:?}")]
-    Timeout(Duration),
-    #[error("the client's deadline passed before the cloud index answered (it had {0:?})")]
-    ClientDeadline(Duration),
-    #[error("the cloud index refused the request: {0}")]
-    Refused(String),
-    #[error("the cloud index is overloaded: {0}")]
-    Overloaded(String),
-    #[error(
-        "the cloud index serves corpus version {cloud}, this edge holds {edge}: rebuild or redeploy so both use the same bundle"
-    )]
-    VersionMismatch { cloud: String, edge: String },
-    #[error("protocol error talking to the cloud index: {0}")]
-    Protocol(String),
-}
-
-impl From<FrameError> for CloudError {
-    fn from(err: FrameError) -> Self {
-        CloudError::Protocol(err.to_string())
-    }
-}
-
 /// Where and how to reach the cloud.
 #[derive(Clone, Debug)]
 pub struct CloudEndpoint {
     pub addr: SocketAddr,
-    /// TLS server name the cloud's certificate must carry.
+    /// TLS name the cloud's certificate must carry.
     pub server_name: String,
     /// Deadline of one request, connection set-up included.
     pub timeout: Duration,
@@ -82,10 +59,93 @@ pub struct CloudEndpoint {
     pub corpus_version: String,
 }
 
+/// The state of the link to the cloud, as the last connection attempt left it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CloudLink {
+    /// No connection attempted yet.
+    Unknown,
+    /// Connected to a cloud serving this edge's corpus version.
+    Verified,
+    /// The cloud could not be reached.
+    Unreachable(String),
+    /// The cloud serves another corpus version: no fallback can succeed.
+    VersionMismatch { cloud: String },
+}
+
+impl CloudLink {
+    /// Every state's label, as metrics and the status name them.
+    pub const LABELS: [&'static str; 4] =
+        ["unknown", "verified", "unreachable", "version_mismatch"];
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Verified => "verified",
+            Self::Unreachable(_) => "unreachable",
+            Self::VersionMismatch { .. } => "version_mismatch",
+        }
+    }
+}
+
+/// The link's state and whether it was ever verified, shared with readiness and metrics.
+#[derive(Debug)]
+pub struct CloudLinkStatus {
+    state: Mutex<(CloudLink, bool)>,
+}
+
+impl Default for CloudLinkStatus {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new((CloudLink::Unknown, false)),
+        }
+    }
+}
+
+impl CloudLinkStatus {
+    pub fn current(&self) -> CloudLink {
+        self.state.lock().0.clone()
+    }
+
+    /// Whether the edge can answer every query: it reached a cloud of its corpus version
+    /// once (a later outage leaves its cached answers servable), and the cloud does not
+    /// serve another version now.
+    pub fn readiness(&self) -> Result<(), String> {
+        let (link, verified_once) = &*self.state.lock();
+        match link {
+            CloudLink::VersionMismatch { cloud } => Err(format!(
+                "the cloud index serves corpus version {cloud}, not this edge's: no fallback can succeed"
+            )),
+            _ if *verified_once => Ok(()),
+            CloudLink::Unreachable(reason) => {
+                Err(format!("the cloud index was never reached: {reason}"))
+            }
+            _ => Err("the cloud index was not reached yet".into()),
+        }
+    }
+
+    fn set(&self, link: CloudLink) {
+        let mut state = self.state.lock();
+        if state.0 != link {
+            match &link {
+                CloudLink::VersionMismatch { cloud } => {
+                    tracing::error!(%cloud, "the cloud index serves another corpus version; this edge is not ready")
+                }
+                CloudLink::Unreachable(reason) => {
+                    tracing::warn!(%reason, "the cloud index is unreachable")
+                }
+                CloudLink::Verified | CloudLink::Unknown => {}
+            }
+        }
+        state.1 |= link == CloudLink::Verified;
+        state.0 = link;
+    }
+}
+
 pub struct QuicCloudClient {
     endpoint: quinn::Endpoint,
     target: CloudEndpoint,
-    connection: Mutex<Option<quinn::Connection>>,
+    connection: tokio::sync::Mutex<Option<quinn::Connection>>,
+    link: Arc<CloudLinkStatus>,
 }
 
 impl std::fmt::Debug for QuicCloudClient {
@@ -97,7 +157,8 @@ impl std::fmt::Debug for QuicCloudClient {
 }
 
 impl QuicCloudClient {
-    /// A client endpoint on an ephemeral local port. Connects lazily, on first use.
+    /// A client endpoint on an ephemeral local port. Connects on first use, or on
+    /// [`Self::verify_link`].
     pub fn new(config: quinn::ClientConfig, target: CloudEndpoint) -> std::io::Result<Self> {
         let bind: SocketAddr = if target.addr.is_ipv4() {
             SocketAddr::from(([0, 0, 0, 0], 0))
@@ -109,15 +170,24 @@ impl QuicCloudClient {
         Ok(Self {
             endpoint,
             target,
-            connection: Mutex::new(None),
+            connection: tokio::sync::Mutex::new(None),
+            link: Arc::new(CloudLinkStatus::default()),
         })
     }
 
-    fn unreachable(&self, reason: impl ToString) -> CloudError {
-        CloudError::Unreachable {
-            addr: self.target.addr,
-            reason: reason.to_string(),
-        }
+    /// The link's state, for readiness and metrics.
+    pub fn link(&self) -> Arc<CloudLinkStatus> {
+        Arc::clone(&self.link)
+    }
+
+    /// Connects now (within the request timeout) and checks the cloud's corpus version, so
+    /// that readiness reflects the link before the first fallback.
+    pub async fn verify_link(&self) -> Result<(), CloudError> {
+        tokio::time::timeout(self.target.timeout, self.connection())
+            .await
+            .map_err(|_| CloudError::Timeout(self.target.timeout))
+            .inspect_err(|err| self.link.set(CloudLink::Unreachable(err.to_string())))?
+            .map(|_| ())
     }
 
     /// The open connection, or a new one whose corpus version was checked.
@@ -126,25 +196,40 @@ impl QuicCloudClient {
         if let Some(connection) = slot.as_ref().filter(|c| c.close_reason().is_none()) {
             return Ok(connection.clone());
         }
-        let connecting = self
+        let connection = self.connect().await.inspect_err(|err| {
+            if !matches!(err, CloudError::VersionMismatch { .. }) {
+                self.link.set(CloudLink::Unreachable(err.to_string()));
+            }
+        })?;
+        self.link.set(CloudLink::Verified);
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+
+    async fn connect(&self) -> Result<quinn::Connection, CloudError> {
+        let addr = self.target.addr;
+        let connection = self
             .endpoint
-            .connect(self.target.addr, &self.target.server_name)
-            .map_err(|e| self.unreachable(e))?;
-        let connection = connecting.await.map_err(|e| self.unreachable(e))?;
+            .connect(addr, &self.target.server_name)
+            .map_err(|source| CloudError::Connect { addr, source })?
+            .await
+            .map_err(|source| CloudError::Connection { addr, source })?;
         let info = match exchange(&connection, info_request()).await?.body {
             Some(quic_response::Body::Info(info)) => info,
             Some(quic_response::Body::Error(e)) => return Err(CloudError::Refused(e.message)),
-            _ => return Err(CloudError::Protocol("expected index info".into())),
+            _ => return Err(CloudError::UnexpectedReply("index info")),
         };
         if info.corpus_version != self.target.corpus_version {
             connection.close(0u32.into(), b"corpus version mismatch");
+            self.link.set(CloudLink::VersionMismatch {
+                cloud: info.corpus_version.clone(),
+            });
             return Err(CloudError::VersionMismatch {
                 cloud: info.corpus_version,
                 edge: self.target.corpus_version.clone(),
             });
         }
-        tracing::info!(addr = %self.target.addr, documents = info.documents, "connected to the cloud index");
-        *slot = Some(connection.clone());
+        tracing::info!(%addr, documents = info.documents, "connected to the cloud index");
         Ok(connection)
     }
 
@@ -174,7 +259,7 @@ impl QuicCloudClient {
                 Err(CloudError::Overloaded(e.message))
             }
             Some(quic_response::Body::Error(e)) => Err(CloudError::Refused(e.message)),
-            _ => Err(CloudError::Protocol("expected search results".into())),
+            _ => Err(CloudError::UnexpectedReply("search results")),
         }
     }
 }
@@ -190,13 +275,14 @@ async fn exchange(
     connection: &quinn::Connection,
     request: QuicRequest,
 ) -> Result<QuicResponse, CloudError> {
-    let lost = |e: &dyn std::fmt::Display| CloudError::Unreachable {
-        addr: connection.remote_address(),
-        reason: e.to_string(),
-    };
-    let (mut send, mut recv) = connection.open_bi().await.map_err(|e| lost(&e))?;
+    let addr = connection.remote_address();
+    let (mut send, mut recv) = connection
+        .open_bi()
+        .await
+        .map_err(|source| CloudError::Connection { addr, source })?;
     write_frame(&mut send, &request).await?;
-    send.finish().map_err(|e| lost(&e))?;
+    send.finish()
+        .map_err(|source| CloudError::Stream { addr, source })?;
     Ok(read_frame(&mut recv, DEFAULT_MAX_FRAME_BYTES).await?)
 }
 
@@ -242,5 +328,22 @@ mod tests {
         // 0 would ask for the cloud's default deadline instead of none left.
         assert_eq!(budget(Duration::ZERO), 1);
         assert_eq!(budget(Duration::from_secs(u64::MAX / 2)), u32::MAX);
+    }
+
+    #[test]
+    fn readiness_needs_a_verified_link_and_no_version_mismatch() {
+        let status = CloudLinkStatus::default();
+        assert!(status.readiness().is_err(), "never reached");
+        status.set(CloudLink::Unreachable("refused".into()));
+        assert!(status.readiness().unwrap_err().contains("refused"));
+        status.set(CloudLink::Verified);
+        assert!(status.readiness().is_ok());
+        // An outage after the link was verified leaves cached answers servable.
+        status.set(CloudLink::Unreachable("gone".into()));
+        assert!(status.readiness().is_ok());
+        status.set(CloudLink::VersionMismatch {
+            cloud: "other".into(),
+        });
+        assert!(status.readiness().unwrap_err().contains("other"));
     }
 }

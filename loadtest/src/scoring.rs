@@ -1,11 +1,11 @@
-//! Per-query records and the evaluation of a run: draft acceptance rate (DAR), correct
+//! Scoring a run from its per-query records: draft acceptance rate (DAR), correct
 //! acceptance rate (CAR), document hit rate (DHR) overall and over accepted drafts, and
 //! latency by outcome, as the HaS paper defines them.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use hasten_core::eval::contains_answer;
+use hasten_core::answers::contains_answer;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,269 @@
+//! Wire types to domain types and back, for both front ends: the only place that knows
+//! both the serde/protobuf shapes and the engine's.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hasten_proto::v1 as pb;
+
+use super::json::{
+    CloudLinkJson, DocumentJson, ErrorDetail, ErrorJson, LinkJson, MatchedQueryJson, OutcomeJson,
+    RetrieveBody, RetrieveReply, StatusJson, TimingsJson,
+};
+use super::{EdgeError, RetrieveInput};
+use crate::fallback::quic::CloudLink;
+use crate::pipeline::EdgeStatus;
+use crate::retrieval::{MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings};
+
+/// How replies are shaped for this deployment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyOptions {
+    /// Show the text of the cached query an acceptance went through (another user's
+    /// question); its id and score are always shown.
+    pub matched_query_text: bool,
+}
+
+impl From<RetrieveBody> for RetrieveInput {
+    fn from(body: RetrieveBody) -> Self {
+        Self {
+            query: body.query,
+            vector: body.vector,
+            k: body.k,
+        }
+    }
+}
+
+impl From<pb::RetrieveRequest> for RetrieveInput {
+    fn from(request: pb::RetrieveRequest) -> Self {
+        let (query, vector) = match request.input {
+            Some(pb::retrieve_request::Input::Query(q)) => (Some(q), None),
+            Some(pb::retrieve_request::Input::Vector(v)) => (None, Some(v.values)),
+            None => (None, None),
+        };
+        Self {
+            query,
+            vector,
+            k: request.k.map(i64::from),
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl From<StageTimings> for TimingsJson {
+    fn from(t: StageTimings) -> Self {
+        Self {
+            encode_us: t.encode.map(micros),
+            cache_channel_us: t.cache_channel.map(micros),
+            fuzzy_channel_us: t.fuzzy_channel.map(micros),
+            merge_us: t.merge.map(micros),
+            validation_us: t.validation.map(micros),
+            cloud_us: t.cloud.map(micros),
+            cache_update_us: t.cache_update.map(micros),
+            total_us: micros(t.total),
+        }
+    }
+}
+
+impl From<StageTimings> for pb::StageTimings {
+    fn from(t: StageTimings) -> Self {
+        let json = TimingsJson::from(t);
+        Self {
+            encode_us: json.encode_us,
+            cache_channel_us: json.cache_channel_us,
+            fuzzy_channel_us: json.fuzzy_channel_us,
+            merge_us: json.merge_us,
+            validation_us: json.validation_us,
+            cloud_us: json.cloud_us,
+            cache_update_us: json.cache_update_us,
+            total_us: json.total_us,
+        }
+    }
+}
+
+impl From<RetrievedDocument> for DocumentJson {
+    fn from(d: RetrievedDocument) -> Self {
+        Self {
+            id: d.id,
+            title: d.title,
+            text: d.text,
+            score: d.score,
+        }
+    }
+}
+
+impl From<RetrievedDocument> for pb::Document {
+    fn from(d: RetrievedDocument) -> Self {
+        Self {
+            id: d.id,
+            title: d.title,
+            text: d.text,
+            score: d.score,
+        }
+    }
+}
+
+fn matched_text(matched: &MatchedQuery, options: ReplyOptions) -> Option<String> {
+    matched.text.clone().filter(|_| options.matched_query_text)
+}
+
+/// A retrieval as the JSON API answers it.
+pub fn reply_json(r: Retrieval, options: ReplyOptions) -> RetrieveReply {
+    RetrieveReply {
+        documents: r.documents.into_iter().map(DocumentJson::from).collect(),
+        outcome: match r.outcome {
+            Outcome::Accepted => OutcomeJson::Accepted,
+            Outcome::Fallback => OutcomeJson::Fallback,
+        },
+        homology_score: r.homology_score,
+        matched_query: r.matched_query.map(|m| MatchedQueryJson {
+            id: m.id,
+            text: matched_text(&m, options),
+            shared_documents: m.shared_documents,
+        }),
+        timings_us: r.timings.into(),
+    }
+}
+
+/// A retrieval as the gRPC API answers it.
+pub fn reply_proto(r: Retrieval, options: ReplyOptions) -> pb::RetrieveResponse {
+    pb::RetrieveResponse {
+        documents: r.documents.into_iter().map(pb::Document::from).collect(),
+        outcome: match r.outcome {
+            Outcome::Accepted => pb::Outcome::Accepted,
+            Outcome::Fallback => pb::Outcome::Fallback,
+        } as i32,
+        homology_score: r.homology_score as f32,
+        matched_query: r.matched_query.map(|m| pb::MatchedQuery {
+            id: m.id,
+            text: matched_text(&m, options),
+            shared_documents: u32::try_from(m.shared_documents).unwrap_or(u32::MAX),
+        }),
+        timings: Some(r.timings.into()),
+    }
+}
+
+impl From<&CloudLink> for CloudLinkJson {
+    fn from(link: &CloudLink) -> Self {
+        let detail = match link {
+            CloudLink::Unknown | CloudLink::Verified => None,
+            CloudLink::Unreachable(reason) => Some(reason.clone()),
+            CloudLink::VersionMismatch { cloud } => {
+                Some(format!("the cloud serves corpus version {cloud}"))
+            }
+        };
+        Self {
+            state: link.label(),
+            detail,
+        }
+    }
+}
+
+/// The edge's state as `GET /v1/status` shows it.
+pub fn status_json(status: EdgeStatus) -> StatusJson {
+    StatusJson {
+        policy: format!("{:?}", status.policy),
+        tau: status.tau,
+        semantic_threshold: status.semantic_threshold,
+        corpus_version: status.corpus_version,
+        cached_queries: status.cache.queries,
+        cached_documents: status.cache.documents,
+        cache_bytes: status.cache.bytes,
+        cache_capacity: status.cache_capacity,
+        default_k: status.default_k,
+        validation_depth: status.validation_depth,
+        cloud: CloudLinkJson::from(&status.cloud),
+        control_plane: status.link.map(|link| LinkJson {
+            applied_index: link.applied_index,
+            subscribed: link.subscribed,
+            proposed: link.proposed,
+            dropped: link.dropped,
+        }),
+        skipped_entries: status
+            .skipped
+            .into_iter()
+            .map(|(reason, count)| (reason.label(), count))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// The JSON body of a failed request.
+pub fn error_json(err: &EdgeError) -> ErrorJson {
+    let field = match err {
+        EdgeError::InvalidArgument(invalid) => Some(invalid.field.clone()),
+        _ => None,
+    };
+    let message = match err {
+        EdgeError::InvalidArgument(invalid) => invalid.message.clone(),
+        other => other.to_string(),
+    };
+    ErrorJson {
+        error: ErrorDetail {
+            code: err.kind(),
+            field,
+            message,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accepted_through(text: Option<&str>) -> Retrieval {
+        Retrieval {
+            documents: vec![],
+            outcome: Outcome::Accepted,
+            homology_score: 0.3,
+            matched_query: Some(MatchedQuery {
+                id: 7,
+                text: text.map(str::to_string),
+                shared_documents: 3,
+            }),
+            timings: StageTimings::default(),
+        }
+    }
+
+    #[test]
+    fn another_users_question_is_shown_only_when_the_operator_allows() {
+        let hidden = ReplyOptions::default();
+        let shown = ReplyOptions {
+            matched_query_text: true,
+        };
+        let asked = Some("who founded acme?");
+        let json = reply_json(accepted_through(asked), hidden);
+        let matched = json.matched_query.unwrap();
+        assert_eq!((matched.id, matched.text), (7, None));
+        let body = serde_json::to_string(&reply_json(accepted_through(asked), hidden)).unwrap();
+        assert!(!body.contains("acme"), "{body}");
+        assert_eq!(
+            reply_json(accepted_through(asked), shown)
+                .matched_query
+                .and_then(|m| m.text)
+                .as_deref(),
+            asked
+        );
+        let proto = reply_proto(accepted_through(asked), hidden);
+        assert_eq!(proto.matched_query.unwrap().text, None);
+        let proto = reply_proto(accepted_through(asked), shown);
+        assert_eq!(proto.matched_query.unwrap().text.as_deref(), asked);
+    }
+
+    #[test]
+    fn stages_that_did_not_run_are_absent_on_the_wire() {
+        let timings = StageTimings {
+            encode: Some(Duration::from_micros(1500)),
+            total: Duration::from_micros(2000),
+            ..StageTimings::default()
+        };
+        let json = serde_json::to_value(TimingsJson::from(timings)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"encode_us": 1500, "total_us": 2000})
+        );
+        let proto = pb::StageTimings::from(timings);
+        assert_eq!((proto.encode_us, proto.cloud_us), (Some(1500), None));
+    }
+}

@@ -1,0 +1,72 @@
+//! The exact search an edge falls back to: the [`CloudSearch`] seam the retrieval engine
+//! calls, its errors, and the QUIC client to the cloud index that implements it ([`quic`]).
+
+pub mod quic;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use hasten_core::DocId;
+use hasten_proto::frame::FrameError;
+
+/// A document the cloud returned: what the edge needs to answer and to cache it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CloudDocument {
+    pub id: DocId,
+    pub score: f32,
+    pub title: String,
+    pub text: String,
+    pub vector: Vec<f32>,
+}
+
+/// The exact search the edge falls back to.
+pub trait CloudSearch: Send + Sync + 'static {
+    /// Exact top-`k` for a normalised query, with texts and vectors, best first; given up
+    /// at `deadline` (the client's), or at the client's own timeout if sooner.
+    fn search(
+        &self,
+        query: &[f32],
+        k: usize,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Vec<CloudDocument>, CloudError>> + Send;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    #[error("cannot connect to the cloud index at {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: quinn::ConnectError,
+    },
+    #[error("the connection to the cloud index at {addr} failed: {source}")]
+    Connection {
+        addr: SocketAddr,
+        #[source]
+        source: quinn::ConnectionError,
+    },
+    #[error("the request stream to the cloud index at {addr} was closed: {source}")]
+    Stream {
+        addr: SocketAddr,
+        #[source]
+        source: quinn::ClosedStream,
+    },
+    #[error("the cloud index did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the client's deadline passed before the cloud index answered (it had {0:?})")]
+    ClientDeadline(Duration),
+    /// The cloud's own reason, as it sent it.
+    #[error("the cloud index refused the request: {0}")]
+    Refused(String),
+    #[error("the cloud index is overloaded: {0}")]
+    Overloaded(String),
+    #[error(
+        "the cloud index serves corpus version {cloud}, this edge holds {edge}: rebuild or redeploy so both use the same bundle"
+    )]
+    VersionMismatch { cloud: String, edge: String },
+    #[error("protocol error talking to the cloud index")]
+    Frame(#[from] FrameError),
+    #[error("the cloud index answered out of protocol: expected {0}")]
+    UnexpectedReply(&'static str),
+}

@@ -1,0 +1,146 @@
+//! HaS's draft and its verdict: the cache channel and the fuzzy channel side by side, the
+//! union re-ranked by exact inner product, and the homology validation of its best
+//! `validation depth` documents against the tenant's cached queries.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hasten_core::DocId;
+use hasten_core::index::IndexError;
+use hasten_core::ranking::best_first;
+use hasten_core::vector::dot;
+
+use super::{EngineError, MatchedQuery, RetrievalEngine, RetrievedDocument, StageTimings};
+use crate::fallback::CloudSearch;
+use crate::has::{EdgeDocument, Verdict};
+use crate::tenants::Tenant;
+
+/// Draft documents, best first, with their exact inner products.
+pub type Draft = Vec<(f32, Arc<EdgeDocument>)>;
+
+/// What one channel found, and how long it took.
+type Found = (Vec<Arc<EdgeDocument>>, Duration);
+
+/// A draft and its verdict.
+#[derive(Clone, Debug)]
+pub struct Speculation {
+    /// The best max(k, validation depth) candidates by exact inner product, best first.
+    pub draft: Draft,
+    pub verdict: Verdict,
+    /// The cached query that validated the draft, when accepted.
+    pub matched: Option<MatchedQuery>,
+}
+
+impl<C: CloudSearch> RetrievalEngine<C> {
+    /// Two-channel draft, exact re-rank, and the homology verdict against `tenant`'s cache:
+    /// the accept path, without the encoder and without touching the cloud.
+    pub fn speculate(
+        &self,
+        tenant: &Tenant,
+        query: &[f32],
+        k: usize,
+        timings: &mut StageTimings,
+    ) -> Result<Speculation, EngineError> {
+        let depth = self.caches.depth();
+        let size = k.max(depth);
+        let state = self.caches.get(tenant)?.read();
+        // The two channels are independent; run them side by side (the draft waits for the
+        // slower one instead of their sum).
+        let cache_channel = || -> Result<Found, IndexError> {
+            let stage = Instant::now();
+            let docs = state
+                .channel
+                .search(query, size)?
+                .iter()
+                .filter_map(|hit| state.channel.document(hit.id).cloned())
+                .collect();
+            Ok((docs, stage.elapsed()))
+        };
+        let fuzzy_channel = || -> Result<Option<Found>, IndexError> {
+            let Some(fuzzy) = &self.fuzzy else {
+                return Ok(None);
+            };
+            let stage = Instant::now();
+            let docs = fuzzy.candidates(query, self.settings.fuzzy_candidates.max(size))?;
+            Ok(Some((docs, stage.elapsed())))
+        };
+        let (cached, fuzzy) = rayon::join(cache_channel, fuzzy_channel);
+        let (cached, cache_took) = cached?;
+        timings.cache_channel = Some(cache_took);
+        let fuzzy = match fuzzy? {
+            Some((docs, took)) => {
+                timings.fuzzy_channel = Some(took);
+                docs
+            }
+            None => Vec::new(),
+        };
+        let stage = Instant::now();
+        let draft = rerank(query, cached.into_iter().chain(fuzzy).collect(), size);
+        timings.merge = Some(stage.elapsed());
+
+        let stage = Instant::now();
+        let validated: Vec<DocId> = draft.iter().take(depth).map(|(_, d)| d.id).collect();
+        let verdict = self.validator.judge(&state.hot, &validated, depth);
+        let matched = verdict.best.filter(|_| verdict.accepted).and_then(|vote| {
+            state.hot.get(vote.query).map(|entry| MatchedQuery {
+                id: entry.id,
+                text: entry.text.clone(),
+                shared_documents: vote.shared,
+            })
+        });
+        timings.validation = Some(stage.elapsed());
+        Ok(Speculation {
+            draft,
+            verdict,
+            matched,
+        })
+    }
+
+    /// The fuzzy channel's candidates re-ranked exactly, top k.
+    pub(super) fn fuzzy_draft(
+        &self,
+        query: &[f32],
+        k: usize,
+        timings: &mut StageTimings,
+    ) -> Result<Draft, EngineError> {
+        let Some(fuzzy) = &self.fuzzy else {
+            return Err(EngineError::Misconfigured("the fuzzy channel is off"));
+        };
+        let stage = Instant::now();
+        let candidates = fuzzy.candidates(query, self.settings.fuzzy_candidates.max(k))?;
+        timings.fuzzy_channel = Some(stage.elapsed());
+        let stage = Instant::now();
+        let draft = rerank(query, candidates, k);
+        timings.merge = Some(stage.elapsed());
+        Ok(draft)
+    }
+}
+
+/// Candidates deduplicated by id, ranked by exact inner product with the query (Hasten's
+/// ranking order), best `size`.
+fn rerank(query: &[f32], candidates: Vec<Arc<EdgeDocument>>, size: usize) -> Draft {
+    let mut seen = HashSet::with_capacity(candidates.len());
+    let mut draft: Draft = candidates
+        .into_iter()
+        .filter(|doc| seen.insert(doc.id))
+        .map(|doc| (dot(query, &doc.vector), doc))
+        .collect();
+    draft.sort_by(|a, b| best_first((a.0, a.1.id), (b.0, b.1.id)));
+    draft.truncate(size);
+    draft
+}
+
+/// The best `k` of a draft, as served.
+pub(super) fn served(draft: Draft, k: usize) -> Vec<RetrievedDocument> {
+    draft
+        .into_iter()
+        .take(k)
+        .map(|(score, doc)| RetrievedDocument {
+            id: doc.id,
+            title: doc.title.clone(),
+            text: doc.text.clone(),
+            score,
+        })
+        .collect()
+}
