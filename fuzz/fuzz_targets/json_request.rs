@@ -2,7 +2,9 @@
 //! checked or refused naming a field, never a panic; whatever passes is within the limits.
 #![no_main]
 
-use edge_node::api::{QueryInput, RequestLimits};
+use edge_node::api::json::parse_body;
+use edge_node::api::{RequestLimits, RetrieveInput};
+use edge_node::retrieval::Query;
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: RequestLimits = RequestLimits {
@@ -13,23 +15,23 @@ const LIMITS: RequestLimits = RequestLimits {
 };
 
 fuzz_target!(|data: &[u8]| {
-    let body = match edge_node::http::parse_body(data) {
+    let body = match parse_body(data) {
         Ok(body) => body,
         Err(refused) => {
             assert!(!refused.field.is_empty());
             return;
         }
     };
-    let Ok(valid) = body.validate(&LIMITS) else {
+    let Ok(valid) = RetrieveInput::from(body).validate(&LIMITS) else {
         return;
     };
     assert!((1..=LIMITS.max_k).contains(&valid.k));
-    match valid.input {
-        QueryInput::Text(text) => {
+    match valid.query {
+        Query::Text(text) => {
             assert!(!text.trim().is_empty());
             assert!(text.chars().count() <= LIMITS.max_query_chars);
         }
-        QueryInput::Vector(vector) => {
+        Query::Vector(vector) => {
             assert_eq!(vector.len(), LIMITS.dimension);
             let norm: f32 = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
             assert!((norm - 1.0).abs() < 1e-3, "norm {norm}");

@@ -1,25 +1,32 @@
 //! Prometheus metrics of a running edge and cloud index (real processes on loopback): the
 //! test drives retrievals, refusals and repeats through the edge and checks that every
-//! counter and histogram moved by what the replies themselves say happened.
+//! counter and histogram moved by what the traffic was: how many requests of which kind
+//! it sent, and what the replies' outcomes were. Which stages ran is derived from what
+//! HaS does (every text is encoded, every query is drafted and validated, every fallback
+//! asks the cloud), never from the replies' own timings.
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use hasten_core::bundle::CorpusBundle;
+use std::time::Duration;
+
+use hasten_core::encoder::TextEncoder;
+use hasten_tests::edge::wait_ready;
 use hasten_tests::{
-    build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
+    build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index, start_edge,
 };
 use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
-/// What the replies said, counted by the test.
+/// What the test sent and what the replies' outcomes were.
 #[derive(Default, Debug)]
 struct Seen {
     accepted: u64,
     fallback: u64,
     refused: u64,
-    encoded: u64,
-    cache_channel: u64,
+    /// Answered requests that came as text (the rest came as vectors).
+    texts: u64,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,30 +47,40 @@ async fn counters_and_histograms_move_by_what_the_traffic_did() {
     .unwrap();
     let (edge_addr, cloud_metrics) = (edge.addr("http_addr"), cloud.addr("metrics_addr"));
     let http = reqwest::Client::new();
-    for addr in [&edge_addr, &cloud_metrics] {
-        let ready = http
-            .get(format!("http://{addr}/readyz"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(ready.status(), 200, "{addr} not ready");
-    }
+    wait_ready(&http, &edge_addr, Duration::from_secs(20)).await;
+    let ready = http
+        .get(format!("http://{cloud_metrics}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200, "the cloud is not ready");
     let edge_before = Scrape::of(&edge_addr).await.unwrap();
     let cloud_before = Scrape::of(&cloud_metrics).await.unwrap();
 
     // Distinct questions (mostly fallbacks), each asked twice (the repeat is answered from
-    // the cache), and requests the edge refuses.
+    // the cache), two more as ready vectors (never encoded), and requests the edge refuses.
     let questions: Vec<&str> = bundle
         .questions
         .iter()
         .take(12)
         .map(|q| q.question.as_str())
         .collect();
+    let encoder = TextEncoder::load(&model_dir()).unwrap();
+    let vectors = encoder.encode(&questions[..2]).unwrap();
+    let bodies = questions
+        .iter()
+        .chain(&questions)
+        .map(|question| json!({"query": question, "k": 10}))
+        .chain(
+            vectors
+                .iter()
+                .map(|vector| json!({"vector": vector, "k": 10})),
+        );
     let mut seen = Seen::default();
-    for question in questions.iter().chain(&questions) {
+    for body in bodies {
         let response = http
             .post(format!("http://{edge_addr}/v1/retrieve"))
-            .json(&json!({"query": question, "k": 10}))
+            .json(&body)
             .send()
             .await
             .unwrap();
@@ -74,9 +91,7 @@ async fn counters_and_histograms_move_by_what_the_traffic_did() {
             Some("fallback") => seen.fallback += 1,
             other => panic!("outcome {other:?}"),
         }
-        let timings = &reply["timings_us"];
-        seen.encoded += u64::from(timings["encode_us"].as_u64().unwrap() > 0);
-        seen.cache_channel += u64::from(timings["cache_channel_us"].as_u64().unwrap() > 0);
+        seen.texts += u64::from(body.get("query").is_some());
     }
     for bad in [json!({"query": "x", "k": 0}), json!({"qeury": "x"})] {
         let response = http
@@ -125,12 +140,13 @@ async fn counters_and_histograms_move_by_what_the_traffic_did() {
         seen.fallback as f64
     );
     assert_eq!(edge(duration, &[("outcome", "error")]), seen.refused as f64);
+    // HaS encodes every text (never a vector), drafts from both channels and validates
+    // every query, and asks the cloud for every fallback.
     let stages = "hasten_edge_stage_duration_seconds_count";
-    assert_eq!(edge(stages, &[("stage", "encode")]), seen.encoded as f64);
-    assert_eq!(
-        edge(stages, &[("stage", "cache_channel")]),
-        seen.cache_channel as f64
-    );
+    assert_eq!(edge(stages, &[("stage", "encode")]), seen.texts as f64);
+    for stage in ["cache_channel", "fuzzy_channel", "validation"] {
+        assert_eq!(edge(stages, &[("stage", stage)]), answered, "{stage}");
+    }
     assert_eq!(
         edge(stages, &[("stage", "cloud_fallback")]),
         seen.fallback as f64
@@ -147,6 +163,17 @@ async fn counters_and_histograms_move_by_what_the_traffic_did() {
     assert!(
         (dar - seen.accepted as f64 / answered).abs() < 1e-9,
         "DAR {dar}"
+    );
+
+    // The cloud link was verified, and no replicated entry was ever skipped (there is no
+    // control plane).
+    assert_eq!(
+        edge_after.value("hasten_edge_cloud_link", &[("state", "verified")]),
+        1.0
+    );
+    assert_eq!(
+        edge_after.value("hasten_edge_cloud_link", &[("state", "version_mismatch")]),
+        0.0
     );
 
     // Cloud: one search per fallback, one query vector each, timed under its shard.

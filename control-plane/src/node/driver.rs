@@ -1,0 +1,503 @@
+//! The loop that drives a node: it owns the `RawNode`, the storage and the state machine,
+//! takes the queued requests in turns, and handles each `Ready`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hasten_proto::v1::{
+    CommandBatch, CommittedEvent, ControlCommand, ControlState, Member, NodeStatus,
+};
+use prost::Message as _;
+use protobuf::Message as _;
+use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Snapshot};
+use raft::{RawNode, StateRole};
+use tokio::runtime::Handle;
+use tokio::sync::{broadcast, mpsc};
+
+use super::{CommitReply, NodeError, NodeRequest, NodeSettings};
+use crate::metrics::NodeMetrics;
+use crate::state::CacheStateMachine;
+use crate::storage::{DISCARD_SLICE, RaftStorage, StoreError};
+use crate::transport::Transport;
+
+/// Requests handled in one turn before Raft's `Ready` is processed: batches appends and
+/// fsyncs under load without starving the ticker.
+const REQUESTS_PER_TURN: usize = 256;
+
+/// A proposal of this node waiting for its commit.
+struct Pending {
+    reply: CommitReply,
+    arrived: Instant,
+    /// The term and leader it was proposed under: when either changes before the commit,
+    /// the proposal may be lost and its caller is told at once.
+    term: u64,
+    leader: u64,
+}
+
+pub(super) struct RaftNode<T> {
+    settings: NodeSettings,
+    raw: RawNode<RaftStorage>,
+    storage: RaftStorage,
+    state: CacheStateMachine,
+    peers: T,
+    /// Proposals of this node awaiting their commit, by the id carried in the entry's
+    /// context.
+    pending: HashMap<u64, Pending>,
+    next_proposal: u64,
+    events: broadcast::Sender<Arc<CommittedEvent>>,
+    /// Payload bytes applied since the last snapshot.
+    applied_bytes: u64,
+    metrics: NodeMetrics,
+    /// The leader as of the last turn, to count changes.
+    last_leader: u64,
+    /// (term, leader) as of the last turn, to find stale proposals.
+    last_leadership: (u64, u64),
+    /// The last whole state handed out, by applied index.
+    shared_state: Option<Arc<ControlState>>,
+    /// The process's main runtime, for work beside the node (removing compacted keys).
+    background: Handle,
+}
+
+impl<T: Transport> RaftNode<T> {
+    pub(super) fn new(
+        settings: NodeSettings,
+        raw: RawNode<RaftStorage>,
+        storage: RaftStorage,
+        state: CacheStateMachine,
+        peers: T,
+        events: broadcast::Sender<Arc<CommittedEvent>>,
+        metrics: NodeMetrics,
+    ) -> Self {
+        Self {
+            settings,
+            raw,
+            storage,
+            state,
+            peers,
+            pending: HashMap::new(),
+            next_proposal: 1,
+            events,
+            applied_bytes: 0,
+            metrics,
+            last_leader: raft::INVALID_ID,
+            last_leadership: (0, raft::INVALID_ID),
+            shared_state: None,
+            background: Handle::current(),
+        }
+    }
+
+    pub(super) async fn run(mut self, mut queue: mpsc::Receiver<NodeRequest>) {
+        let mut ticker = tokio::time::interval(self.settings.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    self.raw.tick();
+                }
+                request = queue.recv() => {
+                    let Some(request) = request else { return };
+                    self.handle(request);
+                    for _ in 1..REQUESTS_PER_TURN {
+                        match queue.try_recv() {
+                            Ok(request) => self.handle(request),
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            if let Err(err) = self.on_ready() {
+                // Raft cannot continue safely without its storage: stop this node (peers
+                // elect another leader) rather than acknowledge what was not persisted.
+                tracing::error!(%err, "control-plane storage failed; the node stops");
+                for (_, pending) in self.pending.drain() {
+                    self.metrics.proposal_dropped();
+                    let _ = pending.reply.send(Err(NodeError::ShuttingDown));
+                }
+                return;
+            }
+            self.fail_stale_proposals();
+            self.report();
+        }
+    }
+
+    /// Answers every waiting proposal made under another term or leader than now's: its
+    /// entry may have been lost with the old leader's uncommitted log, and waiting would
+    /// only end in the caller's timeout. Proposals that did commit were answered already
+    /// (applying happens before this), and a retry of one that committed unseen is
+    /// applied once (origin sequences).
+    fn fail_stale_proposals(&mut self) {
+        let now = (self.raw.raft.term, self.raw.raft.leader_id);
+        if now == self.last_leadership {
+            return;
+        }
+        self.last_leadership = now;
+        let stale: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| (p.term, p.leader) != now)
+            .map(|(id, _)| *id)
+            .collect();
+        if !stale.is_empty() {
+            tracing::info!(
+                proposals = stale.len(),
+                term = now.0,
+                leader = now.1,
+                "leadership changed; failing the proposals waiting under the old one"
+            );
+        }
+        for id in stale {
+            if let Some(pending) = self.pending.remove(&id) {
+                self.metrics.proposal_dropped();
+                let _ = pending.reply.send(Err(NodeError::Stale {
+                    term: now.0,
+                    leader: now.1,
+                }));
+            }
+        }
+    }
+
+    fn pending(&self, reply: CommitReply) -> Pending {
+        Pending {
+            reply,
+            arrived: Instant::now(),
+            term: self.raw.raft.term,
+            leader: self.raw.raft.leader_id,
+        }
+    }
+
+    /// The whole state, shared with every caller until the next applied entry.
+    fn shared_state(&mut self) -> Arc<ControlState> {
+        let applied = self.state.applied_index();
+        match &self.shared_state {
+            Some(state) if state.applied_index == applied => Arc::clone(state),
+            _ => {
+                let state = Arc::new(self.state.to_state());
+                self.shared_state = Some(Arc::clone(&state));
+                state
+            }
+        }
+    }
+
+    /// Publishes Raft's progress to the metrics; counts leader changes.
+    fn report(&mut self) {
+        let raft = &self.raw.raft;
+        let m = &self.metrics;
+        m.term.set(raft.term as i64);
+        m.commit_index.set(raft.raft_log.committed as i64);
+        m.applied_index.set(self.state.applied_index() as i64);
+        m.is_leader.set(i64::from(raft.state == StateRole::Leader));
+        m.has_leader
+            .set(i64::from(raft.leader_id != raft::INVALID_ID));
+        m.is_voter.set(i64::from(
+            raft.prs().conf().voters().contains(self.settings.id),
+        ));
+        let log = raft.raft_log.last_index() + 1 - raft.raft_log.first_index();
+        m.log_entries.set(log as i64);
+        if raft.leader_id != self.last_leader {
+            if raft.leader_id != raft::INVALID_ID {
+                m.leader_changes.inc();
+            }
+            self.last_leader = raft.leader_id;
+        }
+    }
+
+    fn handle(&mut self, request: NodeRequest) {
+        match request {
+            NodeRequest::Propose { commands, reply } => self.propose(commands, reply),
+            NodeRequest::Step(messages) => {
+                for message in messages {
+                    if let Err(err) = self.raw.step(message) {
+                        tracing::debug!(%err, "raft message ignored");
+                    }
+                }
+            }
+            NodeRequest::Unreachable(id) => self.raw.report_unreachable(id),
+            NodeRequest::SnapshotSent { to, delivered } => {
+                let status = if delivered {
+                    raft::SnapshotStatus::Finish
+                } else {
+                    raft::SnapshotStatus::Failure
+                };
+                self.raw.report_snapshot(to, status);
+            }
+            NodeRequest::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            NodeRequest::State(reply) => {
+                let _ = reply.send(self.shared_state());
+            }
+            NodeRequest::ChangeMember {
+                add,
+                id,
+                address,
+                reply,
+            } => self.change_member(add, id, address, reply),
+        }
+    }
+
+    fn propose(&mut self, commands: Vec<ControlCommand>, reply: CommitReply) {
+        if self.raw.raft.leader_id == raft::INVALID_ID {
+            self.metrics.proposal_dropped();
+            let _ = reply.send(Err(NodeError::NoLeader));
+            return;
+        }
+        let proposal = self.next_proposal_id();
+        let data = CommandBatch { commands }.encode_to_vec();
+        match self.raw.propose(proposal.to_be_bytes().to_vec(), data) {
+            Ok(()) => {
+                let pending = self.pending(reply);
+                self.pending.insert(proposal, pending);
+            }
+            Err(err) => {
+                self.metrics.proposal_dropped();
+                let _ = reply.send(Err(NodeError::Dropped(err)));
+            }
+        }
+    }
+
+    fn change_member(&mut self, add: bool, id: u64, address: String, reply: CommitReply) {
+        if self.raw.raft.state != StateRole::Leader {
+            let _ = reply.send(Err(NodeError::Membership(format!(
+                "node {} is not the leader (leader: {}); send membership changes to the leader",
+                self.settings.id, self.raw.raft.leader_id
+            ))));
+            return;
+        }
+        let mut change = ConfChange {
+            node_id: id,
+            context: address.into_bytes().into(),
+            ..Default::default()
+        };
+        change.set_change_type(if add {
+            ConfChangeType::AddNode
+        } else {
+            ConfChangeType::RemoveNode
+        });
+        let proposal = self.next_proposal_id();
+        match self
+            .raw
+            .propose_conf_change(proposal.to_be_bytes().to_vec(), change)
+        {
+            Ok(()) => {
+                let pending = self.pending(reply);
+                self.pending.insert(proposal, pending);
+            }
+            Err(err) => {
+                let _ = reply.send(Err(NodeError::ConfChange(err)));
+            }
+        }
+    }
+
+    /// An id for a proposal of this node, unique across the group (node id in the high
+    /// bits), carried in the entry's context to find the caller when it is applied.
+    fn next_proposal_id(&mut self) -> u64 {
+        let id = (self.settings.id << 40) | self.next_proposal;
+        self.next_proposal += 1;
+        id
+    }
+
+    fn status(&self) -> NodeStatus {
+        let raft = &self.raw.raft;
+        let role = match raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        };
+        let voters = raft.prs().conf().voters().ids();
+        let members = voters
+            .iter()
+            .map(|id| Member {
+                id,
+                address: self.peers.address(id).unwrap_or_default(),
+            })
+            .collect();
+        NodeStatus {
+            id: self.settings.id,
+            role: role.into(),
+            term: raft.term,
+            commit_index: raft.raft_log.committed,
+            applied_index: self.state.applied_index(),
+            leader_id: raft.leader_id,
+            leader_address: self.peers.address(raft.leader_id).unwrap_or_default(),
+            members,
+            first_log_index: raft.raft_log.first_index(),
+            cached_entries: self.state.len() as u64,
+        }
+    }
+
+    fn on_ready(&mut self) -> Result<(), NodeError> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut ready = self.raw.ready();
+        // A leader may send before persisting (Raft thesis 10.2.1); followers' messages
+        // come back as persisted messages below.
+        self.peers.send(ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(ready.snapshot())?;
+        }
+        self.apply_committed(ready.take_committed_entries())?;
+        self.storage.append(ready.entries())?;
+        if let Some(hard_state) = ready.hs() {
+            self.storage.set_hard_state(hard_state)?;
+        }
+        self.storage.flush()?;
+        self.peers.send(ready.take_persisted_messages());
+        let mut light = self.raw.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            self.storage.set_commit(commit)?;
+        }
+        self.peers.send(light.take_messages());
+        self.apply_committed(light.take_committed_entries())?;
+        self.raw.advance_apply();
+        self.maybe_compact()?;
+        Ok(())
+    }
+
+    fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), NodeError> {
+        self.storage.apply_snapshot(snapshot)?;
+        let state =
+            ControlState::decode(snapshot.get_data()).map_err(|err| StoreError::Corrupt {
+                tree: "snapshot",
+                key: snapshot.get_metadata().index.to_string(),
+                reason: err.to_string(),
+            })?;
+        self.state = CacheStateMachine::from_state(state);
+        tracing::info!(
+            index = snapshot.get_metadata().index,
+            entries = self.state.len(),
+            "installed a snapshot from the leader"
+        );
+        Ok(())
+    }
+
+    fn apply_committed(&mut self, entries: Vec<Entry>) -> Result<(), NodeError> {
+        for entry in entries {
+            if entry.index <= self.state.applied_index() {
+                continue;
+            }
+            let proposal = proposal_id(&entry.context);
+            self.applied_bytes += entry.data.len() as u64;
+            match entry.get_entry_type() {
+                EntryType::EntryNormal if !entry.data.is_empty() => {
+                    let batch = CommandBatch::decode(entry.data.as_ref()).unwrap_or_else(|err| {
+                        // Validated before proposing; a record that does not decode was
+                        // written by something else. Skip it on every replica alike.
+                        tracing::error!(index = entry.index, %err, "undecodable log entry skipped");
+                        CommandBatch::default()
+                    });
+                    let applied = self.state.apply(entry.index, entry.term, batch);
+                    let event = CommittedEvent {
+                        index: entry.index,
+                        applied,
+                        state: None,
+                    };
+                    self.storage.record_event(&event)?;
+                    let _ = self.events.send(Arc::new(event));
+                }
+                EntryType::EntryConfChange => {
+                    self.apply_conf_change(&entry)?;
+                    self.state.skip(entry.index, entry.term);
+                }
+                _ => self.state.skip(entry.index, entry.term),
+            }
+            if let Some(pending) = proposal.and_then(|p| self.pending.remove(&p)) {
+                self.metrics.proposal_committed(pending.arrived.elapsed());
+                let _ = pending.reply.send(Ok(entry.index));
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_conf_change(&mut self, entry: &Entry) -> Result<(), NodeError> {
+        let change = match ConfChange::parse_from_bytes(&entry.data) {
+            Ok(change) => change,
+            Err(err) => {
+                tracing::error!(index = entry.index, %err, "undecodable membership change skipped");
+                return Ok(());
+            }
+        };
+        let address = String::from_utf8_lossy(&change.context).into_owned();
+        match change.get_change_type() {
+            ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                if !address.is_empty() {
+                    self.storage.set_member(change.node_id, &address)?;
+                    self.peers.add(change.node_id, address);
+                }
+            }
+            ConfChangeType::RemoveNode => {
+                self.storage.remove_member(change.node_id)?;
+                self.peers.remove(change.node_id);
+            }
+        }
+        match self.raw.apply_conf_change(&change) {
+            Ok(conf) => self.storage.set_conf_state(&conf)?,
+            Err(err) => tracing::warn!(%err, "membership change not applied"),
+        }
+        tracing::info!(node = change.node_id, change = ?change.get_change_type(), "membership changed");
+        Ok(())
+    }
+
+    /// Snapshots the state machine and truncates the log once it holds more than
+    /// `max_log_entries` applied entries or `max_log_bytes` of their payloads.
+    fn maybe_compact(&mut self) -> Result<(), NodeError> {
+        let applied = self.state.applied_index();
+        let first = self.storage.snapshot_point().0 + 1;
+        let too_long = applied >= first && applied - first >= self.settings.max_log_entries;
+        if !too_long && self.applied_bytes < self.settings.max_log_bytes {
+            return Ok(());
+        }
+        self.applied_bytes = 0;
+        let started = std::time::Instant::now();
+        let data = self.state.to_state().encode_to_vec();
+        let bytes = data.len();
+        self.storage.compact(
+            applied,
+            self.state.applied_term(),
+            data,
+            self.settings.retained_events,
+        )?;
+        self.storage.flush()?;
+        self.background
+            .spawn(discard_compacted(self.storage.clone()));
+        self.metrics.snapshots.inc();
+        self.metrics.snapshot_bytes.set(bytes as i64);
+        tracing::info!(
+            index = applied,
+            snapshot_bytes = bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "state machine snapshotted, log compacted"
+        );
+        Ok(())
+    }
+}
+
+/// Pause between slices of removing compacted keys, so that the removal yields the CPU to
+/// replication (3 nodes compact at the same index).
+const DISCARD_PAUSE: Duration = Duration::from_millis(10);
+
+/// Removes what a compaction left on disk, a slice at a time beside the node.
+async fn discard_compacted(storage: RaftStorage) {
+    loop {
+        let slice = storage.clone();
+        match tokio::task::spawn_blocking(move || slice.discard_compacted(DISCARD_SLICE)).await {
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => tokio::time::sleep(DISCARD_PAUSE).await,
+            Ok(Err(err)) => {
+                tracing::warn!(%err, "removing compacted log entries failed; retried at the next compaction");
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(%err, "removing compacted log entries stopped");
+                return;
+            }
+        }
+    }
+}
+
+fn proposal_id(context: &[u8]) -> Option<u64> {
+    let bytes: [u8; 8] = context.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}

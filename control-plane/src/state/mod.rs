@@ -1,0 +1,372 @@
+//! The replicated state machine: the shared hot cache (FIFO-bounded per tenant, as in the HaS
+//! paper), the shard map and the runtime configuration.
+//!
+//! Every decision that changes what edges hold is taken here, in log order: which entries
+//! a new one evicts, which an invalidation or a corpus update removes, whether a retried
+//! proposal was already applied. Replicas applying the same log therefore hold the same
+//! state, and the events they publish tell edges exactly what to add and remove.
+
+use std::collections::{HashMap, VecDeque};
+
+use hasten_proto::v1::{
+    AppliedCommand, CacheEntry, CarriedEntries, CommandBatch, ControlCommand, ControlState,
+    CorpusUpdate, OriginSequence, RuntimeConfig, ShardMap, StoredEntry, applied_command,
+    control_command,
+};
+
+/// Cached queries kept per tenant before FIFO eviction: the HaS paper's cache of 5,000
+/// queries.
+pub const DEFAULT_CACHE_CAPACITY: u64 = 5_000;
+
+mod command;
+#[cfg(test)]
+mod tests;
+
+pub use command::{CommandError, MAX_COMMANDS_PER_ENTRY, validate};
+
+/// The runtime settings in force.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Settings {
+    /// The homology threshold, once a `Config` command set it (edges keep their own until
+    /// then).
+    tau: Option<f64>,
+    cache_capacity: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            tau: None,
+            cache_capacity: DEFAULT_CACHE_CAPACITY,
+        }
+    }
+}
+
+impl Settings {
+    fn to_proto(self) -> RuntimeConfig {
+        RuntimeConfig {
+            tau: self.tau,
+            cache_capacity: Some(self.cache_capacity),
+        }
+    }
+
+    fn from_proto(config: RuntimeConfig) -> Self {
+        Self {
+            tau: config.tau,
+            cache_capacity: config.cache_capacity.unwrap_or(DEFAULT_CACHE_CAPACITY),
+        }
+    }
+}
+
+/// The replicated state, as of `applied_index`.
+#[derive(Debug, Clone, Default)]
+pub struct CacheStateMachine {
+    applied_index: u64,
+    applied_term: u64,
+    settings: Settings,
+    /// The cloud's shard map, once a command set it.
+    shard_map: Option<ShardMap>,
+    /// Each tenant's entries, oldest first: the cache capacity holds per tenant, so one
+    /// tenant's traffic never evicts another's entries.
+    orders: HashMap<String, VecDeque<u64>>,
+    entries: HashMap<u64, CacheEntry>,
+    /// Document -> entries whose result holds it (for invalidation).
+    holders: HashMap<u64, Vec<u64>>,
+    /// Highest sequence number applied per origin edge.
+    origins: HashMap<String, u64>,
+}
+
+impl CacheStateMachine {
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    pub fn applied_term(&self) -> u64 {
+        self.applied_term
+    }
+
+    /// The runtime configuration in force.
+    pub fn config(&self) -> RuntimeConfig {
+        self.settings.to_proto()
+    }
+
+    pub fn shard_map(&self) -> Option<&ShardMap> {
+        self.shard_map.as_ref()
+    }
+
+    /// Cached entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Marks a log entry without commands (Raft's own) as applied.
+    pub fn skip(&mut self, index: u64, term: u64) {
+        self.applied_index = index;
+        self.applied_term = term;
+    }
+
+    /// Applies the commands of the log entry at `index`, returning what each did.
+    pub fn apply(&mut self, index: u64, term: u64, batch: CommandBatch) -> Vec<AppliedCommand> {
+        self.skip(index, term);
+        let mut applied = Vec::with_capacity(batch.commands.len());
+        for (position, command) in batch.commands.into_iter().enumerate() {
+            let id = (index << 16) | position as u64;
+            if let Some(done) = self.apply_command(id, command) {
+                applied.push(done);
+            }
+        }
+        applied
+    }
+
+    fn apply_command(&mut self, id: u64, command: ControlCommand) -> Option<AppliedCommand> {
+        match command.kind? {
+            control_command::Kind::Insert(entry) => self.insert(id, entry),
+            control_command::Kind::Invalidate(invalidation) => {
+                let removed = self.remove_holders_of(&invalidation.document_ids, None);
+                Some(AppliedCommand {
+                    kind: None,
+                    removed,
+                })
+            }
+            control_command::Kind::Config(config) => {
+                if let Some(tau) = config.tau {
+                    self.settings.tau = Some(tau);
+                }
+                let mut removed = Vec::new();
+                if let Some(capacity) = config.cache_capacity {
+                    self.settings.cache_capacity = capacity;
+                    let mut tenants: Vec<String> = self.orders.keys().cloned().collect();
+                    tenants.sort();
+                    for tenant in tenants {
+                        removed.extend(self.evict_beyond(&tenant, self.capacity()));
+                    }
+                }
+                Some(AppliedCommand {
+                    kind: Some(applied_command::Kind::Config(self.settings.to_proto())),
+                    removed,
+                })
+            }
+            control_command::Kind::ShardMap(map) => {
+                self.shard_map = Some(map.clone());
+                Some(AppliedCommand {
+                    kind: Some(applied_command::Kind::ShardMap(map)),
+                    removed: Vec::new(),
+                })
+            }
+            control_command::Kind::CorpusUpdate(update) => Some(self.update_corpus(update)),
+            control_command::Kind::RetireCorpusVersion(retire) => {
+                let removed = self.entries_of_version(&retire.corpus_version);
+                for entry in &removed {
+                    self.remove(*entry);
+                }
+                Some(AppliedCommand {
+                    kind: None,
+                    removed,
+                })
+            }
+        }
+    }
+
+    /// Drops `from_version`'s entries that hold a changed document and relabels the rest
+    /// to `to_version`.
+    fn update_corpus(&mut self, update: CorpusUpdate) -> AppliedCommand {
+        let removed =
+            self.remove_holders_of(&update.changed_document_ids, Some(&update.from_version));
+        let carried: Vec<u64> = self.entries_of_version(&update.from_version);
+        let entries = carried
+            .into_iter()
+            .filter_map(|id| {
+                let entry = self.entries.get_mut(&id)?;
+                entry.corpus_version.clone_from(&update.to_version);
+                Some(StoredEntry {
+                    id,
+                    entry: Some(entry.clone()),
+                })
+            })
+            .collect();
+        AppliedCommand {
+            kind: Some(applied_command::Kind::Carried(CarriedEntries {
+                from_version: update.from_version,
+                to_version: update.to_version,
+                entries,
+            })),
+            removed,
+        }
+    }
+
+    /// Ids of `version`'s entries, oldest first.
+    fn entries_of_version(&self, version: &str) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.corpus_version == version)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Removes the entries (of `version` only, when given) whose result holds one of
+    /// `documents`; returns their ids, ascending.
+    fn remove_holders_of(&mut self, documents: &[u64], version: Option<&str>) -> Vec<u64> {
+        let mut removed: Vec<u64> = documents
+            .iter()
+            .filter_map(|doc| self.holders.get(doc))
+            .flatten()
+            .copied()
+            .filter(|id| {
+                version.is_none_or(|v| {
+                    self.entries
+                        .get(id)
+                        .is_some_and(|entry| entry.corpus_version == v)
+                })
+            })
+            .collect();
+        removed.sort_unstable();
+        removed.dedup();
+        for entry in &removed {
+            self.remove(*entry);
+        }
+        removed
+    }
+
+    fn capacity(&self) -> usize {
+        usize::try_from(self.settings.cache_capacity)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+
+    fn insert(&mut self, id: u64, entry: CacheEntry) -> Option<AppliedCommand> {
+        if entry.origin_seq > 0 {
+            let last = self.origins.entry(entry.origin.clone()).or_default();
+            if entry.origin_seq <= *last {
+                // A retried proposal that already committed.
+                return None;
+            }
+            *last = entry.origin_seq;
+        }
+        let removed = self.evict_beyond(&entry.tenant, self.capacity() - 1);
+        for doc in &entry.document_ids {
+            let holders = self.holders.entry(*doc).or_default();
+            if !holders.contains(&id) {
+                holders.push(id);
+            }
+        }
+        self.orders
+            .entry(entry.tenant.clone())
+            .or_default()
+            .push_back(id);
+        self.entries.insert(id, entry.clone());
+        Some(AppliedCommand {
+            kind: Some(applied_command::Kind::Inserted(StoredEntry {
+                id,
+                entry: Some(entry),
+            })),
+            removed,
+        })
+    }
+
+    /// Evicts `tenant`'s oldest entries until at most `keep` of its entries remain.
+    fn evict_beyond(&mut self, tenant: &str, keep: usize) -> Vec<u64> {
+        let mut removed = Vec::new();
+        while let Some(oldest) = self
+            .orders
+            .get(tenant)
+            .filter(|order| order.len() > keep)
+            .and_then(|order| order.front().copied())
+        {
+            self.remove(oldest);
+            removed.push(oldest);
+        }
+        removed
+    }
+
+    fn remove(&mut self, id: u64) {
+        let Some(entry) = self.entries.remove(&id) else {
+            return;
+        };
+        if let Some(order) = self.orders.get_mut(&entry.tenant) {
+            // FIFO eviction takes the oldest: O(1) instead of a scan of the whole order.
+            if order.front() == Some(&id) {
+                order.pop_front();
+            } else {
+                order.retain(|e| *e != id);
+            }
+            if order.is_empty() {
+                self.orders.remove(&entry.tenant);
+            }
+        }
+        for doc in &entry.document_ids {
+            if let Some(holders) = self.holders.get_mut(doc) {
+                holders.retain(|e| *e != id);
+                if holders.is_empty() {
+                    self.holders.remove(doc);
+                }
+            }
+        }
+    }
+
+    /// The whole state, oldest entry first (ids grow with the log, so their order is the
+    /// order entries were applied in, across tenants).
+    pub fn to_state(&self) -> ControlState {
+        let mut origins: Vec<OriginSequence> = self
+            .origins
+            .iter()
+            .map(|(origin, last_seq)| OriginSequence {
+                origin: origin.clone(),
+                last_seq: *last_seq,
+            })
+            .collect();
+        origins.sort_by(|a, b| a.origin.cmp(&b.origin));
+        let mut entries: Vec<StoredEntry> = self
+            .entries
+            .iter()
+            .map(|(id, entry)| StoredEntry {
+                id: *id,
+                entry: Some(entry.clone()),
+            })
+            .collect();
+        entries.sort_by_key(|stored| stored.id);
+        ControlState {
+            applied_index: self.applied_index,
+            applied_term: self.applied_term,
+            config: Some(self.settings.to_proto()),
+            shard_map: self.shard_map.clone(),
+            entries,
+            origins,
+        }
+    }
+
+    /// Rebuilds the state a snapshot describes.
+    pub fn from_state(state: ControlState) -> Self {
+        let mut machine = Self {
+            applied_index: state.applied_index,
+            applied_term: state.applied_term,
+            settings: state.config.map(Settings::from_proto).unwrap_or_default(),
+            shard_map: state.shard_map,
+            ..Self::default()
+        };
+        machine.origins = state
+            .origins
+            .into_iter()
+            .map(|o| (o.origin, o.last_seq))
+            .collect();
+        for stored in state.entries {
+            let Some(entry) = stored.entry else { continue };
+            for doc in &entry.document_ids {
+                machine.holders.entry(*doc).or_default().push(stored.id);
+            }
+            machine
+                .orders
+                .entry(entry.tenant.clone())
+                .or_default()
+                .push_back(stored.id);
+            machine.entries.insert(stored.id, entry);
+        }
+        machine
+    }
+}

@@ -1,0 +1,433 @@
+use super::*;
+use hasten_proto::v1::{InvalidateDocuments, RetireCorpusVersion};
+
+fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
+    ControlCommand {
+        kind: Some(control_command::Kind::Insert(CacheEntry {
+            origin: origin.into(),
+            origin_seq: seq,
+            vector: vec![1.0, 0.0],
+            document_ids: docs.to_vec(),
+            tenant: "default".into(),
+            corpus_version: "v1".into(),
+            ..CacheEntry::default()
+        })),
+    }
+}
+
+fn batch(commands: Vec<ControlCommand>) -> CommandBatch {
+    CommandBatch { commands }
+}
+
+#[test]
+fn each_tenant_evicts_only_its_own_entries() {
+    let mut machine = CacheStateMachine::default();
+    let capacity = ControlCommand {
+        kind: Some(control_command::Kind::Config(RuntimeConfig {
+            tau: None,
+            cache_capacity: Some(2),
+        })),
+    };
+    machine.apply(1, 1, batch(vec![capacity]));
+    let of = |tenant: &str, seq: u64| {
+        let mut command = insert("edge", seq, &[seq]);
+        if let Some(control_command::Kind::Insert(entry)) = &mut command.kind {
+            entry.tenant = tenant.into();
+        }
+        command
+    };
+    machine.apply(
+        2,
+        1,
+        batch(vec![of("globex", 1), of("acme", 2), of("acme", 3)]),
+    );
+    // acme's third entry evicts acme's oldest, never globex's only one.
+    let applied = machine.apply(3, 1, batch(vec![of("acme", 4)]));
+    assert_eq!(applied[0].removed, vec![(2 << 16) | 1]);
+    assert_eq!(machine.len(), 3);
+    let tenants: Vec<String> = machine
+        .to_state()
+        .entries
+        .iter()
+        .map(|e| e.entry.as_ref().unwrap().tenant.clone())
+        .collect();
+    assert_eq!(tenants, ["globex", "acme", "acme"]);
+    // A snapshot restores the per-tenant order: the next acme entry evicts acme's oldest.
+    let mut restored = CacheStateMachine::from_state(machine.to_state());
+    let applied = restored.apply(4, 1, batch(vec![of("acme", 5)]));
+    assert_eq!(applied[0].removed, vec![(2 << 16) | 2]);
+}
+
+fn ids(machine: &CacheStateMachine) -> Vec<u64> {
+    machine.to_state().entries.iter().map(|e| e.id).collect()
+}
+
+#[test]
+fn fifo_eviction_retries_and_invalidation_are_decided_here() {
+    let mut machine = CacheStateMachine::default();
+    let capacity = RuntimeConfig {
+        tau: None,
+        cache_capacity: Some(2),
+    };
+    machine.apply(
+        1,
+        1,
+        batch(vec![ControlCommand {
+            kind: Some(control_command::Kind::Config(capacity)),
+        }]),
+    );
+    machine.apply(
+        2,
+        1,
+        batch(vec![insert("a", 1, &[10, 11]), insert("a", 2, &[11])]),
+    );
+    assert_eq!(ids(&machine), vec![2 << 16, (2 << 16) | 1]);
+    // A third entry evicts the oldest, and says so.
+    let applied = machine.apply(3, 1, batch(vec![insert("b", 1, &[12])]));
+    assert_eq!(applied[0].removed, vec![2 << 16]);
+    assert_eq!(ids(&machine), vec![(2 << 16) | 1, 3 << 16]);
+    // A retried proposal (same origin and sequence) is not applied again.
+    assert!(
+        machine
+            .apply(4, 1, batch(vec![insert("b", 1, &[12])]))
+            .is_empty()
+    );
+    // Invalidating document 11 removes the entry holding it, and only that one.
+    let applied = machine.apply(
+        5,
+        1,
+        batch(vec![ControlCommand {
+            kind: Some(control_command::Kind::Invalidate(InvalidateDocuments {
+                document_ids: vec![11],
+            })),
+        }]),
+    );
+    assert_eq!(applied[0].removed, vec![(2 << 16) | 1]);
+    assert_eq!(ids(&machine), vec![3 << 16]);
+    assert_eq!(machine.applied_index(), 5);
+}
+
+#[test]
+fn a_restored_state_decides_like_the_original() {
+    let mut original = CacheStateMachine::default();
+    for index in 1..=6 {
+        original.apply(index, 2, batch(vec![insert("a", index, &[index, 100])]));
+    }
+    let mut restored = CacheStateMachine::from_state(original.to_state());
+    assert_eq!(restored.to_state(), original.to_state());
+    let next = batch(vec![
+        insert("a", 3, &[1]),
+        ControlCommand {
+            kind: Some(control_command::Kind::Invalidate(InvalidateDocuments {
+                document_ids: vec![100],
+            })),
+        },
+        insert("a", 7, &[7]),
+    ]);
+    assert_eq!(
+        restored.apply(7, 2, next.clone()),
+        original.apply(7, 2, next)
+    );
+    assert_eq!(restored.to_state(), original.to_state());
+    assert_eq!(ids(&original), vec![7 << 16 | 2]);
+}
+
+#[test]
+fn malformed_proposals_are_refused_before_the_log() {
+    assert_eq!(validate(&[]), Err(CommandError::Empty));
+    assert_eq!(
+        validate(&[ControlCommand { kind: None }]),
+        Err(CommandError::MissingKind(0))
+    );
+    let mut bad = insert("a", 1, &[1]);
+    if let Some(control_command::Kind::Insert(entry)) = &mut bad.kind {
+        entry.vector[1] = f32::NAN;
+    }
+    let err = validate(&[insert("a", 1, &[1]), bad])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("command 1") && err.contains("non-finite"),
+        "{err}"
+    );
+}
+
+fn command(kind: control_command::Kind) -> ControlCommand {
+    ControlCommand { kind: Some(kind) }
+}
+
+fn of_version(origin: &str, seq: u64, docs: &[u64], version: &str) -> ControlCommand {
+    let mut command = insert(origin, seq, docs);
+    if let Some(control_command::Kind::Insert(entry)) = &mut command.kind {
+        entry.corpus_version = version.into();
+    }
+    command
+}
+
+fn versions(machine: &CacheStateMachine) -> Vec<(u64, String)> {
+    machine
+        .to_state()
+        .entries
+        .iter()
+        .map(|e| (e.id, e.entry.as_ref().unwrap().corpus_version.clone()))
+        .collect()
+}
+
+#[test]
+fn a_partial_corpus_update_drops_entries_of_changed_documents_and_carries_the_rest() {
+    let mut machine = CacheStateMachine::default();
+    machine.apply(
+        1,
+        1,
+        batch(vec![
+            of_version("a", 1, &[1, 2], "v1"),
+            of_version("a", 2, &[3, 4], "v1"),
+            of_version("a", 3, &[2, 5], "v0"),
+            of_version("a", 4, &[6], "v1"),
+        ]),
+    );
+    let applied = machine.apply(
+        2,
+        1,
+        batch(vec![command(control_command::Kind::CorpusUpdate(
+            CorpusUpdate {
+                from_version: "v1".into(),
+                to_version: "v2".into(),
+                changed_document_ids: vec![2, 6],
+            },
+        ))]),
+    );
+    // Document 2 changed: v1's entry holding it goes, v0's entry holding it is another
+    // corpus's concern and stays; the untouched v1 entry carries over to v2.
+    assert_eq!(applied[0].removed, vec![1 << 16, (1 << 16) | 3]);
+    let Some(applied_command::Kind::Carried(carried)) = &applied[0].kind else {
+        panic!("{applied:?}");
+    };
+    assert_eq!(
+        (carried.from_version.as_str(), carried.to_version.as_str()),
+        ("v1", "v2")
+    );
+    let carried_ids: Vec<u64> = carried.entries.iter().map(|e| e.id).collect();
+    assert_eq!(carried_ids, vec![(1 << 16) | 1]);
+    assert_eq!(
+        versions(&machine),
+        vec![
+            ((1 << 16) | 1, "v2".to_string()),
+            ((1 << 16) | 2, "v0".to_string())
+        ]
+    );
+    // The relabelled version survives a snapshot.
+    let restored = CacheStateMachine::from_state(machine.to_state());
+    assert_eq!(restored.to_state(), machine.to_state());
+
+    let retired = machine.apply(
+        3,
+        1,
+        batch(vec![command(control_command::Kind::RetireCorpusVersion(
+            RetireCorpusVersion {
+                corpus_version: "v0".into(),
+            },
+        ))]),
+    );
+    assert_eq!(retired[0].removed, vec![(1 << 16) | 2]);
+    assert_eq!(versions(&machine), vec![((1 << 16) | 1, "v2".to_string())]);
+}
+
+#[test]
+fn corpus_commands_and_settings_are_checked_before_the_log() {
+    let update = |from: &str, to: &str| {
+        command(control_command::Kind::CorpusUpdate(CorpusUpdate {
+            from_version: from.into(),
+            to_version: to.into(),
+            changed_document_ids: vec![],
+        }))
+    };
+    assert!(validate(&[update("v1", "v2")]).is_ok());
+    assert!(validate(&[update("v1", "v1")]).is_err());
+    assert!(validate(&[update("", "v2")]).is_err());
+    let retire = command(control_command::Kind::RetireCorpusVersion(
+        RetireCorpusVersion::default(),
+    ));
+    assert!(validate(&[retire]).is_err());
+    let config = |tau: Option<f64>, capacity: Option<u64>| {
+        command(control_command::Kind::Config(RuntimeConfig {
+            tau,
+            cache_capacity: capacity,
+        }))
+    };
+    assert!(validate(&[config(Some(0.3), None)]).is_ok());
+    assert!(validate(&[config(Some(1.5), None)]).is_err());
+    assert!(validate(&[config(Some(f64::NAN), None)]).is_err());
+    assert!(validate(&[config(None, Some(0))]).is_err());
+    let mut unversioned = insert("a", 1, &[1]);
+    if let Some(control_command::Kind::Insert(entry)) = &mut unversioned.kind {
+        entry.corpus_version.clear();
+    }
+    let err = validate(&[unversioned]).unwrap_err().to_string();
+    assert!(err.contains("corpus version"), "{err}");
+}
+
+#[test]
+fn a_config_changes_only_what_it_names() {
+    let mut machine = CacheStateMachine::default();
+    assert_eq!(machine.config().tau, None);
+    machine.apply(1, 1, batch(vec![config_command(Some(0.4), None)]));
+    machine.apply(2, 1, batch(vec![config_command(None, Some(7))]));
+    assert_eq!(
+        machine.config(),
+        RuntimeConfig {
+            tau: Some(0.4),
+            cache_capacity: Some(7)
+        }
+    );
+}
+
+fn config_command(tau: Option<f64>, cache_capacity: Option<u64>) -> ControlCommand {
+    command(control_command::Kind::Config(RuntimeConfig {
+        tau,
+        cache_capacity,
+    }))
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What a test sequence does to the state machine.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert {
+            origin: u8,
+            seq: u64,
+            docs: Vec<u64>,
+        },
+        Invalidate(Vec<u64>),
+        Capacity(u32),
+        /// Replaces the machine by one restored from its own snapshot.
+        Snapshot,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u8..3, 0u64..25, proptest::collection::vec(0u64..12, 1..4))
+                .prop_map(|(origin, seq, docs)| Op::Insert { origin, seq, docs }),
+            2 => proptest::collection::vec(0u64..12, 1..3).prop_map(Op::Invalidate),
+            1 => (1u32..6).prop_map(Op::Capacity),
+            1 => Just(Op::Snapshot),
+        ]
+    }
+
+    /// The cache as a plain list, oldest first: (id, origin, seq, documents).
+    #[derive(Default)]
+    struct Model {
+        entries: Vec<(u64, String, u64, Vec<u64>)>,
+        last_seq: std::collections::HashMap<String, u64>,
+        capacity: usize,
+    }
+
+    impl Model {
+        fn evict_beyond(&mut self, keep: usize) -> Vec<u64> {
+            let excess = self.entries.len().saturating_sub(keep);
+            self.entries.drain(..excess).map(|e| e.0).collect()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the sequence of inserts, retries, invalidations, capacity changes and
+        /// snapshot restores, the machine holds exactly what a FIFO list holds, in order,
+        /// reports exactly the removals the list made, and never exceeds its capacity.
+        #[test]
+        fn the_cache_state_machine_is_a_fifo_with_retries_applied_once(
+            ops in proptest::collection::vec(op(), 1..60)
+        ) {
+            let mut machine = CacheStateMachine::default();
+            let mut model = Model {
+                capacity: machine.capacity(),
+                ..Model::default()
+            };
+            for (i, op) in ops.into_iter().enumerate() {
+                let index = i as u64 + 1;
+                let id = index << 16;
+                let (command, expected_removed) = match op {
+                    Op::Snapshot => {
+                        machine = CacheStateMachine::from_state(machine.to_state());
+                        continue;
+                    }
+                    Op::Insert { origin, seq, docs } => {
+                        let origin = format!("edge-{origin}");
+                        let retried = seq > 0
+                            && model.last_seq.get(&origin).is_some_and(|last| seq <= *last);
+                        let removed = if retried {
+                            None
+                        } else {
+                            if seq > 0 {
+                                model.last_seq.insert(origin.clone(), seq);
+                            }
+                            let keep = model.capacity - 1;
+                            let removed = model.evict_beyond(keep);
+                            model.entries.push((id, origin.clone(), seq, docs.clone()));
+                            Some(removed)
+                        };
+                        let command = ControlCommand {
+                            kind: Some(control_command::Kind::Insert(CacheEntry {
+                                origin,
+                                origin_seq: seq,
+                                vector: vec![1.0, 0.0],
+                                document_ids: docs,
+                                ..CacheEntry::default()
+                            })),
+                        };
+                        (command, removed)
+                    }
+                    Op::Invalidate(docs) => {
+                        let (gone, kept): (Vec<_>, Vec<_>) = model
+                            .entries
+                            .drain(..)
+                            .partition(|e| e.3.iter().any(|d| docs.contains(d)));
+                        model.entries = kept;
+                        let mut removed: Vec<u64> = gone.into_iter().map(|e| e.0).collect();
+                        removed.sort_unstable();
+                        let command = ControlCommand {
+                            kind: Some(control_command::Kind::Invalidate(InvalidateDocuments {
+                                document_ids: docs,
+                            })),
+                        };
+                        (command, Some(removed))
+                    }
+                    Op::Capacity(capacity) => {
+                        model.capacity = capacity as usize;
+                        let removed = model.evict_beyond(model.capacity);
+                        let command = ControlCommand {
+                            kind: Some(control_command::Kind::Config(RuntimeConfig {
+                                tau: None,
+                                cache_capacity: Some(u64::from(capacity)),
+                            })),
+                        };
+                        (command, Some(removed))
+                    }
+                };
+                let applied = machine.apply(index, 1, batch(vec![command]));
+                let removed: Option<Vec<u64>> = applied.first().map(|a| a.removed.clone());
+                prop_assert_eq!(removed, expected_removed, "removals at op {}", i);
+                let held: Vec<(u64, String, u64)> = machine
+                    .to_state()
+                    .entries
+                    .iter()
+                    .map(|e| {
+                        let entry = e.entry.clone().unwrap_or_default();
+                        (e.id, entry.origin, entry.origin_seq)
+                    })
+                    .collect();
+                let expected: Vec<(u64, String, u64)> = model
+                    .entries
+                    .iter()
+                    .map(|e| (e.0, e.1.clone(), e.2))
+                    .collect();
+                prop_assert_eq!(held, expected, "entries after op {}", i);
+                prop_assert!(machine.len() <= model.capacity);
+            }
+        }
+    }
+}
