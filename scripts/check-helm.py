@@ -21,7 +21,8 @@ Subcommands:
       Parses every PromQL expression of Grafana dashboards (template variables substituted).
   config-check BINDIR RENDERED...
       Feeds every `*.toml` of the rendered ConfigMaps to its binary with `--print-config` and
-      checks that each key comes back with the value the file gave it.
+      checks that each key comes back with the value the file gave it, keys of nested tables
+      (`[server]`, `[batching]`) included.
   check-files MUTUAL TENANTS RENDERED
       For every workload: each /etc/hasten path its TOML file names (TLS material, tenants
       file, the file itself) is projected into the pod, from a key its ConfigMap or Secret has
@@ -295,6 +296,19 @@ def same(expected, actual):
     return expected == actual
 
 
+def not_echoed(expected, printed, prefix=""):
+    """Messages for each key of the file (tables descended into) that the printed
+    configuration lacks or holds with another value."""
+    for name, value in expected.items():
+        key = prefix + name
+        if not isinstance(printed, dict) or name not in printed:
+            yield f"`{key}` missing from the printed configuration"
+        elif isinstance(value, dict):
+            yield from not_echoed(value, printed[name], key + ".")
+        elif not same(value, printed[name]):
+            yield f"`{key}` = {value!r} came back as {printed[name]!r}"
+
+
 def config_check(bindir, rendered):
     import tomllib
 
@@ -351,11 +365,7 @@ def config_check(bindir, rendered):
                 except json.JSONDecodeError:
                     errors.append(f"{where}: --print-config did not print JSON:\n{result.stdout[:500]}")
                     continue
-                for name, value in expected.items():
-                    if name not in printed:
-                        errors.append(f"{where}: `{name}` missing from the printed configuration")
-                    elif not same(value, printed[name]):
-                        errors.append(f"{where}: `{name}` = {value!r} came back as {printed[name]!r}")
+                errors.extend(f"{where}: {message}" for message in not_echoed(expected, printed))
                 if command[0] == "edge-node":
                     for name, var in (("edge_id", "HASTEN_EDGE_EDGE_ID"), ("cloud_addr", "HASTEN_EDGE_CLOUD_ADDR")):
                         if var in run_env and printed.get(name) != run_env[var]:
@@ -456,8 +466,9 @@ def check_files(mutual, tenants, rendered):
             if mutual == "on":
                 if len(tls) != len(TLS_KEYS):
                     errors.append(f"{where}: {key} is without mutual TLS ({', '.join(TLS_KEYS)})")
+                # Cloud servers keep their dev certificate keys in `[server]`.
                 for dev in ("dev_cert_out", "dev_cert_names"):
-                    if dev in config:
+                    if dev in config or dev in config.get("server", {}):
                         errors.append(f"{where}: {key} sets {dev} under mutual TLS")
             elif "tls_ca" in config:
                 errors.append(f"{where}: {key} sets tls_ca with mutual TLS off")
@@ -495,6 +506,7 @@ def dialled_names(tomls):
     for (_, key), (_, config) in tomls.items():
         if key == "router.toml":
             names.update(host(a) for shard in config["shards"] for a in shard)
+            names.update(host(a) for a in config.get("control_plane", []))
         if key == "control-plane.toml":
             names.update(host(peer.split("=", 1)[1]) for peer in config["peers"])
         if key == "edge.toml":

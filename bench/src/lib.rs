@@ -1,10 +1,13 @@
 //! Shared pieces of Hasten's benchmarks: seeded synthetic data shaped like an embedding
-//! corpus, and latency percentiles.
+//! corpus, latency percentiles, and the JSON report every benchmark binary leaves.
 
 // Benchmarks take no outside input; a failed set-up should abort loudly.
 #![allow(clippy::expect_used)]
 
+use std::path::Path;
 use std::time::Duration;
+
+use anyhow::Context;
 
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
@@ -94,4 +97,13 @@ impl Latencies {
             self.histogram.max()
         )
     }
+}
+
+/// Writes `report` to `<work>/report.json` and prints it.
+pub fn write_report(work: &Path, report: &serde_json::Value) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    let path = work.join("report.json");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    println!("{text}");
+    Ok(())
 }

@@ -142,9 +142,7 @@ impl<R: BatchRunner> MicroBatcher<R> {
             self.metrics.queue_depth.dec();
             return Err(SearchError::ShuttingDown);
         }
-        answer
-            .await
-            .map_err(|_| SearchError::Task("the batch carrying this search failed".into()))?
+        answer.await?
     }
 }
 

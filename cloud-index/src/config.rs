@@ -1,6 +1,8 @@
 //! Configuration of the two serving modes, each resolved as defaults < TOML file < env <
 //! flags: `cloud-index serve` (a shard server, `HASTEN_CLOUD_*`) and `cloud-index route`
-//! (the router, `HASTEN_ROUTER_*`).
+//! (the router, `HASTEN_ROUTER_*`). Both share the `[server]` and `[batching]` tables
+//! (`HASTEN_CLOUD_SERVER__QUIC_ADDR` in the environment); the TLS files are flat keys, as in
+//! every Hasten binary.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,8 +13,132 @@ use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
 use crate::batcher::BatchingSettings;
-use crate::router::{RouterSettings, ShardMap};
+use crate::router::RouterSettings;
 use crate::searcher::MAX_BATCH;
+use crate::shard_map::ShardMap;
+
+/// Searches a cloud server answers at once. A 1M-vector shard answers ~200-250 searches a
+/// second batched (bench/README.md, "Cloud tier"), so ~500 fit in the default 2 s deadline;
+/// twice that absorbs a burst, and a search beyond it would only wait out its deadline in
+/// the queue.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// Where a cloud server listens and reports itself, and how much it takes on at once: the
+/// `[server]` table of shards and routers alike.
+///
+/// No `#[serde(default)]` here: the defaults differ by role (`dev_cert_out`), and loading
+/// fills a partial table from the role's own defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// UDP address of the QUIC fast path used by edges.
+    pub quic_addr: SocketAddr,
+    /// TCP address of the gRPC API (routers reach shards here).
+    pub grpc_addr: SocketAddr,
+    /// TCP address of `/metrics`, `/readyz` and `/healthz`.
+    pub metrics_addr: SocketAddr,
+    /// When set, a JSON file with the bound addresses is written here once serving.
+    pub ready_file: Option<PathBuf>,
+    /// Searches answered at once; beyond it RESOURCE_EXHAUSTED at once. See
+    /// [`DEFAULT_MAX_IN_FLIGHT`].
+    pub max_in_flight: usize,
+    /// Where the generated dev certificate is written, for clients to trust (an edge's
+    /// `cloud_ca`); used only without `tls_cert`.
+    pub dev_cert_out: PathBuf,
+    /// DNS names and IP addresses the dev certificate is valid for.
+    pub dev_cert_names: Vec<String>,
+}
+
+impl ServerConfig {
+    /// The defaults of a role whose generated dev certificate goes to `dev_cert_out`.
+    fn with_dev_cert_out(dev_cert_out: &str) -> Self {
+        Self {
+            quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7102)),
+            ready_file: None,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            dev_cert_out: PathBuf::from(dev_cert_out),
+            dev_cert_names: vec!["localhost".into(), "127.0.0.1".into()],
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::invalid(
+                "server.max_in_flight",
+                "must be at least 1: with 0 every search is refused",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Micro-batching of concurrent searches: the `[batching]` table of shards (one faiss call
+/// per batch) and routers (one request per shard per batch).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// Coalesce concurrent searches into one batch. A router's batching makes every shard
+    /// search the same batches (bench/README.md, "Cloud tier": shards batching on their own
+    /// split into two interleaved groups under closed-loop load).
+    pub enabled: bool,
+    /// Most query vectors in one batch. 256 is where the matrix product's throughput stops
+    /// growing on this hardware (DESIGN.md: ~113 queries/s over 1M vectors at batch 256); a
+    /// router's batch is one request, so at most a request's limit (1024).
+    pub max_queries: usize,
+    /// Longest a search waits for others to join its batch, in microseconds; small against
+    /// a scan of a shard (milliseconds), so a lone query barely notices.
+    pub max_wait_us: u64,
+    /// Searches that may queue for a batch before callers wait to enqueue.
+    pub queue: usize,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_queries: 256,
+            max_wait_us: 1000,
+            queue: 4096,
+        }
+    }
+}
+
+impl BatchingConfig {
+    /// Checks a batch of at least one query and at most `max_queries_limit`, and a wait no
+    /// lone query would notice.
+    fn validate(&self, max_queries_limit: usize) -> Result<(), ConfigError> {
+        if self.enabled && !(1..=max_queries_limit).contains(&self.max_queries) {
+            return Err(ConfigError::invalid(
+                "batching.max_queries",
+                format!(
+                    "must be in 1..={max_queries_limit} when batching is on, got {}",
+                    self.max_queries
+                ),
+            ));
+        }
+        if self.max_wait_us > 100_000 {
+            return Err(ConfigError::invalid(
+                "batching.max_wait_us",
+                format!(
+                    "is {} µs: a batch wait above 100 ms costs every lone query more than it saves",
+                    self.max_wait_us
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The micro-batching settings, or `None` when batching is off.
+    pub fn settings(&self) -> Option<BatchingSettings> {
+        self.enabled.then(|| BatchingSettings {
+            max_queries: self.max_queries,
+            max_wait: Duration::from_micros(self.max_wait_us),
+            queue: self.queue,
+        })
+    }
+}
 
 /// TLS of a server: mutual (a CA and this server's certificate files), server-only
 /// (certificate files), or a generated dev certificate.
@@ -20,7 +146,7 @@ fn validate_tls(
     tls_ca: &Option<PathBuf>,
     tls_cert: &Option<PathBuf>,
     tls_key: &Option<PathBuf>,
-    dev_cert_names: &[String],
+    server: &ServerConfig,
 ) -> Result<(), ConfigError> {
     if tls_ca.is_some() && tls_cert.is_none() {
         return Err(ConfigError::invalid(
@@ -34,9 +160,9 @@ fn validate_tls(
             "and `tls_key` must be given together",
         ));
     }
-    if tls_cert.is_none() && dev_cert_names.is_empty() {
+    if tls_cert.is_none() && server.dev_cert_names.is_empty() {
         return Err(ConfigError::invalid(
-            "dev_cert_names",
+            "server.dev_cert_names",
             "must name at least one host for the generated dev certificate",
         ));
     }
@@ -56,77 +182,12 @@ fn mutual_tls_paths(
     })
 }
 
-/// Micro-batching settings shared by shards and routers: `None` when batching is off.
-fn batching_settings(
-    batching: bool,
-    max_queries: usize,
-    max_wait_us: u64,
-    queue: usize,
-) -> Option<BatchingSettings> {
-    batching.then(|| BatchingSettings {
-        max_queries,
-        max_wait: Duration::from_micros(max_wait_us),
-        queue,
-    })
-}
-
-/// Checks the batching keys: a batch of at least one query and at most `max_queries_limit`,
-/// and a wait no lone query would notice.
-fn validate_batching(
-    batching: bool,
-    max_queries: usize,
-    max_wait_us: u64,
-    max_queries_limit: usize,
-) -> Result<(), ConfigError> {
-    if batching && !(1..=max_queries_limit).contains(&max_queries) {
-        return Err(ConfigError::invalid(
-            "batch_max_queries",
-            format!("must be in 1..={max_queries_limit} when batching is on, got {max_queries}"),
-        ));
-    }
-    if max_wait_us > 100_000 {
-        return Err(ConfigError::invalid(
-            "batch_max_wait_us",
-            format!(
-                "is {max_wait_us} µs: a batch wait above 100 ms costs every lone query more than it saves"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Searches a cloud server answers at once. A 1M-vector shard answers ~200-250 searches a
-/// second batched (bench/README.md, "Cloud tier"), so ~500 fit in the default 2 s deadline;
-/// twice that absorbs a burst, and a search beyond it would only wait out its deadline in
-/// the queue.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
-
-fn validate_in_flight(max_in_flight: usize) -> Result<(), ConfigError> {
-    if max_in_flight == 0 {
-        return Err(ConfigError::invalid(
-            "max_in_flight",
-            "must be at least 1: with 0 every search is refused",
-        ));
-    }
-    Ok(())
-}
-
-fn default_dev_cert_names() -> Vec<String> {
-    vec!["localhost".into(), "127.0.0.1".into()]
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ShardConfig {
     /// Corpus bundle to serve: a shard bundle (`cloud-index build --shards`) or a whole
     /// corpus. Required.
     pub bundle: Option<PathBuf>,
-    /// UDP address of the QUIC fast path used by edges.
-    pub quic_addr: SocketAddr,
-    /// TCP address of the gRPC API (routers reach shards here).
-    pub grpc_addr: SocketAddr,
-    /// TCP address of `/metrics`, `/readyz` (index loaded) and `/healthz`.
-    pub metrics_addr: SocketAddr,
     /// PEM CA certificate for mutual TLS: when set, QUIC and gRPC clients must show a
     /// certificate issued by it (edges, routers), and `tls_cert`/`tls_key` are required.
     pub tls_ca: Option<PathBuf>,
@@ -135,25 +196,6 @@ pub struct ShardConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for QUIC TLS.
     pub tls_key: Option<PathBuf>,
-    /// Where the generated dev certificate is written, for edges to trust (`--cloud-ca`).
-    pub dev_cert_out: PathBuf,
-    /// DNS names and IP addresses the dev certificate is valid for.
-    pub dev_cert_names: Vec<String>,
-    /// When set, a JSON file with the bound addresses is written here once serving.
-    pub ready_file: Option<PathBuf>,
-    /// Coalesce concurrent searches into one faiss call.
-    pub batching: bool,
-    /// Most query vectors in one batch. 256 is where the matrix product's throughput stops
-    /// growing on this hardware (DESIGN.md: ~113 queries/s over 1M vectors at batch 256).
-    pub batch_max_queries: usize,
-    /// Longest a search waits for others to join its batch, in microseconds; small against
-    /// a scan of a shard (milliseconds), so a lone query barely notices.
-    pub batch_max_wait_us: u64,
-    /// Searches that may queue for a batch before callers wait to enqueue.
-    pub batch_queue: usize,
-    /// Searches answered at once; beyond it RESOURCE_EXHAUSTED at once. See
-    /// [`DEFAULT_MAX_IN_FLIGHT`].
-    pub max_in_flight: usize,
     /// OpenMP threads for faiss's per-query scans and result merging. 1, because batches go
     /// through OpenBLAS (see `blas_min_batch`), and OpenMP threads running beside OpenBLAS's
     /// oversubscribe the cores (bench/README.md, "Cloud tier": OpenMP 2 + OpenBLAS 2 ran a
@@ -165,29 +207,24 @@ pub struct ShardConfig {
     /// vectors with one thread: one scan per query costs 46 ms each, the matrix product
     /// ~100 ms plus 7 ms per query, so from 3-4 queries on the product wins (bench/README.md).
     pub blas_min_batch: usize,
+    /// Listeners, dev certificate and admission bound.
+    pub server: ServerConfig,
+    /// Coalescing of concurrent searches into one faiss call.
+    pub batching: BatchingConfig,
 }
 
 impl Default for ShardConfig {
     fn default() -> Self {
         Self {
             bundle: None,
-            quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
-            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7102)),
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
-            dev_cert_out: PathBuf::from("run/cloud-dev-cert.pem"),
-            dev_cert_names: default_dev_cert_names(),
-            ready_file: None,
-            batching: true,
-            batch_max_queries: 256,
-            batch_max_wait_us: 1000,
-            batch_queue: 4096,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             openmp_threads: 1,
             openblas_threads: 0,
             blas_min_batch: 4,
+            server: ServerConfig::with_dev_cert_out("run/cloud-dev-cert.pem"),
+            batching: BatchingConfig::default(),
         }
     }
 }
@@ -200,62 +237,34 @@ impl ShardConfig {
                 "is required: the corpus or shard bundle directory made by `cloud-index build`",
             ));
         }
-        validate_tls(
-            &self.tls_ca,
-            &self.tls_cert,
-            &self.tls_key,
-            &self.dev_cert_names,
-        )?;
-        validate_in_flight(self.max_in_flight)?;
-        validate_batching(
-            self.batching,
-            self.batch_max_queries,
-            self.batch_max_wait_us,
-            usize::MAX,
-        )
+        validate_tls(&self.tls_ca, &self.tls_cert, &self.tls_key, &self.server)?;
+        self.server.validate()?;
+        self.batching.validate(usize::MAX)
     }
 
     /// The mutual-TLS files, when a CA is configured.
     pub fn mutual_tls(&self) -> Option<TlsPaths> {
         mutual_tls_paths(&self.tls_ca, &self.tls_cert, &self.tls_key)
     }
-
-    /// The micro-batching settings, or `None` when batching is off.
-    pub fn batching_settings(&self) -> Option<BatchingSettings> {
-        batching_settings(
-            self.batching,
-            self.batch_max_queries,
-            self.batch_max_wait_us,
-            self.batch_queue,
-        )
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
-    /// The shard map: `shards[i]` lists the gRPC endpoints (`host:port` or a URI) of shard
-    /// i's replicas. Required.
+    /// The starting shard map: `shards[i]` lists the gRPC endpoints (`host:port` or a URI)
+    /// of shard i's replicas. Required.
     pub shards: Vec<Vec<String>>,
-    /// UDP address of the QUIC fast path used by edges (where one index would listen).
-    pub quic_addr: SocketAddr,
-    /// TCP address of the gRPC API.
-    pub grpc_addr: SocketAddr,
-    /// TCP address of `/metrics`, `/readyz` (every shard has a live replica) and `/healthz`.
-    pub metrics_addr: SocketAddr,
+    /// Control-plane nodes (gRPC `host:port`): when given, the router follows the shard map
+    /// the control plane replicates, from `shards` on. Empty: `shards` is the map for good.
+    pub control_plane: Vec<String>,
     /// PEM CA certificate for mutual TLS: when set, clients must show a certificate issued
-    /// by it, shards are reached over mutual TLS, and `tls_cert`/`tls_key` are required.
+    /// by it, shards and the control plane are reached over mutual TLS, and
+    /// `tls_cert`/`tls_key` are required.
     pub tls_ca: Option<PathBuf>,
     /// PEM certificate chain for QUIC (and, with `tls_ca`, gRPC) TLS; with `tls_key`.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for QUIC TLS.
     pub tls_key: Option<PathBuf>,
-    /// Where the generated dev certificate is written, for edges to trust.
-    pub dev_cert_out: PathBuf,
-    /// DNS names and IP addresses the dev certificate is valid for.
-    pub dev_cert_names: Vec<String>,
-    /// When set, a JSON file with the bound addresses is written here once serving.
-    pub ready_file: Option<PathBuf>,
     /// Deadline of a request that names none, in milliseconds; equal to the edge's default
     /// cloud timeout, the longest anyone waits for a fallback.
     pub request_timeout_ms: u64,
@@ -268,44 +277,27 @@ pub struct RouterConfig {
     pub health_interval_ms: u64,
     /// How long start-up waits for every shard to have a replica that answers, in seconds.
     pub startup_timeout_s: u64,
-    /// Coalesce concurrent searches into one request per shard, so that all shards search
-    /// the same batches (bench/README.md, "Cloud tier": shards batching on their own split
-    /// into two interleaved groups under closed-loop load).
-    pub batching: bool,
-    /// Most query vectors in one request to the shards; as the shards' own batches, and
-    /// at most a request's limit (1024).
-    pub batch_max_queries: usize,
-    /// Longest a search waits for others to join its batch, in microseconds.
-    pub batch_max_wait_us: u64,
-    /// Searches that may queue for a batch before callers wait to enqueue.
-    pub batch_queue: usize,
-    /// Searches routed at once; beyond it RESOURCE_EXHAUSTED at once. See
-    /// [`DEFAULT_MAX_IN_FLIGHT`].
-    pub max_in_flight: usize,
+    /// Listeners (`/readyz`: every shard has a live replica), dev certificate and admission
+    /// bound.
+    pub server: ServerConfig,
+    /// Coalescing of concurrent searches into one request per shard.
+    pub batching: BatchingConfig,
 }
 
 impl Default for RouterConfig {
     fn default() -> Self {
         Self {
             shards: Vec::new(),
-            quic_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7101)),
-            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7102)),
+            control_plane: Vec::new(),
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
-            dev_cert_out: PathBuf::from("run/router-dev-cert.pem"),
-            dev_cert_names: default_dev_cert_names(),
-            ready_file: None,
             request_timeout_ms: 2_000,
             attempt_timeout_ms: 1_000,
             health_interval_ms: 1_000,
             startup_timeout_s: 60,
-            batching: true,
-            batch_max_queries: 256,
-            batch_max_wait_us: 1000,
-            batch_queue: 4096,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            server: ServerConfig::with_dev_cert_out("run/router-dev-cert.pem"),
+            batching: BatchingConfig::default(),
         }
     }
 }
@@ -313,12 +305,15 @@ impl Default for RouterConfig {
 impl RouterConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.shard_map()?;
-        validate_tls(
-            &self.tls_ca,
-            &self.tls_cert,
-            &self.tls_key,
-            &self.dev_cert_names,
-        )?;
+        for address in &self.control_plane {
+            if let Err(err) = hasten_proto::control::endpoint(address, None) {
+                return Err(ConfigError::invalid(
+                    "control_plane",
+                    format!("lists `{address}`, which is not a host:port: {err}"),
+                ));
+            }
+        }
+        validate_tls(&self.tls_ca, &self.tls_cert, &self.tls_key, &self.server)?;
         for (key, value) in [
             ("request_timeout_ms", self.request_timeout_ms),
             ("attempt_timeout_ms", self.attempt_timeout_ms),
@@ -328,28 +323,13 @@ impl RouterConfig {
                 return Err(ConfigError::invalid(key, "must be above 0"));
             }
         }
-        validate_in_flight(self.max_in_flight)?;
-        validate_batching(
-            self.batching,
-            self.batch_max_queries,
-            self.batch_max_wait_us,
-            MAX_BATCH,
-        )
+        self.server.validate()?;
+        self.batching.validate(MAX_BATCH)
     }
 
     /// The mutual-TLS files, when a CA is configured.
     pub fn mutual_tls(&self) -> Option<TlsPaths> {
         mutual_tls_paths(&self.tls_ca, &self.tls_cert, &self.tls_key)
-    }
-
-    /// The micro-batching settings, or `None` when batching is off.
-    pub fn batching_settings(&self) -> Option<BatchingSettings> {
-        batching_settings(
-            self.batching,
-            self.batch_max_queries,
-            self.batch_max_wait_us,
-            self.batch_queue,
-        )
     }
 
     /// The configured shard map.
@@ -377,9 +357,23 @@ impl RouterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hasten_core::config::load_config;
 
     fn message(err: ConfigError) -> String {
         err.to_string()
+    }
+
+    #[derive(Serialize)]
+    struct NoFlags {}
+
+    /// `T` loaded from `toml` alone, as `--config` would.
+    fn from_toml<T: Default + Serialize + serde::de::DeserializeOwned>(
+        toml: &str,
+    ) -> Result<T, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, toml).unwrap();
+        load_config(Some(&file), "HASTEN_CONFIG_TEST_UNUSED_", &NoFlags {})
     }
 
     #[test]
@@ -391,17 +385,23 @@ mod tests {
         config.tls_cert = Some("cert.pem".into());
         assert!(message(config.validate().unwrap_err()).contains("tls_key"));
         config.tls_cert = None;
-        config.max_in_flight = 0;
-        assert!(message(config.validate().unwrap_err()).contains("max_in_flight"));
+        config.server.max_in_flight = 0;
+        assert!(message(config.validate().unwrap_err()).contains("`server.max_in_flight`"));
+        config.server.max_in_flight = 1;
+        config.server.dev_cert_names.clear();
+        assert!(message(config.validate().unwrap_err()).contains("`server.dev_cert_names`"));
     }
 
     #[test]
     fn batching_is_on_by_default_and_can_be_turned_off() {
         let mut config = ShardConfig::default();
-        let settings = config.batching_settings().unwrap();
+        let settings = config.batching.settings().unwrap();
         assert_eq!(settings.max_wait, Duration::from_millis(1));
-        config.batching = false;
-        assert!(config.batching_settings().is_none());
+        config.batching.enabled = false;
+        assert!(config.batching.settings().is_none());
+        config.bundle = Some("b".into());
+        config.batching.max_wait_us = 200_000;
+        assert!(message(config.validate().unwrap_err()).contains("`batching.max_wait_us`"));
     }
 
     #[test]
@@ -412,10 +412,48 @@ mod tests {
         assert!(message(config.validate().unwrap_err()).contains("listed for shard 0"));
         config.shards = vec![vec!["127.0.0.1:1".into()], vec!["127.0.0.1:2".into()]];
         config.validate().unwrap();
-        config.batch_max_queries = 2000;
-        assert!(message(config.validate().unwrap_err()).contains("1..=1024"));
-        config.batch_max_queries = 256;
+        config.batching.max_queries = 2000;
+        let err = message(config.validate().unwrap_err());
+        assert!(
+            err.contains("`batching.max_queries`") && err.contains("1..=1024"),
+            "{err}"
+        );
+        config.batching.max_queries = 256;
         config.attempt_timeout_ms = 0;
         assert!(message(config.validate().unwrap_err()).contains("attempt_timeout_ms"));
+        config.attempt_timeout_ms = 1;
+        config.control_plane = vec!["not an address".into()];
+        assert!(message(config.validate().unwrap_err()).contains("`control_plane`"));
+    }
+
+    #[test]
+    fn a_partial_server_table_keeps_the_roles_own_defaults() {
+        let router: RouterConfig =
+            from_toml("[server]\ngrpc_addr = \"127.0.0.1:9101\"\n\n[batching]\nenabled = false\n")
+                .unwrap();
+        assert_eq!(
+            router.server.grpc_addr,
+            SocketAddr::from(([127, 0, 0, 1], 9101))
+        );
+        assert_eq!(
+            router.server.dev_cert_out,
+            PathBuf::from("run/router-dev-cert.pem")
+        );
+        assert!(!router.batching.enabled);
+        assert_eq!(router.batching.max_queries, 256);
+        let shard: ShardConfig = from_toml("[server]\nmax_in_flight = 7\n").unwrap();
+        assert_eq!(
+            shard.server.dev_cert_out,
+            PathBuf::from("run/cloud-dev-cert.pem")
+        );
+        assert_eq!(shard.server.max_in_flight, 7);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_in_nested_tables_and_old_flat_keys_too() {
+        let nested = from_toml::<ShardConfig>("[server]\nquic_adr = \"127.0.0.1:1\"\n");
+        assert!(message(nested.unwrap_err()).contains("quic_adr"));
+        let flat = from_toml::<RouterConfig>("batch_max_queries = 8\n");
+        assert!(message(flat.unwrap_err()).contains("batch_max_queries"));
     }
 }

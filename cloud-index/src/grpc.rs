@@ -28,7 +28,10 @@ impl From<SearchError> for Status {
             }
             SearchError::DeadlineExceeded { .. } => Status::deadline_exceeded(message),
             SearchError::Overloaded(_) => Status::resource_exhausted(message),
-            SearchError::Index(_) | SearchError::Task(_) => Status::internal(message),
+            SearchError::Index(_)
+            | SearchError::Task(_)
+            | SearchError::BatchLost(_)
+            | SearchError::NoAnswer(_) => Status::internal(message),
         }
     }
 }

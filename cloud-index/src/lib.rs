@@ -5,8 +5,9 @@
 //! - [`searcher`]: a shard server's exact search over its bundle, with [`batcher`]
 //!   coalescing concurrent searches into one faiss call;
 //! - [`router`]: scatter-gather over one live replica of every shard, merge by score,
-//!   failover within the request's deadline; [`replica`] keeps each replica's client and
-//!   health;
+//!   failover within the request's deadline; [`replica`] keeps one replica's client and
+//!   health, [`replica_set`] those of the whole shard map and their checks, [`shard_map`]
+//!   which replicas serve which shard, followed from the control plane when there is one;
 //! - [`quic`] and [`grpc`]: the two front ends, written once over [`SearchBackend`];
 //!   [`metrics`]: what both kinds of server report to Prometheus.
 
@@ -18,8 +19,10 @@ pub mod grpc;
 pub mod metrics;
 pub mod quic;
 pub mod replica;
+pub mod replica_set;
 pub mod router;
 pub mod searcher;
+pub mod shard_map;
 
 pub use backend::SearchBackend;
 pub use error::SearchError;

@@ -15,6 +15,7 @@ use cloud_index::config::{RouterConfig, ShardConfig};
 use cloud_index::grpc::CloudIndexGrpc;
 use cloud_index::metrics::{CloudMetrics, Role};
 use cloud_index::router::Router;
+use cloud_index::shard_map::follow_control_plane;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, build_bundle, write_shards};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
@@ -91,10 +92,11 @@ struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     bundle: Option<PathBuf>,
     #[command(flatten)]
-    #[serde(flatten)]
     server: ServerArgs,
     #[command(flatten)]
     #[serde(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
     batching: BatchingArgs,
     /// OpenMP threads for faiss; 0 for every core [default: 1].
     #[arg(long)]
@@ -110,26 +112,26 @@ struct ServeArgs {
     blas_min_batch: Option<usize>,
 }
 
-/// Micro-batching; shared by `serve` (one faiss call per batch) and `route` (one request per
-/// shard per batch).
+/// Micro-batching, the `[batching]` table; shared by `serve` (one faiss call per batch) and
+/// `route` (one request per shard per batch).
 #[derive(Args, Serialize)]
 struct BatchingArgs {
     /// Coalesce concurrent searches into one batch [default: true].
-    #[arg(long)]
+    #[arg(long = "batching", value_name = "BATCHING")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    batching: Option<bool>,
+    enabled: Option<bool>,
     /// Most query vectors in one batch [default: 256].
-    #[arg(long)]
+    #[arg(long = "batch-max-queries", value_name = "BATCH_MAX_QUERIES")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    batch_max_queries: Option<usize>,
+    max_queries: Option<usize>,
     /// Longest a search waits for company, in microseconds [default: 1000].
-    #[arg(long)]
+    #[arg(long = "batch-max-wait-us", value_name = "BATCH_MAX_WAIT_US")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    batch_max_wait_us: Option<u64>,
+    max_wait_us: Option<u64>,
 }
 
-/// What shard servers and routers share: where they listen, how they report themselves,
-/// and how much they take on at once.
+/// What shard servers and routers share, the `[server]` table: where they listen, how they
+/// report themselves, and how much they take on at once.
 #[derive(Args, Serialize)]
 struct ServerArgs {
     /// UDP address for QUIC [default: 127.0.0.1:7100].
@@ -148,9 +150,6 @@ struct ServerArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_in_flight: Option<usize>,
-    #[command(flatten)]
-    #[serde(flatten)]
-    tls: TlsArgs,
     /// Where to write the generated dev certificate [default: run/cloud-dev-cert.pem for serve,
     /// run/router-dev-cert.pem for route].
     #[arg(long)]
@@ -176,9 +175,16 @@ struct RouteArgs {
     #[arg(skip)]
     #[serde(skip_serializing_if = "Option::is_none")]
     shards: Option<Vec<Vec<String>>>,
+    /// A control-plane node's gRPC address (repeat for each): the router then follows the
+    /// shard map the control plane replicates, starting from the --shard map.
+    #[arg(long = "control-plane", value_name = "HOST:PORT")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    control_plane: Vec<String>,
+    #[command(flatten)]
+    server: ServerArgs,
     #[command(flatten)]
     #[serde(flatten)]
-    server: ServerArgs,
+    tls: TlsArgs,
     /// Deadline of a request that names none, in milliseconds [default: 2000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -196,7 +202,6 @@ struct RouteArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     startup_timeout_s: Option<u64>,
     #[command(flatten)]
-    #[serde(flatten)]
     batching: BatchingArgs,
 }
 
@@ -406,17 +411,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Shard)?;
     let loaded = Arc::new(AtomicBool::new(false));
-    let metrics_addr = serve_observability(config.metrics_addr, registry, Arc::new(|| {}), {
-        let loaded = Arc::clone(&loaded);
-        Arc::new(move || {
-            if loaded.load(Ordering::Acquire) {
-                Ok(())
-            } else {
-                Err("loading the index".into())
-            }
+    let metrics_addr =
+        serve_observability(config.server.metrics_addr, registry, Arc::new(|| {}), {
+            let loaded = Arc::clone(&loaded);
+            Arc::new(move || {
+                if loaded.load(Ordering::Acquire) {
+                    Ok(())
+                } else {
+                    Err("loading the index".into())
+                }
+            })
         })
-    })
-    .await?;
+        .await?;
     let all_cores = |n: usize| if n == 0 { available_cores() } else { n };
     let threads = set_compute_threads(
         all_cores(config.openmp_threads),
@@ -443,31 +449,31 @@ async fn serve(args: ServeArgs) -> Result<()> {
         corpus_version = %info.corpus_version,
         shard = info.shard_index,
         shards = info.shard_count,
-        batching = config.batching,
+        batching = config.batching.enabled,
         seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
         "index loaded"
     );
     let tls = ServerTls::load(
         config.mutual_tls(),
         (&config.tls_cert, &config.tls_key),
-        &config.dev_cert_out,
-        &config.dev_cert_names,
+        &config.server.dev_cert_out,
+        &config.server.dev_cert_names,
     )?;
     let shard = info.shard_index.to_string();
-    let service = ShardService::new(searcher, config.batching_settings(), metrics.clone());
+    let service = ShardService::new(searcher, config.batching.settings(), metrics.clone());
     loaded.store(true, Ordering::Release);
     serve_backend(
         Metered::new(
-            Admission::new(service, config.max_in_flight),
+            Admission::new(service, config.server.max_in_flight),
             metrics,
             shard,
         ),
         Listeners {
-            quic_addr: config.quic_addr,
-            grpc_addr: config.grpc_addr,
+            quic_addr: config.server.quic_addr,
+            grpc_addr: config.server.grpc_addr,
             metrics_addr,
             tls,
-            ready_file: config.ready_file.clone(),
+            ready_file: config.server.ready_file.clone(),
         },
     )
     .await
@@ -506,7 +512,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
             }
         })
     };
-    let metrics_addr = serve_observability(config.metrics_addr, registry, refresh, {
+    let metrics_addr = serve_observability(config.server.metrics_addr, registry, refresh, {
         let started = Arc::clone(&started);
         Arc::new(move || {
             let router = started
@@ -522,14 +528,14 @@ async fn route(mut args: RouteArgs) -> Result<()> {
     let tls = ServerTls::load(
         config.mutual_tls(),
         (&config.tls_cert, &config.tls_key),
-        &config.dev_cert_out,
-        &config.dev_cert_names,
+        &config.server.dev_cert_out,
+        &config.server.dev_cert_names,
     )?;
-    let (_map_updates, map) = tokio::sync::watch::channel(Arc::new(config.shard_map()?));
+    let (map_updates, map) = tokio::sync::watch::channel(Arc::new(config.shard_map()?));
     let router = Router::start(
         map,
         config.router_settings(),
-        config.batching_settings(),
+        config.batching.settings(),
         metrics.clone(),
         tls.mutual.clone(),
     );
@@ -545,18 +551,27 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         corpus_version = %info.corpus_version,
         "every shard has a live replica"
     );
+    // Without a control plane nothing sends on `map_updates`: the map stays as configured.
+    if !config.control_plane.is_empty() {
+        tracing::info!(control_plane = ?config.control_plane, "following the control plane's shard map");
+        tokio::spawn(follow_control_plane(
+            config.control_plane.clone(),
+            tls.mutual.clone(),
+            map_updates,
+        ));
+    }
     serve_backend(
         Metered::new(
-            Admission::new(router, config.max_in_flight),
+            Admission::new(router, config.server.max_in_flight),
             metrics,
             "all".into(),
         ),
         Listeners {
-            quic_addr: config.quic_addr,
-            grpc_addr: config.grpc_addr,
+            quic_addr: config.server.quic_addr,
+            grpc_addr: config.server.grpc_addr,
             metrics_addr,
             tls,
-            ready_file: config.ready_file.clone(),
+            ready_file: config.server.ready_file.clone(),
         },
     )
     .await

@@ -154,4 +154,12 @@ impl CloudMetrics {
             .with_label_values(&[shard.as_str()])
             .set(live as i64);
     }
+
+    /// Drops the health series of a replica the shard map no longer lists for `shard`.
+    pub fn forget_replica(&self, shard: usize, endpoint: &str) {
+        // An error only says the series was never set: nothing to forget.
+        let _ = self
+            .replica_up
+            .remove_label_values(&[shard.to_string().as_str(), endpoint]);
+    }
 }

@@ -63,7 +63,10 @@ fn error_code(err: &SearchError) -> Code {
         SearchError::ShardUnavailable { .. } | SearchError::ShuttingDown => Code::Unavailable,
         SearchError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
         SearchError::Overloaded(_) => Code::ResourceExhausted,
-        SearchError::Index(_) | SearchError::Task(_) => Code::Internal,
+        SearchError::Index(_)
+        | SearchError::Task(_)
+        | SearchError::BatchLost(_)
+        | SearchError::NoAnswer(_) => Code::Internal,
     }
 }
 

@@ -45,8 +45,10 @@ pub struct Replica {
     live: AtomicBool,
     /// Health checks failed since the last success.
     failed_checks: AtomicU32,
-    /// Serves another corpus or shard than the map says: never tried until a check passes.
-    refused: AtomicBool,
+    /// Has shown that it serves the corpus and shard the map lists it for. A replica that
+    /// has not (a new endpoint, or one found serving something else) is never tried: its
+    /// answer could be another shard's.
+    verified: AtomicBool,
     /// Why the replica is down, for error messages naming it.
     down_reason: Mutex<String>,
     /// The last index description it gave.
@@ -55,10 +57,9 @@ pub struct Replica {
 
 impl Replica {
     /// A replica client that connects on first use, over mutual TLS with `tls`. Starts
-    /// down until its health is checked.
-    pub fn new(endpoint: &str, tls: Option<&MutualTls>) -> Result<Self, String> {
-        let channel = grpc_endpoint(endpoint, tls)
-            .map_err(|e| format!("`{endpoint}` is not a valid endpoint: {e}"))?
+    /// down and unverified until its health is checked.
+    pub fn new(endpoint: &str, tls: Option<&MutualTls>) -> Result<Self, tonic::transport::Error> {
+        let channel = grpc_endpoint(endpoint, tls)?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .connect_lazy();
@@ -70,7 +71,7 @@ impl Replica {
             client,
             live: AtomicBool::new(false),
             failed_checks: AtomicU32::new(0),
-            refused: AtomicBool::new(false),
+            verified: AtomicBool::new(false),
             down_reason: Mutex::new("not checked yet".into()),
             info: Mutex::new(None),
         })
@@ -96,14 +97,15 @@ impl Replica {
         *self.down_reason.lock() = reason;
     }
 
-    /// Whether the replica may be tried at all (it serves the corpus and shard expected).
+    /// Whether the replica may be tried at all (it was seen serving the corpus and shard
+    /// expected).
     pub fn is_usable(&self) -> bool {
-        !self.refused.load(Ordering::Acquire)
+        self.verified.load(Ordering::Acquire)
     }
 
     /// Takes the replica out of use for serving the wrong corpus or shard.
     pub fn refuse(&self, why: String) {
-        self.refused.store(true, Ordering::Release);
+        self.verified.store(false, Ordering::Release);
         self.mark_down(why);
     }
 
@@ -115,10 +117,11 @@ impl Replica {
         }
     }
 
-    /// Marks the replica live; logs when it was down.
+    /// Marks the replica live and verified (its caller checked what it serves, or it is
+    /// usable already); logs when it was down.
     pub fn mark_live(&self) {
         self.failed_checks.store(0, Ordering::Release);
-        self.refused.store(false, Ordering::Release);
+        self.verified.store(true, Ordering::Release);
         if !self.live.swap(true, Ordering::AcqRel) {
             tracing::info!(endpoint = %self.endpoint, "replica live");
         }
@@ -165,5 +168,29 @@ async fn within<T>(
             status.message()
         ))),
         Err(_) => Err(AttemptError::TimedOut(timeout)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_replica_is_tried_once_verified_and_goes_down_after_failed_checks_in_a_row() {
+        let replica = Replica::new("127.0.0.1:1", None).unwrap();
+        assert!(!replica.is_usable() && !replica.is_live());
+        replica.mark_live();
+        for _ in 1..CHECKS_TO_MARK_DOWN {
+            replica.check_failed("no answer".into());
+        }
+        assert!(
+            replica.is_live(),
+            "a check or two missed took a replica out"
+        );
+        replica.check_failed("no answer".into());
+        assert!(!replica.is_live() && replica.is_usable());
+        assert_eq!(replica.down_reason(), "no answer");
+        replica.refuse("holds shard 1 of 2".into());
+        assert!(!replica.is_usable());
     }
 }

@@ -6,25 +6,24 @@
 //! that fails or times out is marked down and the shard's next live replica is tried, for as
 //! long as the request's deadline allows; a shard with no live replica fails the request with
 //! an UNAVAILABLE naming it, or, when the request allows, is left out of a result flagged
-//! partial. A background task checks every replica's health and identity (corpus version,
-//! model, shard number) and brings recovered replicas back. When every replica of a shard is
-//! believed down, each is still tried once (health can lag a restart) before the shard is
-//! reported unavailable.
+//! partial. [`crate::replica_set`] checks every replica's health and identity (corpus
+//! version, model, shard number) and brings recovered replicas back. When every replica of a
+//! shard is believed down, each is still tried once (health can lag a restart) before the
+//! shard is reported unavailable.
 //!
 //! Concurrent searches are coalesced ([`crate::batcher`]) into one request per shard, so
 //! that every shard searches the same batches and answers them together.
 //!
-//! The router reads its shard map from a `watch` channel: today fed once from the
-//! configuration, later by the control plane, with no change here.
+//! The shard map comes from a `watch` channel ([`crate::shard_map`]): the configured map,
+//! replaced by the control plane's when the router follows one.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use hasten_core::ranking::best_first;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::{IndexInfo, QueryHits, SearchRequest, SearchResponse};
-use parking_lot::RwLock;
 use tokio::sync::watch;
 
 use crate::backend::SearchBackend;
@@ -32,40 +31,9 @@ use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
 use crate::replica::{AttemptError, Replica};
-use crate::searcher::{rank_order, validated_queries};
-
-/// Which replicas serve which shard: `shards[i]` lists the endpoints of shard i's replicas.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardMap {
-    pub shards: Vec<Vec<String>>,
-}
-
-impl ShardMap {
-    /// A map with at least one shard, a replica for every shard, and no endpoint listed twice.
-    pub fn new(shards: Vec<Vec<String>>) -> Result<Self, RouterError> {
-        if shards.is_empty() {
-            return Err(RouterError::InvalidMap(
-                "the shard map lists no shard".into(),
-            ));
-        }
-        let mut seen = HashMap::new();
-        for (shard, replicas) in shards.iter().enumerate() {
-            if replicas.is_empty() {
-                return Err(RouterError::InvalidMap(format!(
-                    "shard {shard} has no replica"
-                )));
-            }
-            for endpoint in replicas {
-                if let Some(other) = seen.insert(endpoint.clone(), shard) {
-                    return Err(RouterError::InvalidMap(format!(
-                        "{endpoint} is listed for shard {other} and again for shard {shard}"
-                    )));
-                }
-            }
-        }
-        Ok(Self { shards })
-    }
-}
+use crate::replica_set::ReplicaSet;
+use crate::searcher::validated_queries;
+use crate::shard_map::ShardMap;
 
 /// Timing of the router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,88 +50,21 @@ pub struct RouterSettings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
-    #[error("invalid shard map: {0}")]
-    InvalidMap(String),
-    #[error("shard map endpoint: {0}")]
-    Endpoint(String),
+    #[error("no client for shard map endpoint `{endpoint}`: {source}")]
+    Endpoint {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
     #[error("no replica of {0} answered within the start-up timeout")]
     NoReplica(String),
     #[error("{0}")]
     Inconsistent(String),
 }
 
-/// What all shards must agree on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct CorpusIdentity {
-    corpus_version: String,
-    model_id: String,
-    dimension: u32,
-}
-
-impl CorpusIdentity {
-    fn of(info: &IndexInfo) -> Self {
-        Self {
-            corpus_version: info.corpus_version.clone(),
-            model_id: info.model_id.clone(),
-            dimension: info.dimension,
-        }
-    }
-
-    /// Why `info`, reported by a replica listed for `shard` of `shard_count`, cannot serve
-    /// in this corpus, if it cannot.
-    fn mismatch(&self, info: &IndexInfo, shard: usize, shard_count: usize) -> Option<String> {
-        if info.corpus_version != self.corpus_version {
-            return Some(format!(
-                "serves corpus version {}, the other shards serve {}: the shards were built from different corpora; rebuild them together with `cloud-index build --shards {shard_count}`",
-                info.corpus_version, self.corpus_version
-            ));
-        }
-        if info.model_id != self.model_id || info.dimension != self.dimension {
-            return Some(format!(
-                "serves {} vectors of dimension {}, the other shards {} of dimension {}",
-                info.model_id, info.dimension, self.model_id, self.dimension
-            ));
-        }
-        if info.shard_index as usize != shard || info.shard_count as usize != shard_count {
-            return Some(format!(
-                "holds shard {} of {}, but the shard map lists it as shard {shard} of {shard_count}",
-                info.shard_index, info.shard_count
-            ));
-        }
-        None
-    }
-}
-
-/// The replicas the router knows, by endpoint; a map update adds new ones and keeps the
-/// connections of those it still lists.
-#[derive(Debug)]
-struct ReplicaPool {
-    replicas: RwLock<HashMap<String, Arc<Replica>>>,
-    /// Mutual TLS toward the shards, when the deployment has a CA.
-    tls: Option<MutualTls>,
-}
-
-impl ReplicaPool {
-    fn get(&self, endpoint: &str) -> Result<Arc<Replica>, RouterError> {
-        if let Some(replica) = self.replicas.read().get(endpoint) {
-            return Ok(Arc::clone(replica));
-        }
-        let replica =
-            Arc::new(Replica::new(endpoint, self.tls.as_ref()).map_err(RouterError::Endpoint)?);
-        Ok(Arc::clone(
-            self.replicas
-                .write()
-                .entry(endpoint.to_string())
-                .or_insert(replica),
-        ))
-    }
-}
-
 #[derive(Debug)]
 struct RouterState {
-    map: watch::Receiver<Arc<ShardMap>>,
-    pool: ReplicaPool,
-    identity: CorpusIdentity,
+    replicas: Arc<ReplicaSet>,
     settings: RouterSettings,
     /// Spreads load over a shard's live replicas.
     rotation: AtomicUsize,
@@ -180,9 +81,9 @@ pub struct Router {
 }
 
 impl Router {
-    /// Waits until every shard of the current map has a replica that answers, checks that
-    /// all answering replicas serve the same corpus and the shard the map says, then starts
-    /// the health checks. With `tls`, shards are reached over mutual TLS.
+    /// Starts once every shard of the current map in `map` has a replica that answers and
+    /// every answering replica serves the same corpus and the shard the map says
+    /// ([`ReplicaSet::start`]). With `tls`, shards are reached over mutual TLS.
     pub async fn start(
         map: watch::Receiver<Arc<ShardMap>>,
         settings: RouterSettings,
@@ -190,22 +91,13 @@ impl Router {
         metrics: CloudMetrics,
         tls: Option<MutualTls>,
     ) -> Result<Self, RouterError> {
-        let pool = ReplicaPool {
-            replicas: RwLock::default(),
-            tls,
-        };
-        let current = Arc::clone(&map.borrow());
-        let identity = establish_identity(&current, &pool, &settings).await?;
+        let replicas = ReplicaSet::start(map, settings, metrics.clone(), tls).await?;
         let state = Arc::new(RouterState {
-            map,
-            pool,
-            identity,
+            replicas,
             settings,
             rotation: AtomicUsize::new(0),
             metrics: metrics.clone(),
         });
-        state.report_replicas();
-        tokio::spawn(health_checks(Arc::downgrade(&state)));
         let batcher =
             batching.map(|settings| MicroBatcher::start(Arc::clone(&state), settings, metrics));
         Ok(Self { state, batcher })
@@ -214,12 +106,13 @@ impl Router {
     /// Publishes every replica's health to the metrics now (the health checks do so every
     /// interval; a scrape wants what requests found since).
     pub fn report_replicas(&self) {
-        self.state.report_replicas();
+        self.state.replicas.report();
     }
 
     /// Shards with no live replica now, for readiness.
     pub fn unavailable_shards(&self) -> Vec<usize> {
         self.state
+            .replicas
             .live_replicas()
             .into_iter()
             .enumerate()
@@ -247,32 +140,6 @@ struct Asked {
 }
 
 impl RouterState {
-    /// Live replicas of every shard of the current map.
-    fn live_replicas(&self) -> Vec<usize> {
-        let map = Arc::clone(&self.map.borrow());
-        map.shards
-            .iter()
-            .map(|endpoints| {
-                endpoints
-                    .iter()
-                    .filter(|e| self.pool.get(e).is_ok_and(|r| r.is_live()))
-                    .count()
-            })
-            .collect()
-    }
-
-    /// Publishes every replica's health to the metrics.
-    fn report_replicas(&self) {
-        let map = Arc::clone(&self.map.borrow());
-        for (shard, endpoints) in map.shards.iter().enumerate() {
-            let replicas: Vec<(String, bool)> = endpoints
-                .iter()
-                .map(|e| (e.clone(), self.pool.get(e).is_ok_and(|r| r.is_live())))
-                .collect();
-            self.metrics.set_replicas(shard, &replicas);
-        }
-    }
-
     /// Searches `request` on one replica of `shard`, starting with the one `rotation`
     /// points at, moving on to the next while the deadline allows.
     async fn search_shard(
@@ -284,11 +151,14 @@ impl RouterState {
         rotation: usize,
     ) -> Result<SearchResponse, SearchError> {
         let unavailable = |reason: String| SearchError::ShardUnavailable { shard, reason };
-        let replicas = endpoints
-            .iter()
-            .map(|e| self.pool.get(e))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| unavailable(e.to_string()))?;
+        let mut replicas = Vec::with_capacity(endpoints.len());
+        let mut without_client = Vec::new();
+        for endpoint in endpoints {
+            match self.replicas.get(endpoint) {
+                Ok(replica) => replicas.push(replica),
+                Err(err) => without_client.push(err.to_string()),
+            }
+        }
         let rotated: Vec<&Arc<Replica>> = (0..replicas.len())
             .map(|i| &replicas[(rotation + i) % replicas.len()])
             .filter(|r| r.is_usable())
@@ -298,6 +168,7 @@ impl RouterState {
             let reasons: Vec<String> = replicas
                 .iter()
                 .map(|r| format!("{}: {}", r.endpoint, r.down_reason()))
+                .chain(without_client)
                 .collect();
             return Err(unavailable(format!(
                 "no usable replica ({})",
@@ -391,7 +262,7 @@ impl RouterState {
             combined.include_texts |= request.include_texts;
             combined.queries.extend(request.queries);
         }
-        let map = Arc::clone(&self.map.borrow());
+        let map = self.replicas.map();
         // The same replica position on every shard, so that batches in flight at once
         // keep to separate replicas.
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
@@ -482,7 +353,9 @@ pub fn merge_shard_results(
         }
     }
     for query in &mut merged {
-        query.hits.sort_by(rank_order);
+        query
+            .hits
+            .sort_by(|a, b| best_first((a.score, a.id), (b.score, b.id)));
         query.hits.truncate(k);
     }
     merged
@@ -499,7 +372,12 @@ impl BatchRunner for RouterState {
     }
 
     fn parallelism(&self) -> usize {
-        self.live_replicas().into_iter().min().unwrap_or(1).max(1)
+        self.replicas
+            .live_replicas()
+            .into_iter()
+            .min()
+            .unwrap_or(1)
+            .max(1)
     }
 
     async fn run(
@@ -512,19 +390,20 @@ impl BatchRunner for RouterState {
 
 impl SearchBackend for Router {
     fn info(&self) -> IndexInfo {
-        let map = Arc::clone(&self.state.map.borrow());
-        let documents = map
+        let replicas = &self.state.replicas;
+        let documents = replicas
+            .map()
             .shards
             .iter()
-            .filter_map(|replicas| {
-                replicas
+            .filter_map(|endpoints| {
+                endpoints
                     .iter()
-                    .filter_map(|e| self.state.pool.get(e).ok()?.last_info())
+                    .filter_map(|e| replicas.get(e).ok()?.last_info())
                     .map(|info| info.documents)
                     .next()
             })
             .sum();
-        let identity = &self.state.identity;
+        let identity = replicas.identity();
         IndexInfo {
             corpus_version: identity.corpus_version.clone(),
             model_id: identity.model_id.clone(),
@@ -538,7 +417,7 @@ impl SearchBackend for Router {
     #[tracing::instrument(name = "route", skip_all, fields(queries = request.queries.len(), k = request.k))]
     async fn search(&self, request: SearchRequest) -> Result<SearchResponse, SearchError> {
         // Checked here, as a shard would, so that one bad request cannot fail a batch.
-        validated_queries(&request, self.state.identity.dimension as usize)?;
+        validated_queries(&request, self.state.replicas.identity().dimension as usize)?;
         let budget = request_budget(&request, &self.state.settings);
         let deadline = Instant::now() + budget;
         let search = RoutedSearch { request, deadline };
@@ -546,7 +425,7 @@ impl SearchBackend for Router {
             let mut answers = self.state.fan_out(vec![search]).await;
             return answers
                 .pop()
-                .unwrap_or_else(|| Err(SearchError::Task("the fan-out gave no answer".into())));
+                .unwrap_or(Err(SearchError::NoAnswer("the fan-out")));
         };
         match tokio::time::timeout_at(deadline.into(), batcher.search(search, Some(deadline))).await
         {
@@ -556,113 +435,6 @@ impl SearchBackend for Router {
                 what: "the shards did not answer in time".into(),
             }),
         }
-    }
-}
-
-/// Asks every replica of `map` for its description until each shard has one that answers;
-/// fails at once when two answering replicas disagree about the corpus or a replica holds
-/// another shard than the map says.
-async fn establish_identity(
-    map: &ShardMap,
-    pool: &ReplicaPool,
-    settings: &RouterSettings,
-) -> Result<CorpusIdentity, RouterError> {
-    let give_up = Instant::now() + settings.startup_timeout;
-    let shard_count = map.shards.len();
-    loop {
-        let mut identity: Option<(CorpusIdentity, String)> = None;
-        let mut waiting = Vec::new();
-        for (shard, endpoints) in map.shards.iter().enumerate() {
-            let mut answered = false;
-            for endpoint in endpoints {
-                let replica = pool.get(endpoint)?;
-                let info = match replica.info(settings.attempt_timeout).await {
-                    Ok(info) => info,
-                    Err(err) => {
-                        replica.mark_down(err.to_string());
-                        continue;
-                    }
-                };
-                let (expected, first) = identity.get_or_insert_with(|| {
-                    (
-                        CorpusIdentity::of(&info),
-                        format!("shard {shard} ({endpoint})"),
-                    )
-                });
-                if let Some(why) = expected.mismatch(&info, shard, shard_count) {
-                    return Err(RouterError::Inconsistent(format!(
-                        "refusing to start: shard {shard} replica {endpoint} {why} (compared with {first})"
-                    )));
-                }
-                replica.mark_live();
-                answered = true;
-            }
-            if !answered {
-                let reasons: Vec<String> = endpoints
-                    .iter()
-                    .filter_map(|e| pool.get(e).ok())
-                    .map(|r| format!("{}: {}", r.endpoint, r.down_reason()))
-                    .collect();
-                waiting.push(format!("shard {shard} ({})", reasons.join("; ")));
-            }
-        }
-        match identity {
-            Some((identity, _)) if waiting.is_empty() => return Ok(identity),
-            _ if Instant::now() >= give_up => {
-                return Err(RouterError::NoReplica(waiting.join(", ")));
-            }
-            _ => {
-                tracing::info!(waiting = %waiting.join(", "), "waiting for shard replicas");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    }
-}
-
-/// Checks every replica of the current map each interval: a replica is live when it
-/// answers and serves the router's corpus and the shard the map lists it for.
-async fn health_checks(state: Weak<RouterState>) {
-    let Some(interval) = state.upgrade().map(|s| s.settings.health_interval) else {
-        return;
-    };
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let Some(state) = state.upgrade() else {
-            return;
-        };
-        let map = Arc::clone(&state.map.borrow());
-        let shard_count = map.shards.len();
-        let timeout = state.settings.attempt_timeout.min(interval);
-        let checks = map
-            .shards
-            .iter()
-            .enumerate()
-            .flat_map(|(shard, endpoints)| {
-                let state = &state;
-                endpoints.iter().map(move |endpoint| async move {
-                    let replica = match state.pool.get(endpoint) {
-                        Ok(replica) => replica,
-                        Err(err) => {
-                            tracing::warn!(%endpoint, %err, "shard map endpoint unusable");
-                            return;
-                        }
-                    };
-                    match replica.info(timeout).await {
-                        Ok(info) => match state.identity.mismatch(&info, shard, shard_count) {
-                            Some(why) => {
-                                tracing::error!(shard, %endpoint, %why, "replica refused");
-                                replica.mark_down(why);
-                            }
-                            None => replica.mark_live(),
-                        },
-                        Err(err) => replica.mark_down(err.to_string()),
-                    }
-                })
-            });
-        futures::future::join_all(checks).await;
-        state.report_replicas();
     }
 }
 
@@ -677,15 +449,6 @@ mod tests {
             score,
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn shard_maps_need_replicas_and_distinct_endpoints() {
-        assert!(ShardMap::new(vec![]).is_err());
-        assert!(ShardMap::new(vec![vec!["a:1".into()], vec![]]).is_err());
-        let twice = ShardMap::new(vec![vec!["a:1".into()], vec!["a:1".into()]]);
-        assert!(twice.unwrap_err().to_string().contains("again for shard 1"));
-        ShardMap::new(vec![vec!["a:1".into(), "b:1".into()], vec!["c:1".into()]]).unwrap();
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::index::{ExactIndex, Hit, IndexError};
+use hasten_core::ranking::best_first;
 use hasten_core::vector::normalized_query;
 use hasten_proto::v1::{IndexInfo, QueryHits, ScoredDocument, SearchRequest, SearchResponse};
 
@@ -71,12 +72,6 @@ pub fn validated_queries(
     Ok(queries)
 }
 
-/// Orders hits best first: descending score, ties by ascending document id. Every answer a
-/// shard or router gives is in this order, which makes merged results deterministic.
-pub fn rank_order(a: &ScoredDocument, b: &ScoredDocument) -> std::cmp::Ordering {
-    b.score.total_cmp(&a.score).then(a.id.cmp(&b.id))
-}
-
 /// A bundle and the exact index over its vectors.
 #[derive(Debug)]
 pub struct ExactSearcher {
@@ -119,7 +114,7 @@ impl ExactSearcher {
 
     /// Exact top-k for every query of every prepared search, in one faiss call over all of
     /// them (with the largest k asked; each answer is cut to its own k). Hits are ordered by
-    /// [`rank_order`].
+    /// [`best_first`].
     pub fn search_batch(
         &self,
         batch: &[&PreparedSearch],
@@ -159,8 +154,9 @@ impl ExactSearcher {
         Ok(responses)
     }
 
-    /// The exact top-`k` of one query under [`rank_order`] (score, then id), from faiss's
-    /// top-`probe` `hits`. faiss keeps an arbitrary subset of the vectors tied at its cut, so
+    /// The exact top-`k` of one query under [`best_first`] (score, then document id), from
+    /// faiss's top-`probe` `hits` (whose ids are rows: a bundle need not hold its documents
+    /// in id order). faiss keeps an arbitrary subset of the vectors tied at its cut, so
     /// when the k-th score is tied all the way to the last hit, the query is searched again
     /// deeper until a lower score ends the tie (or the whole index was seen). Real
     /// embeddings almost never tie; the one extra hit decides it in the common case.
@@ -171,7 +167,13 @@ impl ExactSearcher {
         k: usize,
         mut probe: usize,
     ) -> Result<Vec<Hit>, SearchError> {
-        let by_rank = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.id.cmp(&b.id));
+        let documents = &self.bundle.documents;
+        let by_rank = |a: &Hit, b: &Hit| {
+            best_first(
+                (a.score, documents[a.id as usize].id),
+                (b.score, documents[b.id as usize].id),
+            )
+        };
         loop {
             hits.sort_by(by_rank);
             let settled = hits.len() < probe
@@ -209,9 +211,7 @@ impl ExactSearcher {
     pub fn search(&self, request: &SearchRequest) -> Result<SearchResponse, SearchError> {
         let prepared = self.prepare(request)?;
         let mut responses = self.search_batch(&[&prepared])?;
-        responses
-            .pop()
-            .ok_or_else(|| SearchError::Index("faiss returned no result".into()))
+        responses.pop().ok_or(SearchError::NoAnswer("faiss"))
     }
 
     fn scored_document(&self, row: usize, score: f32, prepared: &PreparedSearch) -> ScoredDocument {
@@ -261,7 +261,7 @@ impl BatchRunner for ExactSearcher {
             self.search_batch(&prepared)
         })
         .await
-        .map_err(|e| SearchError::Task(e.to_string()));
+        .map_err(SearchError::from);
         match outcome {
             Ok(Ok(responses)) => responses.into_iter().map(Ok).collect(),
             Ok(Err(err)) | Err(err) => vec![Err(err); count],
@@ -302,9 +302,7 @@ impl SearchBackend for ShardService {
             return batcher.search(prepared, deadline).await;
         }
         let searcher = Arc::clone(&self.searcher);
-        tokio::task::spawn_blocking(move || searcher.search(&request))
-            .await
-            .map_err(|e| SearchError::Task(e.to_string()))?
+        tokio::task::spawn_blocking(move || searcher.search(&request)).await?
     }
 }
 
@@ -372,6 +370,27 @@ mod tests {
         let top = &resp.results[0].hits[0];
         assert_eq!(top.text, "text 2");
         assert_eq!(top.vector, vec![0.0, 0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn tied_scores_rank_by_document_id_not_by_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("b");
+        // Rows hold ids 30, 20, 10, 5; the first three share one vector.
+        let docs: Vec<Document> = [30, 20, 10, 5]
+            .into_iter()
+            .map(|id| Document {
+                id,
+                title: String::new(),
+                text: String::new(),
+            })
+            .collect();
+        let vectors = [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]].concat();
+        write_bundle(&out, vec![], &docs, &vectors, 2, &[]).unwrap();
+        let s = ExactSearcher::new(CorpusBundle::load(&out).unwrap()).unwrap();
+        let resp = s.search(&request(vec![vec![1.0, 0.0]], 2)).unwrap();
+        let ids: Vec<u64> = resp.results[0].hits.iter().map(|h| h.id).collect();
+        assert_eq!(ids, vec![10, 20]);
     }
 
     #[test]

@@ -61,8 +61,10 @@ pub struct TlsArgs {
 /// Resolves a configuration of type `T`.
 ///
 /// `env_prefix` (e.g. `HASTEN_EDGE_`) selects environment variables: `HASTEN_EDGE_TAU=0.3`
-/// sets `tau`. `flags` is the command line as a serialisable struct whose unset options are
-/// skipped (`#[serde(skip_serializing_if = "Option::is_none")]`).
+/// sets `tau`, and a double underscore descends into a table: `HASTEN_CLOUD_SERVER__QUIC_ADDR`
+/// sets `quic_addr` of `[server]` (keys themselves hold single underscores only). `flags` is
+/// the command line as a serialisable struct whose unset options are skipped
+/// (`#[serde(skip_serializing_if = "Option::is_none")]`), nested as the tables are.
 pub fn load_config<T, F>(file: Option<&Path>, env_prefix: &str, flags: &F) -> Result<T, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned,
@@ -76,7 +78,7 @@ where
         figment = figment.merge(Toml::file(path));
     }
     figment
-        .merge(Env::prefixed(env_prefix))
+        .merge(Env::prefixed(env_prefix).split("__"))
         .merge(Serialized::defaults(flags))
         .extract()
         .map_err(|e| ConfigError::Load(Box::new(e)))
@@ -121,6 +123,70 @@ mod tests {
             let unset: Sample =
                 load_config(None, "HASTEN_TEST_", &Flags { capacity: None }).unwrap();
             assert_eq!(unset.capacity, 0);
+            Ok(())
+        });
+    }
+
+    #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+    #[serde(default, deny_unknown_fields)]
+    struct Nested {
+        cloud_timeout_ms: u64,
+        server: Server,
+    }
+
+    #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+    #[serde(default, deny_unknown_fields)]
+    struct Server {
+        quic_addr: String,
+        max_in_flight: usize,
+    }
+
+    #[derive(Serialize)]
+    struct NestedFlags {
+        server: ServerFlags,
+    }
+
+    #[derive(Serialize)]
+    struct ServerFlags {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_in_flight: Option<usize>,
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn a_double_underscore_reaches_into_a_table_and_single_ones_stay_in_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[server]\nquic_addr = \"file\"\nmax_in_flight = 3\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HASTEN_TEST_SERVER__QUIC_ADDR", "env");
+            jail.set_env("HASTEN_TEST_CLOUD_TIMEOUT_MS", "1500");
+            let flags = NestedFlags {
+                server: ServerFlags {
+                    max_in_flight: Some(9),
+                },
+            };
+            let got: Nested = load_config(Some(&file), "HASTEN_TEST_", &flags).unwrap();
+            assert_eq!(
+                got,
+                Nested {
+                    cloud_timeout_ms: 1500,
+                    server: Server {
+                        quic_addr: "env".into(),
+                        max_in_flight: 9,
+                    },
+                }
+            );
+            let unset = NestedFlags {
+                server: ServerFlags {
+                    max_in_flight: None,
+                },
+            };
+            let from_file: Nested = load_config(Some(&file), "HASTEN_NONE_", &unset).unwrap();
+            assert_eq!(
+                from_file.server.max_in_flight, 3,
+                "an empty flag table keeps the file's keys"
+            );
             Ok(())
         });
     }

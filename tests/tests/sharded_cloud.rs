@@ -292,13 +292,21 @@ async fn router_fails_over_between_replicas_and_names_a_lost_shard() {
         .unwrap();
     assert_eq!(ready.status(), 503);
     assert!(ready.text().await.unwrap().contains("[0]"));
-    // The edge's fallback fails fast with the router's reason; it never caches a partial
-    // answer. The query points away from every document the edge has cached.
+    // The edge's fallback fails fast; it never caches a partial answer. The client learns
+    // that the cloud is unavailable, the edge's log which shard and why (a client is not
+    // told the cloud's internals). The query points away from every cached document.
     let away: Vec<f32> = bundle.vector(bundle.len() / 2).iter().map(|x| -x).collect();
     let started = Instant::now();
     let (status, reply) = retrieve(&http, &edge_addr, json!({"vector": away, "k": K})).await;
     assert_eq!(status, 503, "{reply}");
-    assert!(reply.to_string().contains("shard 0"), "{reply}");
+    assert_eq!(reply["error"]["code"], "unavailable", "{reply}");
+    assert!(!reply.to_string().contains("shard 0"), "{reply}");
+    let log = std::fs::read_to_string(&edge.log).unwrap();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("request failed") && line.contains("shard 0")),
+        "the edge did not log the cause"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
-use hasten_bench::Latencies;
+use hasten_bench::{Latencies, write_report};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, edge_serve_args};
@@ -305,9 +305,5 @@ async fn main() -> Result<()> {
         "runs": runs,
         "cores": hasten_core::threads::available_cores(),
     });
-    let path = cli.work.join("report.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
+    write_report(&cli.work, &report)
 }

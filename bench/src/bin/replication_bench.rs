@@ -12,12 +12,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use edge_node::replication::ControlPlaneLink;
 use edge_node::retrieval::CacheReplication;
 use edge_node::tenants::Tenant;
-use hasten_bench::Latencies;
+use hasten_bench::{Latencies, write_report};
 use hasten_core::DocId;
 use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
@@ -224,9 +224,5 @@ async fn main() -> Result<()> {
         "node_rss_bytes": rss,
         "cores": hasten_core::threads::available_cores(),
     });
-    let path = cli.work.join("report.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
+    write_report(&cli.work, &report)
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use hasten_bench::Latencies;
+use hasten_bench::{Latencies, write_report};
 use hasten_proto::control::{MAX_MESSAGE_BYTES, endpoint};
 use hasten_proto::tls::{DevAuthority, MutualTls, TlsPaths};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
@@ -353,9 +353,7 @@ async fn main() -> Result<()> {
         "cross_tenant_acceptances": cross_tenant.lock().len(),
         "cross_tenant_examples": cross_tenant.lock().iter().take(5).cloned().collect::<Vec<_>>(),
     });
-    let path = work.join("report.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
-    println!("{}", serde_json::to_string_pretty(&report)?);
+    write_report(&work, &report)?;
     drop(edges);
     drop(router);
     drop(replicas);
@@ -363,7 +361,7 @@ async fn main() -> Result<()> {
     if lost_total > 0 || !cross_tenant.lock().is_empty() {
         bail!(
             "the soak found lost entries or a cross-tenant acceptance; see {}",
-            path.display()
+            work.join("report.json").display()
         );
     }
     Ok(())

@@ -85,22 +85,34 @@ impl From<StageTimings> for pb::StageTimings {
 
 impl From<RetrievedDocument> for DocumentJson {
     fn from(d: RetrievedDocument) -> Self {
+        let RetrievedDocument {
+            id,
+            title,
+            text,
+            score,
+        } = d;
         Self {
-            id: d.id,
-            title: d.title,
-            text: d.text,
-            score: d.score,
+            id,
+            title,
+            text,
+            score,
         }
     }
 }
 
 impl From<RetrievedDocument> for pb::Document {
     fn from(d: RetrievedDocument) -> Self {
+        let RetrievedDocument {
+            id,
+            title,
+            text,
+            score,
+        } = d;
         Self {
-            id: d.id,
-            title: d.title,
-            text: d.text,
-            score: d.score,
+            id,
+            title,
+            text,
+            score,
         }
     }
 }

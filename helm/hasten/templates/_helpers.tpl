@@ -360,16 +360,28 @@ lists as TOML arrays, numbers and booleans as they are.
 {{- end }}
 {{- end }}
 
-{{/* `key = value` lines of a map, sorted, nulls left out: (dict "values" map "floats" list-of-keys-kept-as-floats). */}}
+{{/*
+A map as TOML: its `key = value` lines, sorted, nulls left out, then each nested map as a
+`[table]` of its own (TOML puts a table's keys before any sub-table header).
+(dict "values" map "floats" list-of-keys-kept-as-floats "prefix" "outer." for a nested call)
+*/}}
 {{- define "hasten.toml.table" -}}
 {{- $floats := default (list) .floats }}
+{{- $prefix := default "" .prefix }}
 {{- range $key, $value := .values }}
-{{- if not (kindIs "invalid" $value) }}
+{{- if not (or (kindIs "invalid" $value) (kindIs "map" $value)) }}
 {{- if and (has $key $floats) (or (kindIs "float64" $value) (kindIs "int" $value) (kindIs "int64" $value)) }}
 {{ $key }} = {{ regexReplaceAll "^(-?[0-9]+)$" (printf "%g" (float64 $value) | replace "e+" "e") "${1}.0" }}
 {{- else }}
 {{ $key }} = {{ include "hasten.toml.value" $value }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := .values }}
+{{- if kindIs "map" $value }}
+
+[{{ $prefix }}{{ $key }}]
+{{- include "hasten.toml.table" (dict "values" $value "floats" $floats "prefix" (printf "%s%s." $prefix $key)) }}
 {{- end }}
 {{- end }}
 {{- end }}
