@@ -67,9 +67,8 @@ impl From<StageTimings> for TimingsJson {
     }
 }
 
-impl From<StageTimings> for pb::StageTimings {
-    fn from(t: StageTimings) -> Self {
-        let json = TimingsJson::from(t);
+impl From<TimingsJson> for pb::StageTimings {
+    fn from(json: TimingsJson) -> Self {
         Self {
             encode_us: json.encode_us,
             cache_channel_us: json.cache_channel_us,
@@ -84,23 +83,6 @@ impl From<StageTimings> for pb::StageTimings {
 }
 
 impl From<RetrievedDocument> for DocumentJson {
-    fn from(d: RetrievedDocument) -> Self {
-        let RetrievedDocument {
-            id,
-            title,
-            text,
-            score,
-        } = d;
-        Self {
-            id,
-            title,
-            text,
-            score,
-        }
-    }
-}
-
-impl From<RetrievedDocument> for pb::Document {
     fn from(d: RetrievedDocument) -> Self {
         let RetrievedDocument {
             id,
@@ -139,21 +121,31 @@ pub fn reply_json(r: Retrieval, options: ReplyOptions) -> RetrieveReply {
     }
 }
 
-/// A retrieval as the gRPC API answers it.
+/// A retrieval as the gRPC API answers it: the JSON reply's content in protobuf.
 pub fn reply_proto(r: Retrieval, options: ReplyOptions) -> pb::RetrieveResponse {
+    let reply = reply_json(r, options);
     pb::RetrieveResponse {
-        documents: r.documents.into_iter().map(pb::Document::from).collect(),
-        outcome: match r.outcome {
-            Outcome::Accepted => pb::Outcome::Accepted,
-            Outcome::Fallback => pb::Outcome::Fallback,
+        documents: reply
+            .documents
+            .into_iter()
+            .map(|d| pb::Document {
+                id: d.id,
+                title: d.title,
+                text: d.text,
+                score: d.score,
+            })
+            .collect(),
+        outcome: match reply.outcome {
+            OutcomeJson::Accepted => pb::Outcome::Accepted,
+            OutcomeJson::Fallback => pb::Outcome::Fallback,
         } as i32,
-        homology_score: r.homology_score as f32,
-        matched_query: r.matched_query.map(|m| pb::MatchedQuery {
+        homology_score: reply.homology_score as f32,
+        matched_query: reply.matched_query.map(|m| pb::MatchedQuery {
             id: m.id,
-            text: matched_text(&m, options),
+            text: m.text,
             shared_documents: u32::try_from(m.shared_documents).unwrap_or(u32::MAX),
         }),
-        timings: Some(r.timings.into()),
+        timings: Some(reply.timings_us.into()),
     }
 }
 
@@ -275,7 +267,7 @@ mod tests {
             json,
             serde_json::json!({"encode_us": 1500, "total_us": 2000})
         );
-        let proto = pb::StageTimings::from(timings);
+        let proto = pb::StageTimings::from(TimingsJson::from(timings));
         assert_eq!((proto.encode_us, proto.cloud_us), (Some(1500), None));
     }
 }
