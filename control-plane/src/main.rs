@@ -87,11 +87,12 @@ async fn main() -> Result<()> {
     hasten_core::logging::init();
     let cli = Cli::parse();
     let config: ControlPlaneConfig = load_config(cli.source.config.as_deref(), "HASTEN_CP_", &cli)?;
+    // Validated before printing: `--print-config` answers whether a configuration works.
+    config.validate()?;
     if cli.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
-    config.validate()?;
     let tls = config
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))
@@ -134,9 +135,11 @@ async fn main() -> Result<()> {
         });
         write_atomically(path, ready.to_string().as_bytes())?;
     }
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     let client_api = ControlPlaneServer::new(ControlPlaneService::new(
         node.clone(),
         config.propose_timeout(),
+        stopping.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -149,6 +152,7 @@ async fn main() -> Result<()> {
             .tls_config(tls.grpc_server())
             .context("configuring gRPC TLS")?;
     }
+    let mut stopped = stopping;
     let serving = server
         .add_service(client_api)
         .add_service(peer_api)
@@ -157,10 +161,26 @@ async fn main() -> Result<()> {
             // it, HTTP/2's separate header and data writes wait for the peer's delayed ACK
             // (~40 ms per Raft round trip and per committed event).
             TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown_signal(),
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            },
         );
+    tokio::pin!(serving);
     tokio::select! {
-        served = serving => served?,
+        served = &mut serving => served?,
+        () = shutdown_signal() => {
+            // Subscriber streams end, the listener closes, and calls in flight get a
+            // bounded time to finish: the process exits (and frees its store's lock) even
+            // when a client holds a connection open.
+            let _ = stop.send(true);
+            match tokio::time::timeout(SHUTDOWN_GRACE, serving).await {
+                Ok(served) => served?,
+                Err(_) => tracing::warn!(
+                    grace = ?SHUTDOWN_GRACE,
+                    "connections still open after the shutdown grace period; exiting anyway"
+                ),
+            }
+        }
         () = node.stopped() => {
             anyhow::bail!(
                 "the Raft node of control-plane node {} stopped (see the error above); exiting \
@@ -169,5 +189,9 @@ async fn main() -> Result<()> {
             );
         }
     }
+    tracing::info!("stopped");
     Ok(())
 }
+
+/// How long calls in flight may take to finish after a shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);

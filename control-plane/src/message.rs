@@ -8,13 +8,15 @@ use hasten_proto::v1::{ControlCommand, ControlState, NodeStatus};
 use raft::prelude::Message;
 use tokio::sync::oneshot;
 
-use crate::state::CommandError;
+use crate::state::{AdmissionError, CommandError};
 use crate::storage::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("invalid proposal: {0}")]
     Invalid(#[from] CommandError),
+    #[error("proposal refused: {0}")]
+    NotAdmitted(#[from] AdmissionError),
     #[error("no leader is known yet; retry shortly")]
     NoLeader,
     #[error("the proposal was dropped by Raft ({0}); retry")]

@@ -11,11 +11,12 @@ use hasten_proto::v1::{
     CommittedEvent, ControlState, MemberRequest, NodeStatus, ProposeReply, ProposeRequest,
     SnapshotRequest, StatusRequest, SubscribeRequest,
 };
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::node::{NodeError, NodeHandle};
+use crate::state::AdmissionError;
 
 /// Committed events queued per subscriber before the stream waits for it (gRPC flow
 /// control then slows the sender rather than memory growing).
@@ -27,20 +28,33 @@ const CATCH_UP_BATCH: usize = 256;
 pub struct ControlPlaneService {
     node: NodeHandle,
     propose_timeout: Duration,
+    /// Turns true when the node shuts down: every subscriber's stream then ends, so that
+    /// the server can finish and its subscribers move to another node at once.
+    stopping: watch::Receiver<bool>,
 }
 
 impl ControlPlaneService {
-    pub fn new(node: NodeHandle, propose_timeout: Duration) -> Self {
+    pub fn new(
+        node: NodeHandle,
+        propose_timeout: Duration,
+        stopping: watch::Receiver<bool>,
+    ) -> Self {
         Self {
             node,
             propose_timeout,
+            stopping,
         }
     }
 }
 
 fn status_of(err: NodeError) -> Status {
     match err {
-        NodeError::Invalid(_) => Status::invalid_argument(err.to_string()),
+        NodeError::Invalid(_) | NodeError::NotAdmitted(AdmissionError::Misfit { .. }) => {
+            Status::invalid_argument(err.to_string())
+        }
+        NodeError::NotAdmitted(AdmissionError::UnknownCorpus { .. }) => {
+            Status::failed_precondition(err.to_string())
+        }
         NodeError::NoLeader
         | NodeError::Dropped(_)
         | NodeError::Stale { .. }
@@ -85,14 +99,21 @@ impl ControlPlane for ControlPlaneService {
         let request = request.into_inner();
         let (sender, events) = mpsc::channel(SUBSCRIBER_BUFFER);
         let node = self.node.clone();
+        let mut stopping = self.stopping.clone();
         let span = tracing::info_span!("subscriber", who = %request.subscriber);
         tokio::spawn(
             async move {
                 tracing::info!(from = request.from_index, "subscribed");
                 let subscribers = node.metrics().subscribers.clone();
                 subscribers.inc();
-                if let Err(err) = stream_events(node, request.from_index, &sender).await {
-                    let _ = sender.send(Err(err)).await;
+                let ended = tokio::select! {
+                    streamed = stream_events(node, request.from_index, &sender) => streamed.err(),
+                    _ = stopping.wait_for(|stop| *stop) => {
+                        Some(Status::unavailable("the control-plane node is shutting down; subscribe to another"))
+                    }
+                };
+                if let Some(status) = ended {
+                    let _ = sender.send(Err(status)).await;
                 }
                 subscribers.dec();
                 tracing::info!("subscription ended");

@@ -17,7 +17,7 @@ use edge_node::grpc::EdgeGrpc;
 use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel};
 use edge_node::metrics::EdgeMetrics;
 use edge_node::pipeline::EdgeService;
-use edge_node::replication::ControlPlaneLink;
+use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
 use edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy};
 use edge_node::tenants::TenantDirectory;
 use hasten_core::bundle::CorpusBundle;
@@ -337,9 +337,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
     let mut engine = build_engine(&config, &bundle, &tenants, mutual.as_ref())?;
     let link = (!config.control_plane.is_empty()).then(|| {
+        let corpus = CorpusIdentity {
+            version: bundle.manifest.corpus_version.clone(),
+            dimension: bundle.dimension(),
+            max_document_id: bundle.documents.iter().map(|d| d.id).max().unwrap_or(0),
+        };
         ControlPlaneLink::start(
             &config.edge_id,
-            &bundle.manifest.corpus_version,
+            corpus,
             config.control_plane.clone(),
             mutual.clone(),
         )

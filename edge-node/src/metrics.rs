@@ -189,7 +189,7 @@ impl EdgeMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "hasten_edge_proposals_total",
-                        "Fallback results offered to the control plane: sent, or dropped on a full queue",
+                        "Fallback results offered to the control plane: sent, or dropped (a full queue, or refused by the control plane)",
                     ),
                     &["result"],
                 )?,

@@ -155,6 +155,51 @@ impl ManagedProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Sends `signal` (`TERM`, `STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) -> std::io::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "kill -{signal} {} failed: {status}",
+                self.pid()
+            )))
+        }
+    }
+
+    /// Asks the process to stop (SIGTERM) and waits up to `limit` for it to exit; returns
+    /// its exit status, or `None` if it was still running (it is then killed).
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        if self.signal("TERM").is_err() {
+            return self.child.try_wait().ok().flatten();
+        }
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop();
+        None
+    }
+
+    /// Waits up to `limit` for the process to exit by itself; returns its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
 }
 
 impl Drop for ManagedProcess {

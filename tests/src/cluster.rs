@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use hasten_proto::control::{MAX_MESSAGE_BYTES, endpoint};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
-use hasten_proto::v1::{ControlState, NodeStatus, SnapshotRequest, StatusRequest};
+use hasten_proto::v1::{
+    ControlCommand, ControlState, CorpusFacts, NodeStatus, ProposeRequest, SnapshotRequest,
+    StatusRequest, control_command,
+};
 use loadtest::control_plane::{free_loopback_port, node_args};
 use loadtest::process::{ManagedProcess, binary};
 use tonic::transport::Channel;
@@ -157,24 +160,21 @@ impl Cluster {
         }
     }
 
+    /// Asks node `id` to stop (SIGTERM) and waits up to `limit` for it to exit; returns its
+    /// exit status, or `None` when it did not exit (it is killed then).
+    pub fn terminate(&mut self, id: u64, limit: Duration) -> Option<std::process::ExitStatus> {
+        self.nodes.remove(&id)?.terminate(limit)
+    }
+
     /// Freezes node `id` (SIGSTOP): it holds its sockets but answers nothing, as a hung
     /// process does.
     pub fn pause(&self, id: u64) {
-        self.signal(id, "-STOP");
+        self.nodes[&id].signal("STOP").unwrap();
     }
 
     /// Lets a paused node run again (SIGCONT).
     pub fn resume(&self, id: u64) {
-        self.signal(id, "-CONT");
-    }
-
-    fn signal(&self, id: u64, signal: &str) {
-        let pid = self.nodes[&id].pid().to_string();
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} {pid} failed");
+        self.nodes[&id].signal("CONT").unwrap();
     }
 
     pub async fn client(&self, id: u64) -> ControlPlaneClient<Channel> {
@@ -233,6 +233,30 @@ impl Cluster {
             .await
             .unwrap()
             .into_inner()
+    }
+
+    /// Registers corpus `version` (`dimension`-d vectors, ids up to `max_document_id`) on
+    /// the leader and waits until every node has applied it: entries of a corpus are
+    /// admitted only once it is registered.
+    pub async fn register_corpus(&self, version: &str, dimension: u32, max_document_id: u64) {
+        let leader = self.leader().await;
+        let index = self
+            .client(leader)
+            .await
+            .propose(ProposeRequest {
+                commands: vec![ControlCommand {
+                    kind: Some(control_command::Kind::RegisterCorpus(CorpusFacts {
+                        corpus_version: version.into(),
+                        dimension,
+                        max_document_id,
+                    })),
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .index;
+        self.applied_everywhere(index).await;
     }
 
     /// Waits until every running node has applied at least `index`.

@@ -16,6 +16,14 @@ use hasten_proto::v1::{
 use hasten_tests::cluster::Cluster;
 use tonic::transport::Channel;
 const DIMENSION: usize = 8;
+const CORPUS: &str = "test-corpus";
+
+/// Registers the corpus of [`entry`]'s entries.
+async fn register(cluster: &Cluster) {
+    cluster
+        .register_corpus(CORPUS, DIMENSION as u32, 1_000_000)
+        .await;
+}
 
 fn entry(origin: &str, seq: u64) -> ControlCommand {
     ControlCommand {
@@ -26,7 +34,7 @@ fn entry(origin: &str, seq: u64) -> ControlCommand {
             vector: (0..DIMENSION).map(|i| (seq + i as u64) as f32).collect(),
             document_ids: (0..3).map(|d| seq * 10 + d).collect(),
             tenant: "default".into(),
-            corpus_version: "test-corpus".into(),
+            corpus_version: CORPUS.into(),
         })),
     }
 }
@@ -59,6 +67,7 @@ fn follower_of(cluster: &Cluster, leader: u64) -> u64 {
 async fn a_leader_is_elected_and_every_node_applies_the_same_entries_in_order() {
     let cluster = Cluster::start("control-plane-order", 3, 10_000);
     let leader = cluster.leader().await;
+    register(&cluster).await;
     let follower = follower_of(&cluster, leader);
     let mut client = cluster.client(follower).await;
     let mut last = 0;
@@ -120,6 +129,7 @@ async fn a_leader_is_elected_and_every_node_applies_the_same_entries_in_order() 
 async fn killing_the_leader_under_load_loses_no_acknowledged_entry() {
     let mut cluster = Cluster::start("control-plane-failover", 3, 50);
     let leader = cluster.leader().await;
+    register(&cluster).await;
     let survivors: Vec<u64> = cluster
         .nodes
         .keys()
@@ -251,6 +261,7 @@ async fn read_until(
 async fn a_subscriber_resumes_and_after_compaction_installs_the_state() {
     let cluster = Cluster::start("control-plane-subscribe", 3, 30);
     let leader = cluster.leader().await;
+    register(&cluster).await;
     let mut client = cluster.client(leader).await;
     // Shrink the cache so eviction decisions are part of what must match.
     client
@@ -326,7 +337,7 @@ async fn propose_until_committed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_catches_up_through_a_snapshot_after_the_partition_heals() {
     let (cluster, relays) = Cluster::start_isolatable("control-plane-partition", 3, 20, 3).await;
-    cluster.leader().await;
+    register(&cluster).await;
     let mut client = cluster.client(1).await;
     let mut last = 0;
     for seq in 1..=5 {
@@ -384,6 +395,7 @@ async fn a_node_cut_off_catches_up_through_a_snapshot_after_the_partition_heals(
 async fn a_node_joins_and_another_leaves_while_entries_commit() {
     let mut cluster = Cluster::start("control-plane-membership", 3, 20);
     let leader = cluster.leader().await;
+    register(&cluster).await;
     let mut client = cluster.client(leader).await;
     for seq in 1..=30 {
         propose_until_committed(&mut client, "edge-a", seq).await;
@@ -473,6 +485,7 @@ async fn proposals_in_flight_when_the_leader_hangs_are_answered_long_before_the_
         &["--propose-timeout-ms", "30000"],
     );
     let leader = cluster.leader().await;
+    register(&cluster).await;
     let follower = follower_of(&cluster, leader);
     let metrics = cluster.nodes[&follower].addr("metrics_addr");
     let dropped = || async {
@@ -529,4 +542,64 @@ async fn proposals_in_flight_when_the_leader_hangs_are_answered_long_before_the_
     cluster.kill(leader);
     let new_leader = cluster.leader().await;
     assert_ne!(new_leader, leader);
+}
+
+/// Bug: SIGTERM never finished on a node with a subscribed edge (its stream kept the server
+/// draining), so the node kept its store's lock and could not be restarted, while the edge
+/// believed it was still subscribed. Now subscriber streams end on shutdown, the drain is
+/// bounded, and the node restarts on its directory at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_subscriptions_and_the_node_restarts_on_its_store() {
+    let mut cluster = Cluster::start("control-plane-sigterm", 3, 10_000);
+    let leader = cluster.leader().await;
+    register(&cluster).await;
+    let node = follower_of(&cluster, leader);
+    let mut client = cluster.client(leader).await;
+    let committed = client
+        .propose(ProposeRequest {
+            commands: vec![entry("edge-sigterm", 1)],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .index;
+    cluster.applied_everywhere(committed).await;
+    let mut subscriber = cluster.client(node).await;
+    let mut stream = subscribe(&mut subscriber, 1).await;
+    let first = stream.message().await.unwrap().unwrap();
+    assert!(first.index >= 1);
+
+    let started = Instant::now();
+    let exited = tokio::task::block_in_place(|| cluster.terminate(node, Duration::from_secs(15)));
+    let status = exited.expect("the node did not exit within 15 s of SIGTERM");
+    assert!(status.success(), "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // The subscriber learns the stream is over instead of waiting on a silent one.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => return,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the subscription stayed open");
+
+    // The store's lock is free: the node restarts on its directory and catches up.
+    cluster.start_node(node);
+    let last = client
+        .propose(ProposeRequest {
+            commands: vec![entry("edge-sigterm", 2)],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .index;
+    cluster.applied_everywhere(last).await;
+    assert_eq!(keys(&cluster.state(node).await).len(), 2);
 }

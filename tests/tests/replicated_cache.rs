@@ -65,6 +65,19 @@ fn capacity(capacity: u64) -> ControlCommand {
     }
 }
 
+/// Registers `bundle`'s corpus, as its edges do when they start (done here so that the
+/// test's own proposals need not wait for them).
+async fn register(cluster: &Cluster, bundle: &CorpusBundle) {
+    let max_document_id = bundle.documents.iter().map(|d| d.id).max().unwrap();
+    cluster
+        .register_corpus(
+            &bundle.manifest.corpus_version,
+            bundle.dimension() as u32,
+            max_document_id,
+        )
+        .await;
+}
+
 /// An edge on `bundle` following the control plane at `control_plane`, with `extra` flags.
 fn replicated_edge(
     work: &Path,
@@ -126,7 +139,7 @@ async fn edges_hold_what_the_state_machine_holds_whatever_their_own_capacity() {
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
     let version = bundle.manifest.corpus_version.clone();
     let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
-    cluster.leader().await;
+    register(&cluster, &bundle).await;
     let control_plane = cluster.addresses[&1].clone();
     // Both edges would keep 3 entries by themselves.
     let edges: Vec<ManagedProcess> = ["edge-a", "edge-b"]
@@ -209,7 +222,8 @@ async fn a_corpus_update_drops_changed_entries_and_carries_the_rest_to_the_new_v
     assert_ne!(old, new);
 
     let cloud = start_cloud_index(&work, "cloud", &v1_dir, "127.0.0.1:0").unwrap();
-    cluster.leader().await;
+    register(&cluster, &v1).await;
+    register(&cluster, &v2).await;
     let control_plane = cluster.addresses[&1].clone();
     let edge_v1 = replicated_edge(&work, "edge-v1", &v1_dir, &cloud, &control_plane, &[]);
     let edge_v2 = replicated_edge(&work, "edge-v2", &v2_dir, &cloud, &control_plane, &[]);
@@ -259,4 +273,80 @@ async fn a_corpus_update_drops_changed_entries_and_carries_the_rest_to_the_new_v
     assert_eq!(ready.status(), 503);
     let reason = ready.text().await.unwrap();
     assert!(reason.contains("corpus version"), "{reason}");
+}
+
+/// Bug: the control plane committed entries no edge could apply (a 3-dimensional vector,
+/// document id 99999999), which the edges then skipped silently. An edge now registers its
+/// corpus when it starts, and the control plane refuses, before the log, entries of an
+/// unregistered corpus or that do not fit theirs; what an edge still skips it counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_that_fit_no_edge_are_refused_before_the_log() {
+    let cluster = Cluster::start("replicated-refusals", 1, 10_000);
+    let work = cluster.work.clone();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let version = bundle.manifest.corpus_version.clone();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    cluster.leader().await;
+    let control_plane = cluster.addresses[&1].clone();
+    let edge = replicated_edge(&work, "edge", &bundle_dir, &cloud, &control_plane, &[]);
+    let http = reqwest::Client::new();
+    // The edge registers its own corpus.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let state = cluster.state(1).await;
+        if let Some(facts) = state.corpora.iter().find(|c| c.corpus_version == version) {
+            assert_eq!(facts.dimension as usize, bundle.dimension());
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge never registered its corpus"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut client = cluster.client(1).await;
+    let refused = |commands: Vec<ControlCommand>| {
+        let mut client = client.clone();
+        async move {
+            client
+                .propose(ProposeRequest { commands })
+                .await
+                .unwrap_err()
+        }
+    };
+    let mut flat = entry(&bundle, 1, 1, vec![1, 2], &version);
+    if let Some(control_command::Kind::Insert(e)) = &mut flat.kind {
+        e.vector = vec![1.0, 0.0, 0.0];
+    }
+    let refusal = refused(vec![flat]).await;
+    assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal:?}");
+    assert!(
+        refusal.message().contains("3 dimensions"),
+        "{}",
+        refusal.message()
+    );
+    let refusal = refused(vec![entry(&bundle, 2, 1, vec![1, 99_999_999], &version)]).await;
+    assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal:?}");
+    assert!(
+        refusal.message().contains("99999999"),
+        "{}",
+        refusal.message()
+    );
+    let refusal = refused(vec![entry(&bundle, 3, 1, vec![1], "no-such-corpus")]).await;
+    assert_eq!(
+        refusal.code(),
+        tonic::Code::FailedPrecondition,
+        "{refusal:?}"
+    );
+    // What fits is committed, and every edge applies it: nothing was skipped.
+    let last = propose(
+        &mut client,
+        vec![entry(&bundle, 4, 1, (0..10).collect(), &version)],
+    )
+    .await;
+    edge_holds(&http, &edge.addr("http_addr"), last, (1, 10)).await;
+    let now = status(&http, &edge.addr("http_addr")).await;
+    assert_eq!(now["skipped_entries"]["malformed"], 0, "{now}");
+    assert_eq!(cluster.state(1).await.entries.len(), 1);
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use edge_node::replication::ControlPlaneLink;
+use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
 use edge_node::retrieval::CacheReplication;
 use edge_node::tenants::Tenant;
 use hasten_bench::{Latencies, write_report};
@@ -53,6 +53,9 @@ struct Cli {
     #[arg(long, default_value = "run/replication-bench")]
     work: PathBuf,
 }
+
+/// Documents of the corpus the entries name (ids 0..DOCUMENTS).
+const DOCUMENTS: u64 = 100_000;
 
 /// When each entry (keyed by its text) was handed to a proposer, and which subscribers
 /// have applied it.
@@ -106,7 +109,7 @@ fn result_of(dimension: usize, k: usize, n: u64) -> (Vec<f32>, Vec<DocId>) {
     let vector: Vec<f32> = (0..dimension)
         .map(|i| ((n as usize + i) % 97) as f32 / 97.0)
         .collect();
-    let documents = (0..k as u64).map(|d| (n * 7 + d) % 100_000).collect();
+    let documents = (0..k as u64).map(|d| (n * 7 + d) % DOCUMENTS).collect();
     (vector, documents)
 }
 
@@ -175,7 +178,12 @@ async fn main() -> Result<()> {
             let endpoints = (0..addresses.len())
                 .map(|n| addresses[(e + n) % addresses.len()].clone())
                 .collect();
-            ControlPlaneLink::start(&format!("bench-edge-{e}"), "bench", endpoints, None)
+            let corpus = CorpusIdentity {
+                version: "bench".into(),
+                dimension: cli.dimension,
+                max_document_id: DOCUMENTS - 1,
+            };
+            ControlPlaneLink::start(&format!("bench-edge-{e}"), corpus, endpoints, None)
         })
         .collect();
     for e in 0..cli.edges {

@@ -237,6 +237,10 @@ impl<T: Transport> RaftNode<T> {
     }
 
     fn propose(&mut self, commands: Vec<ControlCommand>, reply: CommitReply) {
+        if let Err(refused) = self.state.admit(&commands) {
+            let _ = reply.send(Err(refused.into()));
+            return;
+        }
         if self.raw.raft.leader_id == raft::INVALID_ID {
             self.metrics.proposal_dropped();
             let _ = reply.send(Err(NodeError::NoLeader));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hasten_core::metrics::prometheus::Registry;
-use hasten_proto::v1::{CacheEntry, ControlCommand, control_command};
+use hasten_proto::v1::{CacheEntry, ControlCommand, CorpusFacts, control_command};
 
 use super::*;
 use crate::transport::memory::{MemoryNetwork, MemoryTransport};
@@ -115,6 +115,19 @@ impl Group {
     }
 }
 
+/// Registers the corpus the test's entries belong to.
+async fn register(node: &NodeHandle) {
+    node.propose(vec![ControlCommand {
+        kind: Some(control_command::Kind::RegisterCorpus(CorpusFacts {
+            corpus_version: "v1".into(),
+            dimension: 2,
+            max_document_id: 1_000,
+        })),
+    }])
+    .await
+    .unwrap();
+}
+
 fn entry(seq: u64) -> Vec<ControlCommand> {
     vec![ControlCommand {
         kind: Some(control_command::Kind::Insert(CacheEntry {
@@ -129,18 +142,32 @@ fn entry(seq: u64) -> Vec<ControlCommand> {
     }]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proposal_made_on_a_follower_commits_on_every_node() {
-    let group = start_group(3);
-    let leader = group.leader(&[1, 2, 3]).await;
-    let follower = group.follower(leader);
-    let index = group.nodes[&follower].propose(entry(1)).await.unwrap();
+/// Waits until every node has applied `index`.
+async fn wait_applied(group: &Group, index: u64) {
     for node in group.nodes.values() {
         let deadline = Instant::now() + Duration::from_secs(5);
         while node.status().await.unwrap().applied_index < index {
             assert!(Instant::now() < deadline, "not applied everywhere");
             tokio::time::sleep(TICK).await;
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_made_on_a_follower_commits_on_every_node() {
+    let group = start_group(3);
+    let leader = group.leader(&[1, 2, 3]).await;
+    let follower = group.follower(leader);
+    register(&group.nodes[&leader]).await;
+    // The follower must know the registration before it admits the entry.
+    wait_applied(
+        &group,
+        group.nodes[&leader].status().await.unwrap().commit_index,
+    )
+    .await;
+    let index = group.nodes[&follower].propose(entry(1)).await.unwrap();
+    wait_applied(&group, index).await;
+    for node in group.nodes.values() {
         assert_eq!(node.state().await.unwrap().entries.len(), 1);
     }
 }
@@ -157,6 +184,12 @@ async fn a_proposal_forwarded_to_a_lost_leader_is_answered_stale_at_once() {
     let group = start_group(3);
     let leader = group.leader(&[1, 2, 3]).await;
     let follower = group.follower(leader);
+    register(&group.nodes[&leader]).await;
+    wait_applied(
+        &group,
+        group.nodes[&leader].status().await.unwrap().commit_index,
+    )
+    .await;
     // The leader is cut off: a follower still forwards to it until the others elect anew.
     group.network.isolate(leader);
     let started = Instant::now();
@@ -186,6 +219,7 @@ async fn a_proposal_forwarded_to_a_lost_leader_is_answered_stale_at_once() {
 async fn a_leader_cut_off_with_proposals_waiting_answers_them_when_it_steps_down() {
     let group = start_group(3);
     let leader = group.leader(&[1, 2, 3]).await;
+    register(&group.nodes[&leader]).await;
     group.network.isolate(leader);
     // The isolated leader appends these but can never commit them; check-quorum makes it
     // step down within an election timeout, and it must tell its callers then.

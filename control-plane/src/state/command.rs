@@ -97,6 +97,11 @@ fn check_command(kind: &control_command::Kind) -> Result<(), String> {
                 ));
             }
         }
+        control_command::Kind::RegisterCorpus(facts) => {
+            if facts.corpus_version.is_empty() || facts.dimension == 0 {
+                return Err("a corpus registration names its version and dimension".into());
+            }
+        }
         control_command::Kind::RetireCorpusVersion(retire) => {
             if retire.corpus_version.is_empty() {
                 return Err("retiring a corpus version needs its name".into());

@@ -6,12 +6,12 @@
 //! proposal was already applied. Replicas applying the same log therefore hold the same
 //! state, and the events they publish tell edges exactly what to add and remove.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use hasten_proto::v1::{
     AppliedCommand, CacheEntry, CarriedEntries, CommandBatch, ControlCommand, ControlState,
-    CorpusUpdate, OriginSequence, RuntimeConfig, ShardMap, StoredEntry, applied_command,
-    control_command,
+    CorpusFacts, CorpusUpdate, OriginSequence, RuntimeConfig, ShardMap, StoredEntry,
+    applied_command, control_command,
 };
 
 /// Cached queries kept per tenant before FIFO eviction: the HaS paper's cache of 5,000
@@ -23,6 +23,20 @@ mod command;
 mod tests;
 
 pub use command::{CommandError, MAX_COMMANDS_PER_ENTRY, validate};
+
+/// Why the current state does not admit a proposal.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AdmissionError {
+    /// The entry's corpus version was never registered (its edges register it when they
+    /// start; a registration may still be on its way to this node: retry).
+    #[error(
+        "command {position}: corpus version {version} is not registered with the control plane"
+    )]
+    UnknownCorpus { position: usize, version: String },
+    /// The entry does not fit its corpus: no edge could apply it.
+    #[error("command {position}: {reason}")]
+    Misfit { position: usize, reason: String },
+}
 
 /// The runtime settings in force.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,6 +88,8 @@ pub struct CacheStateMachine {
     holders: HashMap<u64, Vec<u64>>,
     /// Highest sequence number applied per origin edge.
     origins: HashMap<String, u64>,
+    /// Registered corpus versions.
+    corpora: BTreeMap<String, CorpusFacts>,
 }
 
 impl CacheStateMachine {
@@ -101,6 +117,50 @@ impl CacheStateMachine {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Checks proposed commands against the state: entries must belong to a registered
+    /// corpus version and fit it (dimension, document ids), a corpus update must lead to a
+    /// registered version, and a registration must not contradict an earlier one.
+    /// Stateless checks are [`validate`]'s.
+    pub fn admit(&self, commands: &[ControlCommand]) -> Result<(), AdmissionError> {
+        for (position, command) in commands.iter().enumerate() {
+            let misfit = |reason: String| AdmissionError::Misfit { position, reason };
+            let unknown = |version: &str| AdmissionError::UnknownCorpus {
+                position,
+                version: version.to_string(),
+            };
+            match &command.kind {
+                Some(control_command::Kind::Insert(entry)) => {
+                    let facts = self
+                        .corpora
+                        .get(&entry.corpus_version)
+                        .ok_or_else(|| unknown(&entry.corpus_version))?;
+                    fits(entry, facts).map_err(misfit)?;
+                }
+                Some(control_command::Kind::CorpusUpdate(update))
+                    if !self.corpora.contains_key(&update.to_version) =>
+                {
+                    return Err(unknown(&update.to_version));
+                }
+                Some(control_command::Kind::RegisterCorpus(facts)) => {
+                    if let Some(known) = self.corpora.get(&facts.corpus_version)
+                        && known != facts
+                    {
+                        return Err(misfit(format!(
+                            "corpus version {} is registered with dimension {} and largest document id {}, not {} and {}",
+                            facts.corpus_version,
+                            known.dimension,
+                            known.max_document_id,
+                            facts.dimension,
+                            facts.max_document_id
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Marks a log entry without commands (Raft's own) as applied.
@@ -158,6 +218,16 @@ impl CacheStateMachine {
                 })
             }
             control_command::Kind::CorpusUpdate(update) => Some(self.update_corpus(update)),
+            control_command::Kind::RegisterCorpus(facts) => {
+                // The first registration of a version stands; admission refuses others.
+                self.corpora
+                    .entry(facts.corpus_version.clone())
+                    .or_insert(facts);
+                Some(AppliedCommand {
+                    kind: None,
+                    removed: Vec::new(),
+                })
+            }
             control_command::Kind::RetireCorpusVersion(retire) => {
                 let removed = self.entries_of_version(&retire.corpus_version);
                 for entry in &removed {
@@ -171,11 +241,27 @@ impl CacheStateMachine {
         }
     }
 
-    /// Drops `from_version`'s entries that hold a changed document and relabels the rest
-    /// to `to_version`.
+    /// Drops `from_version`'s entries that hold a changed document, or that do not fit
+    /// `to_version` (when registered), and relabels the rest to `to_version`.
     fn update_corpus(&mut self, update: CorpusUpdate) -> AppliedCommand {
-        let removed =
+        let mut removed =
             self.remove_holders_of(&update.changed_document_ids, Some(&update.from_version));
+        if let Some(facts) = self.corpora.get(&update.to_version) {
+            let misfits: Vec<u64> = self
+                .entries_of_version(&update.from_version)
+                .into_iter()
+                .filter(|id| {
+                    self.entries
+                        .get(id)
+                        .is_some_and(|entry| fits(entry, facts).is_err())
+                })
+                .collect();
+            for id in &misfits {
+                self.remove(*id);
+            }
+            removed.extend(misfits);
+            removed.sort_unstable();
+        }
         let carried: Vec<u64> = self.entries_of_version(&update.from_version);
         let entries = carried
             .into_iter()
@@ -338,6 +424,7 @@ impl CacheStateMachine {
             shard_map: self.shard_map.clone(),
             entries,
             origins,
+            corpora: self.corpora.values().cloned().collect(),
         }
     }
 
@@ -355,6 +442,11 @@ impl CacheStateMachine {
             .into_iter()
             .map(|o| (o.origin, o.last_seq))
             .collect();
+        machine.corpora = state
+            .corpora
+            .into_iter()
+            .map(|facts| (facts.corpus_version.clone(), facts))
+            .collect();
         for stored in state.entries {
             let Some(entry) = stored.entry else { continue };
             for doc in &entry.document_ids {
@@ -369,4 +461,28 @@ impl CacheStateMachine {
         }
         machine
     }
+}
+
+/// Whether `entry` fits the corpus `facts` describe: its query vector has the corpus's
+/// dimension and it names no document beyond the corpus's largest id.
+fn fits(entry: &CacheEntry, facts: &CorpusFacts) -> Result<(), String> {
+    if entry.vector.len() != facts.dimension as usize {
+        return Err(format!(
+            "the query vector has {} dimensions, corpus version {} has {}",
+            entry.vector.len(),
+            facts.corpus_version,
+            facts.dimension
+        ));
+    }
+    if let Some(beyond) = entry
+        .document_ids
+        .iter()
+        .find(|id| **id > facts.max_document_id)
+    {
+        return Err(format!(
+            "document id {beyond} is beyond corpus version {}'s largest, {}",
+            facts.corpus_version, facts.max_document_id
+        ));
+    }
+    Ok(())
 }

@@ -431,3 +431,83 @@ mod properties {
         }
     }
 }
+
+fn facts(version: &str, dimension: u32, max_document_id: u64) -> ControlCommand {
+    command(control_command::Kind::RegisterCorpus(CorpusFacts {
+        corpus_version: version.into(),
+        dimension,
+        max_document_id,
+    }))
+}
+
+#[test]
+fn only_entries_that_fit_a_registered_corpus_are_admitted() {
+    let mut machine = CacheStateMachine::default();
+    let entry = insert("a", 1, &[1, 2]);
+    assert!(matches!(
+        machine.admit(std::slice::from_ref(&entry)),
+        Err(AdmissionError::UnknownCorpus { position: 0, .. })
+    ));
+    machine.apply(1, 1, batch(vec![facts("v1", 2, 100)]));
+    machine.admit(std::slice::from_ref(&entry)).unwrap();
+    // A vector of another dimension, or a document beyond the corpus, fits no edge.
+    let mut flat = insert("a", 2, &[1]);
+    if let Some(control_command::Kind::Insert(e)) = &mut flat.kind {
+        e.vector = vec![1.0, 0.0, 0.0];
+    }
+    let err = machine.admit(&[entry.clone(), flat]).unwrap_err();
+    assert!(
+        matches!(err, AdmissionError::Misfit { position: 1, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("3 dimensions"), "{err}");
+    let beyond = insert("a", 3, &[1, 99_999_999]);
+    let err = machine.admit(&[beyond]).unwrap_err();
+    assert!(err.to_string().contains("99999999"), "{err}");
+    // A registration may repeat, not contradict; a corpus update leads to a known version.
+    machine.admit(&[facts("v1", 2, 100)]).unwrap();
+    assert!(machine.admit(&[facts("v1", 2, 50)]).is_err());
+    let update = |to: &str| {
+        command(control_command::Kind::CorpusUpdate(CorpusUpdate {
+            from_version: "v1".into(),
+            to_version: to.into(),
+            changed_document_ids: vec![],
+        }))
+    };
+    assert!(matches!(
+        machine.admit(&[update("v2")]),
+        Err(AdmissionError::UnknownCorpus { .. })
+    ));
+    // Registrations survive a snapshot.
+    let restored = CacheStateMachine::from_state(machine.to_state());
+    restored.admit(&[insert("a", 4, &[7])]).unwrap();
+}
+
+#[test]
+fn a_corpus_update_drops_entries_that_do_not_fit_the_new_version() {
+    let mut machine = CacheStateMachine::default();
+    machine.apply(
+        1,
+        1,
+        batch(vec![
+            facts("v1", 2, 100),
+            facts("v2", 2, 10),
+            insert("a", 1, &[1, 2]),
+            insert("a", 2, &[50]),
+        ]),
+    );
+    let applied = machine.apply(
+        2,
+        1,
+        batch(vec![command(control_command::Kind::CorpusUpdate(
+            CorpusUpdate {
+                from_version: "v1".into(),
+                to_version: "v2".into(),
+                changed_document_ids: vec![],
+            },
+        ))]),
+    );
+    // Document 50 does not exist in v2: that entry is dropped, the other carried.
+    assert_eq!(applied[0].removed, vec![(1 << 16) | 3]);
+    assert_eq!(versions(&machine), vec![((1 << 16) | 2, "v2".to_string())]);
+}

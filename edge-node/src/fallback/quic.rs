@@ -144,7 +144,12 @@ impl CloudLinkStatus {
 pub struct QuicCloudClient {
     endpoint: quinn::Endpoint,
     target: CloudEndpoint,
-    connection: tokio::sync::Mutex<Option<quinn::Connection>>,
+    /// The open connection. Held only to read or swap it, never across an await: a request
+    /// whose deadline passes must be able to drop a dead connection at once.
+    connection: Mutex<Option<quinn::Connection>>,
+    /// One connection attempt at a time; others wait for it (within their own deadlines)
+    /// rather than open a second.
+    connecting: tokio::sync::Mutex<()>,
     link: Arc<CloudLinkStatus>,
 }
 
@@ -170,7 +175,8 @@ impl QuicCloudClient {
         Ok(Self {
             endpoint,
             target,
-            connection: tokio::sync::Mutex::new(None),
+            connection: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
             link: Arc::new(CloudLinkStatus::default()),
         })
     }
@@ -190,11 +196,24 @@ impl QuicCloudClient {
             .map(|_| ())
     }
 
+    /// The open connection, if it is still open.
+    fn open_connection(&self) -> Option<quinn::Connection> {
+        self.connection
+            .lock()
+            .as_ref()
+            .filter(|c| c.close_reason().is_none())
+            .cloned()
+    }
+
     /// The open connection, or a new one whose corpus version was checked.
     async fn connection(&self) -> Result<quinn::Connection, CloudError> {
-        let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref().filter(|c| c.close_reason().is_none()) {
-            return Ok(connection.clone());
+        if let Some(connection) = self.open_connection() {
+            return Ok(connection);
+        }
+        let _attempt = self.connecting.lock().await;
+        // Whoever held the attempt before may have connected meanwhile.
+        if let Some(connection) = self.open_connection() {
+            return Ok(connection);
         }
         let connection = self.connect().await.inspect_err(|err| {
             if !matches!(err, CloudError::VersionMismatch { .. }) {
@@ -202,7 +221,7 @@ impl QuicCloudClient {
             }
         })?;
         self.link.set(CloudLink::Verified);
-        *slot = Some(connection.clone());
+        *self.connection.lock() = Some(connection.clone());
         Ok(connection)
     }
 
@@ -308,7 +327,7 @@ impl CloudSearch for QuicCloudClient {
             Err(_) => {
                 // A cloud that stopped answering may have lost our connection state; start
                 // over on the next request rather than wait for the idle timeout.
-                if let Some(connection) = self.connection.lock().await.take() {
+                if let Some(connection) = self.connection.lock().take() {
                     connection.close(0u32.into(), b"request timed out");
                 }
                 Err(CloudError::Timeout(budget))

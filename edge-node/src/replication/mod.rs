@@ -17,7 +17,7 @@ use hasten_core::DocId;
 use hasten_proto::control::{self, FollowStatus};
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
-use hasten_proto::v1::{CacheEntry, ControlCommand, ProposeRequest, control_command};
+use hasten_proto::v1::{CacheEntry, ControlCommand, CorpusFacts, ProposeRequest, control_command};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
@@ -36,6 +36,20 @@ const ENTRIES_PER_PROPOSAL: usize = 256;
 /// First wait before re-proposing; doubles up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
+
+/// Longest a proposal waits for its answer before the next node is tried: above a node's
+/// own propose timeout (5 s by default), so a live node always answers first; a node that
+/// hangs is left after this.
+const PROPOSE_DEADLINE: Duration = Duration::from_secs(6);
+
+/// What this edge's corpus is, as it registers it with the control plane (which then
+/// accepts only entries that fit it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorpusIdentity {
+    pub version: String,
+    pub dimension: usize,
+    pub max_document_id: u64,
+}
 
 /// What the edge reports about its link.
 #[derive(Debug, Default)]
@@ -68,7 +82,7 @@ impl LinkStatus {
 pub struct ControlPlaneLink {
     origin: String,
     next_seq: AtomicU64,
-    corpus_version: String,
+    corpus: CorpusIdentity,
     proposals: mpsc::Sender<CacheEntry>,
     status: Arc<LinkStatus>,
     endpoints: Vec<String>,
@@ -80,11 +94,11 @@ impl ControlPlaneLink {
     /// Starts the proposer for `endpoints` (control-plane gRPC addresses, host:port),
     /// reached over mutual TLS with `tls`. `edge_id` names this edge in proposals; a
     /// start-time suffix keeps sequence numbers of a restarted edge from colliding with
-    /// those of its previous run. Entries are proposed under `corpus_version`, the
-    /// edge's bundle's.
+    /// those of its previous run. The edge's `corpus` is registered before any entry is
+    /// proposed, and entries are proposed under its version.
     pub fn start(
         edge_id: &str,
-        corpus_version: &str,
+        corpus: CorpusIdentity,
         endpoints: Vec<String>,
         tls: Option<MutualTls>,
     ) -> Arc<Self> {
@@ -95,15 +109,21 @@ impl ControlPlaneLink {
         let link = Arc::new(Self {
             origin: format!("{edge_id}/{boot}"),
             next_seq: AtomicU64::new(1),
-            corpus_version: corpus_version.to_string(),
+            corpus,
             proposals,
             status: Arc::new(LinkStatus::default()),
             endpoints,
             tls,
         });
+        let proposer = Proposer {
+            endpoints: link.endpoints.clone(),
+            tls: link.tls.clone(),
+            turn: 0,
+            client: None,
+        };
         tokio::spawn(propose_loop(
-            link.endpoints.clone(),
-            link.tls.clone(),
+            proposer,
+            registration(&link.corpus),
             queue,
             Arc::clone(&link.status),
         ));
@@ -141,7 +161,7 @@ impl CacheReplication for ControlPlaneLink {
             text,
             vector: query.to_vec(),
             document_ids,
-            corpus_version: self.corpus_version.clone(),
+            corpus_version: self.corpus.version.clone(),
         };
         if self.proposals.try_send(entry).is_err() {
             self.status.dropped.fetch_add(1, Ordering::Relaxed);
@@ -152,16 +172,85 @@ impl CacheReplication for ControlPlaneLink {
     }
 }
 
-/// Proposes queued entries in batches, in order, retrying each batch on the next endpoint
-/// until it commits (a retried entry is applied once: its origin sequence is known).
-async fn propose_loop(
+/// The command that registers `corpus`.
+fn registration(corpus: &CorpusIdentity) -> ControlCommand {
+    ControlCommand {
+        kind: Some(control_command::Kind::RegisterCorpus(CorpusFacts {
+            corpus_version: corpus.version.clone(),
+            dimension: u32::try_from(corpus.dimension).unwrap_or(u32::MAX),
+            max_document_id: corpus.max_document_id,
+        })),
+    }
+}
+
+/// How one proposal ended.
+enum Proposed {
+    Committed,
+    /// Refused for good (invalid, or not fitting the registered corpus).
+    Refused(tonic::Status),
+}
+
+/// Sends proposals to the control plane, one node at a time, moving on to the next node
+/// when one fails, refuses for now, or does not answer within [`PROPOSE_DEADLINE`].
+struct Proposer {
     endpoints: Vec<String>,
     tls: Option<MutualTls>,
+    turn: usize,
+    client: Option<ControlPlaneClient<Channel>>,
+}
+
+impl Proposer {
+    /// Proposes `commands` until they commit or are refused for good. A retried proposal
+    /// is applied once: every entry carries its origin sequence.
+    async fn propose(&mut self, commands: &[ControlCommand]) -> Proposed {
+        let mut wait = FIRST_RETRY;
+        loop {
+            if self.client.is_none() {
+                let endpoint = &self.endpoints[self.turn % self.endpoints.len()];
+                match control::connect(endpoint, self.tls.as_ref()).await {
+                    Ok(connected) => self.client = Some(connected),
+                    Err(err) => tracing::debug!(%endpoint, %err, "control plane unreachable"),
+                }
+            }
+            if let Some(connected) = self.client.as_mut() {
+                let proposal = ProposeRequest {
+                    commands: commands.to_vec(),
+                };
+                match tokio::time::timeout(PROPOSE_DEADLINE, connected.propose(proposal)).await {
+                    Ok(Ok(_)) => return Proposed::Committed,
+                    Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                        return Proposed::Refused(status);
+                    }
+                    Ok(Err(status)) => {
+                        tracing::debug!(%status, "proposal failed; retrying");
+                        self.client = None;
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            deadline = ?PROPOSE_DEADLINE,
+                            "a control-plane node did not answer a proposal; trying the next"
+                        );
+                        self.client = None;
+                    }
+                }
+            }
+            self.turn += 1;
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(MAX_RETRY);
+        }
+    }
+}
+
+/// Registers the edge's corpus, then proposes queued entries in batches, in order.
+async fn propose_loop(
+    mut proposer: Proposer,
+    registration: ControlCommand,
     mut queue: mpsc::Receiver<CacheEntry>,
     status: Arc<LinkStatus>,
 ) {
-    let mut turn = 0usize;
-    let mut client: Option<ControlPlaneClient<Channel>> = None;
+    if let Proposed::Refused(status) = proposer.propose(&[registration]).await {
+        tracing::error!(%status, "the control plane refused this edge's corpus; its entries will be refused too");
+    }
     while let Some(first) = queue.recv().await {
         let mut batch = vec![first];
         while batch.len() < ENTRIES_PER_PROPOSAL {
@@ -177,37 +266,14 @@ async fn propose_loop(
             })
             .collect();
         let count = commands.len() as u64;
-        let mut wait = FIRST_RETRY;
-        loop {
-            if client.is_none() {
-                let endpoint = &endpoints[turn % endpoints.len()];
-                match control::connect(endpoint, tls.as_ref()).await {
-                    Ok(connected) => client = Some(connected),
-                    Err(err) => tracing::debug!(%endpoint, %err, "control plane unreachable"),
-                }
+        match proposer.propose(&commands).await {
+            Proposed::Committed => {
+                status.proposed.fetch_add(count, Ordering::Relaxed);
             }
-            if let Some(connected) = client.as_mut() {
-                let proposal = ProposeRequest {
-                    commands: commands.clone(),
-                };
-                match connected.propose(proposal).await {
-                    Ok(_) => {
-                        status.proposed.fetch_add(count, Ordering::Relaxed);
-                        break;
-                    }
-                    Err(err) if err.code() == tonic::Code::InvalidArgument => {
-                        tracing::error!(%err, "the control plane refused cache entries");
-                        break;
-                    }
-                    Err(err) => {
-                        tracing::debug!(%err, "proposal failed; retrying");
-                        client = None;
-                    }
-                }
+            Proposed::Refused(refusal) => {
+                status.dropped.fetch_add(count, Ordering::Relaxed);
+                tracing::error!(%refusal, entries = count, "the control plane refused cache entries");
             }
-            turn += 1;
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(MAX_RETRY);
         }
     }
 }
