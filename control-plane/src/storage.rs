@@ -21,7 +21,26 @@ use raft::{GetEntriesContext, RaftState, StorageError};
 pub enum StoreError {
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
-    #[error("corrupt record {key} in {tree}: {reason}")]
+    #[error(
+        "another process holds the control-plane store in {dir} (sled's lock on its `db` \
+         file): is a node still running on this directory? Stop it, or let it finish \
+         exiting, then start this one"
+    )]
+    Locked {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the control-plane store in {dir} is unreadable ({detail}): restore it from a \
+         backup, or recover the node as the README's \"Recovering a control-plane node\" \
+         says (it catches up from the others)"
+    )]
+    Corrupted { dir: String, detail: String },
+    #[error(
+        "corrupt record {key} in {tree}: {reason}; the store is damaged: restore it from a \
+         backup, or recover the node as the README's \"Recovering a control-plane node\" says"
+    )]
     Corrupt {
         tree: &'static str,
         key: String,
@@ -124,6 +143,33 @@ fn index_of(key: &[u8]) -> u64 {
     u64::from_be_bytes(bytes)
 }
 
+/// What failing to open `dir` means: another process holding it, damaged data, or another
+/// sled error.
+fn opening_error(dir: &Path, err: sled::Error) -> StoreError {
+    let dir = dir.display().to_string();
+    match err {
+        // sled reports its lock as an i/o error of its own wording (sled 0.34).
+        sled::Error::Io(source)
+            if source.kind() == std::io::ErrorKind::WouldBlock
+                || source.to_string().contains("could not acquire lock") =>
+        {
+            StoreError::Locked { dir, source }
+        }
+        sled::Error::Corruption { at, .. } => StoreError::Corrupted {
+            dir,
+            detail: format!(
+                "damaged data at log offset {}",
+                at.map_or_else(|| "unknown".to_string(), |at| at.lid().to_string())
+            ),
+        },
+        sled::Error::Unsupported(reason) => StoreError::Corrupted {
+            dir,
+            detail: reason,
+        },
+        other => StoreError::Sled(other),
+    }
+}
+
 fn raft_store_error(err: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
     raft::Error::Store(StorageError::Other(Box::new(err)))
 }
@@ -136,7 +182,8 @@ impl RaftStorage {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(SLED_CACHE_BYTES)
-            .open()?;
+            .open()
+            .map_err(|err| opening_error(dir, err))?;
         let meta = db.open_tree("raft_meta")?;
         match meta.get(NODE_ID)? {
             Some(found) => {
@@ -572,8 +619,33 @@ mod tests {
         }
         let err = RaftStorage::open(&path, 1).err();
         assert!(
-            matches!(err, Some(StoreError::Damaged { .. } | StoreError::Sled(_))),
-            "a corrupted store opened: {err:?}"
+            matches!(
+                err,
+                Some(StoreError::Damaged { .. } | StoreError::Corrupted { .. })
+            ),
+            "a corrupted store opened, or its error says nothing: {err:?}"
         );
+        let message = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(
+            message.contains("Recovering a control-plane node") || message.contains("rejoin"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_store_held_by_another_process_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node");
+        let held = RaftStorage::open(&path, 1).unwrap();
+        let err = RaftStorage::open(&path, 1).err();
+        let message = err.as_ref().map(ToString::to_string).unwrap_or_default();
+        assert!(matches!(err, Some(StoreError::Locked { .. })), "{err:?}");
+        assert!(
+            message.contains("another process") && message.contains(&path.display().to_string()),
+            "{message}"
+        );
+        drop(held);
+        RaftStorage::open(&path, 1).unwrap();
     }
 }

@@ -603,3 +603,57 @@ async fn sigterm_ends_subscriptions_and_the_node_restarts_on_its_store() {
     cluster.applied_everywhere(last).await;
     assert_eq!(keys(&cluster.state(node).await).len(), 2);
 }
+
+/// Bug: a node restarted on a lost (empty) data directory panicked in its Raft task
+/// (`to_commit ... is out of range`) while the process kept answering `/healthz`. Now the
+/// process exits non-zero and says how to recover, and that recovery (the README's
+/// "Recovering a control-plane node") brings the node back with everything committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_store_exits_and_recovers_as_the_readme_says() {
+    let mut cluster = Cluster::start("control-plane-lost-store", 3, 10_000);
+    let leader = cluster.leader().await;
+    register(&cluster).await;
+    let mut client = cluster.client(leader).await;
+    let mut last = 0;
+    for seq in 1..=20 {
+        last = propose_until_committed(&mut client, "edge-lost", seq).await;
+    }
+    cluster.applied_everywhere(last).await;
+    let lost = follower_of(&cluster, leader);
+    cluster.kill(lost);
+    std::fs::remove_dir_all(cluster.work.join(format!("node-{lost}"))).unwrap();
+
+    // Started again as a founding member on an empty directory: the leader's commit index
+    // is beyond its log, and the process must end rather than serve as a member.
+    cluster.start_node(lost);
+    let node = cluster.nodes.get_mut(&lost).unwrap();
+    let exited = tokio::task::block_in_place(|| node.wait_exit(Duration::from_secs(20)));
+    let status = exited.expect("the node kept running without a usable log");
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("Recovering a control-plane node"),
+        "the log does not say how to recover"
+    );
+    cluster.kill(lost);
+
+    // The recovery: remove it, empty its directory, start it to join, add it back.
+    client
+        .remove_node(MemberRequest {
+            id: lost,
+            address: String::new(),
+        })
+        .await
+        .unwrap();
+    cluster.join_node(lost);
+    client
+        .add_node(MemberRequest {
+            id: lost,
+            address: cluster.addresses[&lost].clone(),
+        })
+        .await
+        .unwrap();
+    let last = propose_until_committed(&mut client, "edge-lost", 21).await;
+    cluster.applied_everywhere(last).await;
+    assert_eq!(keys(&cluster.state(lost).await).len(), 21);
+}

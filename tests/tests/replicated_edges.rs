@@ -230,3 +230,70 @@ async fn edges_serve_from_their_caches_while_the_control_plane_is_down_and_resyn
     let reply = ask(&http, &b, &later.question).await;
     assert_eq!(reply["outcome"], "accepted", "{reply}");
 }
+
+/// Bug: SIGSTOP one control-plane node of three (quorum intact) and every edge following
+/// it froze: its proposals had no deadline and its stream no keepalive, so for as long as
+/// the node hung nothing it proposed committed, nothing committed reached it, and it still
+/// claimed to be subscribed. Now proposals have a deadline, connections HTTP/2 keepalive,
+/// and the edge moves to another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_control_plane_node_does_not_freeze_replication() {
+    let cluster = Cluster::start("control-plane-hung-node", 3, 10_000);
+    let work = cluster.work.clone();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
+    let leader = cluster.leader().await;
+    let hung = *cluster.addresses.keys().find(|id| **id != leader).unwrap();
+    let others: Vec<&String> = cluster
+        .addresses
+        .iter()
+        .filter(|(id, _)| **id != hung)
+        .map(|(_, address)| address)
+        .collect();
+    // Edge A follows the node about to hang first, edge B another one.
+    let mut a_nodes = vec![&cluster.addresses[&hung]];
+    a_nodes.extend(others.iter().copied());
+    let mut b_nodes = others.clone();
+    b_nodes.push(&cluster.addresses[&hung]);
+    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &a_nodes);
+    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &b_nodes);
+    let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
+    let http = reqwest::Client::new();
+    for edge in [&a, &b] {
+        wait_for(&http, edge, "the edge never subscribed", WAIT, |s| {
+            s["control_plane"]["subscribed"] == true
+        })
+        .await;
+    }
+
+    cluster.pause(hung);
+    // Fallbacks on both edges while the node hangs; each must reach both edges.
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let mut fallbacks = 0;
+    for (i, question) in bundle.questions.iter().step_by(11).take(8).enumerate() {
+        let edge = if i % 2 == 0 { &a } else { &b };
+        if ask(&http, edge, &question.question).await["outcome"] == "fallback" {
+            fallbacks += 1;
+        }
+    }
+    assert!(fallbacks >= 4, "only {fallbacks} fallbacks");
+    for edge in [&a, &b] {
+        wait_for(
+            &http,
+            edge,
+            "replication stayed frozen behind the hung node",
+            Duration::from_secs(30),
+            |s| s["cached_queries"] == fallbacks && s["control_plane"]["subscribed"] == true,
+        )
+        .await;
+    }
+    let a_status = status(&http, &a).await;
+    assert_eq!(a_status["control_plane"]["dropped"], 0, "{a_status}");
+
+    // The node comes back and catches up: nothing was lost.
+    cluster.resume(hung);
+    let commit = cluster.status(leader).await.unwrap().commit_index;
+    cluster.applied_everywhere(commit).await;
+    assert_eq!(cluster.state(hung).await.entries.len(), fallbacks);
+}

@@ -145,6 +145,29 @@ impl Drop for StopSignal {
     }
 }
 
+/// Logs why the Raft loop died, and how to recover when the cause is known: raft-rs stops a
+/// node whose log is behind what the group already committed (`to_commit ... is out of
+/// range`), which is what a lost or rolled-back data directory looks like.
+fn report_panic(id: u64, panic: &(dyn std::any::Any + Send)) {
+    let message = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    if message.contains("out of range") {
+        tracing::error!(
+            node = id,
+            %message,
+            "this node's log is behind what the group committed: its data directory was lost or \
+             restored from an older copy. It cannot rejoin as it is: remove it from the group \
+             (RemoveNode on the leader), empty its data directory, start it with `join = true` and \
+             add it back (AddNode); see the README, \"Recovering a control-plane node\""
+        );
+    } else {
+        tracing::error!(node = id, %message, "the Raft node failed");
+    }
+}
+
 /// Opens the node's storage, restores its state machine and starts its loop on a thread of
 /// its own. `transport` makes the node's way to its peers from the members it knows and the
 /// node's request queue (where deliveries report failures).
@@ -223,7 +246,12 @@ pub fn start<T: Transport>(
         .name(format!("raft-node-{id}"))
         .spawn(move || {
             let _stopped = StopSignal(stop_signal);
-            runtime.block_on(node.run(queue));
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                runtime.block_on(node.run(queue));
+            }));
+            if let Err(panic) = ran {
+                report_panic(id, panic.as_ref());
+            }
         })
         .map_err(NodeError::Thread)?;
     Ok(NodeHandle {
