@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::ProtoCodec")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -8,18 +8,23 @@
 //!   failover within the request's deadline; [`replica`] keeps one replica's client and
 //!   health, [`replica_set`] those of the whole shard map and their checks, [`shard_map`]
 //!   which replicas serve which shard, followed from the control plane when there is one;
+//! - [`response_limit`]: the largest answer either kind of server builds, checked before
+//!   any work;
 //! - [`quic`] and [`grpc`]: the two front ends, written once over [`SearchBackend`];
-//!   [`metrics`]: what both kinds of server report to Prometheus.
+//!   [`metrics`]: what both kinds of server report to Prometheus; [`dev_cert`]: the
+//!   self-signed certificate a server without one generates and keeps across restarts.
 
 pub mod backend;
 pub mod batcher;
 pub mod config;
+pub mod dev_cert;
 pub mod error;
 pub mod grpc;
 pub mod metrics;
 pub mod quic;
 pub mod replica;
 pub mod replica_set;
+pub mod response_limit;
 pub mod router;
 pub mod searcher;
 pub mod shard_map;

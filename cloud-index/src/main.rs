@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use cloud_index::backend::{Admission, Metered};
 use cloud_index::config::{RouterConfig, ShardConfig};
+use cloud_index::dev_cert::{DevCertOrigin, DevCertificate, key_path};
 use cloud_index::grpc::CloudIndexGrpc;
 use cloud_index::metrics::{CloudMetrics, Role};
 use cloud_index::router::Router;
@@ -275,8 +276,8 @@ fn build(args: BuildArgs) -> Result<()> {
 }
 
 /// A server's TLS: mutual (its certificate from the deployment's CA, and clients must show
-/// one too), server-only from certificate files, or a dev certificate written to
-/// `dev_cert_out` for clients to trust.
+/// one too), server-only from certificate files, or a dev certificate kept at
+/// `dev_cert_out` (its key beside it) for clients to trust.
 struct ServerTls {
     identity: Identity,
     mutual: Option<MutualTls>,
@@ -307,16 +308,27 @@ impl ServerTls {
                 mutual: None,
             });
         }
-        let (identity, pem) = Identity::generate_self_signed(dev_cert_names)?;
-        write_atomically(dev_cert_out, pem.as_bytes()).with_context(|| {
-            format!("writing the dev certificate to {}", dev_cert_out.display())
-        })?;
-        tracing::warn!(
-            path = %dev_cert_out.display(),
-            "no TLS certificate configured: generated a self-signed dev certificate; edges must trust it"
-        );
+        let dev = DevCertificate::load_or_generate(dev_cert_out, dev_cert_names)
+            .context("setting up the dev certificate")?;
+        let path = dev_cert_out.display();
+        let key = key_path(dev_cert_out);
+        let key = key.display();
+        match &dev.origin {
+            DevCertOrigin::Reused => tracing::warn!(
+                %path, %key,
+                "no TLS certificate configured: serving the self-signed dev certificate kept from an earlier start"
+            ),
+            DevCertOrigin::Created => tracing::warn!(
+                %path, %key,
+                "no TLS certificate configured: generated a self-signed dev certificate, kept for later starts; edges must trust it"
+            ),
+            DevCertOrigin::Replaced(why) => tracing::warn!(
+                %path, %key, why = %why,
+                "no TLS certificate configured: the kept dev certificate cannot serve, generated a new one; clients trusting the old one must be given this one"
+            ),
+        }
         Ok(Self {
-            identity,
+            identity: dev.identity,
             mutual: None,
         })
     }
@@ -403,11 +415,12 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
 
 async fn serve(args: ServeArgs) -> Result<()> {
     let config: ShardConfig = load_config(args.source.config.as_deref(), "HASTEN_CLOUD_", &args)?;
+    // Validated before printing: `--print-config` answers whether a configuration works.
+    config.validate()?;
     if args.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
-    config.validate()?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Shard)?;
     let loaded = Arc::new(AtomicBool::new(false));
@@ -496,11 +509,12 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         );
     }
     let config: RouterConfig = load_config(args.source.config.as_deref(), "HASTEN_ROUTER_", &args)?;
+    // Validated before printing: `--print-config` answers whether a configuration works.
+    config.validate()?;
     if args.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
-    config.validate()?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Router)?;
     let started: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());

@@ -151,6 +151,16 @@ impl ReplicaSet {
         self.pool.get(endpoint)
     }
 
+    /// What each shard of the current map last said it serves (through the first of its
+    /// replicas that answered a check); `None` for a shard none has answered yet.
+    pub fn shard_infos(&self) -> Vec<Option<IndexInfo>> {
+        self.map()
+            .shards
+            .iter()
+            .map(|endpoints| endpoints.iter().find_map(|e| self.get(e).ok()?.last_info()))
+            .collect()
+    }
+
     /// Live replicas of every shard of the current map.
     pub fn live_replicas(&self) -> Vec<usize> {
         self.map()

@@ -12,7 +12,10 @@
 //! shard is reported unavailable.
 //!
 //! Concurrent searches are coalesced ([`crate::batcher`]) into one request per shard, so
-//! that every shard searches the same batches and answers them together.
+//! that every shard searches the same batches and answers them together. A search whose
+//! answer could exceed the message limit is refused before it is sent
+//! ([`crate::response_limit`], with the largest hit any shard holds), and a batch whose
+//! combined request could is sent as several requests.
 //!
 //! The shard map comes from a `watch` channel ([`crate::shard_map`]): the configured map,
 //! replaced by the control plane's when the router follows one.
@@ -32,6 +35,7 @@ use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
 use crate::replica::{AttemptError, Replica};
 use crate::replica_set::ReplicaSet;
+use crate::response_limit::{ResponseLimit, SearchShape};
 use crate::searcher::validated_queries;
 use crate::shard_map::ShardMap;
 
@@ -66,6 +70,8 @@ pub enum RouterError {
 struct RouterState {
     replicas: Arc<ReplicaSet>,
     settings: RouterSettings,
+    /// The largest answer to one request, the router's and each shard's alike.
+    limit: ResponseLimit,
     /// Spreads load over a shard's live replicas.
     rotation: AtomicUsize,
     metrics: CloudMetrics,
@@ -93,6 +99,7 @@ impl Router {
     ) -> Result<Self, RouterError> {
         let replicas = ReplicaSet::start(map, settings, metrics.clone(), tls).await?;
         let state = Arc::new(RouterState {
+            limit: response_limit(&replicas),
             replicas,
             settings,
             rotation: AtomicUsize::new(0),
@@ -120,6 +127,24 @@ impl Router {
             .map(|(shard, _)| shard)
             .collect()
     }
+}
+
+/// The router's response limit, from what its shards said at start: the corpus's
+/// dimension, all their documents, the largest hit any of them holds, and how many shards
+/// a partial answer may name. Replicas that come later serve the same corpus and shards,
+/// so the same documents.
+fn response_limit(replicas: &ReplicaSet) -> ResponseLimit {
+    let shards = replicas.shard_infos();
+    let infos = shards.iter().flatten();
+    ResponseLimit::new(
+        replicas.identity().dimension as usize,
+        infos.clone().map(|info| info.documents as usize).sum(),
+        infos
+            .map(|info| info.max_texts_bytes as usize)
+            .max()
+            .unwrap_or(0),
+        shards.len(),
+    )
 }
 
 /// One caller's search as the router queues it: the request, validated, and when its
@@ -233,11 +258,25 @@ impl RouterState {
         )))
     }
 
+    /// Answers the searches of `batch`, in order: each run of them whose combined request
+    /// fits the response limit goes to the shards as one request, the runs at once.
+    async fn fan_out(&self, batch: Vec<RoutedSearch>) -> Vec<Result<SearchResponse, SearchError>> {
+        let runs = within_limit(batch, &self.limit);
+        futures::future::join_all(runs.into_iter().map(|run| self.fan_out_combined(run)))
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
     /// Sends the searches of `batch` to every shard as one combined request (the largest
     /// k, the union of what is included, the latest deadline), then gives each search its
     /// own merged answer: its queries, cut to its k, stripped of what it did not ask for,
     /// with its own tolerance of missing shards.
-    async fn fan_out(&self, batch: Vec<RoutedSearch>) -> Vec<Result<SearchResponse, SearchError>> {
+    async fn fan_out_combined(
+        &self,
+        batch: Vec<RoutedSearch>,
+    ) -> Vec<Result<SearchResponse, SearchError>> {
         let Some(deadline) = batch.iter().map(|s| s.deadline).max() else {
             return Vec::new();
         };
@@ -281,6 +320,25 @@ impl RouterState {
             .map(|asked| answer_of(asked, &mut shards))
             .collect()
     }
+}
+
+/// Cuts `batch` into runs of consecutive searches whose combined request fits `limit`, so
+/// that no shard is asked for an answer it must refuse. Every search fits alone (checked
+/// on arrival), but a combined request takes the largest k and the contents any search
+/// asks for, for all their queries.
+fn within_limit(batch: Vec<RoutedSearch>, limit: &ResponseLimit) -> Vec<Vec<RoutedSearch>> {
+    let mut runs: Vec<(SearchShape, Vec<RoutedSearch>)> = Vec::new();
+    for search in batch {
+        let shape = SearchShape::of(&search.request);
+        match runs.last_mut() {
+            Some((combined, run)) if limit.fits(combined.joined(shape)) => {
+                *combined = combined.joined(shape);
+                run.push(search);
+            }
+            _ => runs.push((shape, vec![search])),
+        }
+    }
+    runs.into_iter().map(|(_, run)| run).collect()
 }
 
 /// One search's answer from the shards' answers to the combined request: takes its
@@ -392,16 +450,10 @@ impl SearchBackend for Router {
     fn info(&self) -> IndexInfo {
         let replicas = &self.state.replicas;
         let documents = replicas
-            .map()
-            .shards
+            .shard_infos()
             .iter()
-            .filter_map(|endpoints| {
-                endpoints
-                    .iter()
-                    .filter_map(|e| replicas.get(e).ok()?.last_info())
-                    .map(|info| info.documents)
-                    .next()
-            })
+            .flatten()
+            .map(|info| info.documents)
             .sum();
         let identity = replicas.identity();
         IndexInfo {
@@ -411,13 +463,14 @@ impl SearchBackend for Router {
             documents,
             shard_index: 0,
             shard_count: 1,
+            max_texts_bytes: self.state.limit.texts_bytes() as u64,
         }
     }
 
     #[tracing::instrument(name = "route", skip_all, fields(queries = request.queries.len(), k = request.k))]
     async fn search(&self, request: SearchRequest) -> Result<SearchResponse, SearchError> {
         // Checked here, as a shard would, so that one bad request cannot fail a batch.
-        validated_queries(&request, self.state.replicas.identity().dimension as usize)?;
+        validated_queries(&request, &self.state.limit)?;
         let budget = request_budget(&request, &self.state.settings);
         let deadline = Instant::now() + budget;
         let search = RoutedSearch { request, deadline };
@@ -522,6 +575,57 @@ mod tests {
                 .iter()
                 .all(|h| h.text.is_empty() && h.title.is_empty())
         );
+    }
+
+    fn routed(queries: usize, k: u32, include_vectors: bool, include_texts: bool) -> RoutedSearch {
+        RoutedSearch {
+            request: SearchRequest {
+                queries: vec![Default::default(); queries],
+                k,
+                include_vectors,
+                include_texts,
+                ..Default::default()
+            },
+            deadline: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_batch_whose_combined_request_could_not_be_answered_is_cut_into_runs_that_can() {
+        let limit = ResponseLimit::new(384, 100_000, 1024, 2);
+        // 200 queries with vectors at k = 10, then a search at k = 1000: combined, the 201
+        // queries would all get 1000 hits with vectors (~300 MB); the next two join the
+        // second run, the last making its texts everyone's.
+        let batch = vec![
+            routed(200, 10, true, false),
+            routed(1, 1000, false, false),
+            routed(1, 10, true, false),
+            routed(3, 5, false, true),
+        ];
+        let runs = within_limit(batch, &limit);
+        let shapes: Vec<Vec<(usize, u32)>> = runs
+            .iter()
+            .map(|run| {
+                run.iter()
+                    .map(|s| (s.request.queries.len(), s.request.k))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            vec![vec![(200, 10)], vec![(1, 1000), (1, 10), (3, 5)]]
+        );
+        for run in &runs {
+            let combined = run
+                .iter()
+                .map(|s| SearchShape::of(&s.request))
+                .reduce(SearchShape::joined)
+                .unwrap();
+            assert!(limit.fits(combined));
+        }
+
+        let small = vec![routed(1, 10, true, true), routed(1, 10, true, true)];
+        assert_eq!(within_limit(small, &limit).len(), 1);
     }
 
     #[test]

@@ -8,15 +8,17 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::index::{ExactIndex, Hit, IndexError};
 use hasten_core::ranking::best_first;
 use hasten_core::vector::normalized_query;
+use hasten_proto::response_size::texts_encoded_len;
 use hasten_proto::v1::{IndexInfo, QueryHits, ScoredDocument, SearchRequest, SearchResponse};
 
 use crate::backend::SearchBackend;
 use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
+use crate::response_limit::{ResponseLimit, SearchShape};
 
 /// Largest k a caller may ask for: far beyond any RAG context (the HaS reference re-ranks 50
-/// candidates) while keeping one response's size bounded.
+/// candidates). What an answer may carry at this k is bounded by [`ResponseLimit`].
 pub const MAX_K: usize = 1000;
 
 /// Largest batch accepted in one request; bigger batches gain nothing from the BLAS kernel
@@ -56,13 +58,16 @@ pub fn check_request_shape(request: &SearchRequest) -> Result<(), SearchError> {
     Ok(())
 }
 
-/// Checks the shape of `request` and every query vector against `dimension`; returns the
+/// Checks `request` before any work, shard or router alike: its shape, the size its answer
+/// could take against `limit`, and every query vector against the dimension; returns the
 /// queries normalised, in one row-major buffer.
 pub fn validated_queries(
     request: &SearchRequest,
-    dimension: usize,
+    limit: &ResponseLimit,
 ) -> Result<Vec<f32>, SearchError> {
     check_request_shape(request)?;
+    limit.check(SearchShape::of(request))?;
+    let dimension = limit.dimension();
     let mut queries = Vec::with_capacity(request.queries.len() * dimension);
     for (i, query) in request.queries.iter().enumerate() {
         let v = normalized_query(&query.values, dimension)
@@ -72,17 +77,29 @@ pub fn validated_queries(
     Ok(queries)
 }
 
-/// A bundle and the exact index over its vectors.
+/// A bundle, the exact index over its vectors, and the largest answer it sends.
 #[derive(Debug)]
 pub struct ExactSearcher {
     bundle: CorpusBundle,
     index: ExactIndex,
+    limit: ResponseLimit,
 }
 
 impl ExactSearcher {
     pub fn new(bundle: CorpusBundle) -> Result<Self, IndexError> {
         let index = ExactIndex::build(bundle.dimension(), bundle.vectors())?;
-        Ok(Self { bundle, index })
+        let texts_bytes = bundle
+            .documents
+            .iter()
+            .map(|doc| texts_encoded_len(&doc.title, &doc.text))
+            .max()
+            .unwrap_or(0);
+        let limit = ResponseLimit::new(bundle.dimension(), bundle.len(), texts_bytes, 0);
+        Ok(Self {
+            bundle,
+            index,
+            limit,
+        })
     }
 
     pub fn bundle(&self) -> &CorpusBundle {
@@ -91,7 +108,7 @@ impl ExactSearcher {
 
     pub fn info(&self) -> IndexInfo {
         let manifest = &self.bundle.manifest;
-        let shard = manifest.shard;
+        let shard = manifest.shard.as_ref();
         IndexInfo {
             corpus_version: manifest.corpus_version.clone(),
             model_id: manifest.model_id.clone(),
@@ -99,13 +116,14 @@ impl ExactSearcher {
             documents: manifest.documents as u64,
             shard_index: shard.map_or(0, |s| s.index),
             shard_count: shard.map_or(1, |s| s.count),
+            max_texts_bytes: self.limit.texts_bytes() as u64,
         }
     }
 
     /// Validates `request` and normalises its queries.
     pub fn prepare(&self, request: &SearchRequest) -> Result<PreparedSearch, SearchError> {
         Ok(PreparedSearch {
-            queries: validated_queries(request, self.bundle.dimension())?,
+            queries: validated_queries(request, &self.limit)?,
             k: request.k as usize,
             include_vectors: request.include_vectors,
             include_texts: request.include_texts,
@@ -391,6 +409,41 @@ mod tests {
         let resp = s.search(&request(vec![vec![1.0, 0.0]], 2)).unwrap();
         let ids: Vec<u64> = resp.results[0].hits.iter().map(|h| h.id).collect();
         assert_eq!(ids, vec![10, 20]);
+    }
+
+    #[test]
+    fn an_answer_that_could_exceed_the_message_limit_is_refused_by_the_longest_text_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("b");
+        // One passage of 20 KB among short ones: 1,024 queries x k = 4 with texts could take
+        // 80 MB, whichever documents they hit.
+        let docs: Vec<Document> = (0..4)
+            .map(|i| Document {
+                id: i,
+                title: format!("t{i}"),
+                text: if i == 3 {
+                    "x".repeat(20_000)
+                } else {
+                    format!("text {i}")
+                },
+            })
+            .collect();
+        let mut vectors = vec![0.0f32; 16];
+        for i in 0..4 {
+            vectors[i * 4 + i] = 1.0;
+        }
+        write_bundle(&out, vec![], &docs, &vectors, 4, &[]).unwrap();
+        let s = ExactSearcher::new(CorpusBundle::load(&out).unwrap()).unwrap();
+        // Each field's key, length and bytes: "t3", then the long text.
+        assert_eq!(s.info().max_texts_bytes, (1 + 1 + 2) + (1 + 3 + 20_000));
+        let mut oversized = request(vec![vec![1.0, 0.0, 0.0, 0.0]; 1024], 4);
+        let err = s.search(&oversized).unwrap_err();
+        assert!(
+            matches!(&err, SearchError::InvalidArgument(m) if m.contains("include_texts = false")),
+            "{err}"
+        );
+        oversized.include_texts = false;
+        assert_eq!(s.search(&oversized).unwrap().results.len(), 1024);
     }
 
     #[test]

@@ -22,9 +22,10 @@ use rand::{Rng, SeedableRng};
 
 const DIMENSION: usize = 8;
 
-/// Small-integer document vectors and queries with four entries of ±0.5 (unit norm, so the
-/// shard's normalisation leaves them exact): every score is a multiple of 0.5, computed
-/// exactly in any summation order, and most scores are tied with many others.
+/// Document vectors and queries with four entries of ±0.5 (unit norm exactly, as a bundle's
+/// vectors must be, and left exact by the shard's normalisation): every score is a
+/// multiple of 0.25, computed exactly in any summation order, and most scores are tied with
+/// many others.
 fn tied_corpus(n: usize, seed: u64) -> (Vec<Document>, Vec<f32>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let documents = (0..n as u64)
@@ -34,13 +35,11 @@ fn tied_corpus(n: usize, seed: u64) -> (Vec<Document>, Vec<f32>) {
             text: format!("passage {id}"),
         })
         .collect();
-    let vectors = (0..n * DIMENSION)
-        .map(|_| rng.random_range(-2..=2) as f32)
-        .collect();
+    let vectors = (0..n).flat_map(|_| tied_vector(&mut rng)).collect();
     (documents, vectors)
 }
 
-fn tied_query(rng: &mut StdRng) -> Vec<f32> {
+fn tied_vector(rng: &mut StdRng) -> Vec<f32> {
     let mut q = vec![0.0f32; DIMENSION];
     let mut placed = 0;
     while placed < 4 {
@@ -100,7 +99,7 @@ fn merged_shard_answers_equal_the_exact_global_top_k_ties_included() {
     // 3 queries take faiss's per-query path, 32 its matrix-product path.
     let batches: Vec<Vec<Vec<f32>>> = [3, 32]
         .iter()
-        .map(|&n| (0..n).map(|_| tied_query(&mut rng)).collect())
+        .map(|&n| (0..n).map(|_| tied_vector(&mut rng)).collect())
         .collect();
     let (mut cases, mut tied_cases) = (0, 0);
     for shards in [1, 2, 3, 5] {
@@ -155,7 +154,7 @@ async fn micro_batched_searches_answer_what_single_searches_answer() {
     let mut rng = StdRng::seed_from_u64(9);
     let requests: Vec<SearchRequest> = (0..48)
         .map(|i| {
-            let queries: Vec<Vec<f32>> = (0..1 + i % 3).map(|_| tied_query(&mut rng)).collect();
+            let queries: Vec<Vec<f32>> = (0..1 + i % 3).map(|_| tied_vector(&mut rng)).collect();
             let mut req = request(&queries, 1 + (i * 7) % 30);
             req.include_texts = i % 2 == 0;
             req.include_vectors = i % 4 == 0;

@@ -9,33 +9,42 @@
 //!
 //! A sharded corpus is S such bundles, one per partition (documents with `id % S == i`),
 //! each with its own manifest naming its shard; all carry the corpus version of the whole
-//! corpus, so a router can refuse shards cut from different corpora.
+//! corpus, so a router can refuse shards cut from different corpora, and each also the
+//! content hash of its own documents.
 //!
-//! A build writes into a sibling directory and renames it into place, so a crash never
-//! leaves a half-written bundle under the final name.
+//! A write goes into a sibling directory renamed into place, so a crash never leaves a
+//! half-written bundle under the final name; `build` encodes a corpus into one. Loading
+//! checks the contents against the manifest (`verify`): a bundle edited or damaged since
+//! its build is refused.
 
-use std::collections::HashMap;
+mod build;
+mod verify;
+
 use std::io::{BufRead, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::corpus::{Corpus, Document, Question};
-use crate::encoder::{EncoderError, MODEL_ID, TextEncoder};
+use crate::corpus::{Document, Question};
+use crate::encoder::{EncoderError, MODEL_ID};
 
-/// Version of the on-disk layout; bump when the files change incompatibly.
-pub const FORMAT_VERSION: u32 = 1;
+pub use build::{BuildStats, build_bundle};
+pub use verify::VectorDefect;
+
+/// Version of the on-disk layout; bump when the files change incompatibly. Format 2 added
+/// a shard's own content hash (`ShardOf::shard_version`).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Oldest layout still loaded: a whole corpus of format 1 is checked as one of format 2
+/// (its version is its documents' hash), while a format-1 shard, which records no hash of
+/// its own documents, is refused with the command that rebuilds it.
+const OLDEST_READABLE_FORMAT: u32 = 1;
 
 const MANIFEST: &str = "manifest.json";
 const DOCUMENTS: &str = "documents.jsonl";
 const VECTORS: &str = "vectors.f32";
 const QUESTIONS: &str = "questions.jsonl";
-
-/// Passages encoded between two progress reports; also bounds the memory held by
-/// not-yet-written vectors to this many rows.
-const ENCODE_CHUNK: usize = 512;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BundleManifest {
@@ -54,7 +63,7 @@ pub struct BundleManifest {
 }
 
 /// A shard bundle's place in its corpus.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardOf {
     /// 0-based partition number: the shard holds the documents with `id % count == index`.
     pub index: u32,
@@ -62,6 +71,11 @@ pub struct ShardOf {
     pub count: u32,
     /// Documents in the whole corpus.
     pub corpus_documents: usize,
+    /// Content hash of this shard's own documents ([`corpus_version`] of them), which the
+    /// shard checks at load: the corpus version covers documents it does not hold. Absent
+    /// from format 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_version: Option<String>,
 }
 
 impl ShardOf {
@@ -86,6 +100,27 @@ pub enum BundleError {
     },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
+    #[error(
+        "{path}: the documents hash to {computed}, the manifest records {recorded}: the bundle changed after it was built; rebuild it with `{rebuild}`"
+    )]
+    ContentMismatch {
+        path: PathBuf,
+        computed: String,
+        recorded: String,
+        rebuild: String,
+    },
+    #[error("{path}: row {row} (document {id}) {defect}; rebuild the bundle with `{rebuild}`")]
+    BadVector {
+        path: PathBuf,
+        row: usize,
+        id: u64,
+        defect: VectorDefect,
+        rebuild: String,
+    },
+    #[error(
+        "{path}: this shard bundle records no hash of its own documents (format 1 did not), so they cannot be checked; rebuild it with `{rebuild}`"
+    )]
+    UnverifiableShard { path: PathBuf, rebuild: String },
     #[error("encoding failed: {0}")]
     Encoder(#[from] EncoderError),
 }
@@ -107,18 +142,22 @@ pub struct CorpusBundle {
 }
 
 impl CorpusBundle {
-    /// Loads and checks a bundle directory.
+    /// Loads a bundle directory and checks its contents against its manifest: the
+    /// documents' content hash, and every vector finite and of unit length.
     pub fn load(dir: &Path) -> Result<Self, BundleError> {
         let manifest = read_manifest(dir)?;
-        if manifest.format_version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_FORMAT..=FORMAT_VERSION).contains(&manifest.format_version) {
             return Err(BundleError::Invalid {
                 path: dir.join(MANIFEST),
                 message: format!(
-                    "bundle format {} is not supported (this build reads format {FORMAT_VERSION}); rebuild the bundle",
-                    manifest.format_version
+                    "bundle format {} is not supported (this build reads formats {OLDEST_READABLE_FORMAT} to {FORMAT_VERSION}); rebuild the bundle with `{}`",
+                    manifest.format_version,
+                    verify::rebuild_command(&manifest)
                 ),
             });
         }
+        // A shard without a hash of its own is refused before its files are read.
+        verify::recorded_content_hash(dir, &manifest)?;
         let documents: Vec<Document> = read_jsonl(&dir.join(DOCUMENTS))?;
         let questions: Vec<Question> = read_jsonl(&dir.join(QUESTIONS))?;
         let vectors_path = dir.join(VECTORS);
@@ -133,12 +172,30 @@ impl CorpusBundle {
                 ),
             });
         }
-        Ok(Self {
+        let bundle = Self {
             manifest,
             documents,
             questions,
             vectors,
-        })
+        };
+        bundle.check_contents(dir)?;
+        Ok(bundle)
+    }
+
+    /// Checks what was read from `dir` against the manifest: the documents' content hash,
+    /// and every vector finite and of unit length. [`CorpusBundle::load`] runs it; on its
+    /// own it measures what the check costs.
+    pub fn check_contents(&self, dir: &Path) -> Result<(), BundleError> {
+        let recorded = verify::recorded_content_hash(dir, &self.manifest)?;
+        let rebuild = || verify::rebuild_command(&self.manifest);
+        verify::check_documents(&dir.join(DOCUMENTS), &self.documents, recorded, rebuild)?;
+        verify::check_vectors(
+            &dir.join(VECTORS),
+            &self.vectors,
+            self.manifest.dimension,
+            &self.documents,
+            rebuild,
+        )
     }
 
     pub fn dimension(&self) -> usize {
@@ -293,6 +350,7 @@ pub fn write_shards(
                     index,
                     count: shards,
                     corpus_documents: documents.len(),
+                    shard_version: Some(corpus_version(&shard_documents)),
                 }),
             };
             let out = out_dir.join(format!("shard-{index}"));
@@ -375,118 +433,6 @@ pub fn corpus_version(documents: &[Document]) -> String {
     hex::encode(&hasher.finalize()[..8])
 }
 
-/// Key of an encoded text in the reuse cache: the model and the exact text it saw.
-fn embedding_key(text: &str) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    hasher.update(MODEL_ID.as_bytes());
-    hasher.update([0]);
-    hasher.update(text.as_bytes());
-    hasher.finalize().into()
-}
-
-/// What a build did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BuildStats {
-    pub manifest: BundleManifest,
-    /// Passages run through the encoder.
-    pub encoded: usize,
-    /// Passages whose vectors were taken from the bundle previously at the output path.
-    pub reused: usize,
-}
-
-/// Vectors of the bundle already at `out`, keyed by embedding key, when it was made by
-/// the same model. Anything unreadable is ignored: the build then simply encodes.
-fn previous_vectors(out: &Path) -> HashMap<[u8; 32], Vec<f32>> {
-    let bundle = match CorpusBundle::load(out) {
-        Ok(bundle) if bundle.manifest.model_id == MODEL_ID => bundle,
-        Ok(_) => return HashMap::new(),
-        Err(err) => {
-            if out.exists() {
-                tracing::warn!(%err, "previous bundle unreadable; encoding every passage");
-            }
-            return HashMap::new();
-        }
-    };
-    bundle
-        .documents
-        .iter()
-        .enumerate()
-        .map(|(row, doc)| {
-            (
-                embedding_key(&doc.embedding_text()),
-                bundle.vector(row).to_vec(),
-            )
-        })
-        .collect()
-}
-
-/// Encodes `corpus` into a bundle at `out`, reusing vectors from a bundle already there.
-/// Documents get ids 0..n in corpus order.
-pub fn build_bundle(
-    corpus: &Corpus,
-    encoder: &TextEncoder,
-    out: &Path,
-) -> Result<BuildStats, BundleError> {
-    let documents: Vec<Document> = corpus
-        .passages
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Document {
-            id: i as u64,
-            title: p.title.clone(),
-            text: p.text.clone(),
-        })
-        .collect();
-    let dimension = encoder.dimension();
-    let texts: Vec<String> = documents.iter().map(Document::embedding_text).collect();
-    let mut previous = previous_vectors(out);
-    let mut vectors = vec![0f32; documents.len() * dimension];
-    let mut missing = Vec::new();
-    for (row, text) in texts.iter().enumerate() {
-        match previous.remove(&embedding_key(text)) {
-            Some(v) if v.len() == dimension => {
-                vectors[row * dimension..(row + 1) * dimension].copy_from_slice(&v)
-            }
-            _ => missing.push(row),
-        }
-    }
-    let reused = documents.len() - missing.len();
-    tracing::info!(
-        documents = documents.len(),
-        reused,
-        to_encode = missing.len(),
-        "building bundle"
-    );
-    let started = Instant::now();
-    for (done, chunk) in missing.chunks(ENCODE_CHUNK).enumerate() {
-        let batch: Vec<&str> = chunk.iter().map(|&row| texts[row].as_str()).collect();
-        for (&row, vector) in chunk.iter().zip(encoder.encode(&batch)?) {
-            vectors[row * dimension..(row + 1) * dimension].copy_from_slice(&vector);
-        }
-        let encoded = (done * ENCODE_CHUNK + chunk.len()).min(missing.len());
-        let rate = encoded as f64 / started.elapsed().as_secs_f64().max(1e-9);
-        tracing::info!(
-            encoded,
-            total = missing.len(),
-            passages_per_s = format!("{rate:.1}"),
-            "encoding"
-        );
-    }
-    let manifest = write_bundle(
-        out,
-        corpus.sources.clone(),
-        &documents,
-        &vectors,
-        dimension,
-        &corpus.questions,
-    )?;
-    Ok(BuildStats {
-        manifest,
-        encoded: missing.len(),
-        reused,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,6 +443,11 @@ mod tests {
             title: title.into(),
             text: text.into(),
         }
+    }
+
+    /// A 2-d unit vector at `angle` radians, distinct for each document.
+    fn unit_at(angle: f32) -> [f32; 2] {
+        [angle.cos(), angle.sin()]
     }
 
     #[test]
@@ -525,7 +476,7 @@ mod tests {
     fn shards_partition_the_corpus_by_id_under_one_version() {
         let dir = tempfile::tempdir().unwrap();
         let docs: Vec<Document> = (0..7).map(|i| doc(i, "T", &format!("d{i}"))).collect();
-        let vectors: Vec<f32> = (0..7).flat_map(|i| [i as f32, 1.0]).collect();
+        let vectors: Vec<f32> = (0..7).flat_map(|i| unit_at(i as f32)).collect();
         let manifests = write_shards(dir.path(), vec![], &docs, &vectors, 2, 3).unwrap();
         assert_eq!(manifests.len(), 3);
         let mut seen = Vec::new();
@@ -533,14 +484,15 @@ mod tests {
             let bundle = CorpusBundle::load(&dir.path().join(format!("shard-{i}"))).unwrap();
             assert_eq!(&bundle.manifest, manifest);
             assert_eq!(manifest.corpus_version, corpus_version(&docs));
-            let shard = manifest.shard.unwrap();
+            let shard = manifest.shard.clone().unwrap();
             assert_eq!(
                 (shard.index, shard.count, shard.corpus_documents),
                 (i as u32, 3, 7)
             );
+            assert_eq!(shard.shard_version, Some(corpus_version(&bundle.documents)));
             for (row, d) in bundle.documents.iter().enumerate() {
                 assert_eq!(d.id % 3, i as u64);
-                assert_eq!(bundle.vector(row), &[d.id as f32, 1.0]);
+                assert_eq!(bundle.vector(row), &unit_at(d.id as f32));
                 seen.push(d.id);
             }
         }
@@ -553,7 +505,7 @@ mod tests {
     fn truncated_vectors_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("bundle");
-        write_bundle(&out, vec![], &[doc(0, "A", "a")], &[0.5, 0.5], 2, &[]).unwrap();
+        write_bundle(&out, vec![], &[doc(0, "A", "a")], &[0.6, 0.8], 2, &[]).unwrap();
         std::fs::write(out.join(VECTORS), [0u8; 4]).unwrap();
         let err = CorpusBundle::load(&out).unwrap_err().to_string();
         assert!(

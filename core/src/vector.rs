@@ -44,16 +44,36 @@ pub fn normalized_query(values: &[f32], dimension: usize) -> Result<Vec<f32>, Ve
     if let Some(position) = values.iter().position(|v| !v.is_finite()) {
         return Err(VectorError::NotFinite { position });
     }
-    let norm = dot(values, values).sqrt();
-    if !norm.is_normal() {
+    // Scaled by the largest magnitude first, so that a vector of huge values (whose squares
+    // overflow) or of tiny ones (whose squares underflow) keeps its direction.
+    let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if largest == 0.0 {
         return Err(VectorError::ZeroNorm);
     }
-    Ok(values.iter().map(|v| v / norm).collect())
+    let scaled: Vec<f32> = values.iter().map(|v| v / largest).collect();
+    let norm = dot(&scaled, &scaled).sqrt();
+    Ok(scaled.iter().map(|v| v / norm).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_and_tiny_vectors_keep_their_direction_and_only_zero_is_refused() {
+        for scale in [1e30f32, 1e37, 1e-30, f32::MIN_POSITIVE / 4.0] {
+            let values = [3.0 * scale, -4.0 * scale];
+            let unit = normalized_query(&values, 2).unwrap();
+            assert!(
+                (unit[0] - 0.6).abs() < 1e-5 && (unit[1] + 0.8).abs() < 1e-5,
+                "scale {scale}: {unit:?}"
+            );
+        }
+        assert_eq!(
+            normalized_query(&[0.0, -0.0], 2),
+            Err(VectorError::ZeroNorm)
+        );
+    }
 
     #[test]
     fn dot_matches_the_naive_sum_for_odd_lengths() {

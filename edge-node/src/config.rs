@@ -22,6 +22,20 @@ pub struct EdgeConfig {
     pub http_addr: SocketAddr,
     /// gRPC API address.
     pub grpc_addr: SocketAddr,
+    /// Address of the admin routes (`/v1/status`, `/metrics`, `/readyz`, `/healthz`); when
+    /// absent they are served on `http_addr` too. Required with `tenants_file`: the status
+    /// and metrics name every tenant and its traffic, which tenants must not read.
+    pub metrics_addr: Option<SocketAddr>,
+    /// HTTP connections open at once; beyond it a new one is closed at once (idle sockets
+    /// cannot exhaust the file descriptors).
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's head, or to start the next request
+    /// on an open connection, in milliseconds.
+    pub header_timeout_ms: u64,
+    /// Longest a request's body may take to arrive, in milliseconds.
+    pub body_timeout_ms: u64,
+    /// Longest requests and connections may take to finish after SIGTERM, in milliseconds.
+    pub shutdown_grace_ms: u64,
     /// The cloud index's QUIC address.
     pub cloud_addr: SocketAddr,
     /// TLS name on the cloud's certificate.
@@ -109,6 +123,14 @@ impl Default for EdgeConfig {
             model_dir: PathBuf::from(DEFAULT_MODEL_DIR),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 7200)),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7201)),
+            metrics_addr: None,
+            // Far above what 2 cores serve (a few thousand requests a second on a few dozen
+            // connections), far below a process's file descriptor limit.
+            max_connections: 4096,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 10_000,
+            // Within Kubernetes' default 30 s termination grace, with room to spare.
+            shutdown_grace_ms: 10_000,
             cloud_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
             cloud_server_name: "localhost".into(),
             cloud_ca: PathBuf::from("run/cloud-dev-cert.pem"),
@@ -221,10 +243,26 @@ impl EdgeConfig {
             ));
         }
         self.mutual_tls()?;
+        if self.tenants_file.is_some() && self.metrics_addr.is_none() {
+            return Err(ConfigError::invalid(
+                "metrics_addr",
+                "is required with `tenants_file`: /v1/status and /metrics name every tenant and its traffic, so they are served on an address of their own, not to tenants",
+            ));
+        }
+        for (key, value) in [
+            ("header_timeout_ms", self.header_timeout_ms),
+            ("body_timeout_ms", self.body_timeout_ms),
+            ("shutdown_grace_ms", self.shutdown_grace_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
         for (key, value) in [
             ("max_query_chars", self.max_query_chars),
             ("max_body_bytes", self.max_body_bytes),
             ("max_in_flight", self.max_in_flight),
+            ("max_connections", self.max_connections),
         ] {
             if value == 0 {
                 return Err(ConfigError::invalid(key, "must be at least 1"));

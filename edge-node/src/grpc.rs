@@ -26,7 +26,10 @@ impl From<EdgeError> for Status {
     fn from(err: EdgeError) -> Self {
         let message = err.to_string();
         match err {
-            EdgeError::InvalidArgument(_) => Status::invalid_argument(message),
+            EdgeError::InvalidArgument(_)
+            | EdgeError::PayloadTooLarge(_)
+            | EdgeError::UnsupportedMediaType => Status::invalid_argument(message),
+            EdgeError::BodyTimeout(_) => Status::deadline_exceeded(message),
             EdgeError::Unauthenticated(_) => Status::unauthenticated(message),
             EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) => Status::resource_exhausted(message),
             EdgeError::DeadlineExceeded(_) => Status::deadline_exceeded(message),

@@ -1,6 +1,7 @@
-//! JSON over HTTP for people and scripts: `POST /v1/retrieve`, `GET /v1/status`, and for
-//! Prometheus and Kubernetes `GET /metrics`, `GET /readyz`, `GET /healthz`. Everything
-//! about a request beyond its wire form is the pipeline's.
+//! JSON over HTTP for people and scripts: `POST /v1/retrieve` (the API), and for operators,
+//! Prometheus and Kubernetes `GET /v1/status`, `/metrics`, `/readyz`, `/healthz` (the admin
+//! routes, on the API's address or an address of their own). Everything about a request
+//! beyond its wire form is the pipeline's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,13 +23,30 @@ use crate::pipeline::{EdgeService, Incoming};
 /// (504) when it passes and passes what remains on to the cloud.
 pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
 
-#[derive(Clone)]
-struct HttpState {
-    service: EdgeService,
-    max_body_bytes: usize,
+/// Bounds on one request's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    /// Longest the body may take to arrive once the head has.
+    pub timeout: Duration,
 }
 
-pub fn router(service: EdgeService, max_body_bytes: usize, registry: Registry) -> Router {
+#[derive(Clone)]
+struct ApiState {
+    service: EdgeService,
+    body: BodyLimits,
+}
+
+/// `POST /v1/retrieve`.
+pub fn api_routes(service: EdgeService, body: BodyLimits) -> Router {
+    Router::new()
+        .route("/v1/retrieve", post(retrieve))
+        .with_state(ApiState { service, body })
+}
+
+/// `GET /v1/status`, `/metrics`, `/readyz` and `/healthz`: what operators, Prometheus and
+/// Kubernetes read. The status and metrics name every tenant and its traffic.
+pub fn admin_routes(service: EdgeService, registry: Registry) -> Router {
     let observability = hasten_core::metrics::routes(
         registry,
         {
@@ -41,12 +59,8 @@ pub fn router(service: EdgeService, max_body_bytes: usize, registry: Registry) -
         },
     );
     Router::new()
-        .route("/v1/retrieve", post(retrieve))
         .route("/v1/status", get(status))
-        .with_state(HttpState {
-            service,
-            max_body_bytes,
-        })
+        .with_state(service)
         .merge(observability)
 }
 
@@ -54,6 +68,9 @@ impl IntoResponse for EdgeError {
     fn into_response(self) -> Response {
         let status = match &self {
             EdgeError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            EdgeError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            EdgeError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            EdgeError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             EdgeError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) => StatusCode::TOO_MANY_REQUESTS,
             EdgeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -74,20 +91,14 @@ impl IntoResponse for EdgeError {
 }
 
 async fn retrieve(
-    State(state): State<HttpState>,
+    State(state): State<ApiState>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<axum::Json<RetrieveReply>, EdgeError> {
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let input = match to_bytes(body, state.max_body_bytes).await {
-        Ok(bytes) => parse_body(&bytes).map(RetrieveInput::from),
-        Err(_) => Err(InvalidArgument::new(
-            "body",
-            format!("unreadable or larger than {} bytes", state.max_body_bytes),
-        )),
-    };
+    let input = read_input(&headers, body, state.body).await;
     let incoming = Incoming {
         authorization,
         timeout: client_timeout(&headers),
@@ -95,6 +106,49 @@ async fn retrieve(
     };
     let retrieval = state.service.handle(incoming).await?;
     Ok(axum::Json(reply_json(retrieval, state.service.replies())))
+}
+
+/// The request's JSON body, within the body limits.
+async fn read_input(
+    headers: &HeaderMap,
+    body: Body,
+    limits: BodyLimits,
+) -> Result<RetrieveInput, EdgeError> {
+    if !is_json(headers) {
+        return Err(EdgeError::UnsupportedMediaType);
+    }
+    let bytes = match tokio::time::timeout(limits.timeout, to_bytes(body, limits.max_bytes)).await {
+        Err(_) => return Err(EdgeError::BodyTimeout(limits.timeout)),
+        Ok(Err(err)) if is_length_limit(&err) => {
+            return Err(EdgeError::PayloadTooLarge(limits.max_bytes));
+        }
+        Ok(Err(err)) => {
+            return Err(InvalidArgument::new("body", format!("unreadable: {err}")).into());
+        }
+        Ok(Ok(bytes)) => bytes,
+    };
+    Ok(parse_body(&bytes).map(RetrieveInput::from)?)
+}
+
+/// Whether the request says its body is JSON (`application/json`, parameters allowed).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Whether reading a body failed on the size limit.
+fn is_length_limit(err: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(cause) = source {
+        if cause.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The client's timeout from [`TIMEOUT_HEADER`], when it sent one.
@@ -113,6 +167,52 @@ fn client_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidArgume
         })
 }
 
-async fn status(State(state): State<HttpState>) -> axum::Json<StatusJson> {
-    axum::Json(status_json(state.service.status()))
+async fn status(State(service): State<EdgeService>) -> axum::Json<StatusJson> {
+    axum::Json(status_json(service.status()))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn only_json_bodies_are_read() {
+        let with = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
+            is_json(&headers)
+        };
+        assert!(with("application/json"));
+        assert!(with("Application/JSON; charset=utf-8"));
+        assert!(!with("text/plain"));
+        assert!(!with("application/jsonp"));
+        assert!(!is_json(&HeaderMap::new()));
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_too_large_and_a_slow_one_times_out() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let limits = BodyLimits {
+            max_bytes: 16,
+            timeout: Duration::from_millis(50),
+        };
+        let big = Body::from(format!("{{\"query\": \"{}\"}}", "x".repeat(64)));
+        assert!(matches!(
+            read_input(&headers, big, limits).await,
+            Err(EdgeError::PayloadTooLarge(16))
+        ));
+        let slow = Body::from_stream(futures::stream::pending::<
+            Result<axum::body::Bytes, std::io::Error>,
+        >());
+        assert!(matches!(
+            read_input(&headers, slow, limits).await,
+            Err(EdgeError::BodyTimeout(_))
+        ));
+    }
 }

@@ -17,6 +17,7 @@ pub mod fallback;
 pub mod grpc;
 pub mod has;
 pub mod http;
+pub mod http_server;
 pub mod lookup;
 pub mod metrics;
 pub mod pipeline;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use axum::serve::ListenerExt;
 use clap::{Args, Parser, Subcommand};
 use edge_node::api::RequestLimits;
 use edge_node::api::conversions::ReplyOptions;
@@ -15,6 +14,8 @@ use edge_node::config::EdgeConfig;
 use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
 use edge_node::grpc::EdgeGrpc;
 use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel};
+use edge_node::http::BodyLimits;
+use edge_node::http_server::{self, HttpServerLimits};
 use edge_node::metrics::EdgeMetrics;
 use edge_node::pipeline::EdgeService;
 use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
@@ -24,6 +25,7 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_core::metrics::prometheus::{IntCounterVec, Opts};
 use hasten_proto::quic::client_config;
 use hasten_proto::tls::{MutualTls, TrustRoots};
 use hasten_proto::v1::edge_server::EdgeServer;
@@ -68,6 +70,27 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_addr: Option<SocketAddr>,
+    /// Address of /v1/status, /metrics, /readyz, /healthz [default: the HTTP API's];
+    /// required with --tenants-file.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_addr: Option<SocketAddr>,
+    /// HTTP connections open at once [default: 4096].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_connections: Option<usize>,
+    /// Milliseconds to send a request's head, or to start the next one [default: 10000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    header_timeout_ms: Option<u64>,
+    /// Milliseconds for a request's body to arrive [default: 10000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_timeout_ms: Option<u64>,
+    /// Milliseconds requests may take to finish after SIGTERM [default: 10000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shutdown_grace_ms: Option<u64>,
     /// Cloud index QUIC address [default: 127.0.0.1:7100].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -305,11 +328,20 @@ async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClient>>) {
 
 async fn serve(args: ServeArgs) -> Result<()> {
     let config: EdgeConfig = load_config(args.source.config.as_deref(), "HASTEN_EDGE_", &args)?;
+    // Validated before printing: `--print-config` answers whether a configuration works.
+    config.validate()?;
     if args.source.print_config {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
-    config.validate()?;
+    let tenants = match &config.tenants_file {
+        Some(path) => TenantDirectory::load(path)?,
+        None => {
+            tracing::warn!("no tenants file: the API is open and every request shares one cache");
+            TenantDirectory::open()
+        }
+    };
+    tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
     let bundle_dir = config.bundle.clone().unwrap_or_default();
     let bundle = CorpusBundle::load(&bundle_dir)
         .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
@@ -327,14 +359,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .map(|paths| MutualTls::load(&paths))
         .transpose()
         .context("loading the mutual-TLS files")?;
-    let tenants = match &config.tenants_file {
-        Some(path) => TenantDirectory::load(path)?,
-        None => {
-            tracing::warn!("no tenants file: the API is open and every request shares one cache");
-            TenantDirectory::open()
-        }
-    };
-    tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
     let mut engine = build_engine(&config, &bundle, &tenants, mutual.as_ref())?;
     let link = (!config.control_plane.is_empty()).then(|| {
         let corpus = CorpusIdentity {
@@ -380,25 +404,79 @@ async fn serve(args: ServeArgs) -> Result<()> {
         tracing::info!(control_plane = ?config.control_plane, "hot cache replicated through the control plane; evictions follow its log");
     }
 
-    let http_listener = tokio::net::TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("binding HTTP on {}", config.http_addr))?;
+    let bind = |addr: SocketAddr, what: &'static str| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {what} on {addr}"))
+    };
+    let http_listener = bind(config.http_addr, "HTTP").await?;
     let http_addr = http_listener.local_addr()?;
-    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
-        .await
-        .with_context(|| format!("binding gRPC on {}", config.grpc_addr))?;
+    let grpc_listener = bind(config.grpc_addr, "gRPC").await?;
     let grpc_addr = grpc_listener.local_addr()?;
+    let admin_listener = match config.metrics_addr {
+        Some(addr) => Some(bind(addr, "the admin routes").await?),
+        None => None,
+    };
+    let metrics_addr = admin_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let http = axum::serve(
-        http_listener.tap_io(|tcp| {
-            if let Err(err) = tcp.set_nodelay(true) {
-                tracing::debug!(%err, "could not set TCP_NODELAY");
-            }
-        }),
-        edge_node::http::router(service.clone(), config.max_body_bytes, registry),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let limits = HttpServerLimits {
+        max_connections: config.max_connections,
+        header_timeout: Duration::from_millis(config.header_timeout_ms),
+        shutdown_grace: Duration::from_millis(config.shutdown_grace_ms),
+    };
+    let refused = IntCounterVec::new(
+        Opts::new(
+            "hasten_edge_http_connections_refused_total",
+            "HTTP connections closed at once for being beyond max_connections, by listener",
+        ),
+        &["listener"],
+    )?;
+    registry.register(Box::new(refused.clone()))?;
+    let api = edge_node::http::api_routes(
+        service.clone(),
+        BodyLimits {
+            max_bytes: config.max_body_bytes,
+            timeout: Duration::from_millis(config.body_timeout_ms),
+        },
+    );
+    let admin = edge_node::http::admin_routes(service.clone(), registry);
+    let mut servers = tokio::task::JoinSet::new();
+    match admin_listener {
+        Some(listener) => {
+            servers.spawn(http_server::serve(
+                http_listener,
+                api,
+                limits,
+                refused.with_label_values(&["api"]),
+                stopped(stop_rx.clone()),
+            ));
+            // Operators and probes: few connections, never crowded out by clients.
+            let admin_limits = HttpServerLimits {
+                max_connections: ADMIN_CONNECTIONS,
+                ..limits
+            };
+            servers.spawn(http_server::serve(
+                listener,
+                admin,
+                admin_limits,
+                refused.with_label_values(&["admin"]),
+                stopped(stop_rx.clone()),
+            ));
+        }
+        None => {
+            servers.spawn(http_server::serve(
+                http_listener,
+                api.merge(admin),
+                limits,
+                refused.with_label_values(&["api"]),
+                stopped(stop_rx.clone()),
+            ));
+        }
+    }
     let grpc = tonic::transport::Server::builder()
         // The same bound as the JSON API's body: a 384-d vector is ~1.5 KB in protobuf.
         .add_service(
@@ -411,24 +489,44 @@ async fn serve(args: ServeArgs) -> Result<()> {
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             stopped(stop_rx),
         );
-    let http_task = tokio::spawn(async move { http.await });
-    let grpc_task = tokio::spawn(grpc);
-    tracing::info!(%http_addr, %grpc_addr, policy = ?config.policy, "serving");
+    let grace = limits.shutdown_grace;
+    servers.spawn(async move {
+        if let Err(err) = grpc.await {
+            tracing::error!(%err, "gRPC server failed");
+        }
+    });
+    tracing::info!(%http_addr, %grpc_addr, ?metrics_addr, policy = ?config.policy, "serving");
     if let Some(path) = &config.ready_file {
-        let ready = serde_json::json!({
+        let mut ready = serde_json::json!({
             "http_addr": http_addr.to_string(),
             "grpc_addr": grpc_addr.to_string(),
         });
+        if let Some(addr) = metrics_addr {
+            ready["metrics_addr"] = addr.to_string().into();
+        }
         write_atomically(path, ready.to_string().as_bytes())
             .with_context(|| format!("writing the ready file {}", path.display()))?;
     }
     shutdown_signal().await;
     let _ = stop_tx.send(true);
-    http_task.await?.context("HTTP server")?;
-    grpc_task.await?.context("gRPC server")?;
+    // Each server drains within the grace; gRPC streams get the same bound here.
+    if tokio::time::timeout(grace + Duration::from_secs(1), async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "servers still draining after the shutdown grace; exiting"
+        );
+    }
     tracing::info!("stopped");
     Ok(())
 }
+
+/// HTTP connections the admin routes accept at once.
+const ADMIN_CONNECTIONS: usize = 64;
 
 async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;

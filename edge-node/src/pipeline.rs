@@ -27,8 +27,8 @@ pub struct Incoming<'a> {
     pub authorization: Option<&'a str>,
     /// The client's timeout, as its header parsed.
     pub timeout: Result<Option<Duration>, InvalidArgument>,
-    /// The request, as its body parsed.
-    pub input: Result<RetrieveInput, InvalidArgument>,
+    /// The request, as its body was read and parsed.
+    pub input: Result<RetrieveInput, EdgeError>,
 }
 
 /// What `GET /v1/status` reports.
@@ -149,12 +149,14 @@ impl EdgeService {
             .tenants
             .authenticate(incoming.authorization)
             .map_err(|e| self.refused(None, e.into(), started))?;
-        let checked = incoming.timeout.and_then(|timeout| {
-            let request = incoming.input?.validate(&self.limits)?;
-            Ok((timeout, request))
-        });
-        let (timeout, request) =
-            checked.map_err(|e| self.refused(Some(&tenant), e.into(), started))?;
+        let checked = incoming
+            .timeout
+            .map_err(EdgeError::from)
+            .and_then(|timeout| {
+                let request = incoming.input?.validate(&self.limits)?;
+                Ok((timeout, request))
+            });
+        let (timeout, request) = checked.map_err(|e| self.refused(Some(&tenant), e, started))?;
         let span = tracing::info_span!(
             "retrieve",
             tenant = %tenant,

@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use figment::providers::{Format, Toml};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -91,6 +90,23 @@ impl std::fmt::Debug for TenantDirectory {
     }
 }
 
+/// Where a tenants file failed to parse, without the parser's message: that quotes the
+/// offending line or value, which may be a token.
+fn unreadable(text: &str, err: &toml::de::Error) -> String {
+    let place = err
+        .span()
+        .map(|span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}")
+        })
+        .unwrap_or_else(|| "somewhere".into());
+    format!(
+        "is not a valid tenants file at {place} (expected `[tenants]` then lines `name = [\"token\", ...]`; the line is not printed since it may hold a token)"
+    )
+}
+
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
@@ -113,9 +129,8 @@ impl TenantDirectory {
         if !path.exists() {
             return Err(error("does not exist".into()));
         }
-        let file: TenantsFile = figment::Figment::from(Toml::file(path))
-            .extract()
-            .map_err(|e| error(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        let file: TenantsFile = toml::from_str(&text).map_err(|e| error(unreadable(&text, &e)))?;
         Self::from_tokens(file.tenants).map_err(error)
     }
 
@@ -280,5 +295,22 @@ mod tests {
         assert_eq!(loaded.tenants(), &[Tenant::new("acme")]);
         let missing = TenantDirectory::load(&dir.path().join("nope.toml")).unwrap_err();
         assert!(missing.to_string().contains("nope.toml"));
+    }
+
+    #[test]
+    fn a_malformed_file_is_located_without_echoing_its_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.toml");
+        let secret = "s3cret-token-value-1234";
+        for (text, place) in [
+            (format!("[tenants]\nacme = [\"{secret}\"\n"), "line 3"),
+            (format!("[tenants]\nacme = \"{secret}\"\n"), "line 2"),
+            (format!("[tenants]\nacme = [{secret}]\n"), "line 2"),
+        ] {
+            std::fs::write(&path, &text).unwrap();
+            let message = TenantDirectory::load(&path).unwrap_err().to_string();
+            assert!(!message.contains("s3cret"), "{text:?} echoed: {message}");
+            assert!(message.contains(place), "{text:?}: {message}");
+        }
     }
 }

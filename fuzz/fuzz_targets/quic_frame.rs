@@ -3,6 +3,7 @@
 //! decodes passes the cloud's request checks or is refused by them.
 #![no_main]
 
+use cloud_index::response_limit::ResponseLimit;
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame};
 use hasten_proto::v1::{QuicRequest, QuicResponse, quic_request};
 use libfuzzer_sys::fuzz_target;
@@ -15,7 +16,9 @@ fuzz_target!(|data: &[u8]| {
             decode_frame(&encoded, DEFAULT_MAX_FRAME_BYTES).expect("a re-encoded frame decodes");
         assert_eq!(encode_frame(&again), encoded);
         if let Some(quic_request::Body::Search(search)) = &request.body {
-            if let Ok(queries) = cloud_index::searcher::validated_queries(search, 384) {
+            // A shard of 100 passages of up to ~1 KB, 384-d.
+            let limit = ResponseLimit::new(384, 100, 1024, 0);
+            if let Ok(queries) = cloud_index::searcher::validated_queries(search, &limit) {
                 assert_eq!(queries.len(), search.queries.len() * 384);
                 assert!(queries.iter().all(|x| x.is_finite()));
             }

@@ -9,7 +9,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Largest frame accepted by default: a batch of 256 queries with k = 100 and vectors
 /// (256 x 100 x 384 x 4 bytes ~ 39 MB) is the largest legitimate message; 64 MiB leaves
-/// room for texts while refusing a corrupt or hostile length before allocating it.
+/// room for texts while refusing a corrupt or hostile length before allocating it. The
+/// cloud's gRPC messages have the same limit, and a cloud server refuses a search whose
+/// answer could exceed it before searching (`cloud_index::response_limit`).
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 
 /// Bytes of the length prefix.

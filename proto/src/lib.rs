@@ -1,10 +1,13 @@
 //! Hasten's wire layer: the protobuf messages and gRPC services generated from
-//! `proto/hasten/v1/*.proto`, the length-prefixed frame codec used on QUIC streams,
-//! and the TLS configuration shared by every link (QUIC and gRPC).
+//! `proto/hasten/v1/*.proto`, the length-prefixed frame codec used on QUIC streams, the
+//! largest encoded size of a search's answer, and the TLS configuration shared by every
+//! link (QUIC and gRPC).
 
+pub mod codec;
 pub mod control;
 pub mod frame;
 pub mod quic;
+pub mod response_size;
 pub mod tls;
 
 /// A remaining budget as `SearchRequest.timeout_ms`: at least 1 ms, since 0 on the wire means

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::RootCertStore;
+use rustls::client::danger::ServerCertVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -32,6 +33,18 @@ pub enum TlsError {
     Write {
         path: String,
         source: std::io::Error,
+    },
+    #[error("the key does not belong to the certificate: {0}")]
+    KeyMismatch(#[source] rustls::Error),
+    #[error("`{0}` is neither a DNS name nor an IP address")]
+    BadName(String),
+    #[error("no certificate verifier for the certificate: {0}")]
+    Verifier(#[from] rustls::client::VerifierBuilderError),
+    #[error("the certificate is not valid for `{name}`: {source}")]
+    NotValidFor {
+        name: String,
+        #[source]
+        source: rustls::Error,
     },
 }
 
@@ -79,20 +92,63 @@ impl Identity {
     }
 
     /// Generates a self-signed certificate for `names` (DNS names or IP addresses).
-    /// Returns the identity and the certificate's PEM, which clients must trust.
-    pub fn generate_self_signed(names: &[String]) -> Result<(Self, String), TlsError> {
+    pub fn generate_self_signed(names: &[String]) -> Result<SelfSigned, TlsError> {
         let certified = rcgen::generate_simple_self_signed(names.to_vec())?;
-        let pem = certified.cert.pem();
         let key = PrivateKeyDer::try_from(certified.signing_key.serialize_der())
             .map_err(|e| TlsError::Quic(e.to_string()))?;
-        Ok((
-            Self {
+        Ok(SelfSigned {
+            identity: Self {
                 cert_chain: vec![certified.cert.der().clone()],
                 key,
             },
-            pem,
-        ))
+            cert_pem: certified.cert.pem(),
+            key_pem: certified.signing_key.serialize_pem(),
+        })
     }
+
+    /// Checks a self-signed identity as its clients will: the key belongs to the
+    /// certificate, and a client that trusts the certificate accepts it now for each of
+    /// `names`.
+    pub fn check_self_signed_for(&self, names: &[String]) -> Result<(), TlsError> {
+        let provider = crypto_provider();
+        rustls::sign::CertifiedKey::from_der(
+            self.cert_chain.clone(),
+            self.key.clone_key(),
+            &provider,
+        )
+        .map_err(TlsError::KeyMismatch)?;
+        let Some((leaf, intermediates)) = self.cert_chain.split_first() else {
+            return Err(TlsError::Empty {
+                path: "the identity".into(),
+                what: "certificate",
+            });
+        };
+        let mut roots = RootCertStore::empty();
+        roots.add(leaf.clone())?;
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()?;
+        let now = rustls_pki_types::UnixTime::now();
+        for name in names {
+            let server_name = rustls_pki_types::ServerName::try_from(name.clone())
+                .map_err(|_| TlsError::BadName(name.clone()))?;
+            verifier
+                .verify_server_cert(leaf, intermediates, &server_name, &[], now)
+                .map_err(|source| TlsError::NotValidFor {
+                    name: name.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// A generated self-signed identity and its PEM files' contents: the certificate, which
+/// clients must trust, and the key, which only its server may read.
+pub struct SelfSigned {
+    pub identity: Identity,
+    pub cert_pem: String,
+    pub key_pem: String,
 }
 
 /// The certificates a peer's chain must lead to.

@@ -141,8 +141,8 @@ pub fn start_cloud_index_with(
 }
 
 /// A self-signed certificate for `localhost` and `127.0.0.1` and its key, written to
-/// `<dir>/<name>.crt` and `<dir>/<name>.key`: a server identity that survives restarts
-/// (a generated dev certificate changes with every start).
+/// `<dir>/<name>.crt` and `<dir>/<name>.key`: a server identity given explicitly
+/// (`--tls-cert`/`--tls-key`), the same for every server given it.
 pub fn write_tls_identity(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf)> {
     let certified =
         rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".into()])?;

@@ -1,8 +1,10 @@
-//! Faults with real processes: the cloud index is killed under an edge and restarted.
+//! Faults with real processes: the cloud index is killed under an edge and restarted, with a
+//! certificate it is given and with the dev certificate it generates itself.
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -20,23 +22,19 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// The edge's deadline for one cloud request in this test.
 const CLOUD_TIMEOUT: Duration = Duration::from_millis(800);
 
-/// A cloud index on a fixed QUIC address with a certificate that survives restarts.
-fn start_cloud(
+/// A cloud index on a fixed QUIC address; without `--tls-cert`/`--tls-key` in `extra` it
+/// serves a dev certificate kept at `dev_cert`.
+fn start_cloud_at(
     work: &Path,
     bundle: &Path,
     quic_addr: &str,
-    cert: &Path,
-    key: &Path,
+    dev_cert: &Path,
+    extra: &[String],
 ) -> ManagedProcess {
-    let mut args = cloud_index_serve_args(bundle, "127.0.0.1:0", &work.join("unused.pem"));
+    let mut args = cloud_index_serve_args(bundle, "127.0.0.1:0", dev_cert);
     let at = args.iter().position(|a| a == "--quic-addr").unwrap();
     args[at + 1] = quic_addr.into();
-    args.extend([
-        "--tls-cert".into(),
-        cert.display().to_string(),
-        "--tls-key".into(),
-        key.display().to_string(),
-    ]);
+    args.extend_from_slice(extra);
     ManagedProcess::start(
         "cloud",
         &binary("cloud-index").unwrap(),
@@ -45,6 +43,42 @@ fn start_cloud(
         START_TIMEOUT,
     )
     .unwrap()
+}
+
+/// A cloud index on a fixed QUIC address with a certificate that survives restarts.
+fn start_cloud(
+    work: &Path,
+    bundle: &Path,
+    quic_addr: &str,
+    cert: &Path,
+    key: &Path,
+) -> ManagedProcess {
+    let tls = [
+        "--tls-cert".into(),
+        cert.display().to_string(),
+        "--tls-key".into(),
+        key.display().to_string(),
+    ];
+    start_cloud_at(work, bundle, quic_addr, &work.join("unused.pem"), &tls)
+}
+
+/// Retries `body` on the edge for up to 15 s until it answers 200 with a fallback (the edge
+/// reconnecting to a restarted cloud); panics with the last reply otherwise.
+async fn wait_for_fallback(http: &reqwest::Client, edge_addr: &str, body: &serde_json::Value) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, reply) = retrieve_body(http, edge_addr, body).await;
+        if code == 200 {
+            assert_eq!(reply["outcome"], "fallback", "{reply}");
+            return;
+        }
+        assert_eq!(code, 503, "{reply}");
+        assert!(
+            Instant::now() < deadline,
+            "the edge never reached the restarted cloud: {reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,18 +143,48 @@ async fn with_the_cloud_down_fallbacks_fail_fast_drafts_keep_serving_and_recover
 
     // The cloud comes back on its address: the edge reconnects by itself.
     let _cloud = start_cloud(&work, &bundle_dir, &quic_addr, &cert, &key);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (code, reply) = retrieve_body(&http, &edge_addr, &far).await;
-        if code == 200 {
-            assert_eq!(reply["outcome"], "fallback", "{reply}");
-            break;
-        }
-        assert_eq!(code, 503, "{reply}");
-        assert!(
-            Instant::now() < deadline,
-            "the edge never reached the restarted cloud"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_fallback(&http, &edge_addr, &far).await;
+}
+
+/// The edge reads the cloud's certificate file once, at start. A cloud without a
+/// configured certificate used to generate a new one on every start, so after a restart
+/// every edge failed its handshake (`BadSignature`) until it was restarted too. The dev
+/// certificate's key is now kept beside it (owner-only) and the pair reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_restarted_with_its_dev_certificate_keeps_serving_its_edges() {
+    let work = persistent_work_dir("cloud-dev-cert-restart").unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let dev_cert = work.join("cloud-dev-cert.pem");
+    let dev_key = work.join("cloud-dev-cert.pem.key");
+    // A pair left by an earlier run would hide the first start's generation.
+    let _ = std::fs::remove_file(&dev_cert);
+    let _ = std::fs::remove_file(&dev_key);
+    let quic_addr = format!("127.0.0.1:{}", free_udp_port().unwrap());
+    let mut cloud = start_cloud_at(&work, &bundle_dir, &quic_addr, &dev_cert, &[]);
+    let edge = start_edge(
+        &work,
+        "edge",
+        &bundle_dir,
+        &quic_addr,
+        &dev_cert,
+        &["--cloud-timeout-ms", "800"],
+    )
+    .unwrap();
+    let edge_addr = edge.addr("http_addr");
+    let http = reqwest::Client::new();
+    let (code, reply) = retrieve(&http, &edge_addr, &bundle.questions[0].question, K).await;
+    assert_eq!(
+        (code, &reply["outcome"]),
+        (200, &json!("fallback")),
+        "{reply}"
+    );
+
+    cloud.stop();
+    let _cloud = start_cloud_at(&work, &bundle_dir, &quic_addr, &dev_cert, &[]);
+    // A query no cached one answers, so that it needs the restarted cloud.
+    let away: Vec<f32> = bundle.vector(bundle.len() / 2).iter().map(|x| -x).collect();
+    wait_for_fallback(&http, &edge_addr, &json!({"vector": away, "k": K})).await;
+    let mode = std::fs::metadata(&dev_key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the dev key is readable by others");
 }

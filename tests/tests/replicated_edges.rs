@@ -72,8 +72,9 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
         })
         .await;
     }
-    // The control plane's metrics agree: one leader all nodes know in one term, one
-    // proposal committed (and its lag measured), both edges subscribed, all applied.
+    // The control plane's metrics agree: one leader all nodes know in one term, three
+    // proposals committed and their lag measured (each edge's corpus registration, then
+    // the entry), both edges subscribed, all applied.
     let mut scrapes = Vec::new();
     for node in cluster.nodes.values() {
         let metrics = node.addr("metrics_addr");
@@ -93,9 +94,9 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
     assert_eq!(total("hasten_cp_is_voter", &[]), 3.0);
     assert_eq!(
         total("hasten_cp_proposals_total", &[("result", "committed")]),
-        1.0
+        3.0
     );
-    assert_eq!(total("hasten_cp_replication_lag_seconds_count", &[]), 1.0);
+    assert_eq!(total("hasten_cp_replication_lag_seconds_count", &[]), 3.0);
     assert_eq!(total("hasten_cp_subscribers", &[]), 2.0);
     let term = scrapes[0].value("hasten_cp_term", &[]);
     assert!(term >= 1.0);

@@ -13,9 +13,12 @@ use std::time::Duration;
 use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_proto::codec::ProtoCodec;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::edge_client::EdgeClient;
-use hasten_proto::v1::{QueryVector, RetrieveRequest, SearchRequest, retrieve_request};
+use hasten_proto::v1::{
+    ProposeReply, QueryVector, RetrieveRequest, RetrieveResponse, SearchRequest, retrieve_request,
+};
 use hasten_tests::{
     brute_force_top_k, build_small_bundle, dev_cert, exact_ids, homologous_pair, model_dir,
     persistent_work_dir, start_cloud_index,
@@ -250,20 +253,47 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
         assert_eq!(status, 400, "{body} -> {reply}");
         assert_eq!(reply["error"]["field"], field, "{body} -> {reply}");
     }
-    for raw in [
-        "{not json".to_string(),
-        format!("{{\"query\": \"{}\"}}", "y".repeat(70_000)),
-    ] {
+    // Bodies refused before parsing or as a whole: not JSON, not an object, over the
+    // 64 KiB limit (413), or not declared as JSON (415).
+    let oversized = format!("{{\"query\": \"{}\"}}", "y".repeat(70_000));
+    let raw = [
+        ("{not json", "application/json", 400, "invalid_argument"),
+        (
+            r#"[{"query": "a"}]"#,
+            "application/json",
+            400,
+            "invalid_argument",
+        ),
+        (
+            oversized.as_str(),
+            "application/json",
+            413,
+            "payload_too_large",
+        ),
+        (
+            r#"{"query": "a"}"#,
+            "text/plain",
+            415,
+            "unsupported_media_type",
+        ),
+    ];
+    for (body, content_type, status, code) in raw {
         let response = f
             .http
             .post(format!("http://{http}/v1/retrieve"))
-            .body(raw)
+            .header("content-type", content_type)
+            .body(body.to_string())
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status().as_u16(), 400);
+        let got = response.status().as_u16();
         let reply: Value = response.json().await.unwrap();
-        assert_eq!(reply["error"]["field"], "body", "{reply}");
+        let shown = &body[..body.len().min(40)];
+        assert_eq!(got, status, "{shown} as {content_type}: {reply}");
+        assert_eq!(reply["error"]["code"], code, "{shown}: {reply}");
+        if status == 400 {
+            assert_eq!(reply["error"]["field"], "body", "{shown}: {reply}");
+        }
     }
 
     // Bad input over gRPC: INVALID_ARGUMENT.
@@ -298,6 +328,25 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
             "{request:?}: {status}"
         );
     }
+    // A body that is not a RetrieveRequest at all (a varint where the query string
+    // belongs) is the client's mistake too, not an internal error.
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", edge.addr("grpc_addr")))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut raw = tonic::client::Grpc::new(channel);
+    raw.ready().await.unwrap();
+    let garbled = raw
+        .unary(
+            tonic::Request::new(ProposeReply { index: 7 }),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/hasten.v1.Edge/Retrieve"),
+            ProtoCodec::<ProposeReply, RetrieveResponse>::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(garbled.code(), tonic::Code::InvalidArgument, "{garbled}");
     // A message beyond the body bound (64 KiB) is refused before it is decoded.
     let status = edge_grpc
         .retrieve(RetrieveRequest {

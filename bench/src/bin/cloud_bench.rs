@@ -23,7 +23,7 @@ use clap::Parser;
 use edge_node::fallback::CloudSearch;
 use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
 use hasten_bench::{Latencies, clustered_vectors};
-use hasten_core::bundle::{read_manifest, write_shards};
+use hasten_core::bundle::{FORMAT_VERSION, read_manifest, write_shards};
 use hasten_core::corpus::Document;
 use hasten_core::index::ExactIndex;
 use hasten_core::threads::{ComputeThreads, set_blas_min_batch, set_compute_threads};
@@ -145,7 +145,9 @@ fn ensure_shards(cli: &Cli, vectors: &[f32]) -> Result<()> {
     let tag = source_tag(cli);
     let current = (0..cli.shards).all(|i| {
         read_manifest(&dir.join(format!("shard-{i}"))).is_ok_and(|m| {
-            m.sources == [tag.clone()] && m.shard.is_some_and(|s| s.count == cli.shards)
+            m.format_version == FORMAT_VERSION
+                && m.sources == [tag.clone()]
+                && m.shard.is_some_and(|s| s.count == cli.shards)
         })
     });
     if current {

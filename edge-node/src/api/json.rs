@@ -14,8 +14,12 @@ pub struct RetrieveBody {
     pub k: Option<i64>,
 }
 
-/// Parses a body, naming the offending field on error (`body` when it is not JSON at all).
+/// Parses a body, naming the offending field on error (`body` when it is not a JSON object
+/// at all: serde would also read a struct from a JSON array, by position).
 pub fn parse_body(bytes: &[u8]) -> Result<RetrieveBody, InvalidArgument> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(InvalidArgument::new("body", "must be a JSON object"));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let body: RetrieveBody =
         serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
@@ -160,6 +164,11 @@ mod tests {
             "vector[1]"
         );
         assert_eq!(parse_body(b"{not json").unwrap_err().field, "body");
+        let array = parse_body(br#"["who?", null, 3]"#).unwrap_err();
+        assert_eq!(
+            (array.field.as_str(), array.message.as_str()),
+            ("body", "must be a JSON object")
+        );
         assert_eq!(
             parse_body(br#"{"query": "a"} trailing"#).unwrap_err().field,
             "body"

@@ -112,6 +112,15 @@ pub enum EdgeError {
     /// No valid bearer token (HTTP 401, UNAUTHENTICATED).
     #[error(transparent)]
     Unauthenticated(#[from] AuthError),
+    /// The body is larger than the edge reads (HTTP 413).
+    #[error("the body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The body is not declared as JSON (HTTP 415).
+    #[error("the body must be JSON, sent with `Content-Type: application/json`")]
+    UnsupportedMediaType,
+    /// The body did not arrive in time (HTTP 408).
+    #[error("the body did not arrive within {0:?}")]
+    BodyTimeout(std::time::Duration),
     /// This edge is at its bound of requests in flight (HTTP 429).
     #[error("{0} requests already in flight at this edge; retry shortly")]
     EdgeBusy(usize),
@@ -137,6 +146,9 @@ impl EdgeError {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::InvalidArgument(_) => "invalid_argument",
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::BodyTimeout(_) => "body_timeout",
             Self::Unauthenticated(_) => "unauthenticated",
             Self::EdgeBusy(_) | Self::CloudBusy(_) => "overloaded",
             Self::DeadlineExceeded(_) => "deadline_exceeded",

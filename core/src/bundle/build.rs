@@ -1,0 +1,129 @@
+//! Building a bundle from a corpus: every passage encoded once, vectors of passages that a
+//! bundle already at the output path holds reused (the text and the model decide), the
+//! result written by [`write_bundle`].
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+
+use super::{BundleError, BundleManifest, CorpusBundle, write_bundle};
+use crate::corpus::{Corpus, Document};
+use crate::encoder::{MODEL_ID, TextEncoder};
+
+/// Passages encoded between two progress reports; also bounds the memory held by
+/// not-yet-written vectors to this many rows.
+const ENCODE_CHUNK: usize = 512;
+
+/// Key of an encoded text in the reuse cache: the model and the exact text it saw.
+fn embedding_key(text: &str) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(MODEL_ID.as_bytes());
+    hasher.update([0]);
+    hasher.update(text.as_bytes());
+    hasher.finalize().into()
+}
+
+/// What a build did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildStats {
+    pub manifest: BundleManifest,
+    /// Passages run through the encoder.
+    pub encoded: usize,
+    /// Passages whose vectors were taken from the bundle previously at the output path.
+    pub reused: usize,
+}
+
+/// Vectors of the bundle already at `out`, keyed by embedding key, when it was made by
+/// the same model. Anything unreadable is ignored: the build then simply encodes.
+fn previous_vectors(out: &Path) -> HashMap<[u8; 32], Vec<f32>> {
+    let bundle = match CorpusBundle::load(out) {
+        Ok(bundle) if bundle.manifest.model_id == MODEL_ID => bundle,
+        Ok(_) => return HashMap::new(),
+        Err(err) => {
+            if out.exists() {
+                tracing::warn!(%err, "previous bundle unreadable; encoding every passage");
+            }
+            return HashMap::new();
+        }
+    };
+    bundle
+        .documents
+        .iter()
+        .enumerate()
+        .map(|(row, doc)| {
+            (
+                embedding_key(&doc.embedding_text()),
+                bundle.vector(row).to_vec(),
+            )
+        })
+        .collect()
+}
+
+/// Encodes `corpus` into a bundle at `out`, reusing vectors from a bundle already there.
+/// Documents get ids 0..n in corpus order.
+pub fn build_bundle(
+    corpus: &Corpus,
+    encoder: &TextEncoder,
+    out: &Path,
+) -> Result<BuildStats, BundleError> {
+    let documents: Vec<Document> = corpus
+        .passages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Document {
+            id: i as u64,
+            title: p.title.clone(),
+            text: p.text.clone(),
+        })
+        .collect();
+    let dimension = encoder.dimension();
+    let texts: Vec<String> = documents.iter().map(Document::embedding_text).collect();
+    let mut previous = previous_vectors(out);
+    let mut vectors = vec![0f32; documents.len() * dimension];
+    let mut missing = Vec::new();
+    for (row, text) in texts.iter().enumerate() {
+        match previous.remove(&embedding_key(text)) {
+            Some(v) if v.len() == dimension => {
+                vectors[row * dimension..(row + 1) * dimension].copy_from_slice(&v)
+            }
+            _ => missing.push(row),
+        }
+    }
+    let reused = documents.len() - missing.len();
+    tracing::info!(
+        documents = documents.len(),
+        reused,
+        to_encode = missing.len(),
+        "building bundle"
+    );
+    let started = Instant::now();
+    for (done, chunk) in missing.chunks(ENCODE_CHUNK).enumerate() {
+        let batch: Vec<&str> = chunk.iter().map(|&row| texts[row].as_str()).collect();
+        for (&row, vector) in chunk.iter().zip(encoder.encode(&batch)?) {
+            vectors[row * dimension..(row + 1) * dimension].copy_from_slice(&vector);
+        }
+        let encoded = (done * ENCODE_CHUNK + chunk.len()).min(missing.len());
+        let rate = encoded as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        tracing::info!(
+            encoded,
+            total = missing.len(),
+            passages_per_s = format!("{rate:.1}"),
+            "encoding"
+        );
+    }
+    let manifest = write_bundle(
+        out,
+        corpus.sources.clone(),
+        &documents,
+        &vectors,
+        dimension,
+        &corpus.questions,
+    )?;
+    Ok(BuildStats {
+        manifest,
+        encoded: missing.len(),
+        reused,
+    })
+}
