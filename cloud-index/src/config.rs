@@ -257,6 +257,9 @@ pub struct RouterConfig {
     /// Control-plane nodes (gRPC `host:port`): when given, the router follows the shard map
     /// the control plane replicates, from `shards` on. Empty: `shards` is the map for good.
     pub control_plane: Vec<String>,
+    /// File holding the control plane's shared token (`hasten_proto::auth`), for a control
+    /// plane without mutual TLS.
+    pub control_plane_token_file: Option<PathBuf>,
     /// PEM CA certificate for mutual TLS: when set, clients must show a certificate issued
     /// by it, shards and the control plane are reached over mutual TLS, and
     /// `tls_cert`/`tls_key` are required.
@@ -289,6 +292,7 @@ impl Default for RouterConfig {
         Self {
             shards: Vec::new(),
             control_plane: Vec::new(),
+            control_plane_token_file: None,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
@@ -312,6 +316,12 @@ impl RouterConfig {
                     format!("lists `{address}`, which is not a host:port: {err}"),
                 ));
             }
+        }
+        if self.control_plane_token_file.is_some() && self.control_plane.is_empty() {
+            return Err(ConfigError::invalid(
+                "control_plane_token_file",
+                "is given but `control_plane` names no node",
+            ));
         }
         validate_tls(&self.tls_ca, &self.tls_cert, &self.tls_key, &self.server)?;
         for (key, value) in [

@@ -24,6 +24,8 @@ use hasten_core::corpus::{CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
+use hasten_proto::auth::AccessToken;
+use hasten_proto::control::ControlAccess;
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::quic::server_config;
 use hasten_proto::tls::{Identity, MutualTls, TlsPaths};
@@ -181,6 +183,10 @@ struct RouteArgs {
     #[arg(long = "control-plane", value_name = "HOST:PORT")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     control_plane: Vec<String>,
+    /// File holding the control plane's shared token, for a control plane without mutual TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    control_plane_token_file: Option<PathBuf>,
     #[command(flatten)]
     server: ServerArgs,
     #[command(flatten)]
@@ -568,9 +574,17 @@ async fn route(mut args: RouteArgs) -> Result<()> {
     // Without a control plane nothing sends on `map_updates`: the map stays as configured.
     if !config.control_plane.is_empty() {
         tracing::info!(control_plane = ?config.control_plane, "following the control plane's shard map");
+        let access = ControlAccess {
+            tls: tls.mutual.clone(),
+            token: config
+                .control_plane_token_file
+                .as_deref()
+                .map(AccessToken::load)
+                .transpose()?,
+        };
         tokio::spawn(follow_control_plane(
             config.control_plane.clone(),
-            tls.mutual.clone(),
+            access,
             map_updates,
         ));
     }

@@ -5,8 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hasten_proto::control::{self, FollowStatus, grpc_endpoint};
-use hasten_proto::tls::MutualTls;
+use hasten_proto::control::{self, ControlAccess, FollowStatus, grpc_endpoint};
 use hasten_proto::v1::{self, CommittedEvent, applied_command};
 use tokio::sync::watch;
 
@@ -92,17 +91,17 @@ impl ShardMap {
     }
 }
 
-/// Follows the control plane's committed stream from `endpoints` (over mutual TLS with
-/// `tls`) and sets `map` to every shard map it carries that is a [`ShardMap::successor`] of
+/// Follows the control plane's committed stream from `endpoints` (reached with `access`)
+/// and sets `map` to every shard map it carries that is a [`ShardMap::successor`] of
 /// the current one; a map that is not is logged and ignored. Runs until the process ends.
 pub async fn follow_control_plane(
     endpoints: Vec<String>,
-    tls: Option<MutualTls>,
+    access: ControlAccess,
     map: watch::Sender<Arc<ShardMap>>,
 ) {
     control::follow(
         endpoints,
-        tls,
+        access,
         "router".into(),
         Arc::new(FollowStatus::default()),
         move |event| {

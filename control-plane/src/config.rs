@@ -53,6 +53,10 @@ pub struct ControlPlaneConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of this node, for mutual TLS.
     pub tls_key: Option<PathBuf>,
+    /// File holding the shared token (`hasten_proto::auth`) every call must carry, peers'
+    /// included; the node sends it to its peers. Without mutual TLS, required unless
+    /// `listen` is a loopback address.
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl Default for ControlPlaneConfig {
@@ -75,6 +79,7 @@ impl Default for ControlPlaneConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            auth_token_file: None,
         }
     }
 }
@@ -118,7 +123,18 @@ impl ControlPlaneConfig {
                 "must be positive",
             ));
         }
-        self.mutual_tls()?;
+        if self.mutual_tls()?.is_none()
+            && self.auth_token_file.is_none()
+            && !self.listen.ip().is_loopback()
+        {
+            return Err(ConfigError::invalid(
+                "auth_token_file",
+                format!(
+                    "is required when `listen` ({}) is not a loopback address and mutual TLS is off: otherwise anyone who reaches the port can read every cached query and write entries into users' replies",
+                    self.listen
+                ),
+            ));
+        }
         Ok(())
     }
 

@@ -13,11 +13,14 @@ use control_plane::storage::RaftStorage;
 use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_proto::auth::{AccessToken, RequireToken};
+use hasten_proto::control::ControlAccess;
 use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::control_plane_server::ControlPlaneServer;
 use hasten_proto::v1::raft_peer_server::RaftPeerServer;
 use serde::Serialize;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 
 /// One node of Hasten's control plane: replicates the hot cache, the shard map and runtime
@@ -80,6 +83,11 @@ struct Cli {
     #[command(flatten)]
     #[serde(flatten)]
     tls: TlsArgs,
+    /// File holding the shared token every call must carry (for a deployment without
+    /// mutual TLS).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth_token_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -98,9 +106,24 @@ async fn main() -> Result<()> {
         .map(|paths| MutualTls::load(&paths))
         .transpose()
         .context("loading the mutual-TLS files")?;
-    if tls.is_none() {
-        tracing::warn!("mutual TLS is off (no `tls_ca`): peers and clients talk plaintext gRPC");
+    let token = config
+        .auth_token_file
+        .as_deref()
+        .map(AccessToken::load)
+        .transpose()?;
+    match (&tls, &token) {
+        (None, None) => tracing::warn!(
+            "neither mutual TLS nor a token: any client that reaches this loopback port is trusted"
+        ),
+        (None, Some(_)) => {
+            tracing::warn!("mutual TLS is off: calls carry the shared token, but in plaintext gRPC")
+        }
+        (Some(_), _) => {}
     }
+    let access = ControlAccess {
+        tls: tls.clone(),
+        token: token.clone(),
+    };
     let storage = RaftStorage::open(&config.data_dir, config.id)
         .with_context(|| format!("opening {}", config.data_dir.display()))?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -116,7 +139,6 @@ async fn main() -> Result<()> {
         })
         .await
         .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
-    let peer_tls = tls.clone();
     let runtime = tokio::runtime::Handle::current();
     let node = node::start(
         config.node_settings(),
@@ -124,7 +146,7 @@ async fn main() -> Result<()> {
         &config.members()?,
         config.join,
         metrics,
-        |members, requests| GrpcTransport::new(config.id, members, requests, peer_tls, runtime),
+        |members, requests| GrpcTransport::new(config.id, members, requests, access, runtime),
     )?;
     tracing::info!(id = config.id, %address, %metrics_addr, data_dir = %config.data_dir.display(), "control-plane node serving");
     if let Some(path) = &config.ready_file {
@@ -136,16 +158,23 @@ async fn main() -> Result<()> {
         write_atomically(path, ready.to_string().as_bytes())?;
     }
     let (stop, stopping) = tokio::sync::watch::channel(false);
-    let client_api = ControlPlaneServer::new(ControlPlaneService::new(
-        node.clone(),
-        config.propose_timeout(),
-        stopping.clone(),
-    ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let peer_api = RaftPeerServer::new(RaftPeerService::new(node.requests()))
+    let require_token = RequireToken::new(token);
+    let client_api = InterceptedService::new(
+        ControlPlaneServer::new(ControlPlaneService::new(
+            node.clone(),
+            config.propose_timeout(),
+            stopping.clone(),
+        ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        require_token.clone(),
+    );
+    let peer_api = InterceptedService::new(
+        RaftPeerServer::new(RaftPeerService::new(node.requests()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        require_token,
+    );
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = &tls {
         server = server

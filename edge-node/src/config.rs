@@ -102,6 +102,9 @@ pub struct EdgeConfig {
     /// through the control plane and the edge follows its committed stream; when empty the
     /// edge caches only what it fetched itself.
     pub control_plane: Vec<String>,
+    /// File holding the control plane's shared token (`hasten_proto::auth`), sent with
+    /// every control-plane call; for control planes that require one (no mutual TLS).
+    pub control_plane_token_file: Option<PathBuf>,
     /// This edge's name in replicated entries.
     pub edge_id: String,
     /// TOML file mapping tenants to their bearer tokens (`[tenants] name = ["token", ...]`).
@@ -159,6 +162,7 @@ impl Default for EdgeConfig {
             max_body_bytes: 64 * 1024,
             max_in_flight: 512,
             control_plane: Vec::new(),
+            control_plane_token_file: None,
             edge_id: "edge".into(),
             tenants_file: None,
             expose_matched_query_text: false,
@@ -243,6 +247,12 @@ impl EdgeConfig {
             ));
         }
         self.mutual_tls()?;
+        if self.control_plane_token_file.is_some() && self.control_plane.is_empty() {
+            return Err(ConfigError::invalid(
+                "control_plane_token_file",
+                "is given but `control_plane` names no node",
+            ));
+        }
         if self.tenants_file.is_some() && self.metrics_addr.is_none() {
             return Err(ConfigError::invalid(
                 "metrics_addr",

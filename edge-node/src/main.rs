@@ -26,6 +26,8 @@ use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::metrics::prometheus::{IntCounterVec, Opts};
+use hasten_proto::auth::AccessToken;
+use hasten_proto::control::ControlAccess;
 use hasten_proto::quic::client_config;
 use hasten_proto::tls::{MutualTls, TrustRoots};
 use hasten_proto::v1::edge_server::EdgeServer;
@@ -166,6 +168,10 @@ struct ServeArgs {
     #[arg(long = "control-plane", value_name = "HOST:PORT")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     control_plane: Vec<String>,
+    /// File holding the control plane's shared token, for a control plane without mutual TLS.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    control_plane_token_file: Option<PathBuf>,
     /// Requests answered at once; beyond it 429 / RESOURCE_EXHAUSTED [default: 512].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -360,6 +366,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .transpose()
         .context("loading the mutual-TLS files")?;
     let mut engine = build_engine(&config, &bundle, &tenants, mutual.as_ref())?;
+    let control_token = config
+        .control_plane_token_file
+        .as_deref()
+        .map(AccessToken::load)
+        .transpose()?;
     let link = (!config.control_plane.is_empty()).then(|| {
         let corpus = CorpusIdentity {
             version: bundle.manifest.corpus_version.clone(),
@@ -370,7 +381,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
             &config.edge_id,
             corpus,
             config.control_plane.clone(),
-            mutual.clone(),
+            ControlAccess {
+                tls: mutual.clone(),
+                token: control_token.clone(),
+            },
         )
     });
     if let Some(link) = &link {

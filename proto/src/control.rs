@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::auth::{AccessToken, BearerToken};
 use crate::tls::MutualTls;
 use crate::v1::control_plane_client::ControlPlaneClient;
 use crate::v1::{CommittedEvent, SubscribeRequest};
@@ -59,15 +61,35 @@ pub fn grpc_endpoint(
     }
 }
 
+/// How a client proves itself to the control plane: a client certificate under mutual
+/// TLS, the shared token ([`crate::auth`]), both, or neither (loopback only).
+#[derive(Clone, Debug, Default)]
+pub struct ControlAccess {
+    pub tls: Option<MutualTls>,
+    pub token: Option<AccessToken>,
+}
+
+impl ControlAccess {
+    /// The interceptor that sends the token, if any, with every request.
+    pub fn bearer(&self) -> BearerToken {
+        BearerToken::new(self.token.clone())
+    }
+}
+
+/// A control-plane client that sends its token with every request.
+pub type ControlClient = ControlPlaneClient<InterceptedService<Channel, BearerToken>>;
+
 /// A connected control-plane client with Hasten's message bounds.
 pub async fn connect(
     address: &str,
-    tls: Option<&MutualTls>,
-) -> Result<ControlPlaneClient<Channel>, tonic::transport::Error> {
-    let channel = endpoint(address, tls)?.connect().await?;
-    Ok(ControlPlaneClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    access: &ControlAccess,
+) -> Result<ControlClient, tonic::transport::Error> {
+    let channel = endpoint(address, access.tls.as_ref())?.connect().await?;
+    Ok(
+        ControlPlaneClient::with_interceptor(channel, access.bearer())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
 }
 
 /// Where a follower stands: the last index it applied and whether a stream is open.
@@ -104,7 +126,7 @@ enum StreamError {
 /// to the next endpoint whenever the stream breaks. Runs until the process ends.
 pub async fn follow<F>(
     endpoints: Vec<String>,
-    tls: Option<MutualTls>,
+    access: ControlAccess,
     subscriber: String,
     status: Arc<FollowStatus>,
     apply: F,
@@ -117,7 +139,7 @@ pub async fn follow<F>(
         let from_index = status.applied_index() + 1;
         match stream_from(
             endpoint,
-            tls.as_ref(),
+            &access,
             &subscriber,
             from_index,
             &status,
@@ -137,7 +159,7 @@ pub async fn follow<F>(
 
 async fn stream_from<F>(
     endpoint: &str,
-    tls: Option<&MutualTls>,
+    access: &ControlAccess,
     subscriber: &str,
     from_index: u64,
     status: &FollowStatus,
@@ -147,7 +169,7 @@ async fn stream_from<F>(
 where
     F: Fn(CommittedEvent) + Send + Sync + 'static,
 {
-    let mut client = connect(endpoint, tls).await?;
+    let mut client = connect(endpoint, access).await?;
     let mut stream = client
         .subscribe(SubscribeRequest {
             from_index,

@@ -3,6 +3,7 @@
 //! largest encoded size of a search's answer, and the TLS configuration shared by every
 //! link (QUIC and gRPC).
 
+pub mod auth;
 pub mod codec;
 pub mod control;
 pub mod frame;

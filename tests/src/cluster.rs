@@ -7,15 +7,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use hasten_proto::control::{MAX_MESSAGE_BYTES, endpoint};
-use hasten_proto::v1::control_plane_client::ControlPlaneClient;
+use hasten_proto::control::{ControlAccess, ControlClient, connect};
 use hasten_proto::v1::{
     ControlCommand, ControlState, CorpusFacts, NodeStatus, ProposeRequest, SnapshotRequest,
     StatusRequest, control_command,
 };
 use loadtest::control_plane::{free_loopback_port, node_args};
 use loadtest::process::{ManagedProcess, binary};
-use tonic::transport::Channel;
 
 use crate::persistent_work_dir;
 use crate::relay::Relay;
@@ -33,6 +31,8 @@ pub struct Cluster {
     /// The peer addresses each node is given, when they differ from `addresses` (a node
     /// reached through relays).
     views: BTreeMap<u64, Vec<String>>,
+    /// How this test's clients reach the nodes (the token, when the nodes require one).
+    pub access: ControlAccess,
 }
 
 impl Cluster {
@@ -109,6 +109,7 @@ impl Cluster {
             max_log_entries,
             extra: Vec::new(),
             views: BTreeMap::new(),
+            access: ControlAccess::default(),
         }
     }
 
@@ -177,22 +178,12 @@ impl Cluster {
         self.nodes[&id].signal("CONT").unwrap();
     }
 
-    pub async fn client(&self, id: u64) -> ControlPlaneClient<Channel> {
-        let channel = endpoint(&self.addresses[&id], None)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        ControlPlaneClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    pub async fn client(&self, id: u64) -> ControlClient {
+        connect(&self.addresses[&id], &self.access).await.unwrap()
     }
 
     pub async fn status(&self, id: u64) -> Option<NodeStatus> {
-        let channel = endpoint(&self.addresses[&id], None)
-            .ok()?
-            .connect()
-            .await
-            .ok()?;
-        let mut client = ControlPlaneClient::new(channel);
+        let mut client = connect(&self.addresses[&id], &self.access).await.ok()?;
         client
             .status(StatusRequest {})
             .await

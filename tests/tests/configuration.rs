@@ -52,6 +52,18 @@ fn print_config_refuses_what_serving_would_refuse() {
         &["--print-config", "--id", "4", "--peer", "1=127.0.0.1:7400"],
         "peers",
     );
+    // Without mutual TLS, a node reachable beyond loopback needs the shared token.
+    refused(
+        "control-plane",
+        &[
+            "--print-config",
+            "--listen",
+            "0.0.0.0:7400",
+            "--peer",
+            "1=10.0.0.1:7400",
+        ],
+        "auth_token_file",
+    );
     // A valid configuration is printed, as JSON.
     let output = run("cloud-index", &["serve", "--print-config", "--bundle", "b"]);
     assert!(output.status.success());

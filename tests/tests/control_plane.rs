@@ -7,14 +7,13 @@
 
 use std::time::{Duration, Instant};
 
-use hasten_proto::control::endpoint;
+use hasten_proto::control::{ControlClient, endpoint};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
     CacheEntry, CommittedEvent, ControlCommand, ControlState, MemberRequest, ProposeRequest,
     SubscribeRequest, applied_command, control_command,
 };
 use hasten_tests::cluster::Cluster;
-use tonic::transport::Channel;
 const DIMENSION: usize = 8;
 const CORPUS: &str = "test-corpus";
 
@@ -204,7 +203,7 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_entry() {
 
 /// Applies a committed stream the way an edge does; returns the (origin, seq) cache.
 async fn follow(
-    client: &mut ControlPlaneClient<Channel>,
+    client: &mut ControlClient,
     from: u64,
     cache: &mut Vec<(u64, (String, u64))>,
     until: u64,
@@ -213,10 +212,7 @@ async fn follow(
     read_until(&mut stream, from.saturating_sub(1), cache, until).await
 }
 
-async fn subscribe(
-    client: &mut ControlPlaneClient<Channel>,
-    from: u64,
-) -> tonic::Streaming<CommittedEvent> {
+async fn subscribe(client: &mut ControlClient, from: u64) -> tonic::Streaming<CommittedEvent> {
     client
         .subscribe(SubscribeRequest {
             from_index: from,
@@ -277,8 +273,7 @@ async fn a_subscriber_resumes_and_after_compaction_installs_the_state() {
         })
         .await
         .unwrap();
-    let propose = async |client: &mut ControlPlaneClient<Channel>,
-                         seqs: std::ops::RangeInclusive<u64>| {
+    let propose = async |client: &mut ControlClient, seqs: std::ops::RangeInclusive<u64>| {
         let mut index = 0;
         for seq in seqs {
             index = client
@@ -311,11 +306,7 @@ async fn a_subscriber_resumes_and_after_compaction_installs_the_state() {
 
 /// Proposes `entry(origin, seq)` through `client` until it commits (a partition or an
 /// election may make attempts fail); returns the index it committed at.
-async fn propose_until_committed(
-    client: &mut ControlPlaneClient<Channel>,
-    origin: &str,
-    seq: u64,
-) -> u64 {
+async fn propose_until_committed(client: &mut ControlClient, origin: &str, seq: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let request = ProposeRequest {

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hasten_core::bundle::{CorpusBundle, write_bundle};
-use hasten_proto::v1::control_plane_client::ControlPlaneClient;
+use hasten_proto::control::ControlClient;
 use hasten_proto::v1::{
     CacheEntry, ControlCommand, ControlState, CorpusUpdate, ProposeRequest, RuntimeConfig,
     control_command,
@@ -21,7 +21,6 @@ use hasten_tests::edge::{status, wait_for};
 use hasten_tests::{build_small_bundle, dev_cert, start_cloud_index, start_edge};
 use loadtest::process::ManagedProcess;
 use serde_json::Value;
-use tonic::transport::Channel;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -47,7 +46,7 @@ fn entry(
     }
 }
 
-async fn propose(client: &mut ControlPlaneClient<Channel>, commands: Vec<ControlCommand>) -> u64 {
+async fn propose(client: &mut ControlClient, commands: Vec<ControlCommand>) -> u64 {
     client
         .propose(ProposeRequest { commands })
         .await

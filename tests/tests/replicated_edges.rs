@@ -10,10 +10,14 @@ use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_proto::auth::AccessToken;
+use hasten_proto::control::{ControlAccess, connect};
+use hasten_proto::v1::{ProposeRequest, SnapshotRequest, StatusRequest, SubscribeRequest};
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::{
-    build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index, start_edge,
+    build_small_bundle, dev_cert, homologous_pair, model_dir, persistent_work_dir,
+    start_cloud_index, start_edge,
 };
 use loadtest::process::ManagedProcess;
 use loadtest::scrape::Scrape;
@@ -297,4 +301,86 @@ async fn a_hung_control_plane_node_does_not_freeze_replication() {
     let commit = cluster.status(leader).await.unwrap().commit_index;
     cluster.applied_everywhere(commit).await;
     assert_eq!(cluster.state(hung).await.entries.len(), fallbacks);
+}
+
+/// A control plane started with a token (as one without mutual TLS must be outside
+/// loopback): its nodes elect a leader carrying the token to each other, a client without
+/// it or with another is refused on every call (UNAUTHENTICATED), and an edge given the
+/// token's file registers, proposes and follows as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_only_its_holders_reach_the_control_plane() {
+    const TOKEN: &str = "cp-shared-token-5b8e1f0a9c";
+    let secrets = persistent_work_dir("control-plane-token-file").unwrap();
+    let token_file = secrets.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let token_path = token_file.display().to_string();
+    let mut cluster = Cluster::start_with(
+        "control-plane-token",
+        3,
+        10_000,
+        &["--auth-token-file", &token_path],
+    );
+    cluster.access.token = AccessToken::new(TOKEN);
+    let leader = cluster.leader().await;
+    let address = &cluster.addresses[&leader];
+
+    let without = ControlAccess::default();
+    let other = ControlAccess {
+        tls: None,
+        token: AccessToken::new("not-the-shared-token-0000"),
+    };
+    for access in [&without, &other] {
+        let mut client = connect(address, access).await.unwrap();
+        let refusals = [
+            client.status(StatusRequest {}).await.map(|_| ()),
+            client
+                .propose(ProposeRequest { commands: vec![] })
+                .await
+                .map(|_| ()),
+            client.snapshot(SnapshotRequest {}).await.map(|_| ()),
+            client
+                .subscribe(SubscribeRequest {
+                    from_index: 1,
+                    subscriber: "intruder".into(),
+                })
+                .await
+                .map(|_| ()),
+        ];
+        for refusal in refusals {
+            let status = refusal.unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status}");
+        }
+    }
+
+    let work = cluster.work.clone();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
+    let edge = start_edge(
+        &work,
+        "edge",
+        &bundle_dir,
+        &cloud.addr("quic_addr"),
+        &cert,
+        &[
+            "--control-plane",
+            address,
+            "--control-plane-token-file",
+            &token_path,
+        ],
+    )
+    .unwrap();
+    let edge = edge.addr("http_addr");
+    let http = reqwest::Client::new();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let reply = ask(&http, &edge, &bundle.questions[0].question).await;
+    assert_eq!(reply["outcome"], "fallback", "{reply}");
+    wait_for(
+        &http,
+        &edge,
+        "the edge's entry never came back",
+        WAIT,
+        |s| s["cached_queries"] == 1 && s["control_plane"]["subscribed"] == true,
+    )
+    .await;
 }

@@ -19,7 +19,7 @@ use edge_node::retrieval::CacheReplication;
 use edge_node::tenants::Tenant;
 use hasten_bench::{Latencies, write_report};
 use hasten_core::DocId;
-use hasten_proto::control::MAX_MESSAGE_BYTES;
+use hasten_proto::control::{ControlAccess, MAX_MESSAGE_BYTES};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{CacheEntry, SubscribeRequest, applied_command};
 use loadtest::control_plane;
@@ -183,7 +183,12 @@ async fn main() -> Result<()> {
                 dimension: cli.dimension,
                 max_document_id: DOCUMENTS - 1,
             };
-            ControlPlaneLink::start(&format!("bench-edge-{e}"), corpus, endpoints, None)
+            ControlPlaneLink::start(
+                &format!("bench-edge-{e}"),
+                corpus,
+                endpoints,
+                ControlAccess::default(),
+            )
         })
         .collect();
     for e in 0..cli.edges {

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use hasten_proto::control;
-use hasten_proto::tls::MutualTls;
+use hasten_proto::control::ControlAccess;
 use hasten_proto::v1::raft_peer_client::RaftPeerClient;
 use hasten_proto::v1::raft_peer_server::RaftPeer;
 use hasten_proto::v1::{RaftDelivered, RaftMessages};
@@ -38,26 +38,26 @@ pub struct GrpcTransport {
     me: u64,
     peers: HashMap<u64, Peer>,
     node: mpsc::Sender<NodeRequest>,
-    tls: Option<MutualTls>,
+    access: ControlAccess,
     /// Where the sender tasks run.
     runtime: Handle,
 }
 
 impl GrpcTransport {
-    /// Reaches `members` over mutual TLS with `tls`, from tasks on `runtime`; delivery
-    /// failures are reported to `node`.
+    /// Reaches `members` with `access` (mutual TLS, the shared token), from tasks on
+    /// `runtime`; delivery failures are reported to `node`.
     pub fn new(
         me: u64,
         members: BTreeMap<u64, String>,
         node: mpsc::Sender<NodeRequest>,
-        tls: Option<MutualTls>,
+        access: ControlAccess,
         runtime: Handle,
     ) -> Self {
         let mut network = Self {
             me,
             peers: HashMap::new(),
             node,
-            tls,
+            access,
             runtime,
         };
         for (id, address) in members {
@@ -81,7 +81,7 @@ impl Transport for GrpcTransport {
             self.runtime.spawn(deliver(
                 id,
                 address.clone(),
-                self.tls.clone(),
+                self.access.clone(),
                 queue,
                 self.node.clone(),
             ));
@@ -120,18 +120,18 @@ impl Transport for GrpcTransport {
 async fn deliver(
     to: u64,
     address: String,
-    tls: Option<MutualTls>,
+    access: ControlAccess,
     mut queue: mpsc::Receiver<Message>,
     node: mpsc::Sender<NodeRequest>,
 ) {
-    let endpoint = match control::endpoint(&address, tls.as_ref()) {
+    let endpoint = match control::endpoint(&address, access.tls.as_ref()) {
         Ok(endpoint) => endpoint,
         Err(err) => {
             tracing::error!(to, %address, %err, "invalid peer address; messages to it are dropped");
             return;
         }
     };
-    let mut client = RaftPeerClient::new(endpoint.connect_lazy())
+    let mut client = RaftPeerClient::with_interceptor(endpoint.connect_lazy(), access.bearer())
         .max_decoding_message_size(control::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(control::MAX_MESSAGE_BYTES);
     while let Some(first) = queue.recv().await {

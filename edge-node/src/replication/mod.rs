@@ -14,12 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hasten_core::DocId;
-use hasten_proto::control::{self, FollowStatus};
-use hasten_proto::tls::MutualTls;
-use hasten_proto::v1::control_plane_client::ControlPlaneClient;
+use hasten_proto::control::{self, ControlAccess, ControlClient, FollowStatus};
 use hasten_proto::v1::{CacheEntry, ControlCommand, CorpusFacts, ProposeRequest, control_command};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 
 use crate::fallback::CloudSearch;
 use crate::retrieval::{CacheReplication, RetrievalEngine};
@@ -86,13 +83,13 @@ pub struct ControlPlaneLink {
     proposals: mpsc::Sender<CacheEntry>,
     status: Arc<LinkStatus>,
     endpoints: Vec<String>,
-    /// Mutual TLS toward the control plane, when the deployment has a CA.
-    tls: Option<MutualTls>,
+    /// How this edge proves itself to the control plane.
+    access: ControlAccess,
 }
 
 impl ControlPlaneLink {
     /// Starts the proposer for `endpoints` (control-plane gRPC addresses, host:port),
-    /// reached over mutual TLS with `tls`. `edge_id` names this edge in proposals; a
+    /// reached with `access`. `edge_id` names this edge in proposals; a
     /// start-time suffix keeps sequence numbers of a restarted edge from colliding with
     /// those of its previous run. The edge's `corpus` is registered before any entry is
     /// proposed, and entries are proposed under its version.
@@ -100,7 +97,7 @@ impl ControlPlaneLink {
         edge_id: &str,
         corpus: CorpusIdentity,
         endpoints: Vec<String>,
-        tls: Option<MutualTls>,
+        access: ControlAccess,
     ) -> Arc<Self> {
         let boot = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -113,11 +110,11 @@ impl ControlPlaneLink {
             proposals,
             status: Arc::new(LinkStatus::default()),
             endpoints,
-            tls,
+            access,
         });
         let proposer = Proposer {
             endpoints: link.endpoints.clone(),
-            tls: link.tls.clone(),
+            access: link.access.clone(),
             turn: 0,
             client: None,
         };
@@ -138,7 +135,7 @@ impl ControlPlaneLink {
     pub fn follow<C: CloudSearch>(&self, engine: Arc<RetrievalEngine<C>>) {
         tokio::spawn(control::follow(
             self.endpoints.clone(),
-            self.tls.clone(),
+            self.access.clone(),
             self.origin.clone(),
             Arc::clone(&self.status.stream),
             move |event| apply::apply(&engine, event),
@@ -194,9 +191,9 @@ enum Proposed {
 /// when one fails, refuses for now, or does not answer within [`PROPOSE_DEADLINE`].
 struct Proposer {
     endpoints: Vec<String>,
-    tls: Option<MutualTls>,
+    access: ControlAccess,
     turn: usize,
-    client: Option<ControlPlaneClient<Channel>>,
+    client: Option<ControlClient>,
 }
 
 impl Proposer {
@@ -207,7 +204,7 @@ impl Proposer {
         loop {
             if self.client.is_none() {
                 let endpoint = &self.endpoints[self.turn % self.endpoints.len()];
-                match control::connect(endpoint, self.tls.as_ref()).await {
+                match control::connect(endpoint, &self.access).await {
                     Ok(connected) => self.client = Some(connected),
                     Err(err) => tracing::debug!(%endpoint, %err, "control plane unreachable"),
                 }
@@ -220,6 +217,10 @@ impl Proposer {
                     Ok(Ok(_)) => return Proposed::Committed,
                     Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
                         return Proposed::Refused(status);
+                    }
+                    Ok(Err(status)) if status.code() == tonic::Code::Unauthenticated => {
+                        tracing::warn!(%status, "the control plane refused this edge's token; retrying");
+                        self.client = None;
                     }
                     Ok(Err(status)) => {
                         tracing::debug!(%status, "proposal failed; retrying");

@@ -93,6 +93,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* "true" when mutual TLS is on (tls.mutual.secretName or tls.mutual.generate). */}}
+{{/* Whether control-plane calls carry the shared token: a control plane without mutual TLS. */}}
+{{- define "hasten.controlPlane.tokenEnabled" -}}
+{{- if and .Values.controlPlane.enabled (not (include "hasten.mtls.enabled" .)) }}true{{ end }}
+{{- end }}
+
+{{/* The Secret holding the control plane's shared token. */}}
+{{- define "hasten.controlPlane.tokenSecret" -}}
+{{- .Values.controlPlane.auth.secretName | default (printf "%s-control-plane-token" (include "hasten.fullname" .)) }}
+{{- end }}
+
+{{/* Where "hasten.baseVolumes" projects the token (with "controlPlaneToken" true). */}}
+{{- define "hasten.controlPlane.tokenFile" -}}/etc/hasten/control-plane/token{{- end }}
+
 {{- define "hasten.mtls.enabled" -}}
 {{- if or .Values.tls.mutual.secretName .Values.tls.mutual.generate }}true{{ end }}
 {{- end }}
@@ -252,6 +265,14 @@ tenants file as tenants/tenants.toml.
               path: tls/tls.key
               mode: 0440
             {{- end }}
+      {{- end }}
+      {{- if and .controlPlaneToken (include "hasten.controlPlane.tokenEnabled" .root) }}
+      - secret:
+          name: {{ include "hasten.controlPlane.tokenSecret" .root }}
+          items:
+            - key: {{ if .root.Values.controlPlane.auth.secretName }}{{ .root.Values.controlPlane.auth.key }}{{ else }}token{{ end }}
+              path: control-plane/token
+              mode: 0440
       {{- end }}
       {{- if and .tenants .root.Values.edge.tenants.secretName }}
       - secret:
