@@ -20,6 +20,7 @@ use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{status, wait_for};
 use hasten_tests::{build_small_bundle, dev_cert, start_cloud_index, start_edge};
 use loadtest::process::ManagedProcess;
+use loadtest::scrape::Scrape;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -272,6 +273,18 @@ async fn a_corpus_update_drops_changed_entries_and_carries_the_rest_to_the_new_v
     assert_eq!(ready.status(), 503);
     let reason = ready.text().await.unwrap();
     assert!(reason.contains("corpus version"), "{reason}");
+    // ... and so do its metric and its log.
+    let link = Scrape::of(&b)
+        .await
+        .unwrap()
+        .value("hasten_edge_cloud_link", &[("state", "version_mismatch")]);
+    assert_eq!(link, 1.0);
+    let log = std::fs::read_to_string(&edge_v2.log).unwrap();
+    assert!(
+        log.contains("the cloud index serves another corpus version"),
+        "{}",
+        edge_v2.log_tail()
+    );
 }
 
 /// Bug: the control plane committed entries no edge could apply (a 3-dimensional vector,

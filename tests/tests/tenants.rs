@@ -87,6 +87,9 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
                 &control_plane,
                 "--tenants-file",
                 tenants.to_str().unwrap(),
+                // Required with tenants: status and metrics name every tenant.
+                "--metrics-addr",
+                "127.0.0.1:0",
                 // Which cached query an acceptance went through is what this test checks.
                 "--expose-matched-query-text",
                 "true",
@@ -96,6 +99,8 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
     };
     let (edge_a, edge_b) = (start("edge-a"), start("edge-b"));
     let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
+    // The admin routes (status, metrics) are on an address of their own, not the API's.
+    let (a_admin, b_admin) = (edge_a.addr("metrics_addr"), edge_b.addr("metrics_addr"));
     let http = reqwest::Client::new();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
     let encoder = TextEncoder::load(&model_dir()).unwrap();
@@ -117,7 +122,17 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
         (200, &json!("fallback")),
         "{reply}"
     );
-    for edge in [&a, &b] {
+    for path in ["metrics", "v1/status", "readyz"] {
+        let on_api = http.get(format!("http://{a}/{path}")).send().await.unwrap();
+        assert_eq!(on_api.status(), 404, "/{path} on the clients' address");
+        let on_admin = http
+            .get(format!("http://{a_admin}/{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(on_admin.status(), 200, "/{path} on the admin address");
+    }
+    for edge in [&a_admin, &b_admin] {
         wait_for(&http, edge, "acme's entry never arrived", WAIT, |s| {
             s["cached_queries"] == 1
         })
@@ -146,7 +161,7 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
 
     // Once globex's entry is on edge A too, globex repeats acme's exact question there: it
     // may be accepted through globex's own sibling, never through acme's entry.
-    wait_for(&http, &a, "globex's entry never arrived", WAIT, |s| {
+    wait_for(&http, &a_admin, "globex's entry never arrived", WAIT, |s| {
         s["cached_queries"] == 2
     })
     .await;
@@ -166,13 +181,13 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
     };
 
     // Each tenant's cache holds its own fallbacks, replicated to both edges.
-    for edge in [&a, &b] {
+    for edge in [&a_admin, &b_admin] {
         wait_for(&http, edge, "globex's entries never arrived", WAIT, |s| {
             s["cached_queries"] == 1 + globex_entries as u64
         })
         .await;
     }
-    for (edge, process) in [(&a, &edge_a), (&b, &edge_b)] {
+    for (edge, process) in [(&a_admin, &edge_a), (&b_admin, &edge_b)] {
         let scrape = Scrape::of(edge).await.unwrap();
         let entries =
             |tenant: &str| scrape.value("hasten_edge_cache_entries", &[("tenant", tenant)]);
@@ -180,7 +195,7 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
         let log = std::fs::read_to_string(&process.log).unwrap();
         assert!(!log.contains(ACME_TOKEN) && !log.contains(GLOBEX_TOKEN));
     }
-    let scrape = Scrape::of(&b).await.unwrap();
+    let scrape = Scrape::of(&b_admin).await.unwrap();
     let requests = |tenant: &str, outcome: &str| {
         scrape.value(
             "hasten_edge_requests_total",
@@ -239,7 +254,7 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
         (code, &reply["error"]["field"]),
         (400, &json!("x-request-timeout-ms"))
     );
-    let scrape = Scrape::of(&a).await.unwrap();
+    let scrape = Scrape::of(&a_admin).await.unwrap();
     assert_eq!(
         scrape.value(
             "hasten_edge_request_errors_total",
