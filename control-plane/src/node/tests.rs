@@ -128,6 +128,14 @@ async fn register(node: &NodeHandle) {
     .unwrap();
 }
 
+/// Registers the corpus through `leader` and waits until every node applied it: a
+/// follower admits an entry only once it knows the corpus.
+async fn register_everywhere(group: &Group, leader: u64) {
+    register(&group.nodes[&leader]).await;
+    let commit_index = group.nodes[&leader].status().await.unwrap().commit_index;
+    wait_applied(group, commit_index).await;
+}
+
 fn entry(seq: u64) -> Vec<ControlCommand> {
     vec![ControlCommand {
         kind: Some(control_command::Kind::Insert(CacheEntry {
@@ -158,13 +166,7 @@ async fn a_proposal_made_on_a_follower_commits_on_every_node() {
     let group = start_group(3);
     let leader = group.leader(&[1, 2, 3]).await;
     let follower = group.follower(leader);
-    register(&group.nodes[&leader]).await;
-    // The follower must know the registration before it admits the entry.
-    wait_applied(
-        &group,
-        group.nodes[&leader].status().await.unwrap().commit_index,
-    )
-    .await;
+    register_everywhere(&group, leader).await;
     let index = group.nodes[&follower].propose(entry(1)).await.unwrap();
     wait_applied(&group, index).await;
     for node in group.nodes.values() {
@@ -184,12 +186,7 @@ async fn a_proposal_forwarded_to_a_lost_leader_is_answered_stale_at_once() {
     let group = start_group(3);
     let leader = group.leader(&[1, 2, 3]).await;
     let follower = group.follower(leader);
-    register(&group.nodes[&leader]).await;
-    wait_applied(
-        &group,
-        group.nodes[&leader].status().await.unwrap().commit_index,
-    )
-    .await;
+    register_everywhere(&group, leader).await;
     // The leader is cut off: a follower still forwards to it until the others elect anew.
     group.network.isolate(leader);
     let started = Instant::now();
