@@ -129,12 +129,15 @@ fn copy_bundle(from: &Path, to: &Path) -> PathBuf {
     to.to_path_buf()
 }
 
-/// Starts `cloud-index serve` over `bundle`, which must refuse to start; returns its log.
+/// Starts `cloud-index serve` over `bundle`, which must refuse to start; returns its whole
+/// log (the error's tail may be only a backtrace when `RUST_BACKTRACE` is set).
 fn refused_start(work: &Path, name: &str, bundle: &Path) -> String {
     match start_cloud_index(work, name, bundle, "127.0.0.1:0") {
         Ok(server) => panic!("{name} served a tampered bundle: {}", server.log_tail()),
         Err(err) => match err.downcast::<ProcessError>().unwrap() {
-            ProcessError::Exited { log, .. } => log,
+            ProcessError::Exited { .. } => {
+                std::fs::read_to_string(work.join(format!("{name}.log"))).unwrap()
+            }
             other => panic!("{name} did not exit: {other}"),
         },
     }
