@@ -338,16 +338,21 @@ mod tests {
     use hasten_proto::v1::QueryVector;
 
     fn searcher() -> (tempfile::TempDir, ExactSearcher) {
+        searcher_with_texts(|i| format!("text {i}"))
+    }
+
+    /// A searcher over 4 documents `t0`..`t3` with `text(i)`, on unit vectors along the
+    /// axes of a 4-d space.
+    fn searcher_with_texts(text: impl Fn(u64) -> String) -> (tempfile::TempDir, ExactSearcher) {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("b");
         let docs: Vec<Document> = (0..4)
             .map(|i| Document {
                 id: i,
                 title: format!("t{i}"),
-                text: format!("text {i}"),
+                text: text(i),
             })
             .collect();
-        // Unit vectors along the axes of a 4-d space.
         let mut vectors = vec![0.0f32; 16];
         for i in 0..4 {
             vectors[i * 4 + i] = 1.0;
@@ -413,27 +418,15 @@ mod tests {
 
     #[test]
     fn an_answer_that_could_exceed_the_message_limit_is_refused_by_the_longest_text_held() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("b");
         // One passage of 20 KB among short ones: 1,024 queries x k = 4 with texts could take
         // 80 MB, whichever documents they hit.
-        let docs: Vec<Document> = (0..4)
-            .map(|i| Document {
-                id: i,
-                title: format!("t{i}"),
-                text: if i == 3 {
-                    "x".repeat(20_000)
-                } else {
-                    format!("text {i}")
-                },
-            })
-            .collect();
-        let mut vectors = vec![0.0f32; 16];
-        for i in 0..4 {
-            vectors[i * 4 + i] = 1.0;
-        }
-        write_bundle(&out, vec![], &docs, &vectors, 4, &[]).unwrap();
-        let s = ExactSearcher::new(CorpusBundle::load(&out).unwrap()).unwrap();
+        let (_dir, s) = searcher_with_texts(|i| {
+            if i == 3 {
+                "x".repeat(20_000)
+            } else {
+                format!("text {i}")
+            }
+        });
         // Each field's key, length and bytes: "t3", then the long text.
         assert_eq!(s.info().max_texts_bytes, (1 + 1 + 2) + (1 + 3 + 20_000));
         let mut oversized = request(vec![vec![1.0, 0.0, 0.0, 0.0]; 1024], 4);
