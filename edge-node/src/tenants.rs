@@ -17,16 +17,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use hasten_proto::auth::{TokenDigest, bearer_token};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 /// The tenant of every request when the edge runs without a tenants file.
 pub const DEFAULT_TENANT: &str = "default";
 
-/// Shortest token accepted: 16 characters of a random alphabet are beyond guessing, and a
-/// short one is usually a placeholder left in a Secret.
-pub const MIN_TOKEN_CHARS: usize = 16;
+pub use hasten_proto::auth::MIN_TOKEN_CHARS;
 
 /// A tenant's name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,7 +74,7 @@ struct TenantsFile {
 /// Bearer tokens and the tenants they stand for; or, without a tenants file, one open tenant.
 pub struct TenantDirectory {
     /// Token digests and their tenants; empty when the edge is open.
-    tokens: Vec<([u8; 32], Tenant)>,
+    tokens: Vec<(TokenDigest, Tenant)>,
     tenants: Vec<Tenant>,
 }
 
@@ -107,10 +104,6 @@ fn unreadable(text: &str, err: &toml::de::Error) -> String {
     )
 }
 
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
-}
-
 impl TenantDirectory {
     /// No authentication: every request is [`DEFAULT_TENANT`]'s.
     pub fn open() -> Self {
@@ -138,7 +131,7 @@ impl TenantDirectory {
         if tenants.is_empty() {
             return Err("names no tenant".into());
         }
-        let mut tokens: Vec<([u8; 32], Tenant)> = Vec::new();
+        let mut tokens: Vec<(TokenDigest, Tenant)> = Vec::new();
         let mut names = Vec::new();
         for (name, list) in tenants {
             if name.is_empty()
@@ -160,7 +153,7 @@ impl TenantDirectory {
                         "a token of tenant `{name}` is shorter than {MIN_TOKEN_CHARS} characters"
                     ));
                 }
-                let hashed = digest(&token);
+                let hashed = TokenDigest::of(&token);
                 if let Some((_, owner)) = tokens.iter().find(|(known, _)| *known == hashed) {
                     return Err(format!("tenants `{owner}` and `{name}` share a token"));
                 }
@@ -190,18 +183,14 @@ impl TenantDirectory {
             return Ok(Tenant::default_tenant());
         }
         let token = authorization
-            .and_then(|value| {
-                let (scheme, token) = value.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .filter(|token| !token.is_empty())
+            .and_then(bearer_token)
             .ok_or(AuthError::Missing)?;
-        let presented = digest(token);
+        let presented = TokenDigest::of(token);
         // Every digest is compared, each in constant time, so the time taken says nothing
         // about which token (if any) matched or how much of it.
         let mut found = None;
         for (known, tenant) in &self.tokens {
-            if bool::from(known.ct_eq(&presented)) {
+            if known.matches(&presented) {
                 found = Some(tenant);
             }
         }

@@ -5,7 +5,8 @@
 //! query (Subscribe), set tau fleet-wide or insert entries into users' replies (Propose).
 //!
 //! Only a SHA-256 digest is kept for checking, compared in constant time; the token reaches
-//! no log, error or `Debug`.
+//! no log, error or `Debug`. The edge's tenant tokens use the same parsing and digests
+//! ([`bearer_token`], [`TokenDigest`]).
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,30 @@ use tonic::{Request, Status};
 /// Shortest token accepted: 16 characters of a random alphabet are beyond guessing, and a
 /// short one is usually a placeholder.
 pub const MIN_TOKEN_CHARS: usize = 16;
+
+/// The token of an `Authorization` value `Bearer <token>` (the scheme in any case); `None`
+/// for another scheme or an empty token.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// What is kept of a token: its SHA-256 digest.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TokenDigest([u8; 32]);
+
+impl TokenDigest {
+    pub fn of(token: &str) -> Self {
+        Self(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Whether both are the digest of one token, in time that does not depend on where they
+    /// differ.
+    pub fn matches(&self, other: &Self) -> bool {
+        bool::from(self.0.ct_eq(&other.0))
+    }
+}
 
 const AUTHORIZATION: &str = "authorization";
 
@@ -38,7 +63,7 @@ pub enum TokenError {
 #[derive(Clone)]
 pub struct AccessToken {
     header: MetadataValue<Ascii>,
-    digest: [u8; 32],
+    digest: TokenDigest,
 }
 
 impl std::fmt::Debug for AccessToken {
@@ -69,7 +94,7 @@ impl AccessToken {
         let header = format!("Bearer {token}").parse().ok()?;
         Some(Self {
             header,
-            digest: Sha256::digest(token.as_bytes()).into(),
+            digest: TokenDigest::of(token),
         })
     }
 }
@@ -114,16 +139,13 @@ impl Interceptor for RequireToken {
             .metadata()
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, presented)| presented.trim());
+            .and_then(bearer_token);
         let Some(presented) = presented else {
             return Err(Status::unauthenticated(
                 "this control plane requires its token (authorization: Bearer <token>)",
             ));
         };
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        if bool::from(digest.ct_eq(&token.digest)) {
+        if TokenDigest::of(presented).matches(&token.digest) {
             Ok(request)
         } else {
             Err(Status::unauthenticated("the token is not valid"))
