@@ -551,6 +551,12 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         &config.server.dev_cert_out,
         &config.server.dev_cert_names,
     )?;
+    // Read now, so that a bad file fails the start rather than after the shards answered.
+    let control_token = config
+        .control_plane_token_file
+        .as_deref()
+        .map(AccessToken::load)
+        .transpose()?;
     let (map_updates, map) = tokio::sync::watch::channel(Arc::new(config.shard_map()?));
     let router = Router::start(
         map,
@@ -576,11 +582,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         tracing::info!(control_plane = ?config.control_plane, "following the control plane's shard map");
         let access = ControlAccess {
             tls: tls.mutual.clone(),
-            token: config
-                .control_plane_token_file
-                .as_deref()
-                .map(AccessToken::load)
-                .transpose()?,
+            token: control_token,
         };
         tokio::spawn(follow_control_plane(
             config.control_plane.clone(),

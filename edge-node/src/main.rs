@@ -25,7 +25,6 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
-use hasten_core::metrics::prometheus::{IntCounterVec, Opts};
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::quic::client_config;
@@ -340,6 +339,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    // Secrets first: a bad file fails the start before the bundle and encoder load.
+    let control_token = config
+        .control_plane_token_file
+        .as_deref()
+        .map(AccessToken::load)
+        .transpose()?;
     let tenants = match &config.tenants_file {
         Some(path) => TenantDirectory::load(path)?,
         None => {
@@ -366,11 +371,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .transpose()
         .context("loading the mutual-TLS files")?;
     let mut engine = build_engine(&config, &bundle, &tenants, mutual.as_ref())?;
-    let control_token = config
-        .control_plane_token_file
-        .as_deref()
-        .map(AccessToken::load)
-        .transpose()?;
     let link = (!config.control_plane.is_empty()).then(|| {
         let corpus = CorpusIdentity {
             version: bundle.manifest.corpus_version.clone(),
@@ -383,7 +383,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             config.control_plane.clone(),
             ControlAccess {
                 tls: mutual.clone(),
-                token: control_token.clone(),
+                token: control_token,
             },
         )
     });
@@ -408,7 +408,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         ReplyOptions {
             matched_query_text: config.expose_matched_query_text,
         },
-        metrics,
+        Arc::clone(&metrics),
         config.max_in_flight,
         Arc::new(tenants),
         link.as_ref().map(|link| link.status()),
@@ -442,14 +442,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
         header_timeout: Duration::from_millis(config.header_timeout_ms),
         shutdown_grace: Duration::from_millis(config.shutdown_grace_ms),
     };
-    let refused = IntCounterVec::new(
-        Opts::new(
-            "hasten_edge_http_connections_refused_total",
-            "HTTP connections closed at once for being beyond max_connections, by listener",
-        ),
-        &["listener"],
-    )?;
-    registry.register(Box::new(refused.clone()))?;
     let api = edge_node::http::api_routes(
         service.clone(),
         BodyLimits {
@@ -465,7 +457,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 http_listener,
                 api,
                 limits,
-                refused.with_label_values(&["api"]),
+                metrics.connections_refused("api"),
                 stopped(stop_rx.clone()),
             ));
             // Operators and probes: few connections, never crowded out by clients.
@@ -477,7 +469,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 listener,
                 admin,
                 admin_limits,
-                refused.with_label_values(&["admin"]),
+                metrics.connections_refused("admin"),
                 stopped(stop_rx.clone()),
             ));
         }
@@ -486,7 +478,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 http_listener,
                 api.merge(admin),
                 limits,
-                refused.with_label_values(&["api"]),
+                metrics.connections_refused("api"),
                 stopped(stop_rx.clone()),
             ));
         }

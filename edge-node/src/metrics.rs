@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use hasten_core::metrics::LATENCY_BUCKETS;
 use hasten_core::metrics::prometheus::{
-    self, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry,
+    self, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 use parking_lot::Mutex;
 
@@ -75,6 +75,7 @@ pub struct EdgeMetrics {
     skipped: IntCounterVec,
     /// Skip counts already added to `skipped`, by reason.
     skipped_seen: Mutex<[u64; 3]>,
+    connections_refused: IntCounterVec,
 }
 
 fn register<T: prometheus::core::Collector + Clone + 'static>(
@@ -216,7 +217,23 @@ impl EdgeMetrics {
                 )?,
             )?,
             skipped_seen: Mutex::new([0; 3]),
+            connections_refused: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_edge_http_connections_refused_total",
+                        "HTTP connections closed at once for being beyond max_connections, by listener (api, admin)",
+                    ),
+                    &["listener"],
+                )?,
+            )?,
         })
+    }
+
+    /// The counter of HTTP connections `listener` (`api` or `admin`) closed for being
+    /// beyond its bound.
+    pub fn connections_refused(&self, listener: &str) -> IntCounter {
+        self.connections_refused.with_label_values(&[listener])
     }
 
     /// One answered request of `tenant`.
