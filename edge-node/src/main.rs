@@ -450,38 +450,32 @@ async fn serve(args: ServeArgs) -> Result<()> {
         },
     );
     let admin = edge_node::http::admin_routes(service.clone(), registry);
+    // Without an admin address of their own, the admin routes share the API's.
+    let (api, admin) = match admin_listener {
+        Some(listener) => (api, Some((listener, admin))),
+        None => (api.merge(admin), None),
+    };
     let mut servers = tokio::task::JoinSet::new();
-    match admin_listener {
-        Some(listener) => {
-            servers.spawn(http_server::serve(
-                http_listener,
-                api,
-                limits,
-                metrics.connections_refused("api"),
-                stopped(stop_rx.clone()),
-            ));
-            // Operators and probes: few connections, never crowded out by clients.
-            let admin_limits = HttpServerLimits {
-                max_connections: ADMIN_CONNECTIONS,
-                ..limits
-            };
-            servers.spawn(http_server::serve(
-                listener,
-                admin,
-                admin_limits,
-                metrics.connections_refused("admin"),
-                stopped(stop_rx.clone()),
-            ));
-        }
-        None => {
-            servers.spawn(http_server::serve(
-                http_listener,
-                api.merge(admin),
-                limits,
-                metrics.connections_refused("api"),
-                stopped(stop_rx.clone()),
-            ));
-        }
+    servers.spawn(http_server::serve(
+        http_listener,
+        api,
+        limits,
+        metrics.connections_refused("api"),
+        stopped(stop_rx.clone()),
+    ));
+    if let Some((listener, admin)) = admin {
+        // Operators and probes: few connections, never crowded out by clients.
+        let admin_limits = HttpServerLimits {
+            max_connections: ADMIN_CONNECTIONS,
+            ..limits
+        };
+        servers.spawn(http_server::serve(
+            listener,
+            admin,
+            admin_limits,
+            metrics.connections_refused("admin"),
+            stopped(stop_rx.clone()),
+        ));
     }
     let grpc = tonic::transport::Server::builder()
         // The same bound as the JSON API's body: a 384-d vector is ~1.5 KB in protobuf.
