@@ -5,11 +5,13 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 MODEL_DIR ?= models/all-MiniLM-L6-v2
+LM_DIR ?= models/lm
 DATA_DIR ?= ../shared/data
 CARGO ?= cargo
 export HASTEN_MODEL_DIR ?= $(abspath $(MODEL_DIR))
+export HASTEN_LM_DIR ?= $(abspath $(LM_DIR))
 
-.PHONY: help deps models build demo test lint fmt
+.PHONY: help deps models models-large build demo test lint fmt
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -19,10 +21,17 @@ help:
 deps:
 	@scripts/install-deps.sh
 
-models: $(MODEL_DIR)/model.safetensors
+models: $(MODEL_DIR)/model.safetensors $(LM_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 
 $(MODEL_DIR)/model.safetensors:
 	scripts/fetch-model.sh $(MODEL_DIR)
+
+$(LM_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf:
+	scripts/fetch-lm.sh $(LM_DIR)
+
+# The larger verifier model (~490 MB): Qwen2.5-Coder-0.5B-Instruct, for benchmarks.
+models-large: models
+	scripts/fetch-lm.sh $(LM_DIR) large
 
 build: deps
 	$(CARGO) build --workspace --bins

@@ -1,0 +1,159 @@
+//! hasten-lm-bench: prefill and decode throughput of the hasten-lm runtime on a GGUF file,
+//! measured the way `bench/lm-peer.py` measures llama.cpp, so that `bench/lm-runtime.sh`
+//! can put the two side by side (same file, same machine, same thread count).
+//!
+//! Prefill: one forward pass over exactly N tokens of real text (fresh cache), median of
+//! `--repeat` runs. Decode: B sequences with their own ~16-token prompts, prefilled, then
+//! `--decode-tokens` greedy steps of one token per sequence; aggregate tokens/s = B x steps
+//! / time of the steps.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use hasten_lm::{DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, left_pad};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Prefill and decode throughput of hasten-lm on a GGUF model"
+)]
+struct Args {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Compute threads; must equal RAYON_NUM_THREADS, which candle's kernels read.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Prompt lengths for prefill, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "128,512,2048")]
+    prefill: Vec<usize>,
+    /// Greedy decode steps per sequence.
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+    /// Batch sizes for decoding, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,5")]
+    batches: Vec<usize>,
+    /// Runs per measurement; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    #[arg(long, default_value = "cpu")]
+    device: DeviceKind,
+    /// Where to write the JSON report.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+const TEXT: &str = "The Amazon River in South America is the largest river by discharge volume of \
+water in the world, and the disputed longest river system in the world in comparison to the \
+Nile. The headwaters of the Apurimac River on Nevado Mismi had been considered for nearly a \
+century as the Amazon basin's most distant source, until a 2014 study found it to be the \
+headwaters of the Mantaro River on the Cordillera Rumi Cruz in Peru. ";
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.repeat == 0 || args.decode_tokens == 0 {
+        bail!("--repeat and --decode-tokens must be at least 1");
+    }
+    // candle sizes its CPU kernels' parallelism from RAYON_NUM_THREADS, read at first use.
+    let from_env = std::env::var("RAYON_NUM_THREADS").ok();
+    if from_env.as_deref() != Some(args.threads.to_string().as_str()) {
+        bail!(
+            "run with RAYON_NUM_THREADS={} so that candle's kernels use --threads (bench/lm-runtime.sh does)",
+            args.threads
+        );
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build_global()
+        .context("setting the thread count")?;
+    let device = args.device.open()?;
+    let model = LanguageModel::load(&args.model, &device)?;
+    let text_ids = model.tokenizer.encode(&TEXT.repeat(64))?;
+
+    let mut prefill = Vec::new();
+    for &n in &args.prefill {
+        if n > text_ids.len() || n > model.decoder.rope().max_positions() {
+            bail!("--prefill {n} is longer than the benchmark text or the model's context");
+        }
+        let tokens = vec![text_ids[..n].to_vec()];
+        let positions = vec![(0..n as u32).collect::<Vec<_>>()];
+        let mut rates = Vec::new();
+        for _ in 0..args.repeat {
+            let start = Instant::now();
+            model
+                .decoder
+                .forward(&ForwardRequest::new(&tokens, &positions).logits(Logits::Last))?;
+            rates.push(n as f64 / start.elapsed().as_secs_f64());
+        }
+        let rate = median(rates);
+        eprintln!("prefill {n:>5} tokens: {rate:>8.1} tokens/s");
+        prefill.push(serde_json::json!({"tokens": n, "tokens_per_s": rate}));
+    }
+
+    let mut decode = Vec::new();
+    for &batch in &args.batches {
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|b| text_ids[b * 7..b * 7 + 16].to_vec())
+            .collect();
+        let mut rates = Vec::new();
+        for _ in 0..args.repeat {
+            let batch_input = left_pad(&prompts, 0);
+            let out = model.decoder.forward(
+                &ForwardRequest::new(&batch_input.tokens, &batch_input.positions)
+                    .valid(&batch_input.valid),
+            )?;
+            let mut cache: KvCache = out.kv;
+            let mut logits = out.logits.context("prefill logits")?;
+            let start = Instant::now();
+            for step in 0..args.decode_tokens {
+                let next: Vec<Vec<u32>> = logits
+                    .argmax(candle_core::D::Minus1)?
+                    .to_vec1::<u32>()?
+                    .into_iter()
+                    .map(|id| vec![id])
+                    .collect();
+                let at: Vec<Vec<u32>> = vec![vec![16 + step as u32]; batch];
+                let out = model
+                    .decoder
+                    .forward(&ForwardRequest::new(&next, &at).past(&cache))?;
+                cache.append(out.kv)?;
+                logits = out.logits.context("decode logits")?;
+            }
+            rates.push((batch * args.decode_tokens) as f64 / start.elapsed().as_secs_f64());
+        }
+        let rate = median(rates);
+        eprintln!(
+            "decode batch {batch}: {rate:>8.1} tokens/s aggregate, {:>7.1} per sequence",
+            rate / batch as f64
+        );
+        decode.push(serde_json::json!({
+            "batch": batch,
+            "aggregate_tokens_per_s": rate,
+            "per_sequence_tokens_per_s": rate / batch as f64,
+        }));
+    }
+
+    let report = serde_json::json!({
+        "runtime": "hasten-lm",
+        "model": args.model,
+        "device": args.device.to_string(),
+        "threads": args.threads,
+        "prefill": prefill,
+        "decode": decode,
+    });
+    let text = serde_json::to_string_pretty(&report)?;
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => println!("{text}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,435 @@
+//! One stateless decoder for GGUF llama and qwen2 models.
+//!
+//! `forward` takes tokens at explicit positions, a past KV cache that the caller owns and a
+//! mask, and returns what was asked for: last- or all-position logits, the new tokens' KV
+//! (keys before and after RoPE, values) and, on request, the last layer's queries and
+//! attention weights. It keeps no state between calls.
+
+use std::path::Path;
+
+use candle_core::quantized::QMatMul;
+use candle_core::{D, DType, Device, IndexOp, Module, Tensor};
+
+use crate::error::{LmError, Result};
+use crate::gguf::{Architecture, GgufFile, ModelConfig};
+use crate::kv::{KvCache, LayerKv, position_tensor};
+use crate::mask::AttentionMask;
+use crate::rope::RotaryTables;
+
+/// A linear map with an optional bias (qwen2's q/k/v projections have one).
+struct Projection {
+    weight: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Projection {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(bias) => y.broadcast_add(bias)?,
+            None => y,
+        })
+    }
+}
+
+struct Layer {
+    attention_norm: Tensor,
+    query: Projection,
+    key: Projection,
+    value: Projection,
+    output: QMatMul,
+    ffn_norm: Tensor,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+}
+
+/// Which logits a forward pass returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Logits {
+    None,
+    /// (batch, vocab) at the last new token of every row.
+    #[default]
+    Last,
+    /// (batch, tokens, vocab) at every new token.
+    All,
+}
+
+/// A forward pass over `tokens` (rows of equal length; pad on the left and mark padding
+/// in `valid`).
+#[derive(Debug, Clone)]
+pub struct ForwardRequest<'a> {
+    pub tokens: &'a [Vec<u32>],
+    pub positions: &'a [Vec<u32>],
+    pub valid: Option<&'a [Vec<bool>]>,
+    pub past: Option<&'a KvCache>,
+    pub mask: AttentionMask,
+    pub logits: Logits,
+    pub attention: bool,
+}
+
+impl<'a> ForwardRequest<'a> {
+    pub fn new(tokens: &'a [Vec<u32>], positions: &'a [Vec<u32>]) -> Self {
+        Self {
+            tokens,
+            positions,
+            valid: None,
+            past: None,
+            mask: AttentionMask::Causal,
+            logits: Logits::Last,
+            attention: false,
+        }
+    }
+
+    pub fn past(mut self, past: &'a KvCache) -> Self {
+        self.past = Some(past);
+        self
+    }
+
+    pub fn valid(mut self, valid: &'a [Vec<bool>]) -> Self {
+        self.valid = Some(valid);
+        self
+    }
+
+    pub fn mask(mut self, mask: AttentionMask) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    pub fn logits(mut self, logits: Logits) -> Self {
+        self.logits = logits;
+        self
+    }
+
+    pub fn with_attention(mut self) -> Self {
+        self.attention = true;
+        self
+    }
+}
+
+/// The last layer's view of the new tokens, for query-guided selection (FusionRAG).
+#[derive(Debug, Clone)]
+pub struct LastLayerAttention {
+    /// (batch, heads, tokens, head_dim), after RoPE.
+    pub queries: Tensor,
+    /// (batch, heads, tokens, past + tokens), after softmax.
+    pub weights: Tensor,
+}
+
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    pub logits: Option<Tensor>,
+    /// The new tokens' entries; append them to the past to continue.
+    pub kv: KvCache,
+    pub attention: Option<LastLayerAttention>,
+}
+
+pub struct Decoder {
+    config: ModelConfig,
+    embeddings: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    output: QMatMul,
+    rope: RotaryTables,
+    device: Device,
+}
+
+impl Decoder {
+    pub fn load(path: &Path, device: &Device) -> Result<Self> {
+        let mut file = GgufFile::open(path)?;
+        Self::from_gguf(&mut file, device)
+    }
+
+    pub fn from_gguf(file: &mut GgufFile, device: &Device) -> Result<Self> {
+        let config = file.config()?;
+        let embeddings = file
+            .tensor("token_embd.weight", device)?
+            .dequantize(device)?;
+        let output_name = if file.has_tensor("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        let output = QMatMul::from_qtensor(file.tensor(output_name, device)?)?;
+        let norm = file
+            .tensor("output_norm.weight", device)?
+            .dequantize(device)?;
+        let with_bias = config.architecture == Architecture::Qwen2;
+        let mut layers = Vec::with_capacity(config.layers);
+        for i in 0..config.layers {
+            let mut matrix = |name: &str| -> Result<QMatMul> {
+                Ok(QMatMul::from_qtensor(
+                    file.tensor(&format!("blk.{i}.{name}.weight"), device)?,
+                )?)
+            };
+            let (q, k, v) = (matrix("attn_q")?, matrix("attn_k")?, matrix("attn_v")?);
+            let output = matrix("attn_output")?;
+            let (gate, up, down) = (matrix("ffn_gate")?, matrix("ffn_up")?, matrix("ffn_down")?);
+            let mut vector = |name: &str| -> Result<Tensor> {
+                Ok(file
+                    .tensor(&format!("blk.{i}.{name}"), device)?
+                    .dequantize(device)?)
+            };
+            let mut bias = |name: &str| -> Result<Option<Tensor>> {
+                if with_bias {
+                    vector(&format!("{name}.bias")).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let (bq, bk, bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
+            layers.push(Layer {
+                attention_norm: vector("attn_norm.weight")?,
+                query: Projection {
+                    weight: q,
+                    bias: bq,
+                },
+                key: Projection {
+                    weight: k,
+                    bias: bk,
+                },
+                value: Projection {
+                    weight: v,
+                    bias: bv,
+                },
+                output,
+                ffn_norm: vector("ffn_norm.weight")?,
+                gate,
+                up,
+                down,
+            });
+        }
+        let rope = RotaryTables::new(
+            config.head_dim,
+            config.rope_base,
+            config.context_length,
+            config.rope_style,
+            device,
+        )?;
+        Ok(Self {
+            config,
+            embeddings,
+            layers,
+            norm,
+            output,
+            rope,
+            device: device.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn rope(&self) -> &RotaryTables {
+        &self.rope
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn forward(&self, request: &ForwardRequest<'_>) -> Result<ForwardOutput> {
+        let (batch, t) = self.validate(request)?;
+        let _span = tracing::trace_span!("lm_forward", batch, tokens = t).entered();
+        let empty = KvCache::new();
+        let past = request.past.unwrap_or(&empty);
+        let all_valid;
+        let valid = match request.valid {
+            Some(valid) => valid,
+            None => {
+                all_valid = vec![vec![true; t]; batch];
+                &all_valid
+            }
+        };
+        let past_valid: Vec<Vec<bool>> = if past.is_empty() {
+            vec![Vec::new(); batch]
+        } else {
+            past.valid().to_vec()
+        };
+        let mask = request.mask.build(&past_valid, valid, &self.device)?;
+        let mask = mask.map(|m| m.unsqueeze(1)).transpose()?;
+
+        let token_ids = position_tensor(request.tokens, &self.device)?;
+        let positions = position_tensor(request.positions, &self.device)?;
+        let mut x = self
+            .embeddings
+            .index_select(&token_ids.flatten_all()?, 0)?
+            .reshape((batch, t, self.config.hidden))?;
+
+        let last = self.layers.len().saturating_sub(1);
+        let mut new_layers = Vec::with_capacity(self.layers.len());
+        let mut attention = None;
+        for (index, layer) in self.layers.iter().enumerate() {
+            let past_layer = past.layers().get(index);
+            let residual = &x;
+            let normed =
+                candle_nn::ops::rms_norm(&x, &layer.attention_norm, self.config.rms_eps as f32)?;
+            let want_attention = request.attention && index == last;
+            let (attended, kv, seen) = self.attend(
+                layer,
+                &normed,
+                &positions,
+                past_layer,
+                mask.as_ref(),
+                want_attention,
+            )?;
+            if let Some(seen) = seen {
+                attention = Some(seen);
+            }
+            new_layers.push(kv);
+            let x_mid = (attended + residual)?;
+            let normed =
+                candle_nn::ops::rms_norm(&x_mid, &layer.ffn_norm, self.config.rms_eps as f32)?;
+            let hidden = (candle_nn::ops::silu(&layer.gate.forward(&normed)?)?
+                * layer.up.forward(&normed)?)?;
+            x = (layer.down.forward(&hidden)? + x_mid)?;
+        }
+
+        let logits = match request.logits {
+            Logits::None => None,
+            Logits::Last => {
+                let x = candle_nn::ops::rms_norm(
+                    &x.i((.., t - 1, ..))?.contiguous()?,
+                    &self.norm,
+                    self.config.rms_eps as f32,
+                )?;
+                Some(self.output.forward(&x)?)
+            }
+            Logits::All => {
+                let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_eps as f32)?;
+                Some(self.output.forward(&x)?)
+            }
+        };
+        let kv = KvCache::from_parts(new_layers, request.positions.to_vec(), valid.to_vec());
+        Ok(ForwardOutput {
+            logits,
+            kv,
+            attention,
+        })
+    }
+
+    /// Self-attention of one layer; returns its output, the new entries and, when asked, the
+    /// queries and weights.
+    fn attend(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        positions: &Tensor,
+        past: Option<&LayerKv>,
+        mask: Option<&Tensor>,
+        want_attention: bool,
+    ) -> Result<(Tensor, LayerKv, Option<LastLayerAttention>)> {
+        let c = &self.config;
+        let (batch, t, _) = x.dims3()?;
+        let split = |y: Tensor, heads: usize| -> Result<Tensor> {
+            Ok(y.reshape((batch, t, heads, c.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let q = split(layer.query.forward(x)?, c.heads)?;
+        let raw_keys = split(layer.key.forward(x)?, c.kv_heads)?;
+        let values = split(layer.value.forward(x)?, c.kv_heads)?;
+        let q = self.rope.apply(&q, positions)?;
+        let keys = self.rope.apply(&raw_keys, positions)?;
+        let (all_keys, all_values) = match past {
+            Some(past) => (
+                Tensor::cat(&[&past.keys, &keys], 2)?,
+                Tensor::cat(&[&past.values, &values], 2)?,
+            ),
+            None => (keys.clone(), values.clone()),
+        };
+        let width = all_keys.dim(2)?;
+        let repeat = c.heads / c.kv_heads;
+        // Grouped-query attention without copying K/V per head: the query heads that share
+        // a KV head are stacked along the token axis of one matmul.
+        let grouped = q.reshape((batch, c.kv_heads, repeat * t, c.head_dim))?;
+        let scores = (grouped.matmul(&all_keys.t()?)? / (c.head_dim as f64).sqrt())?
+            .reshape((batch, c.heads, t, width))?;
+        let scores = match mask {
+            Some(mask) => {
+                let mask = mask.broadcast_as(scores.shape())?;
+                let blocked =
+                    Tensor::new(f32::NEG_INFINITY, &self.device)?.broadcast_as(scores.shape())?;
+                mask.where_cond(&scores, &blocked)?
+            }
+            None => scores,
+        };
+        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+        let mixed = weights
+            .reshape((batch, c.kv_heads, repeat * t, width))?
+            .matmul(&all_values.contiguous()?)?
+            .reshape((batch, c.heads, t, c.head_dim))?
+            .transpose(1, 2)?
+            .reshape((batch, t, c.hidden))?;
+        let out = layer.output.forward(&mixed)?;
+        let seen = want_attention.then(|| LastLayerAttention {
+            queries: q.clone(),
+            weights: weights.clone(),
+        });
+        Ok((
+            out,
+            LayerKv {
+                raw_keys,
+                keys,
+                values,
+            },
+            seen,
+        ))
+    }
+
+    fn validate(&self, request: &ForwardRequest<'_>) -> Result<(usize, usize)> {
+        let batch = request.tokens.len();
+        let t = request.tokens.first().map_or(0, Vec::len);
+        if batch == 0 || t == 0 {
+            return Err(LmError::InvalidInput(
+                "a forward pass needs at least one token".into(),
+            ));
+        }
+        let same_shape =
+            |rows: &[Vec<u32>]| rows.len() == batch && rows.iter().all(|r| r.len() == t);
+        if !same_shape(request.tokens) || !same_shape(request.positions) {
+            return Err(LmError::InvalidInput(
+                "tokens and positions must be rows of one length (pad on the left)".into(),
+            ));
+        }
+        if let Some(valid) = request.valid
+            && (valid.len() != batch || valid.iter().any(|r| r.len() != t))
+        {
+            return Err(LmError::InvalidInput(
+                "`valid` must match the tokens' shape".into(),
+            ));
+        }
+        if let Some(&bad) = request
+            .tokens
+            .iter()
+            .flatten()
+            .find(|&&id| id as usize >= self.config.vocab_size)
+        {
+            return Err(LmError::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        self.rope.check(request.positions)?;
+        if let Some(past) = request.past
+            && !past.is_empty()
+            && (past.batch() != batch || past.layers().len() != self.layers.len())
+        {
+            return Err(LmError::InvalidInput(format!(
+                "past cache has {} rows, the request {batch}",
+                past.batch()
+            )));
+        }
+        Ok((batch, t))
+    }
+}
+
+/// Log-softmax over the vocabulary (last axis), in f32.
+pub fn log_softmax(logits: &Tensor) -> Result<Tensor> {
+    let logits = logits.to_dtype(DType::F32)?;
+    let max = logits.max_keepdim(D::Minus1)?;
+    let shifted = logits.broadcast_sub(&max)?;
+    let log_sum = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    Ok(shifted.broadcast_sub(&log_sum)?)
+}

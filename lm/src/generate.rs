@@ -1,0 +1,300 @@
+//! Batched generation and one-pass scoring on top of [`Decoder::forward`].
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use candle_core::{D, IndexOp, Tensor};
+use rand::SeedableRng;
+use rand::distr::Distribution;
+use rand::rngs::StdRng;
+
+use crate::decoder::{Decoder, ForwardRequest, Logits, log_softmax};
+use crate::error::{LmError, Result};
+use crate::kv::KvCache;
+
+/// How the next token is chosen.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    /// 0 picks the most likely token (greedy, deterministic).
+    pub temperature: f32,
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was generated (it is not part of the output).
+    Stop,
+    /// `max_new_tokens` was reached.
+    Length,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerationOptions {
+    pub max_new_tokens: usize,
+    pub stop_tokens: Vec<u32>,
+    pub sampling: Sampling,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+}
+
+/// Where a generation spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GenerationTimings {
+    pub prefill: Duration,
+    /// From the start until every row had its first token.
+    pub first_token: Duration,
+    pub decode: Duration,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+}
+
+/// Prompts of different lengths as rows of one length, padded on the left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaddedBatch {
+    pub tokens: Vec<Vec<u32>>,
+    /// Each row's real tokens start at position 0; padding sits at position 0 too.
+    pub positions: Vec<Vec<u32>>,
+    /// False for padding.
+    pub valid: Vec<Vec<bool>>,
+}
+
+/// Left-pads `prompts` to one length.
+pub fn left_pad(prompts: &[Vec<u32>], pad: u32) -> PaddedBatch {
+    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut tokens = Vec::with_capacity(prompts.len());
+    let mut positions = Vec::with_capacity(prompts.len());
+    let mut valid = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let padding = width - prompt.len();
+        tokens.push(
+            std::iter::repeat_n(pad, padding)
+                .chain(prompt.iter().copied())
+                .collect(),
+        );
+        positions.push(
+            std::iter::repeat_n(0, padding)
+                .chain(0..prompt.len() as u32)
+                .collect(),
+        );
+        valid.push(
+            std::iter::repeat_n(false, padding)
+                .chain(std::iter::repeat_n(true, prompt.len()))
+                .collect(),
+        );
+    }
+    PaddedBatch {
+        tokens,
+        positions,
+        valid,
+    }
+}
+
+/// Generates a continuation of every prompt in one batch. `on_token(row, id)` sees each
+/// token as it is chosen (stop tokens excluded) and may break to end that row early.
+pub fn generate(
+    decoder: &Decoder,
+    prompts: &[Vec<u32>],
+    options: &GenerationOptions,
+    mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+) -> Result<(Vec<Generated>, GenerationTimings)> {
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(LmError::InvalidInput(
+            "every prompt needs at least one token".into(),
+        ));
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if longest + options.max_new_tokens > decoder.rope().max_positions() {
+        return Err(LmError::InvalidInput(format!(
+            "prompt of {longest} tokens plus {} new tokens exceeds the model's context of {}",
+            options.max_new_tokens,
+            decoder.rope().max_positions()
+        )));
+    }
+    let started = Instant::now();
+    let pad = options.stop_tokens.first().copied().unwrap_or(0);
+    let PaddedBatch {
+        tokens,
+        positions,
+        valid,
+    } = left_pad(prompts, pad);
+    let out = decoder.forward(
+        &ForwardRequest::new(&tokens, &positions)
+            .valid(&valid)
+            .logits(Logits::Last),
+    )?;
+    let mut cache = out.kv;
+    let mut logits = out
+        .logits
+        .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+    let prefill = started.elapsed();
+
+    let mut rng = StdRng::seed_from_u64(options.sampling.seed);
+    let mut results: Vec<Generated> = prompts
+        .iter()
+        .map(|_| Generated {
+            tokens: Vec::new(),
+            finish: FinishReason::Length,
+        })
+        .collect();
+    let mut done = vec![false; prompts.len()];
+    let mut next_positions: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+    let mut first_token = None;
+    for step in 0..options.max_new_tokens {
+        let chosen = choose(&logits, options.sampling, &mut rng)?;
+        for (row, &id) in chosen.iter().enumerate() {
+            if done[row] {
+                continue;
+            }
+            if options.stop_tokens.contains(&id) {
+                done[row] = true;
+                results[row].finish = FinishReason::Stop;
+                continue;
+            }
+            results[row].tokens.push(id);
+            if on_token(row, id).is_break() {
+                done[row] = true;
+                results[row].finish = FinishReason::Stop;
+            }
+        }
+        if step == 0 {
+            first_token = Some(started.elapsed());
+        }
+        if done.iter().all(|d| *d) || step + 1 == options.max_new_tokens {
+            break;
+        }
+        let step_tokens: Vec<Vec<u32>> = chosen.iter().map(|&id| vec![id]).collect();
+        let step_positions: Vec<Vec<u32>> = next_positions.iter().map(|&p| vec![p]).collect();
+        let out = decoder.forward(
+            &ForwardRequest::new(&step_tokens, &step_positions)
+                .past(&cache)
+                .logits(Logits::Last),
+        )?;
+        cache.append(out.kv)?;
+        logits = out
+            .logits
+            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+        for p in &mut next_positions {
+            *p += 1;
+        }
+    }
+    let total = started.elapsed();
+    let timings = GenerationTimings {
+        prefill,
+        first_token: first_token.unwrap_or(total),
+        decode: total.saturating_sub(prefill),
+        prompt_tokens: prompts.iter().map(Vec::len).sum(),
+        generated_tokens: results.iter().map(|r| r.tokens.len()).sum(),
+    };
+    Ok((results, timings))
+}
+
+/// Picks one token per row of (batch, vocab) logits.
+fn choose(logits: &Tensor, sampling: Sampling, rng: &mut StdRng) -> Result<Vec<u32>> {
+    if sampling.temperature <= 0.0 {
+        return Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?);
+    }
+    let probabilities = candle_nn::ops::softmax_last_dim(&(logits / sampling.temperature as f64)?)?
+        .to_vec2::<f32>()?;
+    probabilities
+        .iter()
+        .map(|row| {
+            let weights = rand::distr::weighted::WeightedIndex::new(row)
+                .map_err(|e| LmError::InvalidInput(format!("sampling: {e}")))?;
+            Ok(weights.sample(rng) as u32)
+        })
+        .collect()
+}
+
+/// Log-probabilities of each continuation given its context, all rows in one forward pass:
+/// `log P(continuation | context)` token by token.
+pub fn score(decoder: &Decoder, pairs: &[(Vec<u32>, Vec<u32>)]) -> Result<Vec<Vec<f32>>> {
+    if pairs
+        .iter()
+        .any(|(context, continuation)| context.is_empty() || continuation.is_empty())
+    {
+        return Err(LmError::InvalidInput(
+            "scoring needs a non-empty context and continuation".into(),
+        ));
+    }
+    let rows: Vec<Vec<u32>> = pairs
+        .iter()
+        .map(|(context, continuation)| [context.as_slice(), continuation.as_slice()].concat())
+        .collect();
+    let PaddedBatch {
+        tokens,
+        positions,
+        valid,
+    } = left_pad(&rows, 0);
+    let width = tokens.first().map_or(0, Vec::len);
+    let out = decoder.forward(
+        &ForwardRequest::new(&tokens, &positions)
+            .valid(&valid)
+            .logits(Logits::All),
+    )?;
+    let logits = out
+        .logits
+        .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+    let log_probs = log_softmax(&logits)?;
+    pairs
+        .iter()
+        .enumerate()
+        .map(|(row, (_, continuation))| {
+            // The token at column c is predicted by the logits at column c - 1.
+            let first = width - continuation.len();
+            continuation
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    Ok(log_probs
+                        .i((row, first + i - 1, id as usize))?
+                        .to_scalar::<f32>()?)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The same scores computed token by token through the cache (the reference `score` is
+/// tested against, and what a caller without one-pass scoring would do).
+pub fn score_incrementally(
+    decoder: &Decoder,
+    context: &[u32],
+    continuation: &[u32],
+) -> Result<Vec<f32>> {
+    let positions: Vec<Vec<u32>> = vec![(0..context.len() as u32).collect()];
+    let out = decoder.forward(&ForwardRequest::new(&[context.to_vec()], &positions))?;
+    let mut cache: KvCache = out.kv;
+    let mut logits = out
+        .logits
+        .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+    let mut scores = Vec::with_capacity(continuation.len());
+    for (i, &id) in continuation.iter().enumerate() {
+        let log_probs = log_softmax(&logits)?;
+        scores.push(log_probs.i((0, id as usize))?.to_scalar::<f32>()?);
+        if i + 1 == continuation.len() {
+            break;
+        }
+        let position = (context.len() + i) as u32;
+        let out =
+            decoder.forward(&ForwardRequest::new(&[vec![id]], &[vec![position]]).past(&cache))?;
+        cache.append(out.kv)?;
+        logits = out
+            .logits
+            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+    }
+    Ok(scores)
+}

@@ -1,0 +1,35 @@
+//! Hasten's LM runtime: GGUF llama-family and qwen2 decoders on candle whose KV cache the
+//! caller owns.
+//!
+//! [`Decoder::forward`] is stateless: tokens at any positions, a past [`KvCache`], a mask,
+//! and a choice of outputs. Generation ([`generate`]), one-pass scoring ([`score`]), chat
+//! prompts ([`ChatTemplate`]) and the tokenizer ([`GgufTokenizer`]) are built on it.
+
+pub mod chat;
+pub mod decoder;
+pub mod device;
+pub mod error;
+pub mod generate;
+pub mod gguf;
+pub mod kv;
+pub mod mask;
+pub mod model;
+pub mod rope;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate, Role};
+pub use decoder::{
+    Decoder, ForwardOutput, ForwardRequest, LastLayerAttention, Logits, log_softmax,
+};
+pub use device::DeviceKind;
+pub use error::{LmError, Result};
+pub use generate::{
+    FinishReason, Generated, GenerationOptions, GenerationTimings, PaddedBatch, Sampling, generate,
+    left_pad, score, score_incrementally,
+};
+pub use gguf::{Architecture, GgufFile, ModelConfig, RopeStyle};
+pub use kv::{KvCache, LayerKv};
+pub use mask::AttentionMask;
+pub use model::LanguageModel;
+pub use rope::RotaryTables;
+pub use tokenizer::{GgufTokenizer, StreamDecoder};

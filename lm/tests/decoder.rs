@@ -1,0 +1,402 @@
+//! The stateless decoder against candle's own models and against itself: whatever way the
+//! caller splits, pads, masks or moves the KV cache, the numbers must be the ones a plain
+//! prefill computes.
+#![allow(clippy::expect_used)]
+
+mod support;
+
+use candle_core::quantized::gguf_file;
+use candle_core::{Device, IndexOp, Tensor};
+use candle_transformers::models::{quantized_llama, quantized_qwen2};
+use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits};
+use support::{TinyArch, max_abs_diff, tokens, write_tiny_model};
+
+const TOLERANCE: f32 = 2e-3;
+
+fn positions(from: u32, n: usize) -> Vec<Vec<u32>> {
+    vec![(from..from + n as u32).collect()]
+}
+
+fn tiny(arch: TinyArch, seed: u64) -> (tempfile::TempDir, std::path::PathBuf, Decoder) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_tiny_model(dir.path(), arch, seed);
+    let decoder = Decoder::load(&path, &Device::Cpu).expect("load tiny model");
+    (dir, path, decoder)
+}
+
+/// candle's ready-made model over `prompt`, then one token at a time over `continuation`:
+/// the last-position logits of each call.
+fn candle_logits(
+    path: &std::path::Path,
+    arch: TinyArch,
+    prompt: &[u32],
+    continuation: &[u32],
+) -> Vec<Tensor> {
+    let mut file = std::fs::File::open(path).expect("open");
+    let content = gguf_file::Content::read(&mut file).expect("read");
+    let input = |ids: &[u32]| {
+        Tensor::new(ids, &Device::Cpu)
+            .expect("ids")
+            .unsqueeze(0)
+            .expect("batch")
+    };
+    let mut out = Vec::new();
+    match arch {
+        TinyArch::Llama => {
+            let mut model =
+                quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)
+                    .expect("candle llama");
+            out.push(model.forward(&input(prompt), 0).expect("forward"));
+            for (i, &id) in continuation.iter().enumerate() {
+                out.push(
+                    model
+                        .forward(&input(&[id]), prompt.len() + i)
+                        .expect("forward"),
+                );
+            }
+        }
+        TinyArch::Qwen2 => {
+            let mut model =
+                quantized_qwen2::ModelWeights::from_gguf(content, &mut file, &Device::Cpu)
+                    .expect("candle qwen2");
+            out.push(model.forward(&input(prompt), 0).expect("forward"));
+            for (i, &id) in continuation.iter().enumerate() {
+                out.push(
+                    model
+                        .forward(&input(&[id]), prompt.len() + i)
+                        .expect("forward"),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The same calls through the stateless core, the caller carrying the cache.
+fn our_logits(decoder: &Decoder, prompt: &[u32], continuation: &[u32]) -> Vec<Tensor> {
+    let out = decoder
+        .forward(&ForwardRequest::new(
+            &[prompt.to_vec()],
+            &positions(0, prompt.len()),
+        ))
+        .expect("prefill");
+    let mut cache = out.kv;
+    let mut logits = vec![out.logits.expect("logits")];
+    for (i, &id) in continuation.iter().enumerate() {
+        let out = decoder
+            .forward(
+                &ForwardRequest::new(&[vec![id]], &positions((prompt.len() + i) as u32, 1))
+                    .past(&cache),
+            )
+            .expect("decode");
+        cache.append(out.kv).expect("append");
+        logits.push(out.logits.expect("logits"));
+    }
+    logits
+}
+
+fn assert_matches_candle(arch: TinyArch) {
+    let (_dir, path, decoder) = tiny(arch, 7);
+    for (seed, len) in [(1, 1), (2, 9), (3, 40)] {
+        let prompt = tokens(seed, len);
+        let continuation = tokens(seed + 100, 6);
+        let theirs = candle_logits(&path, arch, &prompt, &continuation);
+        let ours = our_logits(&decoder, &prompt, &continuation);
+        for (step, (a, b)) in theirs.iter().zip(&ours).enumerate() {
+            let diff = max_abs_diff(a, b);
+            assert!(
+                diff < TOLERANCE,
+                "{arch:?} prompt {len} step {step}: logits differ by {diff}"
+            );
+        }
+    }
+}
+
+#[test]
+fn logits_equal_candles_quantized_llama_on_contiguous_prompts() {
+    assert_matches_candle(TinyArch::Llama);
+}
+
+#[test]
+fn logits_equal_candles_quantized_qwen2_on_contiguous_prompts() {
+    assert_matches_candle(TinyArch::Qwen2);
+}
+
+#[test]
+fn prefill_of_a_then_b_equals_prefill_of_ab() {
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let (_dir, _path, decoder) = tiny(arch, 11);
+        let a = tokens(21, 13);
+        let b = tokens(22, 8);
+        let ab = [a.clone(), b.clone()].concat();
+        let whole = decoder
+            .forward(
+                &ForwardRequest::new(std::slice::from_ref(&ab), &positions(0, ab.len()))
+                    .logits(Logits::All),
+            )
+            .expect("whole");
+        let first = decoder
+            .forward(
+                &ForwardRequest::new(std::slice::from_ref(&a), &positions(0, a.len()))
+                    .logits(Logits::None),
+            )
+            .expect("a");
+        let second = decoder
+            .forward(
+                &ForwardRequest::new(
+                    std::slice::from_ref(&b),
+                    &positions(a.len() as u32, b.len()),
+                )
+                .past(&first.kv)
+                .logits(Logits::All),
+            )
+            .expect("b");
+        let whole_logits = whole.logits.expect("logits");
+        let tail = whole_logits.narrow(1, a.len(), b.len()).expect("tail");
+        let diff = max_abs_diff(&tail, &second.logits.expect("logits"));
+        assert!(diff < TOLERANCE, "{arch:?}: logits of b differ by {diff}");
+        let mut split = first.kv;
+        split.append(second.kv).expect("append");
+        for (layer, (x, y)) in whole.kv.layers().iter().zip(split.layers()).enumerate() {
+            assert!(
+                max_abs_diff(&x.keys, &y.keys) < TOLERANCE,
+                "{arch:?} layer {layer}: keys differ"
+            );
+            assert!(
+                max_abs_diff(&x.values, &y.values) < TOLERANCE,
+                "{arch:?} layer {layer}: values differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn keys_moved_by_rope_equal_keys_recomputed_at_the_new_positions() {
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let (_dir, _path, decoder) = tiny(arch, 13);
+        let chunk = tokens(31, 17);
+        let at = |start: u32| {
+            decoder
+                .forward(
+                    &ForwardRequest::new(
+                        std::slice::from_ref(&chunk),
+                        &positions(start, chunk.len()),
+                    )
+                    .logits(Logits::None),
+                )
+                .expect("prefill")
+                .kv
+        };
+        let recomputed = at(100);
+        let mut moved = at(0);
+        let unmoved = moved.clone();
+        moved
+            .relocate(decoder.rope(), positions(100, chunk.len()))
+            .expect("relocate");
+        for (layer, (x, y)) in recomputed.layers().iter().zip(moved.layers()).enumerate() {
+            let diff = max_abs_diff(&x.keys, &y.keys);
+            assert!(
+                diff < TOLERANCE,
+                "{arch:?} layer {layer}: moved keys differ by {diff}"
+            );
+        }
+        // The check can fail: keys left at their old positions are far from the recomputed ones.
+        let stale = max_abs_diff(&recomputed.layers()[0].keys, &unmoved.layers()[0].keys);
+        assert!(
+            stale > 0.1,
+            "{arch:?}: position made no difference ({stale})"
+        );
+        assert_eq!(moved.positions(), recomputed.positions());
+    }
+}
+
+#[test]
+fn a_block_diagonal_mask_equals_prefilling_each_chunk_alone() {
+    let (_dir, _path, decoder) = tiny(TinyArch::Llama, 17);
+    let first = tokens(41, 7);
+    let second = tokens(42, 5);
+    let both = [first.clone(), second.clone()].concat();
+    let n = both.len();
+    let mut allowed = vec![0u8; n * n];
+    for i in 0..n {
+        for j in 0..=i {
+            let same_chunk = (i < first.len()) == (j < first.len());
+            allowed[i * n + j] = u8::from(same_chunk);
+        }
+    }
+    let mask = Tensor::from_vec(allowed, (1, n, n), &Device::Cpu).expect("mask");
+    let joint = decoder
+        .forward(
+            &ForwardRequest::new(std::slice::from_ref(&both), &positions(0, n))
+                .mask(AttentionMask::Custom(mask))
+                .logits(Logits::All),
+        )
+        .expect("masked");
+    let alone = decoder
+        .forward(
+            &ForwardRequest::new(
+                std::slice::from_ref(&second),
+                &positions(first.len() as u32, second.len()),
+            )
+            .logits(Logits::All),
+        )
+        .expect("alone");
+    let joint_tail = joint
+        .logits
+        .expect("logits")
+        .narrow(1, first.len(), second.len())
+        .expect("tail");
+    let diff = max_abs_diff(&joint_tail, &alone.logits.expect("logits"));
+    assert!(diff < TOLERANCE, "second chunk differs by {diff}");
+    // Causal attention across the chunks gives other logits: the mask is what made them equal.
+    let causal = decoder
+        .forward(&ForwardRequest::new(&[both], &positions(0, n)).logits(Logits::All))
+        .expect("causal");
+    let causal_tail = causal
+        .logits
+        .expect("logits")
+        .narrow(1, first.len(), second.len())
+        .expect("tail");
+    assert!(max_abs_diff(&causal_tail, &joint_tail) > 0.01);
+}
+
+#[test]
+fn rolling_back_the_cache_equals_never_having_gone_ahead() {
+    let (_dir, _path, decoder) = tiny(TinyArch::Qwen2, 19);
+    let a = tokens(51, 10);
+    let wrong = tokens(52, 4);
+    let right = tokens(53, 3);
+    let prefill = decoder
+        .forward(
+            &ForwardRequest::new(&[[a.clone(), wrong].concat()], &positions(0, 14))
+                .logits(Logits::None),
+        )
+        .expect("prefill");
+    let mut cache = prefill.kv;
+    cache.truncate(a.len()).expect("truncate");
+    assert_eq!(cache.len(), a.len());
+    let resumed = decoder
+        .forward(
+            &ForwardRequest::new(std::slice::from_ref(&right), &positions(10, 3))
+                .past(&cache)
+                .logits(Logits::All),
+        )
+        .expect("resume");
+    let straight = decoder
+        .forward(
+            &ForwardRequest::new(&[[a, right].concat()], &positions(0, 13)).logits(Logits::All),
+        )
+        .expect("straight");
+    let tail = straight
+        .logits
+        .expect("logits")
+        .narrow(1, 10, 3)
+        .expect("tail");
+    assert!(max_abs_diff(&tail, &resumed.logits.expect("logits")) < TOLERANCE);
+}
+
+#[test]
+fn attention_weights_are_returned_for_the_last_layer_on_request() {
+    let (_dir, _path, decoder) = tiny(TinyArch::Llama, 23);
+    let prompt = tokens(61, 6);
+    let past = decoder
+        .forward(
+            &ForwardRequest::new(std::slice::from_ref(&prompt), &positions(0, 6))
+                .logits(Logits::None),
+        )
+        .expect("past")
+        .kv;
+    let question = tokens(62, 3);
+    let out = decoder
+        .forward(
+            &ForwardRequest::new(&[question], &positions(6, 3))
+                .past(&past)
+                .with_attention(),
+        )
+        .expect("forward");
+    let seen = out.attention.expect("attention requested");
+    assert_eq!(seen.weights.dims(), &[1, support::HEADS, 3, 9]);
+    assert_eq!(
+        seen.queries.dims(),
+        &[1, support::HEADS, 3, support::HIDDEN / support::HEADS]
+    );
+    let sums = seen
+        .weights
+        .sum(3)
+        .expect("sum")
+        .flatten_all()
+        .expect("flat")
+        .to_vec1::<f32>()
+        .expect("vec");
+    assert!(
+        sums.iter().all(|s| (s - 1.0).abs() < 1e-4),
+        "rows do not sum to 1: {sums:?}"
+    );
+    // Causal: the first question token (position 6) cannot see the two after it.
+    let hidden = seen
+        .weights
+        .i((0, .., 0, 7..))
+        .expect("future")
+        .sum_all()
+        .expect("sum")
+        .to_scalar::<f32>()
+        .expect("scalar");
+    assert_eq!(hidden, 0.0);
+    let plain = decoder
+        .forward(&ForwardRequest::new(&[vec![1]], &positions(6, 1)).past(&past))
+        .expect("plain");
+    assert!(plain.attention.is_none());
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let (_dir, _path, decoder) = tiny(TinyArch::Llama, 29);
+    let outside = decoder.forward(&ForwardRequest::new(
+        &[vec![support::VOCAB as u32]],
+        &positions(0, 1),
+    ));
+    assert!(
+        outside
+            .expect_err("token outside vocabulary")
+            .to_string()
+            .contains("outside the vocabulary")
+    );
+    let ragged = [vec![1, 2], vec![3]];
+    let ragged_positions = [vec![0, 1], vec![0]];
+    assert!(
+        decoder
+            .forward(&ForwardRequest::new(&ragged, &ragged_positions))
+            .is_err()
+    );
+    let far = decoder.forward(&ForwardRequest::new(
+        &[vec![1]],
+        &positions(support::CONTEXT as u32, 1),
+    ));
+    assert!(
+        far.expect_err("beyond context")
+            .to_string()
+            .contains("context")
+    );
+    let empty: [Vec<u32>; 0] = [];
+    assert!(
+        decoder
+            .forward(&ForwardRequest::new(&empty, &empty))
+            .is_err()
+    );
+    let mut one_row = KvCache::new();
+    one_row
+        .append(
+            decoder
+                .forward(&ForwardRequest::new(&[vec![1]], &positions(0, 1)))
+                .expect("one")
+                .kv,
+        )
+        .expect("append");
+    let two_rows = [vec![1], vec![2]];
+    let two_positions = [vec![1], vec![1]];
+    assert!(
+        decoder
+            .forward(&ForwardRequest::new(&two_rows, &two_positions).past(&one_row))
+            .is_err()
+    );
+}
