@@ -4,7 +4,9 @@
 # system, 2 edges behind the emulated network: cloud-only edges, isolated HaS edges, and HaS
 # edges sharing their hot cache through a 3-node Raft control plane. The same
 # popularity-skewed questions go through each; the comparison shows, among others, drafts
-# accepted on one edge thanks to a fallback on the other. Every process is stopped at the end.
+# accepted on one edge thanks to a fallback on the other. Last, one edge answers a few
+# questions through /v1/answer (standard and speculative RAG) with the small LM, showing
+# where the time went. Every process is stopped at the end.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,3 +46,37 @@ isolated, shared = systems["has"], systems["has-replicated"]
 print(f"2 isolated HaS edges: DAR {isolated['dar']:.3f}, {isolated['cross_edge_accepted']} drafts accepted through the other edge's fallbacks")
 print(f"2 replicated HaS edges: DAR {shared['dar']:.3f}, {shared['cross_edge_accepted']} drafts accepted through the other edge's fallbacks (learned through the control plane)")
 SUMMARY
+
+lm_dir=${HASTEN_LM_DIR:-models/lm}
+lm_model=$lm_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+echo
+echo "answers through /v1/answer: a cloud index and one edge answering with $(basename "$lm_model") (drafter and verifier)"
+rm -f "$run"/answer-*.ready "$run"/answer-cloud.pem
+"$bin/cloud-index" serve --bundle "$bundle" --quic-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
+  --metrics-addr 127.0.0.1:0 --dev-cert-out "$run/answer-cloud.pem" --ready-file "$run/answer-cloud.ready" \
+  > "$run/answer-cloud.log" 2>&1 &
+cloud_pid=$!
+trap 'kill $cloud_pid ${edge_pid:-} 2>/dev/null || true' EXIT
+for _ in $(seq 600); do [ -s "$run/answer-cloud.ready" ] && break; sleep 0.1; done
+quic=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["quic_addr"])' "$run/answer-cloud.ready")
+"$bin/edge-node" serve --bundle "$bundle" --cloud-addr "$quic" --cloud-ca "$run/answer-cloud.pem" \
+  --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --lm-model "$lm_model" \
+  --ready-file "$run/answer-edge.ready" > "$run/answer-edge.log" 2>&1 &
+edge_pid=$!
+for _ in $(seq 1200); do [ -s "$run/answer-edge.ready" ] && break; sleep 0.1; done
+edge=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http_addr"])' "$run/answer-edge.ready")
+python3 - "$edge" "$bundle/questions.jsonl" <<'ANSWERS'
+import json, sys, urllib.request
+edge, questions = sys.argv[1], sys.argv[2]
+asked = [json.loads(line) for line in open(questions)][:3]
+for q in asked:
+    for mode in ("standard", "speculative"):
+        body = json.dumps({"question": q["question"], "k": 10, "mode": mode, "max_tokens": 48}).encode()
+        request = urllib.request.Request(f"http://{edge}/v1/answer", body, {"Content-Type": "application/json"})
+        reply = json.load(urllib.request.urlopen(request, timeout=300))
+        t = reply["timings"]
+        print(f"[{mode:>11}] {q['question']}\n              -> {reply['answer'].strip()!r} (gold: {q['answers'][0]!r})")
+        print(f"              retrieve {t['retrieve_ms']:.0f} ms ({reply['retrieval']}), prefill {t['prefill_ms']:.0f} ms, "
+              f"first token {t['first_token_ms']:.0f} ms, decode {t['decode_ms']:.0f} ms, verify {t['verify_ms']:.0f} ms, "
+              f"total {t['total_ms']:.0f} ms, {reply['generated_tokens']} tokens")
+ANSWERS

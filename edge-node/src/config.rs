@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +118,26 @@ pub struct EdgeConfig {
     pub expose_matched_query_text: bool,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
+    /// GGUF model (llama or qwen2) that answers `/v1/answer`: it writes standard answers and
+    /// verifies speculative drafts. Without it `/v1/answer` answers 503.
+    pub lm_model: Option<PathBuf>,
+    /// Small GGUF model that writes Speculative RAG's drafts; `lm_model` when absent.
+    pub lm_drafter: Option<PathBuf>,
+    /// `cpu`, or `cuda` in a build with the `cuda` feature.
+    pub lm_device: DeviceKind,
+    /// How the models' weights are held: `fast` (Q8_0 for decoding, f32 for prompts; the
+    /// fastest on CPU), `q8_0`, `f32` or `as_stored`.
+    pub lm_weights: WeightFormat,
+    /// Tokens an answer may have when the request names no `max_tokens`.
+    pub answer_default_tokens: usize,
+    /// Largest `max_tokens` a request may ask for.
+    pub answer_max_tokens: usize,
+    /// Answers waiting for the language model behind the one generating; beyond it 429.
+    pub answer_queue: usize,
+    /// Speculative RAG: drafts per answer (paper: m = 5).
+    pub speculative_drafts: usize,
+    /// Speculative RAG: document clusters, one document of each per draft (paper: k = 2).
+    pub speculative_clusters: usize,
 }
 
 impl Default for EdgeConfig {
@@ -167,6 +188,16 @@ impl Default for EdgeConfig {
             tenants_file: None,
             expose_matched_query_text: false,
             ready_file: None,
+            lm_model: None,
+            lm_drafter: None,
+            lm_device: DeviceKind::Cpu,
+            lm_weights: WeightFormat::Fast,
+            answer_default_tokens: 64,
+            answer_max_tokens: 512,
+            // A 135M model answers in about a second on 2 cores: 16 waiting is ~15 s.
+            answer_queue: 16,
+            speculative_drafts: 5,
+            speculative_clusters: 2,
         }
     }
 }
@@ -277,6 +308,50 @@ impl EdgeConfig {
             if value == 0 {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
             }
+        }
+        if self.lm_drafter.is_some() && self.lm_model.is_none() {
+            return Err(ConfigError::invalid(
+                "lm_drafter",
+                "is given but `lm_model` is not: the drafter needs a model to verify its drafts",
+            ));
+        }
+        if self.answer_max_tokens == 0 || self.answer_max_tokens > hasten_rag::MAX_NEW_TOKENS {
+            return Err(ConfigError::invalid(
+                "answer_max_tokens",
+                format!(
+                    "must be in 1..={}, got {}",
+                    hasten_rag::MAX_NEW_TOKENS,
+                    self.answer_max_tokens
+                ),
+            ));
+        }
+        if !(1..=self.answer_max_tokens).contains(&self.answer_default_tokens) {
+            return Err(ConfigError::invalid(
+                "answer_default_tokens",
+                format!(
+                    "must be in 1..=answer_max_tokens ({}), got {}",
+                    self.answer_max_tokens, self.answer_default_tokens
+                ),
+            ));
+        }
+        if !(1..=hasten_rag::MAX_DRAFTS).contains(&self.speculative_drafts) {
+            return Err(ConfigError::invalid(
+                "speculative_drafts",
+                format!(
+                    "must be in 1..={}, got {}",
+                    hasten_rag::MAX_DRAFTS,
+                    self.speculative_drafts
+                ),
+            ));
+        }
+        if self.speculative_clusters == 0 || self.speculative_clusters > self.max_k {
+            return Err(ConfigError::invalid(
+                "speculative_clusters",
+                format!(
+                    "must be in 1..=max_k ({}), got {}",
+                    self.max_k, self.speculative_clusters
+                ),
+            ));
         }
         Ok(())
     }

@@ -31,10 +31,16 @@ impl From<EdgeError> for Status {
             | EdgeError::UnsupportedMediaType => Status::invalid_argument(message),
             EdgeError::BodyTimeout(_) => Status::deadline_exceeded(message),
             EdgeError::Unauthenticated(_) => Status::unauthenticated(message),
-            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) => Status::resource_exhausted(message),
+            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
+                Status::resource_exhausted(message)
+            }
             EdgeError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
-            EdgeError::Unavailable(_) => Status::unavailable(message),
-            EdgeError::Internal(_) | EdgeError::TaskFailed(_) => Status::internal(message),
+            EdgeError::Unavailable(_) | EdgeError::NoLanguageModel(_) => {
+                Status::unavailable(message)
+            }
+            EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
+                Status::internal(message)
+            }
         }
     }
 }

@@ -72,14 +72,19 @@ impl IntoResponse for EdgeError {
             EdgeError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             EdgeError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             EdgeError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) => StatusCode::TOO_MANY_REQUESTS,
+            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            EdgeError::NoLanguageModel(_) => StatusCode::SERVICE_UNAVAILABLE,
             EdgeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
             EdgeError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            EdgeError::Internal(_) | EdgeError::TaskFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         let body = axum::Json(error_json(&self));
         match self {
-            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) => {
+            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
                 (status, [(header::RETRY_AFTER, "1")], body).into_response()
             }
             EdgeError::Unauthenticated(_) => {
@@ -131,7 +136,7 @@ async fn read_input(
 }
 
 /// Whether the request says its body is JSON (`application/json`, parameters allowed).
-fn is_json(headers: &HeaderMap) -> bool {
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -140,7 +145,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// Whether reading a body failed on the size limit.
-fn is_length_limit(err: &axum::Error) -> bool {
+pub(crate) fn is_length_limit(err: &axum::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(cause) = source {
         if cause.is::<http_body_util::LengthLimitError>() {
@@ -152,7 +157,7 @@ fn is_length_limit(err: &axum::Error) -> bool {
 }
 
 /// The client's timeout from [`TIMEOUT_HEADER`], when it sent one.
-fn client_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidArgument> {
+pub(crate) fn client_timeout(headers: &HeaderMap) -> Result<Option<Duration>, InvalidArgument> {
     let Some(value) = headers.get(TIMEOUT_HEADER) else {
         return Ok(None);
     };

@@ -8,8 +8,10 @@
 //! - [`fallback`]: the cloud seam and its QUIC client;
 //! - [`pipeline`]: one request path for both front ends ([`http`], [`grpc`]), whose wire
 //!   types and conversions live in [`api`];
+//! - [`answer`]: `/v1/answer`, retrieval then generation through an `LmBackend`;
 //! - [`config`], [`metrics`], [`tenants`].
 
+pub mod answer;
 pub mod api;
 pub mod caches;
 pub mod config;

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use edge_node::answer::metrics::AnswerMetrics;
+use edge_node::answer::{AnswerLimits, AnswerService};
 use edge_node::api::RequestLimits;
 use edge_node::api::conversions::ReplyOptions;
 use edge_node::caches::{Eviction, TenantCaches};
@@ -30,6 +32,7 @@ use hasten_proto::control::ControlAccess;
 use hasten_proto::quic::client_config;
 use hasten_proto::tls::{MutualTls, TrustRoots};
 use hasten_proto::v1::edge_server::EdgeServer;
+use hasten_rag::{LmBackend, LocalLm, SpeculativeSettings};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -192,6 +195,22 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     ready_file: Option<PathBuf>,
+    /// GGUF model that answers /v1/answer (and verifies speculative drafts).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_model: Option<PathBuf>,
+    /// Small GGUF model that writes Speculative RAG's drafts [default: lm_model].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_drafter: Option<PathBuf>,
+    /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_device: Option<hasten_lm::DeviceKind>,
+    /// fast, q8_0, f32 or as_stored [default: fast].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_weights: Option<hasten_lm::WeightFormat>,
 }
 
 #[tokio::main]
@@ -331,6 +350,27 @@ async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClient>>) {
     }
 }
 
+/// The `/v1/answer` models, when configured.
+fn load_language_models(config: &EdgeConfig) -> Result<Option<Arc<dyn LmBackend>>> {
+    let Some(model) = &config.lm_model else {
+        tracing::info!("no `lm_model`: /v1/answer answers 503");
+        return Ok(None);
+    };
+    let drafter = config.lm_drafter.as_ref().unwrap_or(model);
+    let started = std::time::Instant::now();
+    let backend = LocalLm::load_with(drafter, model, config.lm_device, config.lm_weights)
+        .context("loading the language models (`lm_model`, `lm_drafter`)")?;
+    tracing::info!(
+        model = %model.display(),
+        drafter = %drafter.display(),
+        device = %config.lm_device,
+        weights = %config.lm_weights,
+        took_ms = started.elapsed().as_millis() as u64,
+        "language models loaded"
+    );
+    Ok(Some(Arc::new(backend)))
+}
+
 async fn serve(args: ServeArgs) -> Result<()> {
     let config: EdgeConfig = load_config(args.source.config.as_deref(), "HASTEN_EDGE_", &args)?;
     // Validated before printing: `--print-config` answers whether a configuration works.
@@ -353,6 +393,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
     };
     tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
+    // The language models load before the bundle: a bad file stops the start at once, naming
+    // the file and why.
+    let backend = load_language_models(&config)?;
     let bundle_dir = config.bundle.clone().unwrap_or_default();
     let bundle = CorpusBundle::load(&bundle_dir)
         .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
@@ -449,6 +492,29 @@ async fn serve(args: ServeArgs) -> Result<()> {
             timeout: Duration::from_millis(config.body_timeout_ms),
         },
     );
+    let answers = AnswerService::new(
+        service.clone(),
+        backend,
+        AnswerLimits {
+            default_max_tokens: config.answer_default_tokens,
+            max_tokens: config.answer_max_tokens,
+            max_question_chars: config.max_query_chars,
+            max_queued: config.answer_queue,
+            speculative: SpeculativeSettings {
+                drafts: config.speculative_drafts,
+                clusters: config.speculative_clusters,
+                ..SpeculativeSettings::default()
+            },
+        },
+        Arc::new(AnswerMetrics::register(&registry)?),
+    );
+    let api = api.merge(edge_node::answer::http::answer_routes(
+        answers,
+        BodyLimits {
+            max_bytes: config.max_body_bytes,
+            timeout: Duration::from_millis(config.body_timeout_ms),
+        },
+    ));
     let admin = edge_node::http::admin_routes(service.clone(), registry);
     // Without an admin address of their own, the admin routes share the API's.
     let (api, admin) = match admin_listener {

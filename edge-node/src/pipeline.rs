@@ -89,6 +89,16 @@ impl EdgeService {
         }
     }
 
+    /// The embedding of a corpus document, as the edge holds it (for clustering documents
+    /// before Speculative RAG drafts from them).
+    pub fn document_vector(&self, id: hasten_core::corpus::DocId) -> Option<Vec<f32>> {
+        self.engine
+            .caches()
+            .documents()
+            .get(id)
+            .map(|doc| doc.vector.clone())
+    }
+
     pub fn replies(&self) -> ReplyOptions {
         self.replies
     }

@@ -7,18 +7,18 @@
 
 use std::path::Path;
 
-use candle_core::quantized::QMatMul;
-use candle_core::{D, DType, Device, IndexOp, Module, Tensor};
+use candle_core::{D, DType, Device, IndexOp, Tensor};
 
 use crate::error::{LmError, Result};
 use crate::gguf::{Architecture, GgufFile, ModelConfig};
 use crate::kv::{KvCache, LayerKv, position_tensor};
 use crate::mask::AttentionMask;
-use crate::rope::RotaryTables;
+use crate::rope::{RotaryTables, Rotation};
+use crate::weights::{Matrix, WeightFormat};
 
 /// A linear map with an optional bias (qwen2's q/k/v projections have one).
 struct Projection {
-    weight: QMatMul,
+    weight: Matrix,
     bias: Option<Tensor>,
 }
 
@@ -37,11 +37,11 @@ struct Layer {
     query: Projection,
     key: Projection,
     value: Projection,
-    output: QMatMul,
+    output: Matrix,
     ffn_norm: Tensor,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
 }
 
 /// Which logits a forward pass returns.
@@ -129,18 +129,19 @@ pub struct Decoder {
     embeddings: Tensor,
     layers: Vec<Layer>,
     norm: Tensor,
-    output: QMatMul,
+    output: Matrix,
     rope: RotaryTables,
     device: Device,
 }
 
 impl Decoder {
+    /// Loads with the weights as stored in the file.
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
         let mut file = GgufFile::open(path)?;
-        Self::from_gguf(&mut file, device)
+        Self::from_gguf(&mut file, device, WeightFormat::AsStored)
     }
 
-    pub fn from_gguf(file: &mut GgufFile, device: &Device) -> Result<Self> {
+    pub fn from_gguf(file: &mut GgufFile, device: &Device, format: WeightFormat) -> Result<Self> {
         let config = file.config()?;
         let embeddings = file
             .tensor("token_embd.weight", device)?
@@ -150,17 +151,18 @@ impl Decoder {
         } else {
             "token_embd.weight"
         };
-        let output = QMatMul::from_qtensor(file.tensor(output_name, device)?)?;
+        let output = format.matrix(file.tensor(output_name, device)?, device)?;
         let norm = file
             .tensor("output_norm.weight", device)?
             .dequantize(device)?;
         let with_bias = config.architecture == Architecture::Qwen2;
         let mut layers = Vec::with_capacity(config.layers);
         for i in 0..config.layers {
-            let mut matrix = |name: &str| -> Result<QMatMul> {
-                Ok(QMatMul::from_qtensor(
+            let mut matrix = |name: &str| -> Result<Matrix> {
+                format.matrix(
                     file.tensor(&format!("blk.{i}.{name}.weight"), device)?,
-                )?)
+                    device,
+                )
             };
             let (q, k, v) = (matrix("attn_q")?, matrix("attn_k")?, matrix("attn_v")?);
             let output = matrix("attn_output")?;
@@ -247,11 +249,22 @@ impl Decoder {
         } else {
             past.valid().to_vec()
         };
-        let mask = request.mask.build(&past_valid, valid, &self.device)?;
-        let mask = mask.map(|m| m.unsqueeze(1)).transpose()?;
+        // Built once per pass as an additive (batch, 1, t, past + t) bias: 0 where a token
+        // may attend, -inf where it may not.
+        let mask = request
+            .mask
+            .build(&past_valid, valid, &self.device)?
+            .map(|allowed| -> Result<Tensor> {
+                let open = Tensor::zeros(allowed.shape(), DType::F32, &self.device)?;
+                let closed = Tensor::full(f32::NEG_INFINITY, allowed.shape(), &self.device)?;
+                Ok(allowed.where_cond(&open, &closed)?.unsqueeze(1)?)
+            })
+            .transpose()?;
 
         let token_ids = position_tensor(request.tokens, &self.device)?;
-        let positions = position_tensor(request.positions, &self.device)?;
+        let rotation = self
+            .rope
+            .at(&position_tensor(request.positions, &self.device)?)?;
         let mut x = self
             .embeddings
             .index_select(&token_ids.flatten_all()?, 0)?
@@ -269,7 +282,7 @@ impl Decoder {
             let (attended, kv, seen) = self.attend(
                 layer,
                 &normed,
-                &positions,
+                &rotation,
                 past_layer,
                 mask.as_ref(),
                 want_attention,
@@ -315,7 +328,7 @@ impl Decoder {
         &self,
         layer: &Layer,
         x: &Tensor,
-        positions: &Tensor,
+        rotation: &Rotation,
         past: Option<&LayerKv>,
         mask: Option<&Tensor>,
         want_attention: bool,
@@ -330,8 +343,8 @@ impl Decoder {
         let q = split(layer.query.forward(x)?, c.heads)?;
         let raw_keys = split(layer.key.forward(x)?, c.kv_heads)?;
         let values = split(layer.value.forward(x)?, c.kv_heads)?;
-        let q = self.rope.apply(&q, positions)?;
-        let keys = self.rope.apply(&raw_keys, positions)?;
+        let q = rotation.apply(&q)?;
+        let keys = rotation.apply(&raw_keys)?;
         let (all_keys, all_values) = match past {
             Some(past) => (
                 Tensor::cat(&[&past.keys, &keys], 2)?,
@@ -347,12 +360,7 @@ impl Decoder {
         let scores = (grouped.matmul(&all_keys.t()?)? / (c.head_dim as f64).sqrt())?
             .reshape((batch, c.heads, t, width))?;
         let scores = match mask {
-            Some(mask) => {
-                let mask = mask.broadcast_as(scores.shape())?;
-                let blocked =
-                    Tensor::new(f32::NEG_INFINITY, &self.device)?.broadcast_as(scores.shape())?;
-                mask.where_cond(&scores, &blocked)?
-            }
+            Some(bias) => scores.broadcast_add(bias)?,
             None => scores,
         };
         let weights = candle_nn::ops::softmax_last_dim(&scores)?;

@@ -16,6 +16,7 @@ pub mod mask;
 pub mod model;
 pub mod rope;
 pub mod tokenizer;
+pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, Role};
 pub use decoder::{
@@ -31,5 +32,6 @@ pub use gguf::{Architecture, GgufFile, ModelConfig, RopeStyle};
 pub use kv::{KvCache, LayerKv};
 pub use mask::AttentionMask;
 pub use model::LanguageModel;
-pub use rope::RotaryTables;
+pub use rope::{RotaryTables, Rotation};
 pub use tokenizer::{GgufTokenizer, StreamDecoder};
+pub use weights::WeightFormat;

@@ -46,24 +46,27 @@ impl RotaryTables {
         self.max_positions
     }
 
-    /// Rotates `x` of shape (batch, heads, tokens, head_dim); `positions` is (batch, tokens).
-    pub fn apply(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
+    /// The rotation at a (batch, tokens) grid of positions, to apply to every layer.
+    pub fn at(&self, positions: &Tensor) -> Result<Rotation> {
         let (batch, tokens) = positions.dims2()?;
         let flat = positions.flatten_all()?;
         let half = self.cos.dim(1)?;
-        let cos = self
-            .cos
-            .index_select(&flat, 0)?
-            .reshape((batch, tokens, half))?;
-        let sin = self
-            .sin
-            .index_select(&flat, 0)?
-            .reshape((batch, tokens, half))?;
-        let x = x.contiguous()?;
-        Ok(match self.style {
-            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
-            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, &cos, &sin)?,
+        Ok(Rotation {
+            cos: self
+                .cos
+                .index_select(&flat, 0)?
+                .reshape((batch, tokens, half))?,
+            sin: self
+                .sin
+                .index_select(&flat, 0)?
+                .reshape((batch, tokens, half))?,
+            style: self.style,
         })
+    }
+
+    /// Rotates `x` of shape (batch, heads, tokens, head_dim); `positions` is (batch, tokens).
+    pub fn apply(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
+        self.at(positions)?.apply(x)
     }
 
     /// Checks that every position fits the tables before any tensor work starts.
@@ -75,5 +78,24 @@ impl RotaryTables {
             ))),
             _ => Ok(()),
         }
+    }
+}
+
+/// Cosines and sines gathered for one grid of positions.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    cos: Tensor,
+    sin: Tensor,
+    style: RopeStyle,
+}
+
+impl Rotation {
+    /// Rotates `x` of shape (batch, heads, tokens, head_dim).
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        Ok(match self.style {
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &self.cos, &self.sin)?,
+            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin)?,
+        })
     }
 }

@@ -5,14 +5,16 @@
 //! Prefill: one forward pass over exactly N tokens of real text (fresh cache), median of
 //! `--repeat` runs. Decode: B sequences with their own ~16-token prompts, prefilled, then
 //! `--decode-tokens` greedy steps of one token per sequence; aggregate tokens/s = B x steps
-//! / time of the steps.
+//! / time of the steps. Every measurement has one untimed warm-up run first.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use hasten_lm::{DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, left_pad};
+use hasten_lm::{
+    DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, WeightFormat, left_pad,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -40,6 +42,9 @@ struct Args {
     repeat: usize,
     #[arg(long, default_value = "cpu")]
     device: DeviceKind,
+    /// How weights are held: as_stored, q8_0 (types without SIMD kernels re-quantised) or f32.
+    #[arg(long, default_value = "as_stored")]
+    weights: WeightFormat,
     /// Where to write the JSON report.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -74,7 +79,7 @@ fn main() -> Result<()> {
         .build_global()
         .context("setting the thread count")?;
     let device = args.device.open()?;
-    let model = LanguageModel::load(&args.model, &device)?;
+    let model = LanguageModel::load_with(&args.model, &device, args.weights)?;
     let text_ids = model.tokenizer.encode(&TEXT.repeat(64))?;
 
     let mut prefill = Vec::new();
@@ -85,12 +90,15 @@ fn main() -> Result<()> {
         let tokens = vec![text_ids[..n].to_vec()];
         let positions = vec![(0..n as u32).collect::<Vec<_>>()];
         let mut rates = Vec::new();
-        for _ in 0..args.repeat {
+        // One untimed warm-up run, as the peer script does.
+        for run in 0..=args.repeat {
             let start = Instant::now();
             model
                 .decoder
                 .forward(&ForwardRequest::new(&tokens, &positions).logits(Logits::Last))?;
-            rates.push(n as f64 / start.elapsed().as_secs_f64());
+            if run > 0 {
+                rates.push(n as f64 / start.elapsed().as_secs_f64());
+            }
         }
         let rate = median(rates);
         eprintln!("prefill {n:>5} tokens: {rate:>8.1} tokens/s");
@@ -103,7 +111,7 @@ fn main() -> Result<()> {
             .map(|b| text_ids[b * 7..b * 7 + 16].to_vec())
             .collect();
         let mut rates = Vec::new();
-        for _ in 0..args.repeat {
+        for run in 0..=args.repeat {
             let batch_input = left_pad(&prompts, 0);
             let out = model.decoder.forward(
                 &ForwardRequest::new(&batch_input.tokens, &batch_input.positions)
@@ -126,7 +134,9 @@ fn main() -> Result<()> {
                 cache.append(out.kv)?;
                 logits = out.logits.context("decode logits")?;
             }
-            rates.push((batch * args.decode_tokens) as f64 / start.elapsed().as_secs_f64());
+            if run > 0 {
+                rates.push((batch * args.decode_tokens) as f64 / start.elapsed().as_secs_f64());
+            }
         }
         let rate = median(rates);
         eprintln!(
@@ -144,6 +154,7 @@ fn main() -> Result<()> {
         "runtime": "hasten-lm",
         "model": args.model,
         "device": args.device.to_string(),
+        "weights": args.weights.to_string(),
         "threads": args.threads,
         "prefill": prefill,
         "decode": decode,

@@ -139,6 +139,15 @@ pub enum EdgeError {
     Internal(#[source] EngineError),
     #[error("internal error: the retrieval task failed")]
     TaskFailed(#[source] tokio::task::JoinError),
+    /// `/v1/answer` on an edge configured without a language model (HTTP 503).
+    #[error("this edge has no language model: {0}")]
+    NoLanguageModel(&'static str),
+    /// Answers waiting for the language model are at their bound (HTTP 429).
+    #[error("{0} answers already waiting for the language model; retry shortly")]
+    AnswerQueueFull(usize),
+    /// The language model failed on a valid request (HTTP 500).
+    #[error("internal error: generation failed")]
+    Generation(#[source] hasten_rag::RagError),
 }
 
 impl EdgeError {
@@ -150,10 +159,11 @@ impl EdgeError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::BodyTimeout(_) => "body_timeout",
             Self::Unauthenticated(_) => "unauthenticated",
-            Self::EdgeBusy(_) | Self::CloudBusy(_) => "overloaded",
+            Self::EdgeBusy(_) | Self::CloudBusy(_) | Self::AnswerQueueFull(_) => "overloaded",
             Self::DeadlineExceeded(_) => "deadline_exceeded",
             Self::Unavailable(_) => "unavailable",
-            Self::Internal(_) | Self::TaskFailed(_) => "internal",
+            Self::Internal(_) | Self::TaskFailed(_) | Self::Generation(_) => "internal",
+            Self::NoLanguageModel(_) => "no_language_model",
         }
     }
 
@@ -162,7 +172,7 @@ impl EdgeError {
     pub fn is_server_side(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::Internal(_) | Self::TaskFailed(_)
+            Self::Unavailable(_) | Self::Internal(_) | Self::TaskFailed(_) | Self::Generation(_)
         )
     }
 }

@@ -1,0 +1,175 @@
+//! `POST /v1/answer` over HTTP: a JSON reply, or server-sent events when the body asks to
+//! `stream` (`documents` first, then `delta` events with the answer's text, then `answer`
+//! with the whole reply, or `error`).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use futures::stream::{self, StreamExt};
+use tokio::sync::mpsc;
+
+use super::json::{AnswerReply, AnswerTimingsJson, DraftJson, ModeJson, parse_answer_body};
+use super::{AnswerInput, AnswerService, Answered};
+use crate::api::conversions::error_json;
+use crate::api::json::{DocumentJson, OutcomeJson};
+use crate::api::{EdgeError, InvalidArgument};
+use crate::http::{BodyLimits, client_timeout, is_json, is_length_limit};
+use crate::retrieval::Outcome;
+
+#[derive(Clone)]
+struct AnswerState {
+    service: AnswerService,
+    body: BodyLimits,
+}
+
+/// `POST /v1/answer`.
+pub fn answer_routes(service: AnswerService, body: BodyLimits) -> Router {
+    Router::new()
+        .route("/v1/answer", post(answer))
+        .with_state(AnswerState { service, body })
+}
+
+async fn answer(State(state): State<AnswerState>, headers: HeaderMap, body: Body) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let parsed = read_answer_input(&state, &headers, body).await;
+    let stream = parsed.as_ref().is_ok_and(|(_, stream)| *stream);
+    let input = parsed.map(|(input, _)| input);
+    let prepared = match state
+        .service
+        .prepare(authorization, client_timeout(&headers), input)
+        .await
+    {
+        Ok(prepared) => prepared,
+        Err(error) => return error.into_response(),
+    };
+    if !stream {
+        return match state.service.generate(prepared, None).await {
+            Ok(answered) => axum::Json(reply(answered)).into_response(),
+            Err(error) => error.into_response(),
+        };
+    }
+    let documents: Vec<DocumentJson> = prepared
+        .retrieval
+        .documents
+        .iter()
+        .cloned()
+        .map(DocumentJson::from)
+        .collect();
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let service = state.service.clone();
+    let finished = tokio::spawn(async move { service.generate(prepared, Some(sender)).await });
+    let head = stream::once(async move { json_event("documents", &documents) });
+    let deltas = stream::unfold(receiver, |mut receiver| async move {
+        let text = receiver.recv().await?;
+        Some((
+            json_event("delta", &serde_json::json!({ "text": text })),
+            receiver,
+        ))
+    });
+    let tail = stream::once(async move {
+        match finished.await {
+            Ok(Ok(answered)) => json_event("answer", &reply(answered)),
+            Ok(Err(error)) => json_event("error", &error_json(&error)),
+            Err(join) => json_event("error", &error_json(&EdgeError::TaskFailed(join))),
+        }
+    });
+    Sse::new(head.chain(deltas).chain(tail).map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response()
+}
+
+fn json_event<T: serde::Serialize>(name: &str, value: &T) -> Event {
+    Event::default()
+        .event(name)
+        .json_data(value)
+        .unwrap_or_else(|_| Event::default().event("error").data("unserialisable event"))
+}
+
+/// The request body, parsed and validated: the input and whether to stream.
+async fn read_answer_input(
+    state: &AnswerState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(AnswerInput, bool), EdgeError> {
+    if !is_json(headers) {
+        return Err(EdgeError::UnsupportedMediaType);
+    }
+    let limits = state.body;
+    let bytes = match tokio::time::timeout(limits.timeout, to_bytes(body, limits.max_bytes)).await {
+        Err(_) => return Err(EdgeError::BodyTimeout(limits.timeout)),
+        Ok(Err(err)) if is_length_limit(&err) => {
+            return Err(EdgeError::PayloadTooLarge(limits.max_bytes));
+        }
+        Ok(Err(err)) => {
+            return Err(InvalidArgument::new("body", format!("unreadable: {err}")).into());
+        }
+        Ok(Ok(bytes)) => bytes,
+    };
+    let body = parse_answer_body(&bytes)?;
+    let stream = body.stream;
+    Ok((state.service.validate(body)?, stream))
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// An answer as the JSON API returns it.
+pub fn reply(answered: Answered) -> AnswerReply {
+    let Answered {
+        retrieval,
+        answer,
+        mode,
+        retrieve,
+        queued,
+    } = answered;
+    let t = answer.timings;
+    AnswerReply {
+        answer: answer.text,
+        mode: match mode {
+            hasten_rag::AnswerMode::Standard => ModeJson::Standard,
+            hasten_rag::AnswerMode::Speculative => ModeJson::Speculative,
+        },
+        retrieval: match retrieval.outcome {
+            Outcome::Accepted => OutcomeJson::Accepted,
+            Outcome::Fallback => OutcomeJson::Fallback,
+        },
+        documents: retrieval
+            .documents
+            .into_iter()
+            .map(DocumentJson::from)
+            .collect(),
+        used: answer.documents_used,
+        rationale: answer.rationale,
+        drafts: answer
+            .drafts
+            .into_iter()
+            .map(|d| DraftJson {
+                documents: d.documents,
+                rationale: d.rationale,
+                answer: d.answer,
+                score: d.score,
+            })
+            .collect(),
+        prompt_tokens: answer.prompt_tokens,
+        generated_tokens: answer.generated_tokens,
+        timings: AnswerTimingsJson {
+            retrieve_ms: millis(retrieve),
+            queue_ms: millis(queued),
+            prefill_ms: millis(t.prefill),
+            first_token_ms: millis(retrieve + queued + t.first_token),
+            decode_ms: millis(t.decode),
+            verify_ms: millis(t.verify),
+            total_ms: millis(retrieve + queued + t.total),
+        },
+    }
+}

@@ -1,0 +1,146 @@
+//! Metrics of `/v1/answer`: answers and failures, time to first token, decode speed and the
+//! queue for the language model, by mode.
+
+use std::time::Duration;
+
+use hasten_core::metrics::prometheus::{
+    self, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+};
+use hasten_rag::AnswerMode;
+
+use super::Answered;
+use crate::api::EdgeError;
+
+/// Generation is seconds, not milliseconds: buckets up to two minutes.
+const ANSWER_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+];
+const RATE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 400.0, 1000.0,
+];
+
+#[derive(Debug)]
+pub struct AnswerMetrics {
+    answers: IntCounterVec,
+    errors: IntCounterVec,
+    duration: HistogramVec,
+    first_token: HistogramVec,
+    decode_rate: HistogramVec,
+    generated: IntCounterVec,
+    queue: IntGauge,
+}
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: T,
+) -> Result<T, prometheus::Error> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+fn mode_label(mode: AnswerMode) -> &'static str {
+    match mode {
+        AnswerMode::Standard => "standard",
+        AnswerMode::Speculative => "speculative",
+    }
+}
+
+impl AnswerMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let by_mode = |name: &str, help: &str, buckets: &[f64]| {
+            HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                &["mode"],
+            )
+        };
+        Ok(Self {
+            answers: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new("hasten_edge_answers_total", "Answers generated, by mode"),
+                    &["mode"],
+                )?,
+            )?,
+            errors: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_edge_answer_errors_total",
+                        "Failed answer requests by kind",
+                    ),
+                    &["kind"],
+                )?,
+            )?,
+            duration: register(
+                registry,
+                by_mode(
+                    "hasten_edge_answer_duration_seconds",
+                    "Answer latency end to end (retrieval, queue, generation), by mode",
+                    ANSWER_BUCKETS,
+                )?,
+            )?,
+            first_token: register(
+                registry,
+                by_mode(
+                    "hasten_edge_answer_first_token_seconds",
+                    "Time to the answer's first text (retrieval and queue included), by mode",
+                    ANSWER_BUCKETS,
+                )?,
+            )?,
+            decode_rate: register(
+                registry,
+                by_mode(
+                    "hasten_edge_answer_decode_tokens_per_second",
+                    "Tokens generated per second of decoding, per answer, by mode",
+                    RATE_BUCKETS,
+                )?,
+            )?,
+            generated: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_edge_answer_generated_tokens_total",
+                        "Tokens generated, by mode",
+                    ),
+                    &["mode"],
+                )?,
+            )?,
+            queue: register(
+                registry,
+                IntGauge::new(
+                    "hasten_edge_answer_queue",
+                    "Answers waiting for the language model (the one generating excluded)",
+                )?,
+            )?,
+        })
+    }
+
+    pub(crate) fn observe(&self, answered: &Answered, took: Duration) {
+        let mode = mode_label(answered.mode);
+        let timings = &answered.answer.timings;
+        self.answers.with_label_values(&[mode]).inc();
+        self.duration
+            .with_label_values(&[mode])
+            .observe(took.as_secs_f64());
+        self.first_token
+            .with_label_values(&[mode])
+            .observe((answered.retrieve + answered.queued + timings.first_token).as_secs_f64());
+        let decode = timings.decode.as_secs_f64();
+        if decode > 0.0 && answered.answer.generated_tokens > 0 {
+            self.decode_rate
+                .with_label_values(&[mode])
+                .observe(answered.answer.generated_tokens as f64 / decode);
+        }
+        self.generated
+            .with_label_values(&[mode])
+            .inc_by(answered.answer.generated_tokens as u64);
+    }
+
+    pub(crate) fn observe_error(&self, error: &EdgeError) {
+        self.errors.with_label_values(&[error.kind()]).inc();
+    }
+
+    pub(crate) fn set_queue(&self, waiting: usize) {
+        self.queue.set(waiting as i64);
+    }
+}

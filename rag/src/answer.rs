@@ -1,0 +1,65 @@
+//! What a backend returns: the answer, the drafts it was chosen from, and where the time went.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Where an answer spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AnswerTimings {
+    /// Reading the prompt(s): the verifier's in standard mode, the drafts' batch in speculative.
+    pub prefill: Duration,
+    /// Until the caller received the first text. Speculative mode emits the chosen answer only
+    /// after verification, so there it is close to `total`, which is what a user waits.
+    pub first_token: Duration,
+    /// Token generation after the prefill (speculative: the drafts, including the drafter's
+    /// pass that reads their log-probabilities).
+    pub decode: Duration,
+    /// The verifier's scoring pass (zero in standard mode).
+    pub verify: Duration,
+    pub total: Duration,
+}
+
+/// One draft of Speculative RAG and how the verifier judged it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DraftReport {
+    /// Indices into the request's documents that the draft was written from.
+    pub documents: Vec<usize>,
+    pub rationale: String,
+    pub answer: String,
+    /// log P(rationale, answer | subset prompt) under the drafter (rho_draft).
+    pub draft_logprob: f32,
+    /// log P(rationale, answer | question) under the verifier (rho_self-contain).
+    pub consistency_logprob: f32,
+    /// log P("Yes" | question, draft, reflection statement) under the verifier (rho_self-reflect).
+    pub reflection_logprob: f32,
+    /// The sum of the three (a product of probabilities, in log space).
+    pub score: f32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Answer {
+    pub text: String,
+    /// The chosen draft's rationale (speculative mode only).
+    pub rationale: Option<String>,
+    /// Indices into the request's documents that the answer was written from.
+    pub documents_used: Vec<usize>,
+    /// Every draft, in subset order (empty in standard mode).
+    pub drafts: Vec<DraftReport>,
+    pub timings: AnswerTimings,
+    /// Tokens the models read as input: the prompt in standard mode; the drafts' prompts and
+    /// the verifier's rows in speculative mode.
+    pub prompt_tokens: usize,
+    /// Tokens generated: the answer's, or all drafts' together.
+    pub generated_tokens: usize,
+}
+
+/// What a backend runs on, for logs and reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendInfo {
+    /// The small model that writes drafts.
+    pub drafter: String,
+    /// The large model that verifies drafts and answers in standard mode.
+    pub verifier: String,
+    pub device: String,
+}

@@ -1,0 +1,226 @@
+//! The drafter's side of Speculative RAG: one rationale and answer per document subset, all
+//! subsets decoded in one batch, and each draft's log-probability under the drafter.
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use hasten_lm::{GenerationOptions, GenerationTimings, LanguageModel, Sampling, generate};
+
+use crate::error::{RagError, Result};
+use crate::logprob::continuation_logprobs;
+use crate::prompt::{ANSWER_LABEL, drafter_prompt};
+use crate::request::Document;
+
+/// One draft as the drafter wrote it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draft {
+    /// Indices into the request's documents.
+    pub documents: Vec<usize>,
+    pub rationale: String,
+    pub answer: String,
+    /// False when the drafter never wrote "Answer:" and the answer is the rationale's last
+    /// sentence.
+    pub labelled: bool,
+    /// The generated tokens (after the forced "Rationale:").
+    pub tokens: Vec<u32>,
+    /// log P(tokens | prompt): the sum of the generated tokens' log-probabilities.
+    pub logprob: f32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Drafting {
+    pub drafts: Vec<Draft>,
+    pub generation: GenerationTimings,
+    /// The drafter's scoring pass over its own drafts.
+    pub scoring: Duration,
+}
+
+/// Writes one draft per subset with the drafter: one batched greedy `generate` for all of
+/// them, then one batched `score` for their log-probabilities.
+pub fn write_drafts(
+    drafter: &LanguageModel,
+    question: &str,
+    documents: &[Document],
+    subsets: &[Vec<usize>],
+    draft_tokens: usize,
+) -> Result<Drafting> {
+    let _span = tracing::info_span!("rag_draft", drafts = subsets.len(), draft_tokens).entered();
+    let prompts = subsets
+        .iter()
+        .map(|subset| {
+            let chosen = subset
+                .iter()
+                .map(|&i| {
+                    documents.get(i).ok_or_else(|| {
+                        RagError::invalid(
+                            "documents",
+                            format!("a subset names document {i} of {}", documents.len()),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<&Document>>>()?;
+            drafter_prompt(drafter, question, &chosen, draft_tokens)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options = GenerationOptions {
+        max_new_tokens: draft_tokens,
+        stop_tokens: vec![drafter.chat.end_of_turn(), drafter.tokenizer.eos()],
+        // The paper drafts greedily (temperature 0): the subsets supply the diversity.
+        sampling: Sampling::default(),
+    };
+    let (generated, generation) = generate(&drafter.decoder, &prompts, &options, |_, _| {
+        ControlFlow::Continue(())
+    })?;
+
+    // `generate` does not report log-probabilities, so one more pass reads them (without
+    // logits over the long prompts); a draft that stopped at once has nothing to score
+    // (log 1 = 0).
+    let started = Instant::now();
+    let rows: Vec<usize> = (0..generated.len())
+        .filter(|&row| !generated[row].tokens.is_empty())
+        .collect();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = rows
+        .iter()
+        .map(|&row| (prompts[row].clone(), generated[row].tokens.clone()))
+        .collect();
+    let mut logprobs = vec![0.0f32; generated.len()];
+    if !pairs.is_empty() {
+        for (&row, scores) in rows
+            .iter()
+            .zip(continuation_logprobs(&drafter.decoder, &pairs)?)
+        {
+            logprobs[row] = scores.iter().sum();
+        }
+    }
+    let scoring = started.elapsed();
+
+    let drafts = subsets
+        .iter()
+        .zip(generated)
+        .zip(logprobs)
+        .map(|((subset, generated), logprob)| {
+            let text = drafter.tokenizer.decode(&generated.tokens)?;
+            let parsed = parse_draft(&text);
+            Ok(Draft {
+                documents: subset.clone(),
+                rationale: parsed.rationale,
+                answer: parsed.answer,
+                labelled: parsed.labelled,
+                tokens: generated.tokens,
+                logprob,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    tracing::debug!(
+        unlabelled = drafts.iter().filter(|d| !d.labelled).count(),
+        "drafts written"
+    );
+    Ok(Drafting {
+        drafts,
+        generation,
+        scoring,
+    })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedDraft {
+    pub rationale: String,
+    pub answer: String,
+    pub labelled: bool,
+}
+
+/// Splits what the drafter wrote after "Rationale:" into rationale and answer. The answer is
+/// the line after the first "Answer:" (any case). A small model may never write the label,
+/// or run out of tokens before the answer: then the answer is the rationale's last sentence,
+/// the likeliest place for a conclusion, and `labelled` is false.
+pub fn parse_draft(text: &str) -> ParsedDraft {
+    let label = ANSWER_LABEL.as_bytes();
+    // The label is ASCII, so a byte-wise match is a match of whole characters.
+    let position = text
+        .as_bytes()
+        .windows(label.len())
+        .position(|window| window.eq_ignore_ascii_case(label));
+    if let Some(at) = position {
+        let rationale = text[..at].trim().to_string();
+        let answer = text[at + label.len()..]
+            .trim_start()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        if !answer.is_empty() {
+            return ParsedDraft {
+                rationale,
+                answer,
+                labelled: true,
+            };
+        }
+        return ParsedDraft {
+            answer: last_sentence(&rationale),
+            rationale,
+            labelled: false,
+        };
+    }
+    let rationale = text.trim().to_string();
+    ParsedDraft {
+        answer: last_sentence(&rationale),
+        rationale,
+        labelled: false,
+    }
+}
+
+/// The last non-empty sentence of `text` (sentences end at '.', '!' or '?' followed by
+/// whitespace, or at a line break).
+fn last_sentence(text: &str) -> String {
+    let mut sentences = Vec::new();
+    let mut start = 0;
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    for (k, &(i, c)) in chars.iter().enumerate() {
+        let next_is_space = chars.get(k + 1).is_none_or(|&(_, n)| n.is_whitespace());
+        if c == '\n' || (matches!(c, '.' | '!' | '?') && next_is_space) {
+            sentences.push(&text[start..i + c.len_utf8()]);
+            start = i + c.len_utf8();
+        }
+    }
+    sentences.push(&text[start..]);
+    sentences
+        .iter()
+        .map(|s| s.trim())
+        .rfind(|s| !s.is_empty())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_labelled_draft_splits_into_rationale_and_answer() {
+        let parsed =
+            parse_draft(" Document 1 says Canberra is the capital.\nAnswer: Canberra\n\nMore");
+        assert_eq!(parsed.rationale, "Document 1 says Canberra is the capital.");
+        assert_eq!(parsed.answer, "Canberra");
+        assert!(parsed.labelled);
+        let lower = parse_draft("It is Paris. answer: Paris");
+        assert_eq!(lower.answer, "Paris");
+    }
+
+    #[test]
+    fn without_the_label_the_last_sentence_is_the_answer() {
+        let parsed = parse_draft(" The river is long. It flows through Egypt. The Nile");
+        assert!(!parsed.labelled);
+        assert_eq!(parsed.answer, "The Nile");
+        let dangling = parse_draft(" Marie Curie was born in Warsaw.\nAnswer:");
+        assert_eq!(dangling.answer, "Marie Curie was born in Warsaw.");
+        assert_eq!(parse_draft("").answer, "");
+    }
+
+    #[test]
+    fn non_ascii_text_does_not_break_parsing() {
+        let parsed = parse_draft("İstanbul ist groß. Answer: İstanbul");
+        assert_eq!(parsed.answer, "İstanbul");
+        assert_eq!(last_sentence("Ça va? Très bien"), "Très bien");
+    }
+}

@@ -1,0 +1,34 @@
+//! Typed errors of answer generation. A refused request names the field that is wrong, so
+//! the edge can turn it into a 400 that points at the caller's mistake.
+
+#[derive(Debug, thiserror::Error)]
+pub enum RagError {
+    /// The request cannot be answered as asked; `field` is its path in [`crate::AnswerRequest`].
+    #[error("invalid request: `{field}` {message}")]
+    InvalidRequest {
+        field: &'static str,
+        message: String,
+    },
+    /// The language model failed (loading, tokenising or a forward pass).
+    #[error("language model: {0}")]
+    Lm(#[from] hasten_lm::LmError),
+}
+
+impl RagError {
+    pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// The offending field when the request was refused.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::InvalidRequest { field, .. } => Some(field),
+            Self::Lm(_) => None,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, RagError>;

@@ -1,0 +1,189 @@
+//! Prompts as token ids: the standard RAG prompt, the drafter's subset prompt and the
+//! verifier's question prompt, with documents truncated so that a prompt and its answer
+//! fit the model's context.
+
+use hasten_lm::{ChatMessage, LanguageModel, Role};
+
+use crate::error::{RagError, Result};
+use crate::request::Document;
+
+/// Most tokens of one document's text in a prompt: retrieved passages are ~100 words, and a
+/// longer one would crowd out the rest on a small model.
+pub const DOCUMENT_TOKEN_CAP: usize = 384;
+/// Fewer tokens than this per document make a document useless: refuse instead.
+pub const MIN_DOCUMENT_TOKENS: usize = 8;
+
+/// Standard RAG's system turn: a short answer, nothing else.
+pub const STANDARD_INSTRUCTION: &str =
+    "Answer the question using the documents. Reply with a short answer only.";
+/// The drafter's system turn: the layout the drafts are parsed from. A filled-in example
+/// would be copied by small models (Qwen2.5-0.5B answered "Paris" about Australia), so the
+/// layout is given with placeholders only.
+pub const DRAFT_INSTRUCTION: &str = "Answer the question from the documents. Reply as\nRationale: <what the documents say>\nAnswer: <short answer>";
+/// The verifier's system turn: the same layout, without documents to refer to.
+pub const VERIFY_INSTRUCTION: &str =
+    "Answer the question. Reply as\nRationale: <why>\nAnswer: <short answer>";
+/// What the drafter's turn is started with, so that every draft opens with its rationale.
+pub const RATIONALE_PREFIX: &str = "Rationale:";
+pub const ANSWER_LABEL: &str = "Answer:";
+/// The self-reflection statement of the paper (appendix F: the wording matters little).
+pub const REFLECTION_STATEMENT: &str =
+    "Do you think the explanation supports the answer? (Yes or No)";
+pub const REFLECTION_YES: &str = "Yes";
+
+/// The verifier's prompt for standard RAG: every document, then the question.
+pub fn standard_prompt(
+    model: &LanguageModel,
+    question: &str,
+    documents: &[&Document],
+    max_new_tokens: usize,
+) -> Result<Vec<u32>> {
+    let reserved = Reserved {
+        tokens: max_new_tokens,
+        field: "max_new_tokens",
+    };
+    fit_documents(model, documents, reserved, |texts| {
+        model.chat.prompt(
+            &model.tokenizer,
+            &[
+                ChatMessage::new(Role::System, STANDARD_INSTRUCTION),
+                ChatMessage::new(
+                    Role::User,
+                    documents_and_question(documents, texts, question),
+                ),
+            ],
+        )
+    })
+}
+
+/// The drafter's prompt for one subset, ending inside the assistant turn after
+/// [`RATIONALE_PREFIX`].
+pub fn drafter_prompt(
+    model: &LanguageModel,
+    question: &str,
+    documents: &[&Document],
+    draft_tokens: usize,
+) -> Result<Vec<u32>> {
+    let prefix = model.tokenizer.encode(RATIONALE_PREFIX)?;
+    let reserved = Reserved {
+        tokens: draft_tokens,
+        field: "speculative.draft_tokens",
+    };
+    fit_documents(model, documents, reserved, |texts| {
+        let mut ids = model.chat.prompt(
+            &model.tokenizer,
+            &[
+                ChatMessage::new(Role::System, DRAFT_INSTRUCTION),
+                ChatMessage::new(
+                    Role::User,
+                    documents_and_question(documents, texts, question),
+                ),
+            ],
+        )?;
+        ids.extend_from_slice(&prefix);
+        Ok(ids)
+    })
+}
+
+/// The verifier's context: the question alone (the paper's verifier skips the documents and
+/// judges the draft by its rationale).
+pub fn verifier_context(model: &LanguageModel, question: &str) -> Result<Vec<u32>> {
+    Ok(model.chat.prompt(
+        &model.tokenizer,
+        &[
+            ChatMessage::new(Role::System, VERIFY_INSTRUCTION),
+            ChatMessage::new(Role::User, format!("Question: {}", question.trim())),
+        ],
+    )?)
+}
+
+/// A draft as the verifier reads it (and as its consistency is scored).
+pub fn draft_text(rationale: &str, answer: &str) -> String {
+    format!("{RATIONALE_PREFIX} {rationale}\n{ANSWER_LABEL} {answer}")
+}
+
+fn documents_and_question(documents: &[&Document], texts: &[String], question: &str) -> String {
+    let mut content = String::from("Documents:\n");
+    for (i, (document, text)) in documents.iter().zip(texts).enumerate() {
+        let title = document.title.trim();
+        if title.is_empty() {
+            content.push_str(&format!("[{}] {text}\n\n", i + 1));
+        } else {
+            content.push_str(&format!("[{}] {title}\n{text}\n\n", i + 1));
+        }
+    }
+    content.push_str(&format!("Question: {}", question.trim()));
+    content
+}
+
+/// Room kept after a prompt for the tokens to generate, and the request field that set it.
+struct Reserved {
+    tokens: usize,
+    field: &'static str,
+}
+
+/// Builds the prompt with every document's text cut to one token budget, the largest (up to
+/// [`DOCUMENT_TOKEN_CAP`]) with which prompt plus the reserved new tokens fit the context.
+fn fit_documents(
+    model: &LanguageModel,
+    documents: &[&Document],
+    reserved: Reserved,
+    build: impl Fn(&[String]) -> hasten_lm::Result<Vec<u32>>,
+) -> Result<Vec<u32>> {
+    let context = model.decoder.rope().max_positions();
+    if reserved.tokens >= context {
+        return Err(RagError::invalid(
+            reserved.field,
+            format!(
+                "asks for {} tokens; the model's context holds {context}",
+                reserved.tokens
+            ),
+        ));
+    }
+    let reserved = reserved.tokens;
+    let room = context - reserved;
+    let encoded: Vec<Vec<u32>> = documents
+        .iter()
+        .map(|d| model.tokenizer.encode(d.text.trim()))
+        .collect::<hasten_lm::Result<_>>()?;
+    let empty = vec![String::new(); documents.len()];
+    let overhead = build(&empty)?.len();
+    if overhead + MIN_DOCUMENT_TOKENS * documents.len() > room {
+        return Err(RagError::invalid(
+            "question",
+            format!(
+                "with the instructions and {} document titles takes {overhead} tokens; the \
+                 model's context of {context} leaves {room} after {reserved} new tokens",
+                documents.len()
+            ),
+        ));
+    }
+    let mut budget = ((room - overhead) / documents.len().max(1)).min(DOCUMENT_TOKEN_CAP);
+    // Text cut at a token boundary can re-tokenise a little longer: shrink and retry.
+    loop {
+        let texts = encoded
+            .iter()
+            .map(|ids| truncate(model, ids, budget))
+            .collect::<Result<Vec<_>>>()?;
+        let prompt = build(&texts)?;
+        if prompt.len() <= room {
+            return Ok(prompt);
+        }
+        let excess = prompt.len() - room;
+        let shrink = excess.div_ceil(documents.len().max(1));
+        if budget < MIN_DOCUMENT_TOKENS + shrink {
+            return Err(RagError::invalid(
+                "documents",
+                format!("do not fit the model's context of {context} tokens"),
+            ));
+        }
+        budget -= shrink;
+    }
+}
+
+/// The text of the first `budget` tokens, without a character cut in half.
+fn truncate(model: &LanguageModel, ids: &[u32], budget: usize) -> Result<String> {
+    let kept = &ids[..ids.len().min(budget)];
+    let text = model.tokenizer.decode(kept)?;
+    Ok(text.trim_end_matches('\u{FFFD}').trim().to_string())
+}

@@ -1,0 +1,186 @@
+//! Speculative RAG (Wang et al., 2024): cluster the documents, draft an answer from each
+//! multi-perspective subset with the small model, let the large model score the drafts in
+//! one pass, and answer with the best.
+
+use std::time::{Duration, Instant};
+
+use hasten_lm::LanguageModel;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::answer::{Answer, AnswerTimings, DraftReport};
+use crate::cluster::kmeans;
+use crate::draft::{Draft, write_drafts};
+use crate::error::{RagError, Result};
+use crate::request::{AnswerRequest, DraftSelection, SpeculativeSettings};
+use crate::subsets::{one_per_cluster, without_clustering};
+use crate::verify::{Verdict, verify};
+
+pub fn answer_speculative(
+    drafter: &LanguageModel,
+    verifier: &LanguageModel,
+    request: &AnswerRequest,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Answer> {
+    let started = Instant::now();
+    let settings = &request.speculative;
+    let _span = tracing::info_span!(
+        "rag_speculative",
+        documents = request.documents.len(),
+        drafts = settings.drafts,
+        clusters = settings.clusters,
+        clustering = settings.clustering
+    )
+    .entered();
+    let subsets = document_subsets(request)?;
+    let drafting = write_drafts(
+        drafter,
+        &request.question,
+        &request.documents,
+        &subsets,
+        settings.draft_tokens,
+    )?;
+    let drafter_prompt_tokens = drafting.generation.prompt_tokens;
+
+    let verifying = Instant::now();
+    let (verdicts, verifier_tokens) = judge(verifier, request, &drafting.drafts)?;
+    let verify_time = if verifier_tokens > 0 {
+        verifying.elapsed()
+    } else {
+        Duration::ZERO
+    };
+
+    let reports: Vec<DraftReport> = drafting
+        .drafts
+        .iter()
+        .zip(&verdicts)
+        .map(|(draft, verdict)| report(draft, *verdict))
+        .collect();
+    let chosen = choose(&reports, settings)?;
+    let best = &reports[chosen];
+    tracing::debug!(chosen, score = best.score, "draft chosen");
+    if !best.answer.is_empty() {
+        on_text(&best.answer);
+    }
+    let total = started.elapsed();
+    Ok(Answer {
+        text: best.answer.clone(),
+        rationale: Some(best.rationale.clone()),
+        documents_used: best.documents.clone(),
+        timings: AnswerTimings {
+            prefill: drafting.generation.prefill,
+            first_token: total,
+            decode: drafting.generation.decode + drafting.scoring,
+            verify: verify_time,
+            total,
+        },
+        prompt_tokens: drafter_prompt_tokens + verifier_tokens,
+        generated_tokens: drafting.generation.generated_tokens,
+        drafts: reports,
+    })
+}
+
+/// The m document subsets: one document per k-means cluster, or (the ablation) k documents
+/// drawn from all of them.
+pub fn document_subsets(request: &AnswerRequest) -> Result<Vec<Vec<usize>>> {
+    let settings = &request.speculative;
+    let mut rng = StdRng::seed_from_u64(settings.seed);
+    let n = request.documents.len();
+    if !settings.clustering {
+        return Ok(without_clustering(
+            n,
+            settings.clusters,
+            settings.drafts,
+            &mut rng,
+        ));
+    }
+    let vectors = request
+        .documents
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            d.vector.clone().ok_or_else(|| {
+                RagError::invalid(
+                    "documents",
+                    format!("document {i} has no vector; clustering needs one per document"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let clustering = kmeans(&vectors, settings.clusters, settings.seed)?;
+    Ok(one_per_cluster(
+        &clustering.clusters,
+        settings.drafts,
+        &mut rng,
+    ))
+}
+
+/// The verifier's verdicts and the tokens it read. A lone draft needs no verdict, and the
+/// random-selection ablation skips verification as in the paper; both score 0 there.
+fn judge(
+    verifier: &LanguageModel,
+    request: &AnswerRequest,
+    drafts: &[Draft],
+) -> Result<(Vec<Verdict>, usize)> {
+    let unjudged = Verdict {
+        consistency: 0.0,
+        reflection: 0.0,
+    };
+    let skip =
+        drafts.len() < 2 || matches!(request.speculative.selection, DraftSelection::Random { .. });
+    if skip {
+        return Ok((vec![unjudged; drafts.len()], 0));
+    }
+    let pairs: Vec<(&str, &str)> = drafts
+        .iter()
+        .map(|d| (d.rationale.as_str(), d.answer.as_str()))
+        .collect();
+    let verification = verify(verifier, &request.question, &pairs)?;
+    Ok((verification.verdicts, verification.tokens))
+}
+
+fn report(draft: &Draft, verdict: Verdict) -> DraftReport {
+    DraftReport {
+        documents: draft.documents.clone(),
+        rationale: draft.rationale.clone(),
+        answer: draft.answer.clone(),
+        draft_logprob: draft.logprob,
+        consistency_logprob: verdict.consistency,
+        reflection_logprob: verdict.reflection,
+        score: draft.logprob + verdict.consistency + verdict.reflection,
+    }
+}
+
+/// The index of the final draft: the best score (the first of equals), or a seeded random
+/// one for the ablation. A draft with an empty answer (the drafter stopped at once, which
+/// also makes its log-probability 0, the highest possible) is only chosen when all are empty.
+fn choose(reports: &[DraftReport], settings: &SpeculativeSettings) -> Result<usize> {
+    let answered: Vec<usize> = (0..reports.len())
+        .filter(|&i| !reports[i].answer.is_empty())
+        .collect();
+    let candidates: Vec<usize> = if answered.is_empty() {
+        (0..reports.len()).collect()
+    } else {
+        answered
+    };
+    if candidates.is_empty() {
+        return Err(RagError::invalid(
+            "speculative.drafts",
+            "no document subset could be formed",
+        ));
+    }
+    Ok(match settings.selection {
+        DraftSelection::Random { seed } => {
+            candidates[StdRng::seed_from_u64(seed).random_range(0..candidates.len())]
+        }
+        DraftSelection::Verifier => {
+            let mut best = candidates[0];
+            for &i in &candidates {
+                if reports[i].score.total_cmp(&reports[best].score).is_gt() {
+                    best = i;
+                }
+            }
+            best
+        }
+    })
+}

@@ -1,0 +1,260 @@
+//! `/v1/answer` end to end with real processes and the real small model: `cloud-index`
+//! and `edge-node` on loopback, the edge loading SmolLM2-135M-Instruct (installed by
+//! `make models`; the test is skipped, saying so, when HASTEN_LM_DIR is unset).
+
+// A test fails by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hasten_core::bundle::CorpusBundle;
+use hasten_tests::{
+    build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index,
+};
+use loadtest::process::{ManagedProcess, binary, edge_serve_args};
+use serde_json::{Value, json};
+
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+const SMALL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn small_model() -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os("HASTEN_LM_DIR") else {
+        eprintln!("HASTEN_LM_DIR is unset: skipping the answer tests");
+        return None;
+    };
+    let path = Path::new(&dir).join(SMALL_MODEL);
+    assert!(
+        path.is_file(),
+        "HASTEN_LM_DIR is set but {} is missing",
+        path.display()
+    );
+    Some(path)
+}
+
+async fn post(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {
+    let response = http
+        .post(format!("http://{edge}/v1/answer"))
+        .json(body)
+        .send()
+        .await
+        .expect("the edge answers HTTP");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("a JSON body"))
+}
+
+/// The events of a server-sent-events body, as (event name, JSON data).
+fn sse_events(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter_map(|block| {
+            let mut name = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(value) = line.strip_prefix("event:") {
+                    name = Some(value.trim().to_string());
+                } else if let Some(value) = line.strip_prefix("data:") {
+                    data.push_str(value.trim_start());
+                }
+            }
+            Some((name?, serde_json::from_str(&data).ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
+    let Some(model) = small_model() else { return };
+    let work = persistent_work_dir("answers").unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
+    let edge = ManagedProcess::start(
+        "answering-edge",
+        &binary("edge-node").unwrap(),
+        edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
+            .into_iter()
+            .chain(["--lm-model".into(), model.display().to_string()]),
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = &bundle.questions[0].question;
+
+    // Standard: the answer comes with the documents it was written from and its timings.
+    let (status, reply) = post(
+        &http,
+        &addr,
+        &json!({"question": question, "k": 5, "max_tokens": 24}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert!(
+        !reply["answer"].as_str().unwrap().trim().is_empty(),
+        "{reply}"
+    );
+    assert_eq!(reply["mode"], "standard");
+    assert_eq!(reply["documents"].as_array().unwrap().len(), 5);
+    let generated = reply["generated_tokens"].as_u64().unwrap();
+    assert!((1..=24).contains(&generated), "{reply}");
+    let t = &reply["timings"];
+    let ms = |key: &str| t[key].as_f64().unwrap();
+    assert!(
+        ms("retrieve_ms") > 0.0 && ms("prefill_ms") > 0.0 && ms("decode_ms") >= 0.0,
+        "{t}"
+    );
+    assert!(ms("first_token_ms") <= ms("total_ms") + 1e-6, "{t}");
+    assert!(
+        ms("total_ms") >= ms("retrieve_ms") + ms("prefill_ms"),
+        "{t}"
+    );
+
+    // Speculative: m = 5 drafts, each from one document per cluster (k = 2), and the answer
+    // is the best-scored draft's.
+    let (status, reply) = post(
+        &http,
+        &addr,
+        &json!({"question": question, "k": 10, "mode": "speculative", "max_tokens": 32}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["mode"], "speculative");
+    let drafts = reply["drafts"].as_array().unwrap();
+    assert_eq!(drafts.len(), 5, "{reply}");
+    for draft in drafts {
+        let docs = draft["documents"].as_array().unwrap();
+        assert_eq!(docs.len(), 2, "{draft}");
+        assert!(docs.iter().all(|d| d.as_u64().unwrap() < 10));
+        assert!(draft["score"].as_f64().unwrap().is_finite(), "{draft}");
+    }
+    let best = drafts
+        .iter()
+        .max_by(|a, b| {
+            a["score"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["score"].as_f64().unwrap())
+        })
+        .unwrap();
+    assert_eq!(reply["answer"], best["answer"], "{reply}");
+    assert_eq!(reply["used"], best["documents"]);
+
+    // Streamed: documents first, then the text in pieces that add up to the final answer.
+    let body = http
+        .post(format!("http://{addr}/v1/answer"))
+        .json(&json!({"question": question, "k": 5, "max_tokens": 24, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(body.status().as_u16(), 200);
+    assert!(
+        body.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = sse_events(&body.text().await.unwrap());
+    assert_eq!(
+        events.first().map(|e| e.0.as_str()),
+        Some("documents"),
+        "{events:?}"
+    );
+    let (last_name, last) = events.last().unwrap();
+    assert_eq!(last_name, "answer", "{events:?}");
+    let streamed: String = events
+        .iter()
+        .filter(|(name, _)| name == "delta")
+        .map(|(_, data)| data["text"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        events.iter().filter(|(n, _)| n == "delta").count() >= 2,
+        "{events:?}"
+    );
+    assert_eq!(streamed, last["answer"].as_str().unwrap());
+
+    // Bad input names its field.
+    for (body, field) in [
+        (json!({"question": "  "}), "question"),
+        (json!({"k": 3}), "question"),
+        (json!({"question": "q", "max_tokens": 0}), "max_tokens"),
+        (json!({"question": "q", "max_tokens": 100000}), "max_tokens"),
+        (json!({"question": "q", "mode": "fastest"}), "mode"),
+        (json!({"question": "q", "k": 100000}), "k"),
+        (json!({"question": "q", "temperature": 2}), "body"),
+    ] {
+        let (status, reply) = post(&http, &addr, &body).await;
+        assert_eq!(status, 400, "{body}: {reply}");
+        let named = reply["error"]["field"].as_str().unwrap_or_default();
+        assert!(
+            named == field
+                || (field == "body" && named.is_empty())
+                || reply["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("temperature"),
+            "{body}: {reply}"
+        );
+    }
+
+    // Metrics count the answers by mode.
+    let metrics = http
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("hasten_edge_answers_total{mode=\"standard\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hasten_edge_answers_total{mode=\"speculative\"} 1"));
+    assert!(metrics.contains("hasten_edge_answer_first_token_seconds_count{mode=\"standard\"} 2"));
+    assert!(metrics.contains("hasten_edge_answer_errors_total{kind=\"invalid_argument\"} 7"));
+    drop(edge);
+    cloud.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_without_a_model_says_so_and_a_bad_model_file_stops_the_start() {
+    let Some(_) = small_model() else { return };
+    let work = persistent_work_dir("answers-no-model").unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
+    let args = edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert);
+    let edge = ManagedProcess::start(
+        "modelless-edge",
+        &binary("edge-node").unwrap(),
+        args.clone(),
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+    let http = reqwest::Client::new();
+    let (status, reply) = post(&http, &edge.addr("http_addr"), &json!({"question": "Who?"})).await;
+    assert_eq!(status, 503, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("lm_model"),
+        "{reply}"
+    );
+    drop(edge);
+
+    let broken = work.join("not-a-model.gguf");
+    std::fs::write(&broken, b"GGUF but not really").unwrap();
+    let output = std::process::Command::new(binary("edge-node").unwrap())
+        .args(args)
+        .args(["--lm-model", &broken.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("not-a-model.gguf"), "{stderr}");
+    cloud.stop();
+}
