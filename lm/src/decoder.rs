@@ -132,7 +132,13 @@ pub struct Decoder {
     output: Matrix,
     rope: RotaryTables,
     device: Device,
+    prefill_chunk: usize,
 }
+
+/// Long causal prompts are read in chunks of this many tokens, each attending to the cache
+/// of the ones before: the same numbers, with attention scores of (chunk x seen) instead of
+/// (prompt x prompt) held and scanned at once.
+pub const PREFILL_CHUNK: usize = 512;
 
 impl Decoder {
     /// Loads with the weights as stored in the file.
@@ -216,7 +222,14 @@ impl Decoder {
             output,
             rope,
             device: device.clone(),
+            prefill_chunk: PREFILL_CHUNK,
         })
+    }
+
+    /// Sets the chunk length of long causal prefills (`usize::MAX`: never chunk).
+    pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
+        self.prefill_chunk = tokens.max(1);
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -233,6 +246,64 @@ impl Decoder {
 
     pub fn forward(&self, request: &ForwardRequest<'_>) -> Result<ForwardOutput> {
         let (batch, t) = self.validate(request)?;
+        let chunkable = matches!(request.mask, AttentionMask::Causal)
+            && !request.attention
+            && request.logits != Logits::All;
+        if chunkable && t > self.prefill_chunk {
+            return self.forward_in_chunks(request, t);
+        }
+        self.forward_once(request, batch, t)
+    }
+
+    /// A long causal pass as consecutive chunks over a growing cache; only the last chunk's
+    /// logits are computed.
+    fn forward_in_chunks(&self, request: &ForwardRequest<'_>, t: usize) -> Result<ForwardOutput> {
+        let mut seen = request.past.cloned().unwrap_or_default();
+        let mut new = KvCache::new();
+        let mut logits = None;
+        let columns = |rows: &[Vec<u32>], range: std::ops::Range<usize>| -> Vec<Vec<u32>> {
+            rows.iter().map(|row| row[range.clone()].to_vec()).collect()
+        };
+        let mut start = 0;
+        while start < t {
+            let end = (start + self.prefill_chunk).min(t);
+            let tokens = columns(request.tokens, start..end);
+            let positions = columns(request.positions, start..end);
+            let valid: Option<Vec<Vec<bool>>> = request
+                .valid
+                .map(|rows| rows.iter().map(|row| row[start..end].to_vec()).collect());
+            let chunk = ForwardRequest {
+                tokens: &tokens,
+                positions: &positions,
+                valid: valid.as_deref(),
+                past: Some(&seen),
+                mask: AttentionMask::Causal,
+                logits: if end == t {
+                    request.logits
+                } else {
+                    Logits::None
+                },
+                attention: false,
+            };
+            let out = self.forward_once(&chunk, tokens.len(), end - start)?;
+            seen.append(out.kv.clone())?;
+            new.append(out.kv)?;
+            logits = out.logits;
+            start = end;
+        }
+        Ok(ForwardOutput {
+            logits,
+            kv: new,
+            attention: None,
+        })
+    }
+
+    fn forward_once(
+        &self,
+        request: &ForwardRequest<'_>,
+        batch: usize,
+        t: usize,
+    ) -> Result<ForwardOutput> {
         let _span = tracing::trace_span!("lm_forward", batch, tokens = t).entered();
         let empty = KvCache::new();
         let past = request.past.unwrap_or(&empty);

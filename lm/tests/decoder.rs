@@ -400,3 +400,31 @@ fn bad_requests_are_refused_with_a_reason() {
             .is_err()
     );
 }
+
+#[test]
+fn a_prompt_read_in_chunks_equals_one_read_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_tiny_model(dir.path(), TinyArch::Qwen2, 31);
+    let whole = Decoder::load(&path, &Device::Cpu)
+        .expect("load")
+        .with_prefill_chunk(usize::MAX);
+    let chunked = Decoder::load(&path, &Device::Cpu)
+        .expect("load")
+        .with_prefill_chunk(16);
+    let prompts = vec![tokens(81, 50), tokens(82, 23)];
+    let batch = hasten_lm::left_pad(&prompts, 0);
+    let read = |decoder: &Decoder| {
+        decoder
+            .forward(&ForwardRequest::new(&batch.tokens, &batch.positions).valid(&batch.valid))
+            .expect("forward")
+    };
+    let (a, b) = (read(&whole), read(&chunked));
+    let diff = max_abs_diff(&a.logits.expect("logits"), &b.logits.expect("logits"));
+    assert!(diff < TOLERANCE, "last logits differ by {diff}");
+    assert_eq!(a.kv.len(), b.kv.len());
+    assert_eq!(a.kv.valid(), b.kv.valid());
+    for (x, y) in a.kv.layers().iter().zip(b.kv.layers()) {
+        assert!(max_abs_diff(&x.keys, &y.keys) < TOLERANCE);
+        assert!(max_abs_diff(&x.values, &y.values) < TOLERANCE);
+    }
+}
