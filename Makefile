@@ -6,12 +6,15 @@ SHELL := /bin/bash
 
 MODEL_DIR ?= models/all-MiniLM-L6-v2
 LM_DIR ?= models/lm
+# Client libraries the tests drive Hasten with (a Python venv with the OpenAI SDK).
+TOOLS_DIR ?= models/tools
 DATA_DIR ?= ../shared/data
 CARGO ?= cargo
 export HASTEN_MODEL_DIR ?= $(abspath $(MODEL_DIR))
 export HASTEN_LM_DIR ?= $(abspath $(LM_DIR))
+export HASTEN_OPENAI_PYTHON ?= $(abspath $(TOOLS_DIR))/openai-venv/bin/python
 
-.PHONY: help deps models models-large build demo test lint fmt
+.PHONY: help deps models models-large clients build demo test lint fmt
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -33,13 +36,16 @@ $(LM_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf:
 models-large: models
 	scripts/fetch-lm.sh $(LM_DIR) large
 
+clients:
+	scripts/install-test-clients.sh $(TOOLS_DIR)/openai-venv
+
 build: deps
 	$(CARGO) build --workspace --bins
 
 demo: deps models build
 	DATA_DIR=$(DATA_DIR) scripts/demo.sh
 
-test: deps models
+test: deps models clients
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
 

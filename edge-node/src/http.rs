@@ -64,24 +64,29 @@ pub fn admin_routes(service: EdgeService, registry: Registry) -> Router {
         .merge(observability)
 }
 
+/// The HTTP status an error is answered with.
+pub(crate) fn status_code(error: &EdgeError) -> StatusCode {
+    match error {
+        EdgeError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+        EdgeError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        EdgeError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        EdgeError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+        EdgeError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        EdgeError::NoLanguageModel(_) => StatusCode::SERVICE_UNAVAILABLE,
+        EdgeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
+        EdgeError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
 impl IntoResponse for EdgeError {
     fn into_response(self) -> Response {
-        let status = match &self {
-            EdgeError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
-            EdgeError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            EdgeError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            EdgeError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            EdgeError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
-            EdgeError::NoLanguageModel(_) => StatusCode::SERVICE_UNAVAILABLE,
-            EdgeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
-            EdgeError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-        };
+        let status = status_code(&self);
         let body = axum::Json(error_json(&self));
         match self {
             EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {

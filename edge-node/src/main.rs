@@ -508,13 +508,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
         },
         Arc::new(AnswerMetrics::register(&registry)?),
     );
-    let api = api.merge(edge_node::answer::http::answer_routes(
-        answers,
-        BodyLimits {
-            max_bytes: config.max_body_bytes,
-            timeout: Duration::from_millis(config.body_timeout_ms),
-        },
-    ));
+    let body_limits = BodyLimits {
+        max_bytes: config.max_body_bytes,
+        timeout: Duration::from_millis(config.body_timeout_ms),
+    };
+    let api = api
+        .merge(edge_node::answer::http::answer_routes(
+            answers.clone(),
+            body_limits,
+        ))
+        .merge(edge_node::answer::openai::chat_routes(answers, body_limits));
     let admin = edge_node::http::admin_routes(service.clone(), registry);
     // Without an admin address of their own, the admin routes share the API's.
     let (api, admin) = match admin_listener {

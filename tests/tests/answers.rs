@@ -258,3 +258,85 @@ async fn an_edge_without_a_model_says_so_and_a_bad_model_file_stops_the_start() 
     assert!(stderr.contains("not-a-model.gguf"), "{stderr}");
     cloud.stop();
 }
+
+/// The OpenAI Python SDK's interpreter (`make test` installs it); `None` skips, saying so.
+fn openai_python() -> Option<PathBuf> {
+    match std::env::var_os("HASTEN_OPENAI_PYTHON") {
+        Some(python) => Some(PathBuf::from(python)),
+        None => {
+            eprintln!("HASTEN_OPENAI_PYTHON is unset: skipping the OpenAI SDK test");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_talks_to_the_edge_unchanged() {
+    let Some(model) = small_model() else { return };
+    let Some(python) = openai_python() else {
+        return;
+    };
+    let work = persistent_work_dir("answers-openai").unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
+    let edge = ManagedProcess::start(
+        "openai-edge",
+        &binary("edge-node").unwrap(),
+        edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
+            .into_iter()
+            .chain(["--lm-model".into(), model.display().to_string()]),
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+    let question = CorpusBundle::load(&bundle_dir).unwrap().questions[0]
+        .question
+        .clone();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/openai_chat.py");
+    let addr = edge.addr("http_addr");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(addr)
+            .arg(question)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the SDK script failed: {stderr}");
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        seen["models"],
+        json!(["hasten-rag", "hasten-rag-speculative"]),
+        "{seen}"
+    );
+    let content = seen["content"].as_str().unwrap();
+    assert!(!content.trim().is_empty(), "{seen}");
+    assert!(
+        ["stop", "length"].contains(&seen["finish_reason"].as_str().unwrap()),
+        "{seen}"
+    );
+    let usage = &seen["usage"];
+    assert!(usage["completion_tokens"].as_u64().unwrap() >= 1, "{seen}");
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(seen["documents"], 10, "{seen}");
+    // Greedy decoding over the same (now cached) documents: the stream spells the same answer.
+    assert!(seen["stream_chunks"].as_u64().unwrap() >= 2, "{seen}");
+    assert_eq!(seen["streamed"].as_str().unwrap(), content, "{seen}");
+    assert!(
+        !seen["speculative"].as_str().unwrap().trim().is_empty(),
+        "{seen}"
+    );
+    assert_eq!(seen["unknown_model"]["status"], 404, "{seen}");
+    assert_eq!(seen["unknown_model"]["code"], "model_not_found", "{seen}");
+    assert_eq!(seen["no_user_message"]["status"], 400, "{seen}");
+    assert_eq!(seen["no_user_message"]["param"], "messages", "{seen}");
+    drop(edge);
+    cloud.stop();
+}

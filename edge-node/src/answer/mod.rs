@@ -9,6 +9,7 @@
 pub mod http;
 pub mod json;
 pub mod metrics;
+pub mod openai;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -51,6 +52,13 @@ pub struct Prepared {
     backend: Arc<dyn LmBackend>,
     started: Instant,
     retrieve: Duration,
+}
+
+impl Prepared {
+    /// The answer's token budget.
+    pub fn max_new_tokens(&self) -> usize {
+        self.request.max_new_tokens
+    }
 }
 
 /// What the pipeline hands back: the retrieval, the answer and the time spent waiting.
