@@ -68,10 +68,10 @@ edge=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http_add
 python3 - "$edge" "$bundle/questions.jsonl" <<'ANSWERS'
 import json, sys, urllib.request
 edge, questions = sys.argv[1], sys.argv[2]
-asked = [json.loads(line) for line in open(questions)][:3]
+asked = [json.loads(line) for line in open(questions)][:2]
 for q in asked:
     for mode in ("standard", "speculative"):
-        body = json.dumps({"question": q["question"], "k": 10, "mode": mode, "max_tokens": 48}).encode()
+        body = json.dumps({"question": q["question"], "k": 5, "mode": mode, "max_tokens": 32}).encode()
         request = urllib.request.Request(f"http://{edge}/v1/answer", body, {"Content-Type": "application/json"})
         reply = json.load(urllib.request.urlopen(request, timeout=300))
         t = reply["timings"]
