@@ -134,6 +134,30 @@ pub struct ParsedDraft {
 /// or run out of tokens before the answer: then the answer is the rationale's last sentence,
 /// the likeliest place for a conclusion, and `labelled` is false.
 pub fn parse_draft(text: &str) -> ParsedDraft {
+    let parsed = parse_labelled(text);
+    ParsedDraft {
+        answer: without_citation(&parsed.answer).to_string(),
+        ..parsed
+    }
+}
+
+/// The answer without a leading document marker such as "[3] ": small drafters copy the
+/// prompt's numbering into their answers, which is not part of any answer.
+fn without_citation(answer: &str) -> &str {
+    let trimmed = answer.trim_start();
+    if let Some(rest) = trimmed.strip_prefix('[')
+        && let Some(close) = rest.find(']')
+        && close > 0
+        && rest[..close]
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == ',' || c == ' ')
+    {
+        return rest[close + 1..].trim_start();
+    }
+    answer
+}
+
+fn parse_labelled(text: &str) -> ParsedDraft {
     let label = ANSWER_LABEL.as_bytes();
     // The label is ASCII, so a byte-wise match is a match of whole characters.
     let position = text
@@ -215,6 +239,20 @@ mod tests {
         let dangling = parse_draft(" Marie Curie was born in Warsaw.\nAnswer:");
         assert_eq!(dangling.answer, "Marie Curie was born in Warsaw.");
         assert_eq!(parse_draft("").answer, "");
+    }
+
+    #[test]
+    fn a_copied_document_marker_is_not_part_of_the_answer() {
+        assert_eq!(
+            parse_draft("Docs agree. Answer: [3] Lucy Saunders").answer,
+            "Lucy Saunders"
+        );
+        assert_eq!(
+            parse_draft("[1, 2] Paul Meany is a singer.").answer,
+            "Paul Meany is a singer."
+        );
+        assert_eq!(parse_draft("Answer: [a] list").answer, "[a] list");
+        assert_eq!(parse_draft("Answer: [] x").answer, "[] x");
     }
 
     #[test]
