@@ -48,6 +48,9 @@ pub struct GenerationOptions {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generated {
     pub tokens: Vec<u32>,
+    /// log P(token | everything before it) of each token, as the model gave it when the
+    /// token was chosen (before temperature).
+    pub logprobs: Vec<f32>,
     pub finish: FinishReason,
 }
 
@@ -147,6 +150,7 @@ pub fn generate(
         .iter()
         .map(|_| Generated {
             tokens: Vec::new(),
+            logprobs: Vec::new(),
             finish: FinishReason::Length,
         })
         .collect();
@@ -155,6 +159,7 @@ pub fn generate(
     let mut first_token = None;
     for step in 0..options.max_new_tokens {
         let chosen = choose(&logits, options.sampling, &mut rng)?;
+        let chosen_logprobs = logprobs_of(&logits, &chosen)?;
         for (row, &id) in chosen.iter().enumerate() {
             if done[row] {
                 continue;
@@ -165,6 +170,7 @@ pub fn generate(
                 continue;
             }
             results[row].tokens.push(id);
+            results[row].logprobs.push(chosen_logprobs[row]);
             if on_token(row, id).is_break() {
                 done[row] = true;
                 results[row].finish = FinishReason::Stop;
@@ -200,6 +206,15 @@ pub fn generate(
         generated_tokens: results.iter().map(|r| r.tokens.len()).sum(),
     };
     Ok((results, timings))
+}
+
+/// log P(chosen[row]) under each row of (batch, vocab) logits.
+fn logprobs_of(logits: &Tensor, chosen: &[u32]) -> Result<Vec<f32>> {
+    let ids = Tensor::new(chosen, logits.device())?.unsqueeze(1)?;
+    Ok(log_softmax(logits)?
+        .gather(&ids, 1)?
+        .squeeze(1)?
+        .to_vec1::<f32>()?)
 }
 
 /// Picks one token per row of (batch, vocab) logits.

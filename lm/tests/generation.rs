@@ -201,3 +201,25 @@ fn one_pass_scores_equal_token_by_token_scores() {
         .sum();
     assert!(gap > 0.1, "an off-by-one read went unnoticed ({gap})");
 }
+
+#[test]
+fn generated_log_probabilities_equal_scoring_the_generated_text() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let decoder = Decoder::load(
+        &write_tiny_model(dir.path(), TinyArch::Llama, 12),
+        &Device::Cpu,
+    )
+    .expect("load");
+    let prompts = vec![tokens(91, 6), tokens(92, 14)];
+    let (generated, _) = generate(&decoder, &prompts, &greedy(10), |_, _| {
+        ControlFlow::Continue(())
+    })
+    .expect("generate");
+    for (prompt, row) in prompts.iter().zip(&generated) {
+        assert_eq!(row.logprobs.len(), row.tokens.len());
+        let reference = score_incrementally(&decoder, prompt, &row.tokens).expect("score");
+        for (a, b) in row.logprobs.iter().zip(&reference) {
+            assert!((a - b).abs() < 2e-3, "{a} against {b}");
+        }
+    }
+}

@@ -10,7 +10,8 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
 use hasten_lm::{
-    ChatMessage, ForwardRequest, GenerationOptions, LanguageModel, Role, Sampling, generate,
+    ChatMessage, ForwardRequest, GenerationOptions, LanguageModel, Role, Sampling, WeightFormat,
+    generate,
 };
 use support::{LARGE_MODEL, SMALL_MODEL, max_abs_diff, optional_real_model, real_model};
 
@@ -132,7 +133,10 @@ fn smollm2_answers_a_question_from_its_context_and_batches_like_it_runs_alone() 
     let Some(path) = real_model(SMALL_MODEL) else {
         return;
     };
-    let model = LanguageModel::load(&path, &Device::Cpu).expect("load");
+    // The edge's format. candle's quantised kernels take other paths for several rows than
+    // for one (x86 repacked tiles where the width allows), so a batch's log-probabilities
+    // are close to, not bit-equal with, its rows' alone; the tokens must be the same.
+    let model = LanguageModel::load_with(&path, &Device::Cpu, WeightFormat::Fast).expect("load");
     let ask = |context: &str, question: &str| {
         model
             .chat
@@ -178,7 +182,14 @@ fn smollm2_answers_a_question_from_its_context_and_batches_like_it_runs_alone() 
             |_, _| ControlFlow::Continue(()),
         )
         .expect("alone");
-        assert_eq!(alone[0], batched[row], "row {row}");
+        assert_eq!(alone[0].tokens, batched[row].tokens, "row {row}");
+        assert_eq!(alone[0].finish, batched[row].finish, "row {row}");
+        for (a, b) in alone[0].logprobs.iter().zip(&batched[row].logprobs) {
+            assert!(
+                (a - b).abs() < 0.1,
+                "row {row}: log-probability {a} alone, {b} batched"
+            );
+        }
     }
 }
 

@@ -12,8 +12,7 @@ pub struct AnswerTimings {
     /// Until the caller received the first text. Speculative mode emits the chosen answer only
     /// after verification, so there it is close to `total`, which is what a user waits.
     pub first_token: Duration,
-    /// Token generation after the prefill (speculative: the drafts, including the drafter's
-    /// pass that reads their log-probabilities).
+    /// Token generation after the prefill (speculative: all drafts, one batch).
     pub decode: Duration,
     /// The verifier's scoring pass (zero in standard mode).
     pub verify: Duration,

@@ -2,12 +2,10 @@
 //! subsets decoded in one batch, and each draft's log-probability under the drafter.
 
 use std::ops::ControlFlow;
-use std::time::{Duration, Instant};
 
 use hasten_lm::{GenerationOptions, GenerationTimings, LanguageModel, Sampling, generate};
 
 use crate::error::{RagError, Result};
-use crate::logprob::continuation_logprobs;
 use crate::prompt::{ANSWER_LABEL, drafter_prompt};
 use crate::request::Document;
 
@@ -31,12 +29,10 @@ pub struct Draft {
 pub struct Drafting {
     pub drafts: Vec<Draft>,
     pub generation: GenerationTimings,
-    /// The drafter's scoring pass over its own drafts.
-    pub scoring: Duration,
 }
 
 /// Writes one draft per subset with the drafter: one batched greedy `generate` for all of
-/// them, then one batched `score` for their log-probabilities.
+/// them, which also gives each draft's log-probability.
 pub fn write_drafts(
     drafter: &LanguageModel,
     question: &str,
@@ -72,27 +68,9 @@ pub fn write_drafts(
         ControlFlow::Continue(())
     })?;
 
-    // `generate` does not report log-probabilities, so one more pass reads them (without
-    // logits over the long prompts); a draft that stopped at once has nothing to score
-    // (log 1 = 0).
-    let started = Instant::now();
-    let rows: Vec<usize> = (0..generated.len())
-        .filter(|&row| !generated[row].tokens.is_empty())
-        .collect();
-    let pairs: Vec<(Vec<u32>, Vec<u32>)> = rows
-        .iter()
-        .map(|&row| (prompts[row].clone(), generated[row].tokens.clone()))
-        .collect();
-    let mut logprobs = vec![0.0f32; generated.len()];
-    if !pairs.is_empty() {
-        for (&row, scores) in rows
-            .iter()
-            .zip(continuation_logprobs(&drafter.decoder, &pairs)?)
-        {
-            logprobs[row] = scores.iter().sum();
-        }
-    }
-    let scoring = started.elapsed();
+    // log P(rationale, answer | subset prompt): the log-probabilities the drafter gave its
+    // own tokens as it wrote them (a draft that stopped at once scores log 1 = 0).
+    let logprobs: Vec<f32> = generated.iter().map(|g| g.logprobs.iter().sum()).collect();
 
     let drafts = subsets
         .iter()
@@ -115,11 +93,7 @@ pub fn write_drafts(
         unlabelled = drafts.iter().filter(|d| !d.labelled).count(),
         "drafts written"
     );
-    Ok(Drafting {
-        drafts,
-        generation,
-        scoring,
-    })
+    Ok(Drafting { drafts, generation })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

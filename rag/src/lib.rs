@@ -13,7 +13,6 @@ pub mod cluster;
 pub mod draft;
 pub mod error;
 pub mod eval;
-pub mod logprob;
 pub mod prompt;
 pub mod request;
 pub mod speculative;

@@ -70,7 +70,7 @@ pub fn answer_speculative(
         timings: AnswerTimings {
             prefill: drafting.generation.prefill,
             first_token: total,
-            decode: drafting.generation.decode + drafting.scoring,
+            decode: drafting.generation.decode,
             verify: verify_time,
             total,
         },
