@@ -124,24 +124,29 @@ async fn read_input(
     body: Body,
     limits: BodyLimits,
 ) -> Result<RetrieveInput, EdgeError> {
-    if !is_json(headers) {
-        return Err(EdgeError::UnsupportedMediaType);
-    }
-    let bytes = match tokio::time::timeout(limits.timeout, to_bytes(body, limits.max_bytes)).await {
-        Err(_) => return Err(EdgeError::BodyTimeout(limits.timeout)),
-        Ok(Err(err)) if is_length_limit(&err) => {
-            return Err(EdgeError::PayloadTooLarge(limits.max_bytes));
-        }
-        Ok(Err(err)) => {
-            return Err(InvalidArgument::new("body", format!("unreadable: {err}")).into());
-        }
-        Ok(Ok(bytes)) => bytes,
-    };
+    let bytes = read_json_bytes(headers, body, limits).await?;
     Ok(parse_body(&bytes).map(RetrieveInput::from)?)
 }
 
+/// The bytes of a body declared as JSON, read within the body limits.
+pub(crate) async fn read_json_bytes(
+    headers: &HeaderMap,
+    body: Body,
+    limits: BodyLimits,
+) -> Result<axum::body::Bytes, EdgeError> {
+    if !is_json(headers) {
+        return Err(EdgeError::UnsupportedMediaType);
+    }
+    match tokio::time::timeout(limits.timeout, to_bytes(body, limits.max_bytes)).await {
+        Err(_) => Err(EdgeError::BodyTimeout(limits.timeout)),
+        Ok(Err(err)) if is_length_limit(&err) => Err(EdgeError::PayloadTooLarge(limits.max_bytes)),
+        Ok(Err(err)) => Err(InvalidArgument::new("body", format!("unreadable: {err}")).into()),
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
 /// Whether the request says its body is JSON (`application/json`, parameters allowed).
-pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -150,7 +155,7 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// Whether reading a body failed on the size limit.
-pub(crate) fn is_length_limit(err: &axum::Error) -> bool {
+fn is_length_limit(err: &axum::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(cause) = source {
         if cause.is::<http_body_util::LengthLimitError>() {

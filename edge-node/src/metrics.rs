@@ -78,7 +78,7 @@ pub struct EdgeMetrics {
     connections_refused: IntCounterVec,
 }
 
-fn register<T: prometheus::core::Collector + Clone + 'static>(
+pub(crate) fn register<T: prometheus::core::Collector + Clone + 'static>(
     registry: &Registry,
     metric: T,
 ) -> Result<T, prometheus::Error> {

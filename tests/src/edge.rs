@@ -19,8 +19,18 @@ pub async fn retrieve(
 
 /// `POST /v1/retrieve` of `body`: the status and the body.
 pub async fn retrieve_body(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {
+    post_json(http, edge, "/v1/retrieve", body).await
+}
+
+/// `POST` of the JSON `body` to `path` on the edge: the status and the JSON reply.
+pub async fn post_json(
+    http: &reqwest::Client,
+    edge: &str,
+    path: &str,
+    body: &Value,
+) -> (u16, Value) {
     let response = http
-        .post(format!("http://{edge}/v1/retrieve"))
+        .post(format!("http://{edge}{path}"))
         .json(body)
         .send()
         .await

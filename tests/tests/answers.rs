@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_tests::edge::post_json;
 use hasten_tests::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index,
 };
@@ -33,14 +34,7 @@ fn small_model() -> Option<PathBuf> {
 }
 
 async fn post(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {
-    let response = http
-        .post(format!("http://{edge}/v1/answer"))
-        .json(body)
-        .send()
-        .await
-        .expect("the edge answers HTTP");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("a JSON body"))
+    post_json(http, edge, "/v1/answer", body).await
 }
 
 /// The events of a server-sent-events body, as (event name, JSON data).
@@ -61,12 +55,17 @@ fn sse_events(body: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
-    let Some(model) = small_model() else { return };
-    let work = persistent_work_dir("answers").unwrap();
+/// A cloud index and an edge over the small test bundle, the edge answering with `model`.
+struct Answering {
+    cloud: ManagedProcess,
+    edge: ManagedProcess,
+    bundle_dir: PathBuf,
+}
+
+fn start_answering(work_name: &str, model: &Path) -> Answering {
+    let work = persistent_work_dir(work_name).unwrap();
     let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
-    let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
     let cert = dev_cert(&work, "cloud");
     let edge = ManagedProcess::start(
         "answering-edge",
@@ -78,6 +77,21 @@ async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
         START_TIMEOUT,
     )
     .unwrap();
+    Answering {
+        cloud,
+        edge,
+        bundle_dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
+    let Some(model) = small_model() else { return };
+    let Answering {
+        mut cloud,
+        edge,
+        bundle_dir,
+    } = start_answering("answers", &model);
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -276,20 +290,11 @@ async fn the_openai_sdk_talks_to_the_edge_unchanged() {
     let Some(python) = openai_python() else {
         return;
     };
-    let work = persistent_work_dir("answers-openai").unwrap();
-    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
-    let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
-    let cert = dev_cert(&work, "cloud");
-    let edge = ManagedProcess::start(
-        "openai-edge",
-        &binary("edge-node").unwrap(),
-        edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
-            .into_iter()
-            .chain(["--lm-model".into(), model.display().to_string()]),
-        &work,
-        START_TIMEOUT,
-    )
-    .unwrap();
+    let Answering {
+        mut cloud,
+        edge,
+        bundle_dir,
+    } = start_answering("answers-openai", &model);
     let question = CorpusBundle::load(&bundle_dir).unwrap().questions[0]
         .question
         .clone();

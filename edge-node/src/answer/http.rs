@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, to_bytes};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -15,12 +15,12 @@ use axum::routing::post;
 use futures::stream::{self, StreamExt};
 use tokio::sync::mpsc;
 
-use super::json::{AnswerReply, AnswerTimingsJson, DraftJson, ModeJson, parse_answer_body};
+use super::json::{AnswerBody, AnswerReply, AnswerTimingsJson, DraftJson, ModeJson};
 use super::{AnswerInput, AnswerService, Answered};
+use crate::api::EdgeError;
 use crate::api::conversions::error_json;
-use crate::api::json::{DocumentJson, OutcomeJson};
-use crate::api::{EdgeError, InvalidArgument};
-use crate::http::{BodyLimits, client_timeout, is_json, is_length_limit};
+use crate::api::json::{DocumentJson, OutcomeJson, parse_json_object};
+use crate::http::{BodyLimits, client_timeout, read_json_bytes};
 use crate::retrieval::Outcome;
 
 #[derive(Clone)]
@@ -100,21 +100,8 @@ async fn read_answer_input(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(AnswerInput, bool), EdgeError> {
-    if !is_json(headers) {
-        return Err(EdgeError::UnsupportedMediaType);
-    }
-    let limits = state.body;
-    let bytes = match tokio::time::timeout(limits.timeout, to_bytes(body, limits.max_bytes)).await {
-        Err(_) => return Err(EdgeError::BodyTimeout(limits.timeout)),
-        Ok(Err(err)) if is_length_limit(&err) => {
-            return Err(EdgeError::PayloadTooLarge(limits.max_bytes));
-        }
-        Ok(Err(err)) => {
-            return Err(InvalidArgument::new("body", format!("unreadable: {err}")).into());
-        }
-        Ok(Ok(bytes)) => bytes,
-    };
-    let body = parse_answer_body(&bytes)?;
+    let bytes = read_json_bytes(headers, body, state.body).await?;
+    let body: AnswerBody = parse_json_object(&bytes)?;
     let stream = body.stream;
     Ok((state.service.validate(body)?, stream))
 }

@@ -2,7 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::InvalidArgument;
 use crate::api::json::{DocumentJson, OutcomeJson};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -25,27 +24,6 @@ pub struct AnswerBody {
     /// Server-sent events: the documents, then the answer's text as it is generated.
     #[serde(default)]
     pub stream: bool,
-}
-
-/// Parses a body, naming the offending field on error.
-pub fn parse_answer_body(bytes: &[u8]) -> Result<AnswerBody, InvalidArgument> {
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(InvalidArgument::new("body", "must be a JSON object"));
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let body: AnswerBody = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
-        let path = err.path().to_string();
-        let field = if matches!(path.as_str(), "" | "." | "?") {
-            "body".to_string()
-        } else {
-            path
-        };
-        InvalidArgument::new(field, err.into_inner().to_string())
-    })?;
-    deserializer
-        .end()
-        .map_err(|err| InvalidArgument::new("body", err.to_string()))?;
-    Ok(body)
 }
 
 /// Milliseconds per stage of an answer.

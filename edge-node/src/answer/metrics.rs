@@ -10,6 +10,7 @@ use hasten_rag::AnswerMode;
 
 use super::Answered;
 use crate::api::EdgeError;
+use crate::metrics::register;
 
 /// Generation is seconds, not milliseconds: buckets up to two minutes.
 const ANSWER_BUCKETS: &[f64] = &[
@@ -28,14 +29,6 @@ pub struct AnswerMetrics {
     decode_rate: HistogramVec,
     generated: IntCounterVec,
     queue: IntGauge,
-}
-
-fn register<T: prometheus::core::Collector + Clone + 'static>(
-    registry: &Registry,
-    metric: T,
-) -> Result<T, prometheus::Error> {
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
 }
 
 fn mode_label(mode: AnswerMode) -> &'static str {

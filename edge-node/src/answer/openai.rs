@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::{Body, to_bytes};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -22,8 +22,9 @@ use tokio::sync::mpsc;
 
 use super::json::{AnswerBody, ModeJson};
 use super::{AnswerService, Answered};
+use crate::api::json::parse_json_object;
 use crate::api::{EdgeError, InvalidArgument};
-use crate::http::{BodyLimits, client_timeout, is_json, is_length_limit, status_code};
+use crate::http::{BodyLimits, client_timeout, read_json_bytes, status_code};
 
 /// The models `/v1/models` lists: one per answer mode.
 pub const STANDARD_MODEL: &str = "hasten-rag";
@@ -236,33 +237,10 @@ async fn read_request(
     body: Body,
     limits: BodyLimits,
 ) -> Result<ChatRequest, Response> {
-    if !is_json(headers) {
-        return Err(from_edge_error(EdgeError::UnsupportedMediaType));
-    }
-    let bytes = match tokio::time::timeout(limits.timeout, to_bytes(body, limits.max_bytes)).await {
-        Err(_) => return Err(from_edge_error(EdgeError::BodyTimeout(limits.timeout))),
-        Ok(Err(err)) if is_length_limit(&err) => {
-            return Err(from_edge_error(EdgeError::PayloadTooLarge(
-                limits.max_bytes,
-            )));
-        }
-        Ok(Err(err)) => {
-            return Err(from_edge_error(
-                InvalidArgument::new("body", format!("unreadable: {err}")).into(),
-            ));
-        }
-        Ok(Ok(bytes)) => bytes,
-    };
-    let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
-    serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
-        let path = err.path().to_string();
-        let field = if matches!(path.as_str(), "" | "." | "?") {
-            "body".to_string()
-        } else {
-            path
-        };
-        from_edge_error(InvalidArgument::new(field, err.into_inner().to_string()).into())
-    })
+    let bytes = read_json_bytes(headers, body, limits)
+        .await
+        .map_err(from_edge_error)?;
+    parse_json_object(&bytes).map_err(|invalid| from_edge_error(invalid.into()))
 }
 
 /// The text of the last user message (string content, or the text parts of an array).

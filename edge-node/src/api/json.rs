@@ -14,23 +14,30 @@ pub struct RetrieveBody {
     pub k: Option<i64>,
 }
 
-/// Parses a body, naming the offending field on error (`body` when it is not a JSON object
-/// at all: serde would also read a struct from a JSON array, by position).
+/// Parses a `/v1/retrieve` body, naming the offending field on error.
 pub fn parse_body(bytes: &[u8]) -> Result<RetrieveBody, InvalidArgument> {
+    parse_json_object(bytes)
+}
+
+/// Parses a JSON object body into `T`, naming the offending field on error (`body` when it
+/// is not a JSON object at all: serde would also read a struct from a JSON array, by
+/// position).
+pub fn parse_json_object<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<T, InvalidArgument> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(InvalidArgument::new("body", "must be a JSON object"));
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let body: RetrieveBody =
-        serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
-            let path = err.path().to_string();
-            let field = if matches!(path.as_str(), "" | "." | "?") {
-                "body".to_string()
-            } else {
-                path
-            };
-            InvalidArgument::new(field, err.into_inner().to_string())
-        })?;
+    let body: T = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let field = if matches!(path.as_str(), "" | "." | "?") {
+            "body".to_string()
+        } else {
+            path
+        };
+        InvalidArgument::new(field, err.into_inner().to_string())
+    })?;
     deserializer
         .end()
         .map_err(|err| InvalidArgument::new("body", err.to_string()))?;
