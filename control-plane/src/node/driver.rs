@@ -374,6 +374,14 @@ impl<T: Transport> RaftNode<T> {
             entries = self.state.len(),
             "installed a snapshot from the leader"
         );
+        // Wake the subscribers: the entries the snapshot covers were never applied here, and
+        // when no entry follows it nothing else would tell them to fetch the new state. The
+        // event is not stored; a subscriber behind the new floor resends the whole state.
+        let _ = self.events.send(Arc::new(CommittedEvent {
+            index: snapshot.get_metadata().index,
+            applied: Vec::new(),
+            state: None,
+        }));
         Ok(())
     }
 
