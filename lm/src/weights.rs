@@ -53,42 +53,27 @@ impl Matrix {
 
 impl WeightFormat {
     pub(crate) fn matrix(self, stored: QTensor, device: &Device) -> Result<Matrix> {
-        let dense = |stored: &QTensor| -> Result<QMatMul> {
-            Ok(QMatMul::from_qtensor(QTensor::quantize(
-                &stored.dequantize(device)?,
-                GgmlDType::F32,
-            )?)?)
-        };
-        let compact = |stored: QTensor| -> Result<QMatMul> {
-            let requantise = needs_requantising(stored.dtype()) && divisible(&stored, 32);
-            let stored = if requantise {
-                QTensor::quantize(&stored.dequantize(device)?, GgmlDType::Q8_0)?
-            } else {
-                stored
-            };
-            Ok(QMatMul::from_qtensor(stored)?)
-        };
-        Ok(match self {
-            Self::AsStored => Matrix {
+        if self == Self::AsStored {
+            return Ok(Matrix {
                 compact: QMatMul::from_qtensor(stored)?,
                 dense: None,
-            },
-            Self::Q8_0 => Matrix {
-                compact: compact(stored)?,
+            });
+        }
+        // Dequantised once, whichever representations are built from it.
+        let values = stored.dequantize(device)?;
+        if self == Self::F32 {
+            return Ok(Matrix {
+                compact: QMatMul::Tensor(values),
                 dense: None,
-            },
-            Self::F32 => Matrix {
-                compact: dense(&stored)?,
-                dense: None,
-            },
-            Self::Fast => {
-                let dense = Some(dense(&stored)?);
-                Matrix {
-                    compact: compact(stored)?,
-                    dense,
-                }
-            }
-        })
+            });
+        }
+        let compact = if needs_requantising(stored.dtype()) && divisible(&stored, 32) {
+            QMatMul::from_qtensor(QTensor::quantize(&values, GgmlDType::Q8_0)?)?
+        } else {
+            QMatMul::from_qtensor(stored)?
+        };
+        let dense = (self == Self::Fast).then(|| QMatMul::Tensor(values));
+        Ok(Matrix { compact, dense })
     }
 }
 
