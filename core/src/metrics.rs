@@ -21,6 +21,27 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Seconds of LLM generation (an answer, a time to first token): from a cached short
+/// answer to two minutes of CPU decoding.
+pub const GENERATION_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+];
+
+/// Tokens per second of decoding: from a large model on two cores to a small one on a GPU.
+pub const TOKEN_RATE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 400.0, 1000.0,
+];
+
+/// Registers `metric` with `registry` and hands it back, so that a metrics struct is built
+/// field by field.
+pub fn register<T: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: T,
+) -> Result<T, prometheus::Error> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
 /// A registry with the process collector registered.
 pub fn registry() -> Result<Registry, prometheus::Error> {
     let registry = Registry::new();

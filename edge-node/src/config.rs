@@ -123,6 +123,9 @@ pub struct EdgeConfig {
     pub lm_model: Option<PathBuf>,
     /// Small GGUF model that writes Speculative RAG's drafts; `lm_model` when absent.
     pub lm_drafter: Option<PathBuf>,
+    /// `host:port` of a generation worker (`lm-worker`) to answer with instead of models in
+    /// this process; dialled over mutual TLS when the edge has it (`tls_ca`).
+    pub lm_worker: Option<String>,
     /// `cpu`, or `cuda` in a build with the `cuda` feature.
     pub lm_device: DeviceKind,
     /// How the models' weights are held: `fast` (Q8_0 for decoding, f32 for prompts; the
@@ -190,6 +193,7 @@ impl Default for EdgeConfig {
             ready_file: None,
             lm_model: None,
             lm_drafter: None,
+            lm_worker: None,
             lm_device: DeviceKind::Cpu,
             lm_weights: WeightFormat::Fast,
             answer_default_tokens: 64,
@@ -307,6 +311,21 @@ impl EdgeConfig {
         ] {
             if value == 0 {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
+        if let Some(worker) = &self.lm_worker {
+            if self.lm_model.is_some() {
+                return Err(ConfigError::invalid(
+                    "lm_worker",
+                    "and `lm_model` are both set: answer either with a worker or with models in \
+                     this process",
+                ));
+            }
+            if worker.contains("://") || worker.rsplit_once(':').is_none() {
+                return Err(ConfigError::invalid(
+                    "lm_worker",
+                    format!("`{worker}` is not `host:port`"),
+                ));
             }
         }
         if self.lm_drafter.is_some() && self.lm_model.is_none() {

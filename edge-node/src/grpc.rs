@@ -1,12 +1,15 @@
-//! The gRPC twin of `POST /v1/retrieve`. Everything about a request beyond its wire form is
-//! the pipeline's.
+//! The gRPC twins of `POST /v1/retrieve` and `POST /v1/answer`. Everything about a request
+//! beyond its wire form is the pipeline's.
 
 use std::time::Duration;
 
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::edge_server::Edge;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
+use crate::answer::AnswerService;
+use crate::answer::grpc::{AnswerEvents, answer_events};
 use crate::api::conversions::reply_proto;
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
 use crate::pipeline::{EdgeService, Incoming};
@@ -14,12 +17,30 @@ use crate::pipeline::{EdgeService, Incoming};
 #[derive(Clone)]
 pub struct EdgeGrpc {
     service: EdgeService,
+    answers: AnswerService,
 }
 
 impl EdgeGrpc {
-    pub fn new(service: EdgeService) -> Self {
-        Self { service }
+    pub fn new(service: EdgeService, answers: AnswerService) -> Self {
+        Self { service, answers }
     }
+}
+
+/// The caller's bearer token and deadline, from a call's metadata.
+fn caller(metadata: &MetadataMap) -> (Option<String>, Result<Option<Duration>, InvalidArgument>) {
+    let authorization = metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let timeout = match metadata.get("grpc-timeout") {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .map_err(|_| InvalidArgument::new("grpc-timeout", "not ASCII"))
+            .and_then(grpc_timeout)
+            .map(Some),
+    };
+    (authorization, timeout)
 }
 
 impl From<EdgeError> for Status {
@@ -35,9 +56,9 @@ impl From<EdgeError> for Status {
                 Status::resource_exhausted(message)
             }
             EdgeError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
-            EdgeError::Unavailable(_) | EdgeError::NoLanguageModel(_) => {
-                Status::unavailable(message)
-            }
+            EdgeError::Unavailable(_)
+            | EdgeError::NoLanguageModel(_)
+            | EdgeError::GenerationUnavailable(_) => Status::unavailable(message),
             EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
                 Status::internal(message)
             }
@@ -72,19 +93,7 @@ impl Edge for EdgeGrpc {
         &self,
         request: Request<pb::RetrieveRequest>,
     ) -> Result<Response<pb::RetrieveResponse>, Status> {
-        let metadata = request.metadata();
-        let authorization = metadata
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let timeout = match metadata.get("grpc-timeout") {
-            None => Ok(None),
-            Some(value) => value
-                .to_str()
-                .map_err(|_| InvalidArgument::new("grpc-timeout", "not ASCII"))
-                .and_then(grpc_timeout)
-                .map(Some),
-        };
+        let (authorization, timeout) = caller(request.metadata());
         let incoming = Incoming {
             authorization: authorization.as_deref(),
             timeout,
@@ -95,6 +104,23 @@ impl Edge for EdgeGrpc {
             retrieval,
             self.service.replies(),
         )))
+    }
+
+    type AnswerStream = AnswerEvents;
+
+    async fn answer(
+        &self,
+        request: Request<pb::AnswerRequest>,
+    ) -> Result<Response<Self::AnswerStream>, Status> {
+        let (authorization, timeout) = caller(request.metadata());
+        let events = answer_events(
+            &self.answers,
+            authorization.as_deref(),
+            timeout,
+            request.into_inner(),
+        )
+        .await?;
+        Ok(Response::new(events))
     }
 }
 

@@ -77,7 +77,9 @@ pub(crate) fn status_code(error: &EdgeError) -> StatusCode {
         }
         EdgeError::NoLanguageModel(_) => StatusCode::SERVICE_UNAVAILABLE,
         EdgeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
-        EdgeError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        EdgeError::Unavailable(_) | EdgeError::GenerationUnavailable(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
             StatusCode::INTERNAL_SERVER_ERROR
         }

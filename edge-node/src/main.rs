@@ -27,6 +27,7 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_lm_worker::RemoteLm;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::quic::client_config;
@@ -203,6 +204,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_drafter: Option<PathBuf>,
+    /// host:port of a generation worker (lm-worker) to answer with instead of lm_model.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_worker: Option<String>,
     /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -350,10 +355,33 @@ async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClient>>) {
     }
 }
 
-/// The `/v1/answer` models, when configured.
-fn load_language_models(config: &EdgeConfig) -> Result<Option<Arc<dyn LmBackend>>> {
+/// The `/v1/answer` backend, when configured: a generation worker, or models loaded here.
+fn language_backend(
+    config: &EdgeConfig,
+    mutual: Option<&MutualTls>,
+) -> Result<Option<Arc<dyn LmBackend>>> {
+    if let Some(worker) = &config.lm_worker {
+        let remote = RemoteLm::connect_lazy(worker, mutual.map(MutualTls::grpc_client))
+            .context("configuration: `lm_worker`")?;
+        let remote = Arc::new(remote);
+        // The worker may start after the edge: it is found on first use; this only logs.
+        let probe = Arc::clone(&remote);
+        tokio::spawn(async move {
+            match probe.probe().await {
+                Ok(info) => tracing::info!(
+                    endpoint = probe.endpoint(),
+                    verifier = %info.verifier,
+                    drafter = %info.drafter,
+                    device = %info.device,
+                    "generation worker reached"
+                ),
+                Err(error) => tracing::warn!(%error, "generation worker not reachable yet"),
+            }
+        });
+        return Ok(Some(remote));
+    }
     let Some(model) = &config.lm_model else {
-        tracing::info!("no `lm_model`: /v1/answer answers 503");
+        tracing::info!("no `lm_model` nor `lm_worker`: /v1/answer answers 503");
         return Ok(None);
     };
     let drafter = config.lm_drafter.as_ref().unwrap_or(model);
@@ -393,9 +421,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
     };
     tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
+    let mutual = config
+        .mutual_tls()?
+        .map(|paths| MutualTls::load(&paths))
+        .transpose()
+        .context("loading the mutual-TLS files")?;
     // The language models load before the bundle: a bad file stops the start at once, naming
     // the file and why.
-    let backend = load_language_models(&config)?;
+    let backend = language_backend(&config, mutual.as_ref())?;
     let bundle_dir = config.bundle.clone().unwrap_or_default();
     let bundle = CorpusBundle::load(&bundle_dir)
         .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
@@ -408,11 +441,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
             bundle.dimension()
         );
     }
-    let mutual = config
-        .mutual_tls()?
-        .map(|paths| MutualTls::load(&paths))
-        .transpose()
-        .context("loading the mutual-TLS files")?;
     let mut engine = build_engine(&config, &bundle, &tenants, mutual.as_ref())?;
     let link = (!config.control_plane.is_empty()).then(|| {
         let corpus = CorpusIdentity {
@@ -517,7 +545,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
             answers.clone(),
             body_limits,
         ))
-        .merge(edge_node::answer::openai::chat_routes(answers, body_limits));
+        .merge(edge_node::answer::openai::chat_routes(
+            answers.clone(),
+            body_limits,
+        ));
     let admin = edge_node::http::admin_routes(service.clone(), registry);
     // Without an admin address of their own, the admin routes share the API's.
     let (api, admin) = match admin_listener {
@@ -549,7 +580,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let grpc = tonic::transport::Server::builder()
         // The same bound as the JSON API's body: a 384-d vector is ~1.5 KB in protobuf.
         .add_service(
-            EdgeServer::new(EdgeGrpc::new(service))
+            EdgeServer::new(EdgeGrpc::new(service, answers))
                 .max_decoding_message_size(config.max_body_bytes),
         )
         .serve_with_incoming_shutdown(

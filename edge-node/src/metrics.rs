@@ -6,11 +6,11 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use hasten_core::metrics::LATENCY_BUCKETS;
 use hasten_core::metrics::prometheus::{
     self, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
+use hasten_core::metrics::{LATENCY_BUCKETS, register};
 use parking_lot::Mutex;
 
 use crate::api::EdgeError;
@@ -76,14 +76,6 @@ pub struct EdgeMetrics {
     /// Skip counts already added to `skipped`, by reason.
     skipped_seen: Mutex<[u64; 3]>,
     connections_refused: IntCounterVec,
-}
-
-pub(crate) fn register<T: prometheus::core::Collector + Clone + 'static>(
-    registry: &Registry,
-    metric: T,
-) -> Result<T, prometheus::Error> {
-    registry.register(Box::new(metric.clone()))?;
-    Ok(metric)
 }
 
 impl EdgeMetrics {

@@ -12,6 +12,15 @@ pub enum RagError {
     /// The language model failed (loading, tokenising or a forward pass).
     #[error("language model: {0}")]
     Lm(#[from] hasten_lm::LmError),
+    /// A remote generation worker failed or could not be reached. `retryable`: the worker is
+    /// down, busy or too slow, so the same request may succeed later or elsewhere.
+    #[error("generation worker at {endpoint}: {source}")]
+    Worker {
+        endpoint: String,
+        retryable: bool,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl RagError {
@@ -26,8 +35,20 @@ impl RagError {
     pub fn field(&self) -> Option<&'static str> {
         match self {
             Self::InvalidRequest { field, .. } => Some(field),
-            Self::Lm(_) => None,
+            Self::Lm(_) | Self::Worker { .. } => None,
         }
+    }
+
+    /// Whether the backend could not take the request now (a worker down or busy), as
+    /// opposed to failing on it.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Worker {
+                retryable: true,
+                ..
+            }
+        )
     }
 }
 

@@ -5,7 +5,8 @@
 //! streaming the text. Speculative RAG clusters the documents ([`cluster`]), drafts an
 //! answer with a rationale from each one-document-per-cluster subset with the small model in
 //! one batch ([`subsets`], [`draft`]), scores every draft with the large model in one
-//! forward pass ([`verify`]) and answers with the best. [`eval`] holds the QA metrics.
+//! forward pass ([`verify`]) and answers with the best. [`eval`] holds the QA metrics;
+//! [`queue`] the bounded queue in front of a model.
 
 pub mod answer;
 pub mod backend;
@@ -14,6 +15,7 @@ pub mod draft;
 pub mod error;
 pub mod eval;
 pub mod prompt;
+pub mod queue;
 pub mod request;
 pub mod speculative;
 pub mod standard;
@@ -25,6 +27,7 @@ pub use backend::{LmBackend, LocalLm};
 pub use error::{RagError, Result};
 /// The load options of [`LocalLm::load_with`], re-exported so callers need not name hasten-lm.
 pub use hasten_lm::{DeviceKind, WeightFormat};
+pub use queue::{ModelQueue, QueueError};
 pub use request::{
     AnswerMode, AnswerRequest, Document, DraftSelection, MAX_DRAFTS, MAX_NEW_TOKENS,
     SpeculativeSettings,

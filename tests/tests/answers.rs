@@ -6,32 +6,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_tests::answering::{Answering, START_TIMEOUT, small_model, start_answering, with_model};
 use hasten_tests::edge::post_json;
 use hasten_tests::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index,
 };
 use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
-
-const START_TIMEOUT: Duration = Duration::from_secs(180);
-const SMALL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn small_model() -> Option<PathBuf> {
-    let Some(dir) = std::env::var_os("HASTEN_LM_DIR") else {
-        eprintln!("HASTEN_LM_DIR is unset: skipping the answer tests");
-        return None;
-    };
-    let path = Path::new(&dir).join(SMALL_MODEL);
-    assert!(
-        path.is_file(),
-        "HASTEN_LM_DIR is set but {} is missing",
-        path.display()
-    );
-    Some(path)
-}
 
 async fn post(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {
     post_json(http, edge, "/v1/answer", body).await
@@ -55,35 +38,6 @@ fn sse_events(body: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// A cloud index and an edge over the small test bundle, the edge answering with `model`.
-struct Answering {
-    cloud: ManagedProcess,
-    edge: ManagedProcess,
-    bundle_dir: PathBuf,
-}
-
-fn start_answering(work_name: &str, model: &Path) -> Answering {
-    let work = persistent_work_dir(work_name).unwrap();
-    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
-    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
-    let cert = dev_cert(&work, "cloud");
-    let edge = ManagedProcess::start(
-        "answering-edge",
-        &binary("edge-node").unwrap(),
-        edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
-            .into_iter()
-            .chain(["--lm-model".into(), model.display().to_string()]),
-        &work,
-        START_TIMEOUT,
-    )
-    .unwrap();
-    Answering {
-        cloud,
-        edge,
-        bundle_dir,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
     let Some(model) = small_model() else { return };
@@ -91,7 +45,8 @@ async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
         mut cloud,
         edge,
         bundle_dir,
-    } = start_answering("answers", &model);
+        ..
+    } = start_answering("answers", "answering-edge", &with_model(&model));
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -294,7 +249,8 @@ async fn the_openai_sdk_talks_to_the_edge_unchanged() {
         mut cloud,
         edge,
         bundle_dir,
-    } = start_answering("answers-openai", &model);
+        ..
+    } = start_answering("answers-openai", "answering-edge", &with_model(&model));
     let question = CorpusBundle::load(&bundle_dir).unwrap().questions[0]
         .question
         .clone();

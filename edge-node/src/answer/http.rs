@@ -112,6 +112,8 @@ fn millis(d: Duration) -> f64 {
 
 /// An answer as the JSON API returns it.
 pub fn reply(answered: Answered) -> AnswerReply {
+    let first_token = answered.first_token();
+    let total = answered.total();
     let Answered {
         retrieval,
         answer,
@@ -153,10 +155,10 @@ pub fn reply(answered: Answered) -> AnswerReply {
             retrieve_ms: millis(retrieve),
             queue_ms: millis(queued),
             prefill_ms: millis(t.prefill),
-            first_token_ms: millis(retrieve + queued + t.first_token),
+            first_token_ms: millis(first_token),
             decode_ms: millis(t.decode),
             verify_ms: millis(t.verify),
-            total_ms: millis(retrieve + queued + t.total),
+            total_ms: millis(total),
         },
     }
 }

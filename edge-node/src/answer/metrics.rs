@@ -6,19 +6,11 @@ use std::time::Duration;
 use hasten_core::metrics::prometheus::{
     self, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
 };
+use hasten_core::metrics::{GENERATION_BUCKETS, TOKEN_RATE_BUCKETS, register};
 use hasten_rag::AnswerMode;
 
 use super::Answered;
 use crate::api::EdgeError;
-use crate::metrics::register;
-
-/// Generation is seconds, not milliseconds: buckets up to two minutes.
-const ANSWER_BUCKETS: &[f64] = &[
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
-];
-const RATE_BUCKETS: &[f64] = &[
-    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 400.0, 1000.0,
-];
 
 #[derive(Debug)]
 pub struct AnswerMetrics {
@@ -69,7 +61,7 @@ impl AnswerMetrics {
                 by_mode(
                     "hasten_edge_answer_duration_seconds",
                     "Answer latency end to end (retrieval, queue, generation), by mode",
-                    ANSWER_BUCKETS,
+                    GENERATION_BUCKETS,
                 )?,
             )?,
             first_token: register(
@@ -77,7 +69,7 @@ impl AnswerMetrics {
                 by_mode(
                     "hasten_edge_answer_first_token_seconds",
                     "Time to the answer's first text (retrieval and queue included), by mode",
-                    ANSWER_BUCKETS,
+                    GENERATION_BUCKETS,
                 )?,
             )?,
             decode_rate: register(
@@ -85,7 +77,7 @@ impl AnswerMetrics {
                 by_mode(
                     "hasten_edge_answer_decode_tokens_per_second",
                     "Tokens generated per second of decoding, per answer, by mode",
-                    RATE_BUCKETS,
+                    TOKEN_RATE_BUCKETS,
                 )?,
             )?,
             generated: register(
@@ -117,7 +109,7 @@ impl AnswerMetrics {
             .observe(took.as_secs_f64());
         self.first_token
             .with_label_values(&[mode])
-            .observe((answered.retrieve + answered.queued + timings.first_token).as_secs_f64());
+            .observe(answered.first_token().as_secs_f64());
         let decode = timings.decode.as_secs_f64();
         if decode > 0.0 && answered.answer.generated_tokens > 0 {
             self.decode_rate

@@ -4,19 +4,23 @@
 //! one).
 //!
 //! Generation uses every core, so answers take the language model one at a time, in
-//! arrival order, behind a bounded queue; beyond it a request is refused at once.
+//! arrival order, behind a bounded queue ([`ModelQueue`]); beyond it a request is refused
+//! at once.
 
+pub mod grpc;
 pub mod http;
 pub mod json;
 pub mod metrics;
 pub mod openai;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hasten_rag::{Answer, AnswerMode, AnswerRequest, Document, LmBackend, SpeculativeSettings};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use hasten_rag::{
+    Answer, AnswerMode, AnswerRequest, Document, LmBackend, ModelQueue, QueueError,
+    SpeculativeSettings,
+};
+use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
@@ -70,14 +74,24 @@ pub struct Answered {
     pub queued: Duration,
 }
 
+impl Answered {
+    /// From the request to the answer's first text: retrieval and the queue included.
+    pub fn first_token(&self) -> Duration {
+        self.retrieve + self.queued + self.answer.timings.first_token
+    }
+
+    /// From the request to the whole answer.
+    pub fn total(&self) -> Duration {
+        self.retrieve + self.queued + self.answer.timings.total
+    }
+}
+
 #[derive(Clone)]
 pub struct AnswerService {
     retrieval: EdgeService,
     backend: Option<Arc<dyn LmBackend>>,
     limits: AnswerLimits,
-    /// One permit: the language model generates one answer at a time.
-    model: Arc<Semaphore>,
-    waiting: Arc<AtomicUsize>,
+    queue: Arc<ModelQueue>,
     metrics: Arc<AnswerMetrics>,
 }
 
@@ -88,12 +102,15 @@ impl AnswerService {
         limits: AnswerLimits,
         metrics: Arc<AnswerMetrics>,
     ) -> Self {
+        let gauge = Arc::clone(&metrics);
         Self {
             retrieval,
             backend,
             limits,
-            model: Arc::new(Semaphore::new(1)),
-            waiting: Arc::new(AtomicUsize::new(0)),
+            queue: Arc::new(ModelQueue::new(
+                limits.max_queued,
+                Box::new(move |waiting| gauge.set_queue(waiting)),
+            )),
             metrics,
         }
     }
@@ -235,7 +252,12 @@ impl AnswerService {
         );
         let outcome = async {
             let queued_at = Instant::now();
-            let permit = self.queue_for_model().await?;
+            let permit = self.queue.enter().await.map_err(|error| match error {
+                QueueError::Full(bound) => EdgeError::AnswerQueueFull(bound),
+                QueueError::Closed => {
+                    EdgeError::NoLanguageModel("the language model is shutting down")
+                }
+            })?;
             let queued = queued_at.elapsed();
             let answer = tokio::task::spawn_blocking(move || {
                 let _permit = permit;
@@ -254,6 +276,7 @@ impl AnswerService {
                 Some(field) => {
                     EdgeError::InvalidArgument(InvalidArgument::new(field, error.to_string()))
                 }
+                None if error.is_retryable() => EdgeError::GenerationUnavailable(error),
                 None => EdgeError::Generation(error),
             })?;
             Ok(Answered {
@@ -271,43 +294,5 @@ impl AnswerService {
             Err(error) => self.metrics.observe_error(error),
         }
         outcome
-    }
-
-    /// Takes the language model, waiting behind at most `max_queued` answers; refuses at
-    /// once when that many already wait.
-    async fn queue_for_model(&self) -> Result<OwnedSemaphorePermit, EdgeError> {
-        if let Ok(permit) = Arc::clone(&self.model).try_acquire_owned() {
-            return Ok(permit);
-        }
-        let _waiting = QueueSlot::take(self)?;
-        Arc::clone(&self.model)
-            .acquire_owned()
-            .await
-            .map_err(|_| EdgeError::NoLanguageModel("the language model is shutting down"))
-    }
-}
-
-/// A place in the queue for the language model, given back when the wait ends or the
-/// request is dropped (a client that hangs up while queued).
-struct QueueSlot<'a> {
-    service: &'a AnswerService,
-}
-
-impl<'a> QueueSlot<'a> {
-    fn take(service: &'a AnswerService) -> Result<Self, EdgeError> {
-        let ahead = service.waiting.fetch_add(1, Ordering::SeqCst);
-        if ahead >= service.limits.max_queued {
-            service.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(EdgeError::AnswerQueueFull(service.limits.max_queued));
-        }
-        service.metrics.set_queue(ahead + 1);
-        Ok(Self { service })
-    }
-}
-
-impl Drop for QueueSlot<'_> {
-    fn drop(&mut self) {
-        let left = self.service.waiting.fetch_sub(1, Ordering::SeqCst) - 1;
-        self.service.metrics.set_queue(left);
     }
 }

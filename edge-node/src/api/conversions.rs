@@ -121,6 +121,26 @@ pub fn reply_json(r: Retrieval, options: ReplyOptions) -> RetrieveReply {
     }
 }
 
+impl From<DocumentJson> for pb::Document {
+    fn from(d: DocumentJson) -> Self {
+        Self {
+            id: d.id,
+            title: d.title,
+            text: d.text,
+            score: d.score,
+        }
+    }
+}
+
+impl From<OutcomeJson> for pb::Outcome {
+    fn from(outcome: OutcomeJson) -> Self {
+        match outcome {
+            OutcomeJson::Accepted => Self::Accepted,
+            OutcomeJson::Fallback => Self::Fallback,
+        }
+    }
+}
+
 /// A retrieval as the gRPC API answers it: the JSON reply's content in protobuf.
 pub fn reply_proto(r: Retrieval, options: ReplyOptions) -> pb::RetrieveResponse {
     let reply = reply_json(r, options);
@@ -128,17 +148,9 @@ pub fn reply_proto(r: Retrieval, options: ReplyOptions) -> pb::RetrieveResponse 
         documents: reply
             .documents
             .into_iter()
-            .map(|d| pb::Document {
-                id: d.id,
-                title: d.title,
-                text: d.text,
-                score: d.score,
-            })
+            .map(pb::Document::from)
             .collect(),
-        outcome: match reply.outcome {
-            OutcomeJson::Accepted => pb::Outcome::Accepted,
-            OutcomeJson::Fallback => pb::Outcome::Fallback,
-        } as i32,
+        outcome: pb::Outcome::from(reply.outcome) as i32,
         homology_score: reply.homology_score as f32,
         matched_query: reply.matched_query.map(|m| pb::MatchedQuery {
             id: m.id,

@@ -148,6 +148,9 @@ pub enum EdgeError {
     /// The language model failed on a valid request (HTTP 500).
     #[error("internal error: generation failed")]
     Generation(#[source] hasten_rag::RagError),
+    /// The generation worker is down, busy or too slow (HTTP 503).
+    #[error("the generation worker is unavailable; retry shortly")]
+    GenerationUnavailable(#[source] hasten_rag::RagError),
 }
 
 impl EdgeError {
@@ -161,7 +164,7 @@ impl EdgeError {
             Self::Unauthenticated(_) => "unauthenticated",
             Self::EdgeBusy(_) | Self::CloudBusy(_) | Self::AnswerQueueFull(_) => "overloaded",
             Self::DeadlineExceeded(_) => "deadline_exceeded",
-            Self::Unavailable(_) => "unavailable",
+            Self::Unavailable(_) | Self::GenerationUnavailable(_) => "unavailable",
             Self::Internal(_) | Self::TaskFailed(_) | Self::Generation(_) => "internal",
             Self::NoLanguageModel(_) => "no_language_model",
         }
@@ -172,7 +175,11 @@ impl EdgeError {
     pub fn is_server_side(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::Internal(_) | Self::TaskFailed(_) | Self::Generation(_)
+            Self::Unavailable(_)
+                | Self::Internal(_)
+                | Self::TaskFailed(_)
+                | Self::Generation(_)
+                | Self::GenerationUnavailable(_)
         )
     }
 }

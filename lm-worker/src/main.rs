@@ -1,0 +1,163 @@
+//! `lm-worker`: answer over retrieved documents for edges that do not hold the models.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_lm_worker::GenerationService;
+use hasten_lm_worker::config::WorkerConfig;
+use hasten_lm_worker::metrics::WorkerMetrics;
+use hasten_proto::tls::MutualTls;
+use hasten_proto::v1::generation_server::GenerationServer;
+use hasten_rag::{DeviceKind, LmBackend, LocalLm, WeightFormat};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(
+    name = "lm-worker",
+    version,
+    about = "Hasten generation worker: answers over documents the edge retrieved"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the `Generation` gRPC service.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Serialize)]
+struct ServeArgs {
+    #[command(flatten)]
+    #[serde(skip)]
+    source: ConfigSource,
+    /// gRPC address [default: 127.0.0.1:7300].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_addr: Option<SocketAddr>,
+    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7302].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_addr: Option<SocketAddr>,
+    /// GGUF model that writes standard answers and verifies speculative drafts (required).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_model: Option<PathBuf>,
+    /// Small GGUF model that writes Speculative RAG's drafts [default: lm_model].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_drafter: Option<PathBuf>,
+    /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_device: Option<DeviceKind>,
+    /// fast, q8_0, f32 or as_stored [default: fast].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_weights: Option<WeightFormat>,
+    /// Answers waiting behind the one generating [default: 16].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<usize>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    tls: TlsArgs,
+    /// Write the bound addresses as JSON to this file once serving.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready_file: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    hasten_core::logging::init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let config: WorkerConfig = load_config(args.source.config.as_deref(), "HASTEN_WORKER_", &args)?;
+    config.validate()?;
+    if args.source.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    let mutual = config
+        .mutual_tls()?
+        .map(|paths| MutualTls::load(&paths))
+        .transpose()
+        .context("loading the mutual-TLS files")?;
+    let model = config
+        .lm_model
+        .clone()
+        .context("configuration: `lm_model` is required")?;
+    let drafter = config.lm_drafter.clone().unwrap_or_else(|| model.clone());
+    let started = Instant::now();
+    let backend = LocalLm::load_with(&drafter, &model, config.lm_device, config.lm_weights)
+        .context("loading the language models (`lm_model`, `lm_drafter`)")?;
+    let info = backend.info();
+    tracing::info!(
+        verifier = %info.verifier,
+        drafter = %info.drafter,
+        device = %info.device,
+        weights = %config.lm_weights,
+        took_ms = started.elapsed().as_millis() as u64,
+        "language models loaded"
+    );
+
+    let registry = hasten_core::metrics::registry()?;
+    let metrics = Arc::new(WorkerMetrics::register(&registry)?);
+    let metrics_addr = hasten_core::metrics::serve(
+        config.metrics_addr,
+        registry,
+        Arc::new(|| {}),
+        // Ready once serving: the models are loaded before the listener opens.
+        Arc::new(|| Ok(())),
+    )
+    .await
+    .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+
+    let listener = tokio::net::TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC on {}", config.grpc_addr))?;
+    let grpc_addr = listener.local_addr()?;
+    let service = GenerationService::new(Arc::new(backend), config.queue, metrics);
+    let mut server = tonic::transport::Server::builder();
+    if let Some(mutual) = &mutual {
+        server = server
+            .tls_config(mutual.grpc_server())
+            .context("configuring gRPC TLS")?;
+    } else {
+        tracing::warn!("mutual TLS is off (no `tls_ca`): any client may generate, in plaintext");
+    }
+    let serving = server
+        .add_service(
+            // Ten documents with their vectors are ~30 KB; this leaves room for long passages.
+            GenerationServer::new(service).max_decoding_message_size(16 * 1024 * 1024),
+        )
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown_signal(),
+        );
+    tracing::info!(%grpc_addr, %metrics_addr, "serving");
+    if let Some(path) = &config.ready_file {
+        let ready = serde_json::json!({
+            "grpc_addr": grpc_addr.to_string(),
+            "metrics_addr": metrics_addr.to_string(),
+        });
+        write_atomically(path, ready.to_string().as_bytes())
+            .with_context(|| format!("writing the ready file {}", path.display()))?;
+    }
+    serving.await.context("gRPC server failed")?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,149 @@
+//! The `Generation` gRPC service: one answer at a time on the worker's models, behind a
+//! bounded queue, its text streamed as it is generated.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::Stream;
+use futures::stream::{self, StreamExt};
+use hasten_proto::v1 as pb;
+use hasten_proto::v1::generation_server::Generation;
+use hasten_rag::{AnswerMode, LmBackend, ModelQueue, QueueError, RagError};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::conversions::{answer_proto, info_proto, request_from_proto};
+use crate::metrics::WorkerMetrics;
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
+
+#[derive(Clone)]
+pub struct GenerationService {
+    backend: Arc<dyn LmBackend>,
+    queue: Arc<ModelQueue>,
+    metrics: Arc<WorkerMetrics>,
+}
+
+impl GenerationService {
+    /// Serves `backend`, letting at most `max_queued` answers wait behind the one generating.
+    pub fn new(
+        backend: Arc<dyn LmBackend>,
+        max_queued: usize,
+        metrics: Arc<WorkerMetrics>,
+    ) -> Self {
+        let gauge = Arc::clone(&metrics);
+        Self {
+            backend,
+            queue: Arc::new(ModelQueue::new(
+                max_queued,
+                Box::new(move |waiting| gauge.set_queue(waiting)),
+            )),
+            metrics,
+        }
+    }
+}
+
+/// The status a failed answer is sent back with; a refused request names its field.
+fn status(error: &RagError) -> Status {
+    match error.field() {
+        Some(_) => Status::invalid_argument(error.to_string()),
+        None if error.is_retryable() => Status::unavailable(error.to_string()),
+        None => Status::internal(error.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl Generation for GenerationService {
+    type AnswerStream = EventStream;
+
+    async fn answer(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::AnswerStream>, Status> {
+        let started = Instant::now();
+        let request = request_from_proto(request.into_inner()).map_err(|error| {
+            self.metrics.observe_error("invalid_argument");
+            Status::invalid_argument(error.to_string())
+        })?;
+        // Refused before queueing: a bad request should not wait minutes to learn it.
+        if let Err(error) = request.validate() {
+            self.metrics.observe_error("invalid_argument");
+            return Err(status(&error));
+        }
+        let span = tracing::info_span!(
+            "generate",
+            mode = ?request.mode,
+            documents = request.documents.len(),
+            max_tokens = request.max_new_tokens
+        );
+        let permit = self
+            .queue
+            .enter()
+            .instrument(span.clone())
+            .await
+            .map_err(|error| {
+                self.metrics.observe_error("overloaded");
+                match error {
+                    QueueError::Full(_) => Status::resource_exhausted(error.to_string()),
+                    QueueError::Closed => Status::unavailable(error.to_string()),
+                }
+            })?;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let backend = Arc::clone(&self.backend);
+        let metrics = Arc::clone(&self.metrics);
+        let mode = request.mode;
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let _span = span.entered();
+            let mut first_text = None;
+            let mut forward = |text: &str| {
+                first_text.get_or_insert_with(|| started.elapsed());
+                // A caller that went away stops receiving; the answer still completes rather
+                // than stopping the model mid-batch.
+                let _ = sender.send(Ok(pb::GenerateEvent {
+                    event: Some(pb::generate_event::Event::Delta(text.to_string())),
+                }));
+            };
+            let outcome = backend.answer(&request, &mut forward);
+            let last = match outcome {
+                Ok(answer) => {
+                    metrics.observe(mode, &answer, first_text, started.elapsed());
+                    Ok(pb::GenerateEvent {
+                        event: Some(pb::generate_event::Event::Answer(answer_proto(answer))),
+                    })
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "generation failed");
+                    metrics.observe_error(match error.field() {
+                        Some(_) => "invalid_argument",
+                        None => "internal",
+                    });
+                    Err(status(&error))
+                }
+            };
+            let _ = sender.send(last);
+        });
+        let events = stream::unfold(receiver, |mut receiver| async move {
+            let event = receiver.recv().await?;
+            Some((event, receiver))
+        });
+        Ok(Response::new(events.boxed()))
+    }
+
+    async fn info(
+        &self,
+        _request: Request<pb::GenerationInfoRequest>,
+    ) -> Result<Response<pb::GenerationInfo>, Status> {
+        Ok(Response::new(info_proto(self.backend.info())))
+    }
+}
+
+/// Whether `mode` is speculative, as a metrics label.
+pub fn mode_label(mode: AnswerMode) -> &'static str {
+    match mode {
+        AnswerMode::Standard => "standard",
+        AnswerMode::Speculative => "speculative",
+    }
+}

@@ -1,0 +1,80 @@
+//! What the answer tests share: the real small model (skipped, saying so, when it is not
+//! installed) and a cloud index with an edge that answers.
+
+// Test helpers fail the calling test by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use loadtest::process::{ManagedProcess, binary, edge_serve_args};
+
+use crate::{build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index};
+
+/// Loading a model and the encoder in a debug test build takes a while on 2 cores.
+pub const START_TIMEOUT: Duration = Duration::from_secs(180);
+const SMALL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// SmolLM2-135M-Instruct from HASTEN_LM_DIR (`make models`); `None` when it is unset.
+pub fn small_model() -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os("HASTEN_LM_DIR") else {
+        eprintln!("HASTEN_LM_DIR is unset: skipping the answer tests");
+        return None;
+    };
+    let path = Path::new(&dir).join(SMALL_MODEL);
+    assert!(
+        path.is_file(),
+        "HASTEN_LM_DIR is set but {} is missing",
+        path.display()
+    );
+    Some(path)
+}
+
+/// A cloud index and an edge over the small test bundle.
+pub struct Answering {
+    pub cloud: ManagedProcess,
+    pub edge: ManagedProcess,
+    pub bundle_dir: PathBuf,
+    pub work: PathBuf,
+}
+
+/// Starts a cloud index and an edge named `edge_name` whose generation flags are
+/// `generation` (`--lm-model PATH`, or `--lm-worker ADDR`).
+pub fn start_answering(work_name: &str, edge_name: &str, generation: &[String]) -> Answering {
+    let work = persistent_work_dir(work_name).unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let edge = start_edge(&work, edge_name, &bundle_dir, &cloud, generation);
+    Answering {
+        cloud,
+        edge,
+        bundle_dir,
+        work,
+    }
+}
+
+/// Another edge in front of `cloud`, answering with `generation`.
+pub fn start_edge(
+    work: &Path,
+    name: &str,
+    bundle_dir: &Path,
+    cloud: &ManagedProcess,
+    generation: &[String],
+) -> ManagedProcess {
+    let cert = dev_cert(work, "cloud");
+    ManagedProcess::start(
+        name,
+        &binary("edge-node").unwrap(),
+        edge_serve_args(bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
+            .into_iter()
+            .chain(generation.iter().cloned()),
+        work,
+        START_TIMEOUT,
+    )
+    .unwrap()
+}
+
+/// `--lm-model PATH`.
+pub fn with_model(model: &Path) -> Vec<String> {
+    vec!["--lm-model".into(), model.display().to_string()]
+}
