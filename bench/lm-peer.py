@@ -15,7 +15,7 @@ prefill
 
 decode
     For each B in --batches, B independent sequences (seq_id 0..B-1, each with
-    its own ~16-token prompt taken from a different part of the text) are
+    its own --decode-context-token prompt (16 by default) taken from a different part of the text) are
     prefilled together, then decoded greedily (argmax, llama.cpp's greedy
     sampler) for --decode-tokens steps; every step is one llama_decode call
     holding B tokens, one per sequence, logits requested for all B. EOS is
@@ -54,7 +54,6 @@ try:
 except Exception:  # pragma: no cover - fallback when metadata is missing
     PEER_VERSION = getattr(llama_cpp, "__version__", "unknown")
 
-PROMPT_TOKENS_PER_SEQ = 16
 
 TEXT = (
     "The history of the city begins with a small settlement on the northern bank "
@@ -161,7 +160,7 @@ def bench_prefill(model, vocab, threads, sizes, repeat, n_ctx):
     return results
 
 
-def bench_decode(model, vocab, threads, batches, steps, repeat, n_ctx):
+def bench_decode(model, vocab, threads, batches, steps, repeat, n_ctx, context):
     base = text_tokens(vocab, 4096)
     sampler = llama_cpp.llama_sampler_init_greedy()
     results = []
@@ -169,15 +168,15 @@ def bench_decode(model, vocab, threads, batches, steps, repeat, n_ctx):
         for b in batches:
             # per-sequence cells: prompt + steps, with slack; kv not unified,
             # so n_ctx is split evenly across the b sequences.
-            need = b * (PROMPT_TOKENS_PER_SEQ + steps + 64)
+            need = b * (context + steps + 64)
             ctx = new_context(model, threads, max(n_ctx, need),
-                              max(b * PROMPT_TOKENS_PER_SEQ, b), b)
+                              max(b * context, b), b)
             mem = llama_cpp.llama_get_memory(ctx)
-            batch = llama_cpp.llama_batch_init(max(b * PROMPT_TOKENS_PER_SEQ, b), 0, 1)
+            batch = llama_cpp.llama_batch_init(max(b * context, b), 0, 1)
             prompts = []
             for s in range(b):
-                off = (s * 37) % (len(base) - PROMPT_TOKENS_PER_SEQ)
-                prompts.append(base[off:off + PROMPT_TOKENS_PER_SEQ])
+                off = (s * 37) % (len(base) - context)
+                prompts.append(base[off:off + context])
             times = []
             try:
                 for r in range(repeat + 1):  # first run is warm-up
@@ -191,7 +190,7 @@ def bench_decode(model, vocab, threads, batches, steps, repeat, n_ctx):
                     fill(batch, items)
                     decode(ctx, batch)
                     nxt = [llama_cpp.llama_sampler_sample(sampler, ctx, idx) for idx in last_idx]
-                    pos = PROMPT_TOKENS_PER_SEQ
+                    pos = context
                     t0 = time.perf_counter()
                     for _ in range(steps):
                         fill(batch, [(nxt[s], pos, s, True) for s in range(b)])
@@ -209,7 +208,7 @@ def bench_decode(model, vocab, threads, batches, steps, repeat, n_ctx):
             per = steps / med
             results.append({"batch": b, "aggregate_tokens_per_s": round(agg, 2),
                             "per_sequence_tokens_per_s": round(per, 2),
-                            "steps": steps, "prompt_tokens_per_seq": PROMPT_TOKENS_PER_SEQ,
+                            "steps": steps, "context": context,
                             "median_s": round(med, 6)})
             print(f"  decode batch {b}: {agg:10.1f} tok/s aggregate, {per:8.1f} tok/s per sequence",
                   file=sys.stderr)
@@ -229,6 +228,8 @@ def main():
     ap.add_argument("--prefill", type=ints, default=[128, 512, 2048])
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--batches", type=ints, default=[1, 5])
+    ap.add_argument("--decode-context", type=int, default=16,
+                    help="prompt tokens of each decoded sequence")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", required=True)
     ap.add_argument("--verbose", action="store_true", help="keep llama.cpp's own log")
@@ -247,7 +248,8 @@ def main():
     print(f"llama.cpp via llama-cpp-python {PEER_VERSION}, threads={a.threads}", file=sys.stderr)
     try:
         prefill = bench_prefill(model, vocab, a.threads, a.prefill, a.repeat, n_ctx)
-        dec = bench_decode(model, vocab, a.threads, a.batches, a.decode_tokens, a.repeat, n_ctx)
+        dec = bench_decode(model, vocab, a.threads, a.batches, a.decode_tokens, a.repeat, n_ctx,
+                           a.decode_context)
     finally:
         llama_cpp.llama_model_free(model)
         llama_cpp.llama_backend_free()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hasten-lm against llama.cpp on the same GGUF file, same machine, same thread count, in one
-# script: prefill tokens/s at 128/512/2,048 tokens and decode tokens/s at batch 1 and 5.
+# script: prefill tokens/s at 128/512/2,048 tokens and decode tokens/s at batch 1 and 5, after
+# 16-token prompts and after 1,024-token prompts (a RAG answer decodes after a long prompt).
 # llama.cpp is llama-cpp-python from PyPI (compiled here at first use, ~5 minutes), driven by
 # bench/lm-peer.py. Figures: bench/README.md, "LM runtime".
 #   bench/lm-runtime.sh [THREADS]      default 2; models: every one `make models(-large)` installed
@@ -34,6 +35,13 @@ for model in "$lm_dir"/SmolLM2-135M-Instruct.Q4_1.gguf "$lm_dir"/qwen2.5-coder-0
         --repeat 3 --out "$out/$name.hasten-fast.json"
     RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights as_stored \
         --prefill 128 --repeat 1 --out "$out/$name.hasten-as_stored.json"
+    # Decoding after a long prompt (its prefill is not timed; the 128-token prefill is only
+    # there because both tools measure one).
+    "$venv/bin/python" bench/lm-peer.py --model "$model" --threads "$threads" --prefill 128 \
+        --decode-tokens 64 --batches 1,5 --decode-context 1024 --repeat 3 \
+        --out "$out/$name.long.llama-cpp.json"
+    RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights fast \
+        --prefill 128 --decode-context 1024 --repeat 3 --out "$out/$name.long.hasten-fast.json"
 done
 
 python3 - "$out" <<'PY'
@@ -49,14 +57,16 @@ for peer_file in sorted(out.glob("*.llama-cpp.json")):
             continue
         ours = json.loads(ours_file.read_text())
         peer_prefill = {p["tokens"]: p for p in peer["prefill"]}
-        for a in ours["prefill"]:
+        long_run = name.endswith(".long")
+        for a in ([] if long_run else ours["prefill"]):
             b = peer_prefill[a["tokens"]]
             rows.append((name, weights, f"prefill {a['tokens']}", a["tokens_per_s"], b["tokens_per_s"]))
         for a, b in zip(ours["decode"], peer["decode"]):
-            rows.append((name, weights, f"decode batch {a['batch']}", a["aggregate_tokens_per_s"], b["aggregate_tokens_per_s"]))
+            assert a["context"] == b["context"], (a, b)
+            rows.append((name.removesuffix(".long"), weights, f"decode b{a['batch']} ctx {a['context']}", a["aggregate_tokens_per_s"], b["aggregate_tokens_per_s"]))
 report = [dict(model=m, weights=w, measure=x, hasten_tokens_per_s=round(h, 1), llama_cpp_tokens_per_s=round(l, 1), ratio=round(h / l, 2)) for m, w, x, h, l in rows]
 (out / "report.json").write_text(json.dumps(report, indent=1))
-print(f"{'model':<40} {'weights':<10} {'measure':<16} {'hasten':>8} {'llama.cpp':>10} {'ratio':>6}")
+print(f"{'model':<40} {'weights':<10} {'measure':<18} {'hasten':>8} {'llama.cpp':>10} {'ratio':>6}")
 for r in report:
-    print(f"{r['model']:<40} {r['weights']:<10} {r['measure']:<16} {r['hasten_tokens_per_s']:>8} {r['llama_cpp_tokens_per_s']:>10} {r['ratio']:>6}")
+    print(f"{r['model']:<40} {r['weights']:<10} {r['measure']:<18} {r['hasten_tokens_per_s']:>8} {r['llama_cpp_tokens_per_s']:>10} {r['ratio']:>6}")
 PY

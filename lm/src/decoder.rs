@@ -416,28 +416,45 @@ impl Decoder {
         let values = split(layer.value.forward(x)?, c.kv_heads)?;
         let q = rotation.apply(&q)?;
         let keys = rotation.apply(&raw_keys)?;
-        let (all_keys, all_values) = match past {
-            Some(past) => (
-                Tensor::cat(&[&past.keys, &keys], 2)?,
-                Tensor::cat(&[&past.values, &values], 2)?,
-            ),
-            None => (keys.clone(), values.clone()),
-        };
-        let width = all_keys.dim(2)?;
         let repeat = c.heads / c.kv_heads;
         // Grouped-query attention without copying K/V per head: the query heads that share
         // a KV head are stacked along the token axis of one matmul.
         let grouped = q.reshape((batch, c.kv_heads, repeat * t, c.head_dim))?;
-        let scores = (grouped.matmul(&all_keys.t()?)? / (c.head_dim as f64).sqrt())?
-            .reshape((batch, c.heads, t, width))?;
+        // Attention over the past without copying it: scores against the past and the new
+        // keys separately, one softmax over both, and two weighted sums. That costs a copy of
+        // the scores instead of the K/V, so it applies while the scores are the smaller:
+        // always when decoding; a long chunk of a prompt concatenates K/V instead.
+        let split_past = past.filter(|_| repeat * t < 2 * c.head_dim);
+        let (all_keys, all_values) = match past {
+            Some(past) if split_past.is_none() => (
+                Tensor::cat(&[past.keys(), &keys], 2)?,
+                Tensor::cat(&[past.values(), &values], 2)?,
+            ),
+            _ => (keys.clone(), values.clone()),
+        };
+        let scores = grouped.matmul(&all_keys.t()?)?;
+        let scores = match split_past {
+            Some(past) => Tensor::cat(&[&grouped.matmul(&past.keys().t()?)?, &scores], 3)?,
+            None => scores,
+        };
+        let width = scores.dim(3)?;
+        let scores = (scores / (c.head_dim as f64).sqrt())?.reshape((batch, c.heads, t, width))?;
         let scores = match mask {
             Some(bias) => scores.broadcast_add(bias)?,
             None => scores,
         };
         let weights = candle_nn::ops::softmax_last_dim(&scores)?;
-        let mixed = weights
-            .reshape((batch, c.kv_heads, repeat * t, width))?
-            .matmul(&all_values.contiguous()?)?
+        let grouped_weights = weights.reshape((batch, c.kv_heads, repeat * t, width))?;
+        let mixed = match split_past {
+            Some(past) => {
+                let seen = past.values().dim(2)?;
+                let on_past = grouped_weights.narrow(3, 0, seen)?.contiguous()?;
+                let on_new = grouped_weights.narrow(3, seen, t)?.contiguous()?;
+                (on_past.matmul(past.values())? + on_new.matmul(&all_values.contiguous()?)?)?
+            }
+            None => grouped_weights.matmul(&all_values.contiguous()?)?,
+        };
+        let mixed = mixed
             .reshape((batch, c.heads, t, c.head_dim))?
             .transpose(1, 2)?
             .reshape((batch, t, c.hidden))?;
@@ -446,15 +463,7 @@ impl Decoder {
             queries: q.clone(),
             weights: weights.clone(),
         });
-        Ok((
-            out,
-            LayerKv {
-                raw_keys,
-                keys,
-                values,
-            },
-            seen,
-        ))
+        Ok((out, LayerKv::new(raw_keys, keys, values)?, seen))
     }
 
     fn validate(&self, request: &ForwardRequest<'_>) -> Result<(usize, usize)> {

@@ -3,20 +3,124 @@
 //! A [`KvCache`] is a plain value: a forward pass reads a past cache and returns the new
 //! tokens' entries as another `KvCache`, which the caller appends, truncates (rollback),
 //! clones (forks) or re-positions (chunk reuse) as its algorithm needs.
+//!
+//! Appending does not copy the cache: each layer's tensors have room to grow along the token
+//! axis, and new entries are written into it. Only where no other holder can see the written
+//! region: a cache whose buffers another cache shares (a clone, a row) or that was truncated
+//! since grows by copying into new buffers instead, so a value never changes under anyone.
+
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
 use crate::error::{LmError, Result};
 use crate::rope::RotaryTables;
 
+/// Growth of a buffer that must be copied anyway: half again what it holds, so that a
+/// decode loop copies O(log n) times, and at least this many entries.
+const MIN_GROWTH: usize = 64;
+
 /// One layer's entries, each (batch, kv_heads, tokens, head_dim).
 #[derive(Debug, Clone)]
 pub struct LayerKv {
     /// Keys before RoPE: what makes an entry movable to another position.
-    pub raw_keys: Tensor,
+    raw_keys: Tensor,
     /// Keys rotated to `positions`, what attention reads.
-    pub keys: Tensor,
-    pub values: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    /// The tensors above are views of the first `len` entries of these buffers, which may
+    /// hold more room along the token axis.
+    buffers: [Tensor; 3],
+    /// Entries ever written into the buffers: past `len` after a truncation, where views
+    /// handed out before it may still reach.
+    written: usize,
+}
+
+impl LayerKv {
+    pub(crate) fn new(raw_keys: Tensor, keys: Tensor, values: Tensor) -> Result<Self> {
+        let written = values.dim(2)?;
+        Ok(Self {
+            buffers: [raw_keys.clone(), keys.clone(), values.clone()],
+            raw_keys,
+            keys,
+            values,
+            written,
+        })
+    }
+
+    pub fn raw_keys(&self) -> &Tensor {
+        &self.raw_keys
+    }
+
+    pub fn keys(&self) -> &Tensor {
+        &self.keys
+    }
+
+    pub fn values(&self) -> &Tensor {
+        &self.values
+    }
+
+    fn len(&self) -> Result<usize> {
+        Ok(self.values.dim(2)?)
+    }
+
+    /// Views of the first `len` entries of the buffers.
+    fn view(&mut self, len: usize) -> Result<()> {
+        let [raw_keys, keys, values] = &self.buffers;
+        self.raw_keys = raw_keys.narrow(2, 0, len)?;
+        self.keys = keys.narrow(2, 0, len)?;
+        self.values = values.narrow(2, 0, len)?;
+        Ok(())
+    }
+
+    /// Appends `other`'s entries: in place when `exclusive` (no other cache shares the
+    /// buffers), nothing was truncated and there is room; into new, larger buffers otherwise.
+    fn append(&mut self, other: &LayerKv, exclusive: bool) -> Result<()> {
+        let len = self.len()?;
+        let added = other.len()?;
+        let in_place = exclusive && self.written == len;
+        let sources = [&other.raw_keys, &other.keys, &other.values];
+        for (buffer, source) in self.buffers.iter_mut().zip(sources) {
+            let room = buffer.dim(2)? >= len + added && buffer.is_contiguous();
+            if in_place && room {
+                buffer.slice_set(&source.contiguous()?, 2, len)?;
+            } else {
+                let kept = buffer.narrow(2, 0, len)?;
+                let mut spare_shape = source.dims().to_vec();
+                spare_shape[2] = (len / 2).max(MIN_GROWTH);
+                let spare = Tensor::zeros(spare_shape, source.dtype(), source.device())?;
+                *buffer = Tensor::cat(&[&kept, source, &spare], 2)?;
+            }
+        }
+        self.written = len + added;
+        self.view(len + added)
+    }
+
+    fn truncate(&mut self, len: usize) -> Result<()> {
+        self.view(len)
+    }
+
+    /// One batch row; it shares the buffers, so the caller marks both caches shared.
+    fn row(&self, index: usize) -> Result<LayerKv> {
+        let narrow = |t: &Tensor| t.narrow(0, index, 1);
+        Ok(LayerKv {
+            raw_keys: narrow(&self.raw_keys)?,
+            keys: narrow(&self.keys)?,
+            values: narrow(&self.values)?,
+            buffers: [
+                narrow(&self.buffers[0])?,
+                narrow(&self.buffers[1])?,
+                narrow(&self.buffers[2])?,
+            ],
+            written: self.written,
+        })
+    }
+
+    /// Replaces the rotated keys (a relocation); their buffer is the new tensor itself.
+    fn set_keys(&mut self, keys: Tensor) {
+        self.buffers[1] = keys.clone();
+        self.keys = keys;
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -24,6 +128,9 @@ pub struct KvCache {
     layers: Vec<LayerKv>,
     positions: Vec<Vec<u32>>,
     valid: Vec<Vec<bool>>,
+    /// Held by every cache that shares these buffers (clones, rows): appending writes into
+    /// them only while this cache holds it alone.
+    sharers: Arc<()>,
 }
 
 impl KvCache {
@@ -41,6 +148,7 @@ impl KvCache {
             layers,
             positions,
             valid,
+            sharers: Arc::new(()),
         }
     }
 
@@ -103,10 +211,13 @@ impl KvCache {
                 self.layers.len()
             )));
         }
-        for (mine, theirs) in self.layers.iter_mut().zip(other.layers) {
-            mine.raw_keys = Tensor::cat(&[&mine.raw_keys, &theirs.raw_keys], 2)?;
-            mine.keys = Tensor::cat(&[&mine.keys, &theirs.keys], 2)?;
-            mine.values = Tensor::cat(&[&mine.values, &theirs.values], 2)?;
+        let exclusive = Arc::strong_count(&self.sharers) == 1;
+        for (mine, theirs) in self.layers.iter_mut().zip(&other.layers) {
+            mine.append(theirs, exclusive)?;
+        }
+        if !exclusive {
+            // Every layer now has buffers of its own.
+            self.sharers = Arc::new(());
         }
         for (mine, theirs) in self.positions.iter_mut().zip(other.positions) {
             mine.extend(theirs);
@@ -136,9 +247,7 @@ impl KvCache {
             return Ok(());
         }
         for layer in &mut self.layers {
-            layer.raw_keys = layer.raw_keys.narrow(2, 0, len)?;
-            layer.keys = layer.keys.narrow(2, 0, len)?;
-            layer.values = layer.values.narrow(2, 0, len)?;
+            layer.truncate(len)?;
         }
         for row in &mut self.positions {
             row.truncate(len);
@@ -160,19 +269,14 @@ impl KvCache {
         let layers = self
             .layers
             .iter()
-            .map(|l| {
-                Ok(LayerKv {
-                    raw_keys: l.raw_keys.narrow(0, index, 1)?,
-                    keys: l.keys.narrow(0, index, 1)?,
-                    values: l.values.narrow(0, index, 1)?,
-                })
-            })
+            .map(|l| l.row(index))
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache::from_parts(
+        Ok(KvCache {
             layers,
-            vec![self.positions[index].clone()],
-            vec![self.valid[index].clone()],
-        ))
+            positions: vec![self.positions[index].clone()],
+            valid: vec![self.valid[index].clone()],
+            sharers: Arc::clone(&self.sharers),
+        })
     }
 
     /// Gives every entry a new position, rotating the stored raw keys there: the same keys
@@ -186,7 +290,8 @@ impl KvCache {
         rope.check(&positions)?;
         let grid = position_tensor(&positions, self.device())?;
         for layer in &mut self.layers {
-            layer.keys = rope.apply(&layer.raw_keys, &grid)?;
+            let keys = rope.apply(&layer.raw_keys, &grid)?;
+            layer.set_keys(keys);
         }
         self.positions = positions;
         Ok(())
@@ -195,7 +300,7 @@ impl KvCache {
     fn device(&self) -> &Device {
         self.layers
             .first()
-            .map_or(&Device::Cpu, |l| l.values.device())
+            .map_or(&Device::Cpu, |l| l.values().device())
     }
 }
 
@@ -204,4 +309,73 @@ pub(crate) fn position_tensor(rows: &[Vec<u32>], device: &Device) -> Result<Tens
     let width = rows.first().map_or(0, Vec::len);
     let flat: Vec<u32> = rows.iter().flatten().copied().collect();
     Ok(Tensor::from_vec(flat, (rows.len(), width), device)?)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A one-layer, one-row cache of `n` entries whose values are `first..first + n`
+    /// (keys the same), at positions from `at`.
+    fn entries(first: f32, n: usize, at: u32) -> KvCache {
+        let data: Vec<f32> = (0..n).map(|i| first + i as f32).collect();
+        let t = Tensor::from_vec(data, (1, 1, n, 1), &Device::Cpu).unwrap();
+        KvCache::from_parts(
+            vec![LayerKv::new(t.clone(), t.clone(), t).unwrap()],
+            vec![(at..at + n as u32).collect()],
+            vec![vec![true; n]],
+        )
+    }
+
+    fn values(cache: &KvCache) -> Vec<f32> {
+        cache.layers()[0]
+            .values()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    #[test]
+    fn appends_grow_in_place_and_read_back_in_order() {
+        let mut cache = entries(0.0, 3, 0);
+        for step in 0..100 {
+            cache
+                .append(entries(3.0 + step as f32, 1, 3 + step))
+                .unwrap();
+        }
+        let expected: Vec<f32> = (0..103).map(|i| i as f32).collect();
+        assert_eq!(values(&cache), expected);
+        assert_eq!(cache.layers()[0].raw_keys().dims(), &[1, 1, 103, 1]);
+        assert_eq!(cache.len(), 103);
+    }
+
+    #[test]
+    fn a_fork_never_sees_its_siblings_appends() {
+        let mut original = entries(0.0, 4, 0);
+        // Room to grow, so that an unguarded append would write in place.
+        original.append(entries(4.0, 1, 4)).unwrap();
+        let mut fork = original.clone();
+        let mut row = original.row(0).unwrap();
+        original.append(entries(100.0, 2, 5)).unwrap();
+        fork.append(entries(200.0, 2, 5)).unwrap();
+        row.append(entries(300.0, 1, 5)).unwrap();
+        assert_eq!(values(&original), [0.0, 1.0, 2.0, 3.0, 4.0, 100.0, 101.0]);
+        assert_eq!(values(&fork), [0.0, 1.0, 2.0, 3.0, 4.0, 200.0, 201.0]);
+        assert_eq!(values(&row), [0.0, 1.0, 2.0, 3.0, 4.0, 300.0]);
+    }
+
+    #[test]
+    fn a_view_taken_before_a_rollback_keeps_its_values() {
+        let mut cache = entries(0.0, 4, 0);
+        cache.append(entries(4.0, 2, 4)).unwrap();
+        let before = cache.layers()[0].values().clone();
+        cache.truncate(3).unwrap();
+        cache.append(entries(50.0, 3, 3)).unwrap();
+        let seen: Vec<f32> = before.flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(seen, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(values(&cache), [0.0, 1.0, 2.0, 50.0, 51.0, 52.0]);
+    }
 }

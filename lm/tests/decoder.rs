@@ -159,11 +159,11 @@ fn prefill_of_a_then_b_equals_prefill_of_ab() {
         split.append(second.kv).expect("append");
         for (layer, (x, y)) in whole.kv.layers().iter().zip(split.layers()).enumerate() {
             assert!(
-                max_abs_diff(&x.keys, &y.keys) < TOLERANCE,
+                max_abs_diff(x.keys(), y.keys()) < TOLERANCE,
                 "{arch:?} layer {layer}: keys differ"
             );
             assert!(
-                max_abs_diff(&x.values, &y.values) < TOLERANCE,
+                max_abs_diff(x.values(), y.values()) < TOLERANCE,
                 "{arch:?} layer {layer}: values differ"
             );
         }
@@ -194,14 +194,14 @@ fn keys_moved_by_rope_equal_keys_recomputed_at_the_new_positions() {
             .relocate(decoder.rope(), positions(100, chunk.len()))
             .expect("relocate");
         for (layer, (x, y)) in recomputed.layers().iter().zip(moved.layers()).enumerate() {
-            let diff = max_abs_diff(&x.keys, &y.keys);
+            let diff = max_abs_diff(x.keys(), y.keys());
             assert!(
                 diff < TOLERANCE,
                 "{arch:?} layer {layer}: moved keys differ by {diff}"
             );
         }
         // The check can fail: keys left at their old positions are far from the recomputed ones.
-        let stale = max_abs_diff(&recomputed.layers()[0].keys, &unmoved.layers()[0].keys);
+        let stale = max_abs_diff(recomputed.layers()[0].keys(), unmoved.layers()[0].keys());
         assert!(
             stale > 0.1,
             "{arch:?}: position made no difference ({stale})"
@@ -424,7 +424,7 @@ fn a_prompt_read_in_chunks_equals_one_read_at_once() {
     assert_eq!(a.kv.len(), b.kv.len());
     assert_eq!(a.kv.valid(), b.kv.valid());
     for (x, y) in a.kv.layers().iter().zip(b.kv.layers()) {
-        assert!(max_abs_diff(&x.keys, &y.keys) < TOLERANCE);
-        assert!(max_abs_diff(&x.values, &y.values) < TOLERANCE);
+        assert!(max_abs_diff(x.keys(), y.keys()) < TOLERANCE);
+        assert!(max_abs_diff(x.values(), y.values()) < TOLERANCE);
     }
 }

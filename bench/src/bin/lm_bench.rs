@@ -3,7 +3,8 @@
 //! can put the two side by side (same file, same machine, same thread count).
 //!
 //! Prefill: one forward pass over exactly N tokens of real text (fresh cache), median of
-//! `--repeat` runs. Decode: B sequences with their own ~16-token prompts, prefilled, then
+//! `--repeat` runs. Decode: B sequences with their own prompts of `--decode-context` tokens
+//! (16 by default), prefilled, then
 //! `--decode-tokens` greedy steps of one token per sequence; aggregate tokens/s = B x steps
 //! / time of the steps. Every measurement has one untimed warm-up run first.
 
@@ -34,6 +35,10 @@ struct Args {
     /// Greedy decode steps per sequence.
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
+    /// Prompt tokens of each decoded sequence: what its decode steps attend to beyond their
+    /// own tokens (a RAG answer decodes after a prompt of thousands).
+    #[arg(long, default_value_t = 16)]
+    decode_context: usize,
     /// Batch sizes for decoding, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,5")]
     batches: Vec<usize>,
@@ -107,8 +112,12 @@ fn main() -> Result<()> {
 
     let mut decode = Vec::new();
     for &batch in &args.batches {
+        let context = args.decode_context;
+        if batch * 7 + context > text_ids.len() {
+            bail!("--decode-context {context} at batch {batch} is longer than the bench's text");
+        }
         let prompts: Vec<Vec<u32>> = (0..batch)
-            .map(|b| text_ids[b * 7..b * 7 + 16].to_vec())
+            .map(|b| text_ids[b * 7..b * 7 + context].to_vec())
             .collect();
         let mut rates = Vec::new();
         for run in 0..=args.repeat {
@@ -127,7 +136,7 @@ fn main() -> Result<()> {
                     .into_iter()
                     .map(|id| vec![id])
                     .collect();
-                let at: Vec<Vec<u32>> = vec![vec![16 + step as u32]; batch];
+                let at: Vec<Vec<u32>> = vec![vec![(context + step) as u32]; batch];
                 let out = model
                     .decoder
                     .forward(&ForwardRequest::new(&next, &at).past(&cache))?;
@@ -145,6 +154,7 @@ fn main() -> Result<()> {
         );
         decode.push(serde_json::json!({
             "batch": batch,
+            "context": context,
             "aggregate_tokens_per_s": rate,
             "per_sequence_tokens_per_s": rate / batch as f64,
         }));
