@@ -20,7 +20,7 @@ use cloud_index::shard_map::follow_control_plane;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, build_bundle, write_shards};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
-use hasten_core::corpus::{CorpusSources, SyntheticSpec};
+use hasten_core::corpus::{ArticleFilter, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
@@ -66,6 +66,19 @@ struct BuildArgs {
     /// wiki18 passage JSON-lines file (repeatable).
     #[arg(long)]
     wiki18: Vec<PathBuf>,
+    /// Full-article JSON-lines file (`title`, `text`; e.g. wiki-entity-articles.jsonl.gz),
+    /// split into passages of at most 100 words under their title, as DPR did (repeatable).
+    #[arg(long)]
+    wiki_articles: Vec<PathBuf>,
+    /// Keep only each article's first N passages of --wiki-articles.
+    #[arg(long)]
+    max_passages_per_article: Option<usize>,
+    /// EntityQuestions JSON-lines file: its questions go into the bundle (repeatable).
+    #[arg(long)]
+    entity_questions: Vec<PathBuf>,
+    /// Keep only the EntityQuestions whose subject's article the corpus holds.
+    #[arg(long)]
+    entity_questions_with_article: bool,
     /// Add the synthetic knowledge base with this many entities (the default corpus when no
     /// file is given has 300).
     #[arg(long)]
@@ -227,6 +240,14 @@ fn build(args: BuildArgs) -> Result<()> {
         squad: args.squad,
         hotpot: args.hotpot,
         wiki18: args.wiki18,
+        wiki_articles: args.wiki_articles,
+        max_passages_per_article: args.max_passages_per_article,
+        entity_questions: args.entity_questions,
+        entity_question_filter: if args.entity_questions_with_article {
+            ArticleFilter::WithArticle
+        } else {
+            ArticleFilter::All
+        },
         synthetic: args.synthetic_entities.map(|entities| SyntheticSpec {
             entities,
             seed: args.synthetic_seed,

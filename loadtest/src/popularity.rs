@@ -123,11 +123,11 @@ fn article_key(article: &str) -> String {
 }
 
 /// Daily popularity from a TopViews-style CSV (`date,article,views`, header optional,
-/// one row per article and day). Articles are matched to `entities` by title; the rest of
+/// one row per article and day; gzipped or not). Articles are matched to `entities` by title; the rest of
 /// the export (articles without questions) is ignored.
 pub fn topviews_csv(path: &Path, entities: &[String]) -> Result<DailyPopularity, PopularityError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| PopularityError::Io {
+    let text = hasten_core::corpus::read_text(path).map_err(|source| PopularityError::Io {
         path: shown.clone(),
         source,
     })?;

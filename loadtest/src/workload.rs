@@ -180,6 +180,7 @@ mod tests {
                     answers: vec![format!("a{i}")],
                     entity: format!("e{e:03}"),
                     source: "test".into(),
+                    relation: None,
                 })
             })
             .collect()

@@ -44,6 +44,7 @@ pub fn load_hotpot(path: &Path) -> Result<Corpus, CorpusError> {
             answers: vec![record.answer],
             entity,
             source: "hotpotqa".into(),
+            relation: None,
         });
     }
     Ok(corpus)

@@ -1,19 +1,23 @@
 //! Corpus types and loaders: passages to index and questions (with gold answers and the
 //! entity they ask about) to drive workloads and evaluation.
 
+mod entity_questions;
 mod hotpot;
 mod squad;
 mod synthetic;
 mod wiki18;
+mod wiki_articles;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use entity_questions::{ArticleFilter, load_entity_questions};
 pub use hotpot::load_hotpot;
 pub use squad::load_squad;
 pub use synthetic::{SyntheticSpec, generate_synthetic};
+pub use wiki_articles::{PASSAGE_WORDS, load_wiki_articles, split_article};
 pub use wiki18::load_wiki18;
 
 /// Global document identifier: the document's row in the corpus bundle.
@@ -62,8 +66,12 @@ pub struct Question {
     pub question: String,
     pub answers: Vec<String>,
     pub entity: String,
-    /// Where the question came from (`squad`, `hotpotqa`, `synthetic`).
+    /// Where the question came from (`squad`, `hotpotqa`, `entityquestions`, `synthetic`).
     pub source: String,
+    /// The relation asked about, where the data set names one (EntityQuestions: a Wikidata
+    /// property such as `P19`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relation: Option<String>,
 }
 
 /// Passages and questions gathered from one or more sources.
@@ -96,6 +104,13 @@ pub struct CorpusSources {
     pub squad: Vec<PathBuf>,
     pub hotpot: Vec<PathBuf>,
     pub wiki18: Vec<PathBuf>,
+    /// Full Wikipedia articles, split into DPR passages.
+    pub wiki_articles: Vec<PathBuf>,
+    /// Keeps each article's first passages only.
+    pub max_passages_per_article: Option<usize>,
+    /// EntityQuestions files: questions only; their passages come from `wiki_articles`.
+    pub entity_questions: Vec<PathBuf>,
+    pub entity_question_filter: ArticleFilter,
     pub synthetic: Option<SyntheticSpec>,
 }
 
@@ -104,6 +119,8 @@ impl CorpusSources {
         self.squad.is_empty()
             && self.hotpot.is_empty()
             && self.wiki18.is_empty()
+            && self.wiki_articles.is_empty()
+            && self.entity_questions.is_empty()
             && self.synthetic.is_none()
     }
 
@@ -119,6 +136,12 @@ impl CorpusSources {
         }
         for path in &self.wiki18 {
             corpus.extend(load_wiki18(path)?);
+        }
+        for path in &self.wiki_articles {
+            corpus.extend(load_wiki_articles(path, self.max_passages_per_article)?);
+        }
+        for path in &self.entity_questions {
+            corpus.extend(load_entity_questions(path, self.entity_question_filter)?);
         }
         if let Some(spec) = &self.synthetic {
             corpus.extend(generate_synthetic(spec));
@@ -151,8 +174,21 @@ pub enum CorpusError {
     Empty,
 }
 
+/// A text file, gunzipped when it is gzip (by its magic bytes, whatever its name).
+pub fn read_text(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let bytes = std::fs::read(path)?;
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return String::from_utf8(bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+    }
+    let mut text = String::new();
+    flate2::read::MultiGzDecoder::new(bytes.as_slice()).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 fn read_to_string(path: &Path) -> Result<String, CorpusError> {
-    std::fs::read_to_string(path).map_err(|source| CorpusError::Io {
+    read_text(path).map_err(|source| CorpusError::Io {
         path: path.to_path_buf(),
         source,
     })
@@ -177,6 +213,24 @@ fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, Cor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gzip_and_plain_files_read_alike_and_bad_gzip_is_an_error() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let text = "{\"a\": 1}\nline two é\n";
+        let plain = dir.path().join("plain.jsonl");
+        std::fs::write(&plain, text).unwrap();
+        let zipped = dir.path().join("zipped.jsonl.gz");
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(text.as_bytes()).unwrap();
+        std::fs::write(&zipped, encoder.finish().unwrap()).unwrap();
+        assert_eq!(read_text(&plain).unwrap(), text);
+        assert_eq!(read_text(&zipped).unwrap(), text);
+        let broken = dir.path().join("broken.gz");
+        std::fs::write(&broken, [0x1f, 0x8b, 0x08, 0x00, 0x01]).unwrap();
+        assert!(read_text(&broken).is_err());
+    }
 
     #[test]
     fn extend_drops_duplicate_and_empty_passages() {

@@ -66,6 +66,7 @@ pub fn load_squad(path: &Path) -> Result<Corpus, CorpusError> {
                         answers,
                         entity: title.clone(),
                         source: "squad".into(),
+                        relation: None,
                     });
                 }
             }

@@ -230,6 +230,7 @@ pub fn generate_synthetic(spec: &SyntheticSpec) -> Corpus {
                     answers: vec![answer.to_string()],
                     entity: name.clone(),
                     source: "synthetic".into(),
+                    relation: None,
                 });
             }
         }
