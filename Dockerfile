@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# Hasten's serving image: edge-node, cloud-index and control-plane in /usr/local/bin, the
+# Hasten's serving image: edge-node, cloud-index, control-plane and lm-worker in /usr/local/bin, the
 # all-MiniLM-L6-v2 encoder in /opt/hasten/models, running as the unprivileged uid 10001.
 #
 #   docker build -t hasten:0.1.0 .
@@ -23,8 +23,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins -p edge-node -p cloud-index -p control-plane \
+        -p hasten-lm-worker \
     && mkdir -p /out \
-    && cp target/release/edge-node target/release/cloud-index target/release/control-plane /out/
+    && cp target/release/edge-node target/release/cloud-index target/release/control-plane \
+        target/release/lm-worker /out/
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -39,8 +39,8 @@ pub struct WorkerConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7300)),
-            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7302)),
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7500)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7502)),
             lm_model: None,
             lm_drafter: None,
             lm_device: DeviceKind::Cpu,

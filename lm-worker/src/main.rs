@@ -39,11 +39,11 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
-    /// gRPC address [default: 127.0.0.1:7300].
+    /// gRPC address [default: 127.0.0.1:7500].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_addr: Option<SocketAddr>,
-    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7302].
+    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7502].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
