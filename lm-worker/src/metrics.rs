@@ -110,11 +110,8 @@ impl WorkerMetrics {
                 .with_label_values(&[mode])
                 .observe(first.as_secs_f64());
         }
-        let decode = answer.timings.decode.as_secs_f64();
-        if decode > 0.0 && answer.generated_tokens > 0 {
-            self.decode_rate
-                .with_label_values(&[mode])
-                .observe(answer.generated_tokens as f64 / decode);
+        if let Some(rate) = answer.decode_rate() {
+            self.decode_rate.with_label_values(&[mode]).observe(rate);
         }
         self.generated
             .with_label_values(&[mode])

@@ -53,6 +53,14 @@ pub struct Answer {
     pub generated_tokens: usize,
 }
 
+impl Answer {
+    /// Tokens generated per second of decoding; `None` when nothing was decoded.
+    pub fn decode_rate(&self) -> Option<f64> {
+        let decode = self.timings.decode.as_secs_f64();
+        (decode > 0.0 && self.generated_tokens > 0).then(|| self.generated_tokens as f64 / decode)
+    }
+}
+
 /// What a backend runs on, for logs and reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BackendInfo {

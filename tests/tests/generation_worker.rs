@@ -15,6 +15,7 @@ use hasten_tests::answering::{
 };
 use hasten_tests::edge::post_json;
 use loadtest::process::{ManagedProcess, binary};
+use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 /// The answer's content, without the timings that differ from run to run.
@@ -140,19 +141,10 @@ async fn a_worker_answers_for_the_edge_exactly_as_the_edge_would() {
     assert!(refused.message().contains("mode"), "{refused:?}");
 
     // The worker counts what it generated.
-    let metrics = http
-        .get(format!("http://{}/metrics", worker.addr("metrics_addr")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("hasten_worker_answers_total{mode=\"standard\"} 3"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("hasten_worker_answers_total{mode=\"speculative\"} 1"));
+    let scrape = Scrape::of(&worker.addr("metrics_addr")).await.unwrap();
+    let answers = |mode: &str| scrape.value("hasten_worker_answers_total", &[("mode", mode)]);
+    assert_eq!(answers("standard"), 3.0);
+    assert_eq!(answers("speculative"), 1.0);
 
     // A worker that is gone makes answers unavailable (503), not wrong; retrieval goes on.
     worker.stop();

@@ -102,7 +102,6 @@ impl AnswerMetrics {
 
     pub(crate) fn observe(&self, answered: &Answered, took: Duration) {
         let mode = mode_label(answered.mode);
-        let timings = &answered.answer.timings;
         self.answers.with_label_values(&[mode]).inc();
         self.duration
             .with_label_values(&[mode])
@@ -110,11 +109,8 @@ impl AnswerMetrics {
         self.first_token
             .with_label_values(&[mode])
             .observe(answered.first_token().as_secs_f64());
-        let decode = timings.decode.as_secs_f64();
-        if decode > 0.0 && answered.answer.generated_tokens > 0 {
-            self.decode_rate
-                .with_label_values(&[mode])
-                .observe(answered.answer.generated_tokens as f64 / decode);
+        if let Some(rate) = answered.answer.decode_rate() {
+            self.decode_rate.with_label_values(&[mode]).observe(rate);
         }
         self.generated
             .with_label_values(&[mode])
