@@ -155,22 +155,23 @@ pub fn generate(
         })
         .collect();
     let mut done = vec![false; prompts.len()];
+    // The prompts still being decoded, by batch row: a finished sequence leaves the batch,
+    // so the steps after it cost only what the unfinished ones need.
+    let mut active: Vec<usize> = (0..prompts.len()).collect();
     let mut next_positions: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     let mut first_token = None;
     for step in 0..options.max_new_tokens {
         let chosen = choose(&logits, options.sampling, &mut rng)?;
         let chosen_logprobs = logprobs_of(&logits, &chosen)?;
-        for (row, &id) in chosen.iter().enumerate() {
-            if done[row] {
-                continue;
-            }
+        for (batch_row, &id) in chosen.iter().enumerate() {
+            let row = active[batch_row];
             if options.stop_tokens.contains(&id) {
                 done[row] = true;
                 results[row].finish = FinishReason::Stop;
                 continue;
             }
             results[row].tokens.push(id);
-            results[row].logprobs.push(chosen_logprobs[row]);
+            results[row].logprobs.push(chosen_logprobs[batch_row]);
             if on_token(row, id).is_break() {
                 done[row] = true;
                 results[row].finish = FinishReason::Stop;
@@ -182,7 +183,18 @@ pub fn generate(
         if done.iter().all(|d| *d) || step + 1 == options.max_new_tokens {
             break;
         }
-        let step_tokens: Vec<Vec<u32>> = chosen.iter().map(|&id| vec![id]).collect();
+        let (tokens, kept): (Vec<u32>, Vec<usize>) = chosen
+            .iter()
+            .enumerate()
+            .filter(|&(batch_row, _)| !done[active[batch_row]])
+            .map(|(batch_row, &id)| (id, batch_row))
+            .unzip();
+        if kept.len() < active.len() {
+            cache = cache.select_rows(&kept)?;
+            active = kept.iter().map(|&b| active[b]).collect();
+            next_positions = kept.iter().map(|&b| next_positions[b]).collect();
+        }
+        let step_tokens: Vec<Vec<u32>> = tokens.iter().map(|&id| vec![id]).collect();
         let step_positions: Vec<Vec<u32>> = next_positions.iter().map(|&p| vec![p]).collect();
         let out = decoder.forward(
             &ForwardRequest::new(&step_tokens, &step_positions)

@@ -116,6 +116,37 @@ impl LayerKv {
         })
     }
 
+    /// Copies of the rows `indices`, in that order, in buffers of their own (with room to
+    /// grow, so the next append writes in place).
+    fn select(&self, indices: &[usize]) -> Result<LayerKv> {
+        let pick = |t: &Tensor| -> Result<Tensor> {
+            let rows = indices
+                .iter()
+                .map(|&i| t.narrow(0, i, 1))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            let len = t.dim(2)?;
+            let mut spare_shape = t.dims().to_vec();
+            spare_shape[0] = indices.len();
+            spare_shape[2] = (len / 2).max(MIN_GROWTH);
+            let spare = Tensor::zeros(spare_shape, t.dtype(), t.device())?;
+            Ok(Tensor::cat(&[&Tensor::cat(&rows, 0)?, &spare], 2)?)
+        };
+        let len = self.len()?;
+        let mut layer = LayerKv {
+            buffers: [
+                pick(&self.raw_keys)?,
+                pick(&self.keys)?,
+                pick(&self.values)?,
+            ],
+            raw_keys: self.raw_keys.clone(),
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            written: len,
+        };
+        layer.view(len)?;
+        Ok(layer)
+    }
+
     /// Replaces the rotated keys (a relocation); their buffer is the new tensor itself.
     fn set_keys(&mut self, keys: Tensor) {
         self.buffers[1] = keys.clone();
@@ -279,6 +310,31 @@ impl KvCache {
         })
     }
 
+    /// The rows `indices`, in that order, as a cache of their own: what a batch keeps when
+    /// some of its sequences are finished. Copies the rows, so nothing is shared.
+    pub fn select_rows(&self, indices: &[usize]) -> Result<KvCache> {
+        if let Some(&bad) = indices.iter().find(|&&i| i >= self.batch()) {
+            return Err(LmError::InvalidInput(format!(
+                "row {bad} of a cache with {} rows",
+                self.batch()
+            )));
+        }
+        if indices.is_empty() {
+            return Ok(KvCache::new());
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| l.select(indices))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            positions: indices.iter().map(|&i| self.positions[i].clone()).collect(),
+            valid: indices.iter().map(|&i| self.valid[i].clone()).collect(),
+            sharers: Arc::new(()),
+        })
+    }
+
     /// Gives every entry a new position, rotating the stored raw keys there: the same keys
     /// a prefill at those positions computes, without running the model.
     pub fn relocate(&mut self, rope: &RotaryTables, positions: Vec<Vec<u32>>) -> Result<()> {
@@ -365,6 +421,46 @@ mod tests {
         assert_eq!(values(&original), [0.0, 1.0, 2.0, 3.0, 4.0, 100.0, 101.0]);
         assert_eq!(values(&fork), [0.0, 1.0, 2.0, 3.0, 4.0, 200.0, 201.0]);
         assert_eq!(values(&row), [0.0, 1.0, 2.0, 3.0, 4.0, 300.0]);
+    }
+
+    /// Rows 0..batch of one layer, row r's values `100 r + i`.
+    fn rows(batch: usize, n: usize) -> KvCache {
+        let data: Vec<f32> = (0..batch)
+            .flat_map(|r| (0..n).map(move |i| (100 * r + i) as f32))
+            .collect();
+        let t = Tensor::from_vec(data, (batch, 1, n, 1), &Device::Cpu).unwrap();
+        KvCache::from_parts(
+            vec![LayerKv::new(t.clone(), t.clone(), t).unwrap()],
+            (0..batch).map(|r| vec![r as u32; n]).collect(),
+            vec![vec![true; n]; batch],
+        )
+    }
+
+    fn row_values(cache: &KvCache, row: usize) -> Vec<f32> {
+        cache.layers()[0]
+            .values()
+            .narrow(0, row, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    #[test]
+    fn selected_rows_keep_their_entries_and_grow_apart_from_the_original() {
+        let mut original = rows(3, 2);
+        original.append(rows(3, 1)).unwrap();
+        let mut kept = original.select_rows(&[2, 0]).unwrap();
+        assert_eq!(kept.batch(), 2);
+        assert_eq!(row_values(&kept, 0), [200.0, 201.0, 200.0]);
+        assert_eq!(row_values(&kept, 1), [0.0, 1.0, 0.0]);
+        assert_eq!(kept.positions(), &[vec![2, 2, 2], vec![0, 0, 0]]);
+        kept.append(rows(2, 1)).unwrap();
+        original.append(rows(3, 1)).unwrap();
+        assert_eq!(row_values(&kept, 0), [200.0, 201.0, 200.0, 0.0]);
+        assert_eq!(row_values(&original, 2), [200.0, 201.0, 200.0, 200.0]);
+        assert!(original.select_rows(&[3]).is_err());
     }
 
     #[test]

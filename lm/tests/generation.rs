@@ -45,6 +45,52 @@ fn a_padded_batch_decodes_exactly_what_each_prompt_decodes_alone() {
 }
 
 #[test]
+fn sequences_that_finish_early_leave_the_batch_without_changing_the_others() {
+    // Rows 0 and 1 end early (at 2 and 7 tokens), so the batch shrinks twice; what the
+    // rest decodes must still be what each decodes alone.
+    let limits = [2usize, 7, usize::MAX];
+    let stop_at = |limits: [usize; 3]| {
+        let mut counts = [0usize; 3];
+        move |row: usize, _| {
+            counts[row] += 1;
+            if counts[row] >= limits[row] {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        }
+    };
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let decoder =
+            Decoder::load(&write_tiny_model(dir.path(), arch, 5), &Device::Cpu).expect("load");
+        let prompts = vec![tokens(1, 5), tokens(2, 11), tokens(3, 8)];
+        let (batched, _) =
+            generate(&decoder, &prompts, &greedy(12), stop_at(limits)).expect("batch");
+        let mut alone_rows = Vec::new();
+        for (row, prompt) in prompts.iter().enumerate() {
+            let mut only = [usize::MAX; 3];
+            only[0] = limits[row];
+            let (alone, _) = generate(
+                &decoder,
+                std::slice::from_ref(prompt),
+                &greedy(12),
+                stop_at(only),
+            )
+            .expect("alone");
+            assert_eq!(batched[row], alone[0], "{arch:?} row {row}");
+            alone_rows.push(alone[0].tokens.clone());
+        }
+        assert_eq!(
+            batched.iter().map(|g| g.tokens.len()).collect::<Vec<_>>(),
+            [2, 7, 12]
+        );
+        // Distinct continuations: rows swapped when the batch shrinks would show.
+        assert_ne!(alone_rows[1][..7], alone_rows[2][..7], "{arch:?}");
+    }
+}
+
+#[test]
 fn padding_that_is_not_masked_changes_what_short_prompts_decode() {
     // The broken variant of the test above: attend to the padding, and the short prompt's
     // continuation is no longer its own.

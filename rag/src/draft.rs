@@ -64,8 +64,18 @@ pub fn write_drafts(
         // The paper drafts greedily (temperature 0): the subsets supply the diversity.
         sampling: Sampling::default(),
     };
-    let (generated, generation) = generate(&drafter.decoder, &prompts, &options, |_, _| {
-        ControlFlow::Continue(())
+    // A draft ends with its answer's line: what follows is never parsed, so decoding it
+    // would only cost time (and dilute the draft's probability with text nobody reads).
+    let mut written: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let (generated, generation) = generate(&drafter.decoder, &prompts, &options, |row, id| {
+        let Some(tokens) = written.get_mut(row) else {
+            return ControlFlow::Continue(());
+        };
+        tokens.push(id);
+        match drafter.tokenizer.decode(tokens) {
+            Ok(text) if answer_line_ended(&text) => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        }
     })?;
 
     // log P(rationale, answer | subset prompt): the log-probabilities the drafter gave its
@@ -131,16 +141,24 @@ fn without_citation(answer: &str) -> &str {
     answer
 }
 
-fn parse_labelled(text: &str) -> ParsedDraft {
-    let label = ANSWER_LABEL.as_bytes();
+/// Where the first "Answer:" label (any case) starts.
+fn answer_label(text: &str) -> Option<usize> {
     // The label is ASCII, so a byte-wise match is a match of whole characters.
-    let position = text
-        .as_bytes()
-        .windows(label.len())
-        .position(|window| window.eq_ignore_ascii_case(label));
-    if let Some(at) = position {
+    text.as_bytes()
+        .windows(ANSWER_LABEL.len())
+        .position(|window| window.eq_ignore_ascii_case(ANSWER_LABEL.as_bytes()))
+}
+
+/// Whether `text` holds a labelled answer whose line has ended: anything written after it
+/// leaves [`parse_draft`]'s result as it is.
+pub fn answer_line_ended(text: &str) -> bool {
+    answer_label(text).is_some_and(|at| text[at + ANSWER_LABEL.len()..].trim_start().contains('\n'))
+}
+
+fn parse_labelled(text: &str) -> ParsedDraft {
+    if let Some(at) = answer_label(text) {
         let rationale = text[..at].trim().to_string();
-        let answer = text[at + label.len()..]
+        let answer = text[at + ANSWER_LABEL.len()..]
             .trim_start()
             .lines()
             .next()
@@ -227,6 +245,36 @@ mod tests {
         );
         assert_eq!(parse_draft("Answer: [a] list").answer, "[a] list");
         assert_eq!(parse_draft("Answer: [] x").answer, "[] x");
+    }
+
+    #[test]
+    fn a_draft_cut_where_its_answer_line_ends_parses_as_the_whole_draft() {
+        let drafts = [
+            " Canberra is the capital.\nAnswer: Canberra\n\nMore text. Answer: Sydney\n",
+            " It says so.\nAnswer:\n  Warsaw\nand more",
+            " answer: [2] Lucy\r\nNext line",
+            " No label here.\nJust text.\n",
+            " Dangling.\nAnswer:  \n\n",
+        ];
+        for draft in drafts {
+            let whole = parse_draft(draft);
+            let cut = draft
+                .char_indices()
+                .map(|(i, c)| &draft[..i + c.len_utf8()])
+                .find(|prefix| answer_line_ended(prefix));
+            match cut {
+                Some(prefix) => {
+                    assert_eq!(parse_draft(prefix), whole, "{draft:?} cut to {prefix:?}");
+                    // One character less and the answer line has not ended yet.
+                    let shorter = &prefix[..prefix.len() - 1];
+                    assert!(!answer_line_ended(shorter), "{shorter:?}");
+                }
+                None => assert!(!whole.labelled, "{draft:?}"),
+            }
+        }
+        assert!(answer_line_ended("Answer: Paris\n"));
+        assert!(!answer_line_ended("Answer: Paris"));
+        assert!(!answer_line_ended("Answer:\n\n"));
     }
 
     #[test]
