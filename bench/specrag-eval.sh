@@ -7,6 +7,9 @@
 # speculative-no-clustering (random subsets). Document encoding is preprocessing and is not
 # counted in any latency. Writes run/specrag-eval/report.json and prints the table.
 #   bench/specrag-eval.sh FILE [extra args]    e.g. ../shared/data/hotpotqa-distractor-100.jsonl --limit 20
+# Questions without passages (TriviaQA: `question`, `answers`) retrieve theirs from a corpus
+# bundle built by `cloud-index build`:
+#   bench/specrag-eval.sh ../shared/data/triviaqa-1000.jsonl --retrieve-from run/trivia-bundle --limit 20
 # Extra arguments go to hasten-specrag-eval (see --help). Models: HASTEN_LM_DIR (default
 # models/lm): drafter SmolLM2-135M-Instruct, verifier Qwen2.5-Coder-0.5B-Instruct when
 # `make models-large` installed it, else SmolLM2 in both roles. Encoder: HASTEN_MODEL_DIR

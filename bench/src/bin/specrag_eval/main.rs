@@ -9,6 +9,12 @@
 //! of answering: an edge already holds the vectors of the documents it retrieves, so it is
 //! **not counted in any latency** here (its total is reported separately as `encoding_s`).
 //!
+//! Questions without passages (TriviaQA, NQ, PopQA: `question` and `answers`) get theirs
+//! from a corpus bundle (`--retrieve-from`, built by `cloud-index build`): the exact top k
+//! (`--passages`, 10) that a cloud shard would return, with the bundle's vectors. Retrieval
+//! is the same for every system and reported apart (`retrieval_s`), with whether the
+//! passages hold a gold answer at all (`answer_in_passages`, the ceiling of any reader).
+//!
 //! Systems, all answering the same question from the same 10 documents:
 //! - `standard-rag`: the verifier reads all 10 documents and writes the answer.
 //! - `speculative-rag`: the paper's defaults: m = 5 drafts by the drafter, each from one
@@ -24,21 +30,27 @@
 //! spread evenly over the systems. Accuracy is SQuAD's normalised exact match, token F1 and
 //! answer containment (`hasten_rag::eval`), each the best over the gold answer's aliases.
 
+mod questions;
+mod report;
+mod retrieval;
+
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_rag::{
-    Answer, AnswerMode, AnswerRequest, DeviceKind, Document, DraftSelection, LmBackend, LocalLm,
-    SpeculativeSettings, WeightFormat, eval,
+    AnswerMode, AnswerRequest, DeviceKind, DraftSelection, LmBackend, LocalLm, SpeculativeSettings,
+    WeightFormat,
 };
-use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
+
+use crate::questions::{encode_documents, read_questions};
+use crate::report::{
+    Outcome, QuestionReport, SystemReport, file_name, print_table, progress_bar, summarise,
+};
+use crate::retrieval::{PassageRetriever, holds_answer};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -49,9 +61,17 @@ use serde::{Deserialize, Serialize};
 )]
 struct Args {
     /// Questions, one JSON object a line in the HotpotQA distractor format: `question`,
-    /// `answer` (a string or a list of aliases) and `context` [[title, [sentences]]].
+    /// `answer` (a string or a list of aliases; `answers` also reads) and `context`
+    /// [[title, [sentences]]]; `context` may be left out with --retrieve-from.
     #[arg(long)]
     input: PathBuf,
+    /// Corpus bundle (`cloud-index build`) to retrieve every question's passages from, by
+    /// exact search; the file's own `context` is then not used.
+    #[arg(long)]
+    retrieve_from: Option<PathBuf>,
+    /// Passages retrieved per question with --retrieve-from (the paper's 10).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=100))]
+    passages: u16,
     /// GGUF model that writes Speculative RAG's drafts (the small one).
     #[arg(long)]
     drafter: PathBuf,
@@ -135,238 +155,6 @@ impl System {
 }
 
 /// The gold answer: one string (HotpotQA) or a list of aliases.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Gold {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize)]
-struct Record {
-    question: String,
-    #[serde(alias = "answers")]
-    answer: Gold,
-    context: Vec<(String, Vec<String>)>,
-}
-
-struct Question {
-    question: String,
-    golds: Vec<String>,
-    documents: Vec<Document>,
-}
-
-/// Reads up to `limit` questions; a line that is not a question with passages is an error
-/// naming its number.
-fn read_questions(path: &Path, limit: Option<usize>) -> Result<Vec<Question>> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut questions = Vec::new();
-    for (number, line) in BufReader::new(file).lines().enumerate() {
-        if limit.is_some_and(|limit| questions.len() >= limit) {
-            break;
-        }
-        let line = line.with_context(|| format!("reading {}", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = || format!("{} line {}", path.display(), number + 1);
-        let record: Record = serde_json::from_str(&line).with_context(|| {
-            format!(
-                "{}: expected question, answer and context [[title, [sentences]]]",
-                at()
-            )
-        })?;
-        let golds: Vec<String> = match record.answer {
-            Gold::One(answer) => vec![answer],
-            Gold::Many(answers) => answers,
-        }
-        .into_iter()
-        .filter(|a| !a.trim().is_empty())
-        .collect();
-        if golds.is_empty() {
-            bail!("{}: the question has no gold answer", at());
-        }
-        let documents: Vec<Document> = record
-            .context
-            .into_iter()
-            .map(|(title, sentences)| {
-                let text = sentences
-                    .iter()
-                    .map(|s| s.trim())
-                    .filter(|s| !s.is_empty())
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                Document::new(title.trim(), text)
-            })
-            .collect();
-        if documents.is_empty() {
-            bail!("{}: the question has no context paragraphs", at());
-        }
-        questions.push(Question {
-            question: record.question.trim().to_string(),
-            golds,
-            documents,
-        });
-    }
-    if questions.is_empty() {
-        bail!("{} holds no questions", path.display());
-    }
-    Ok(questions)
-}
-
-/// Gives every document its vector, encoding one question's documents in one batch, with
-/// the text the edge's bundles encode (`title. text`).
-fn encode_documents(encoder: &TextEncoder, documents: &mut [Document]) -> Result<()> {
-    let texts: Vec<String> = documents
-        .iter()
-        .map(|d| {
-            hasten_core::Document {
-                id: 0,
-                title: d.title.clone(),
-                text: d.text.clone(),
-            }
-            .embedding_text()
-        })
-        .collect();
-    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let vectors = encoder.encode(&texts).context("encoding the documents")?;
-    if vectors.len() != documents.len() {
-        bail!(
-            "the encoder returned {} vectors for {} documents",
-            vectors.len(),
-            documents.len()
-        );
-    }
-    for (document, vector) in documents.iter_mut().zip(vectors) {
-        document.vector = Some(vector);
-    }
-    Ok(())
-}
-
-/// One system's answer to one question.
-#[derive(Serialize)]
-struct Outcome {
-    system: &'static str,
-    answer: String,
-    latency_s: f64,
-    exact_match: bool,
-    f1: f32,
-    contains: bool,
-    prefill_s: f64,
-    decode_s: f64,
-    verify_s: f64,
-    generated_tokens: usize,
-    documents_used: Vec<usize>,
-}
-
-impl Outcome {
-    fn new(system: System, answer: &Answer, latency_s: f64, golds: &[String]) -> Self {
-        let text = answer.text.trim();
-        Self {
-            system: system.name(),
-            answer: text.to_string(),
-            latency_s,
-            exact_match: eval::best_of(text, golds, eval::exact_match).unwrap_or(false),
-            f1: eval::best_of(text, golds, eval::f1).unwrap_or(0.0),
-            contains: eval::best_of(text, golds, eval::contains).unwrap_or(false),
-            prefill_s: answer.timings.prefill.as_secs_f64(),
-            decode_s: answer.timings.decode.as_secs_f64(),
-            verify_s: answer.timings.verify.as_secs_f64(),
-            generated_tokens: answer.generated_tokens,
-            documents_used: answer.documents_used.clone(),
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct QuestionReport {
-    index: usize,
-    question: String,
-    gold: Vec<String>,
-    encoding_s: f64,
-    outcomes: Vec<Outcome>,
-}
-
-/// A system's figures over every question: exactly the per-system keys of the report.
-#[derive(Serialize)]
-struct SystemReport {
-    name: &'static str,
-    accuracy_em: f64,
-    accuracy_f1: f64,
-    accuracy_contains: f64,
-    avg_latency_s: f64,
-    p50_s: f64,
-    p99_s: f64,
-    queries: usize,
-}
-
-/// The nearest-rank percentile `p` (0-100) of `sorted`.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn summarise(system: System, outcomes: &[&Outcome]) -> SystemReport {
-    let n = outcomes.len().max(1) as f64;
-    let mut latencies: Vec<f64> = outcomes.iter().map(|o| o.latency_s).collect();
-    latencies.sort_by(f64::total_cmp);
-    SystemReport {
-        name: system.name(),
-        accuracy_em: outcomes.iter().filter(|o| o.exact_match).count() as f64 / n,
-        accuracy_f1: outcomes.iter().map(|o| f64::from(o.f1)).sum::<f64>() / n,
-        accuracy_contains: outcomes.iter().filter(|o| o.contains).count() as f64 / n,
-        avg_latency_s: latencies.iter().sum::<f64>() / n,
-        p50_s: percentile(&latencies, 50.0),
-        p99_s: percentile(&latencies, 99.0),
-        queries: outcomes.len(),
-    }
-}
-
-fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
-}
-
-fn progress_bar(len: usize) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "questions [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar
-}
-
-fn print_table(systems: &[SystemReport], ratios: &BTreeMap<&'static str, f64>) {
-    println!(
-        "{:<26} {:>6} {:>6} {:>8} {:>9} {:>8} {:>8} {:>11} {:>7}",
-        "system", "EM", "F1", "contains", "avg s", "p50 s", "p99 s", "x standard", "queries"
-    );
-    for s in systems {
-        let ratio = ratios
-            .get(s.name)
-            .map_or_else(|| "-".to_string(), |r| format!("{r:.2}"));
-        println!(
-            "{:<26} {:>6.3} {:>6.3} {:>8.3} {:>9.2} {:>8.2} {:>8.2} {:>11} {:>7}",
-            s.name,
-            s.accuracy_em,
-            s.accuracy_f1,
-            s.accuracy_contains,
-            s.avg_latency_s,
-            s.p50_s,
-            s.p99_s,
-            ratio,
-            s.queries
-        );
-    }
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     let mut systems: Vec<System> = Vec::new();
@@ -382,9 +170,22 @@ fn main() -> Result<()> {
         bail!("--limit must be at least 1");
     }
 
-    let mut questions = read_questions(&args.input, args.limit)?;
+    let mut questions = read_questions(&args.input, args.limit, args.retrieve_from.is_none())?;
     let encoder = TextEncoder::load(&args.model_dir)
         .with_context(|| format!("loading the encoder from {}", args.model_dir.display()))?;
+    let retriever = match &args.retrieve_from {
+        Some(dir) => {
+            let retriever = PassageRetriever::load(dir)?;
+            eprintln!(
+                "retrieving {} passages per question from {} ({} passages)",
+                args.passages,
+                dir.display(),
+                retriever.len()
+            );
+            Some(retriever)
+        }
+        None => None,
+    };
     let backend = LocalLm::load_with(&args.drafter, &args.verifier, args.device, args.weights)
         .with_context(|| {
             format!(
@@ -413,13 +214,30 @@ fn main() -> Result<()> {
     let bar = progress_bar(questions.len());
     let mut reports = Vec::with_capacity(questions.len());
     let mut encoding_total = 0.0;
+    let mut retrieval_total = 0.0;
+    let mut answerable = 0usize;
     for (index, question) in questions.iter_mut().enumerate() {
-        // Preprocessing: the edge already holds these vectors, so no latency counts this.
-        let encoding = Instant::now();
-        encode_documents(&encoder, &mut question.documents)
-            .with_context(|| format!("question {index}"))?;
-        let encoding_s = encoding.elapsed().as_secs_f64();
-        encoding_total += encoding_s;
+        let mut retrieval_s = None;
+        let mut encoding_s = 0.0;
+        if let Some(retriever) = &retriever {
+            // The same passages for every system, so no system's latency counts this.
+            let started = Instant::now();
+            question.documents = retriever
+                .retrieve(&encoder, &question.question, usize::from(args.passages))
+                .with_context(|| format!("question {index}: retrieving its passages"))?;
+            let seconds = started.elapsed().as_secs_f64();
+            retrieval_total += seconds;
+            retrieval_s = Some(seconds);
+        } else {
+            // Preprocessing: the edge already holds these vectors, so no latency counts this.
+            let encoding = Instant::now();
+            encode_documents(&encoder, &mut question.documents)
+                .with_context(|| format!("question {index}"))?;
+            encoding_s = encoding.elapsed().as_secs_f64();
+            encoding_total += encoding_s;
+        }
+        let answer_in_passages = holds_answer(&question.documents, &question.golds);
+        answerable += usize::from(answer_in_passages);
 
         let base = AnswerRequest {
             question: question.question.clone(),
@@ -442,7 +260,7 @@ fn main() -> Result<()> {
                 .answer(&request, &mut |_| {})
                 .with_context(|| format!("question {index}, system {}", system.name()))?;
             let latency_s = started.elapsed().as_secs_f64();
-            let outcome = Outcome::new(system, &answer, latency_s, &question.golds);
+            let outcome = Outcome::new(system.name(), &answer, latency_s, &question.golds);
             if args.verbose {
                 bar.println(format!(
                     "[{index}] {:<26} {latency_s:>7.2} s  {:?} (gold {:?})",
@@ -462,6 +280,13 @@ fn main() -> Result<()> {
             index,
             question: question.question.clone(),
             gold: question.golds.clone(),
+            retrieval_s,
+            passages: if retriever.is_some() {
+                question.documents.iter().map(|d| d.title.clone()).collect()
+            } else {
+                Vec::new()
+            },
+            answer_in_passages,
             encoding_s,
             outcomes,
         });
@@ -477,7 +302,7 @@ fn main() -> Result<()> {
                 .flat_map(|r| r.outcomes.iter())
                 .filter(|o| o.system == system.name())
                 .collect();
-            summarise(system, &outcomes)
+            summarise(system.name(), &outcomes)
         })
         .collect();
     let standard = summaries
@@ -511,6 +336,10 @@ fn main() -> Result<()> {
         "accuracy": "fractions of questions: normalised exact match, mean token F1, gold answer \
                      contained in the answer; each the best over the gold aliases",
         "encoding_s": encoding_total,
+        "retrieved_from": args.retrieve_from,
+        "passages_per_question": args.retrieve_from.as_ref().map(|_| args.passages),
+        "retrieval_s": retrieval_total,
+        "answer_in_passages": answerable as f64 / reports.len().max(1) as f64,
         "systems": summaries,
         "latency_ratio_vs_standard": ratios,
         "per_question": reports,
@@ -526,6 +355,10 @@ fn main() -> Result<()> {
         reports.len(),
         file_name(&args.drafter),
         file_name(&args.verifier),
+    );
+    println!(
+        "a gold answer is in the passages of {answerable} of {} questions",
+        reports.len()
     );
     print_table(&summaries, &ratios);
     if standard.is_none() {

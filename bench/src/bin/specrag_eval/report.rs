@@ -1,0 +1,141 @@
+//! What the evaluation reports: each system's answer to each question, and each system's
+//! accuracy and latency over all of them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use hasten_rag::{Answer, eval};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+#[derive(Serialize)]
+pub struct Outcome {
+    pub system: &'static str,
+    pub answer: String,
+    pub latency_s: f64,
+    exact_match: bool,
+    f1: f32,
+    contains: bool,
+    prefill_s: f64,
+    decode_s: f64,
+    verify_s: f64,
+    generated_tokens: usize,
+    documents_used: Vec<usize>,
+}
+
+impl Outcome {
+    pub fn new(system: &'static str, answer: &Answer, latency_s: f64, golds: &[String]) -> Self {
+        let text = answer.text.trim();
+        Self {
+            system,
+            answer: text.to_string(),
+            latency_s,
+            exact_match: eval::best_of(text, golds, eval::exact_match).unwrap_or(false),
+            f1: eval::best_of(text, golds, eval::f1).unwrap_or(0.0),
+            contains: eval::best_of(text, golds, eval::contains).unwrap_or(false),
+            prefill_s: answer.timings.prefill.as_secs_f64(),
+            decode_s: answer.timings.decode.as_secs_f64(),
+            verify_s: answer.timings.verify.as_secs_f64(),
+            generated_tokens: answer.generated_tokens,
+            documents_used: answer.documents_used.clone(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct QuestionReport {
+    pub index: usize,
+    pub question: String,
+    pub gold: Vec<String>,
+    /// Encoding the question and searching the bundle, when the passages were retrieved
+    /// (the same for every system, so not in any system's latency).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retrieval_s: Option<f64>,
+    /// The passages' titles, best first, when they were retrieved.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub passages: Vec<String>,
+    /// Whether some passage holds a gold answer.
+    pub answer_in_passages: bool,
+    pub encoding_s: f64,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// A system's figures over every question: exactly the per-system keys of the report.
+#[derive(Serialize)]
+pub struct SystemReport {
+    pub name: &'static str,
+    accuracy_em: f64,
+    accuracy_f1: f64,
+    accuracy_contains: f64,
+    pub avg_latency_s: f64,
+    p50_s: f64,
+    p99_s: f64,
+    queries: usize,
+}
+
+/// The nearest-rank percentile `p` (0-100) of `sorted`.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn summarise(name: &'static str, outcomes: &[&Outcome]) -> SystemReport {
+    let n = outcomes.len().max(1) as f64;
+    let mut latencies: Vec<f64> = outcomes.iter().map(|o| o.latency_s).collect();
+    latencies.sort_by(f64::total_cmp);
+    SystemReport {
+        name,
+        accuracy_em: outcomes.iter().filter(|o| o.exact_match).count() as f64 / n,
+        accuracy_f1: outcomes.iter().map(|o| f64::from(o.f1)).sum::<f64>() / n,
+        accuracy_contains: outcomes.iter().filter(|o| o.contains).count() as f64 / n,
+        avg_latency_s: latencies.iter().sum::<f64>() / n,
+        p50_s: percentile(&latencies, 50.0),
+        p99_s: percentile(&latencies, 99.0),
+        queries: outcomes.len(),
+    }
+}
+
+pub fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+pub fn progress_bar(len: usize) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "questions [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+pub fn print_table(systems: &[SystemReport], ratios: &BTreeMap<&'static str, f64>) {
+    println!(
+        "{:<26} {:>6} {:>6} {:>8} {:>9} {:>8} {:>8} {:>11} {:>7}",
+        "system", "EM", "F1", "contains", "avg s", "p50 s", "p99 s", "x standard", "queries"
+    );
+    for s in systems {
+        let ratio = ratios
+            .get(s.name)
+            .map_or_else(|| "-".to_string(), |r| format!("{r:.2}"));
+        println!(
+            "{:<26} {:>6.3} {:>6.3} {:>8.3} {:>9.2} {:>8.2} {:>8.2} {:>11} {:>7}",
+            s.name,
+            s.accuracy_em,
+            s.accuracy_f1,
+            s.accuracy_contains,
+            s.avg_latency_s,
+            s.p50_s,
+            s.p99_s,
+            ratio,
+            s.queries
+        );
+    }
+}

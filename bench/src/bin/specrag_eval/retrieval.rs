@@ -1,0 +1,82 @@
+//! Passages retrieved for questions that bring none (TriviaQA, NQ, PopQA): the exact top k
+//! over a corpus bundle, the search a cloud shard runs (faiss flat inner product over the
+//! bundle's all-MiniLM-L6-v2 vectors), with the bundle's vectors handed on as the edge
+//! hands on the vectors it holds.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use hasten_core::bundle::CorpusBundle;
+use hasten_core::encoder::TextEncoder;
+use hasten_core::index::ExactIndex;
+use hasten_rag::{Document, eval};
+
+pub struct PassageRetriever {
+    bundle: CorpusBundle,
+    index: ExactIndex,
+}
+
+impl PassageRetriever {
+    /// Loads the bundle at `dir` (checked against its manifest) and indexes its vectors.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let bundle = CorpusBundle::load(dir)
+            .with_context(|| format!("loading the corpus bundle {}", dir.display()))?;
+        if bundle.is_empty() {
+            bail!("the corpus bundle {} holds no passages", dir.display());
+        }
+        let index = ExactIndex::build(bundle.dimension(), bundle.vectors())
+            .with_context(|| format!("indexing the corpus bundle {}", dir.display()))?;
+        Ok(Self { bundle, index })
+    }
+
+    pub fn len(&self) -> usize {
+        self.bundle.len()
+    }
+
+    /// The `k` passages nearest to `question`, best first, each with its vector.
+    pub fn retrieve(
+        &self,
+        encoder: &TextEncoder,
+        question: &str,
+        k: usize,
+    ) -> Result<Vec<Document>> {
+        if encoder.dimension() != self.bundle.dimension() {
+            bail!(
+                "the encoder writes {}-d vectors, the bundle holds {}-d ones",
+                encoder.dimension(),
+                self.bundle.dimension()
+            );
+        }
+        let query = encoder
+            .encode_one(question)
+            .context("encoding the question")?;
+        let hits = self
+            .index
+            .search(&query, k)
+            .context("searching the corpus")?
+            .pop()
+            .unwrap_or_default();
+        hits.iter()
+            .map(|hit| {
+                let row = usize::try_from(hit.id).context("hit id out of range")?;
+                let passage = self
+                    .bundle
+                    .documents
+                    .get(row)
+                    .with_context(|| format!("hit row {row} outside the bundle"))?;
+                let mut document = Document::new(passage.title.clone(), passage.text.clone());
+                document.vector = Some(self.bundle.vector(row).to_vec());
+                Ok(document)
+            })
+            .collect()
+    }
+}
+
+/// Whether some passage holds some gold answer (normalised): the ceiling of any reader's
+/// accuracy on the question.
+pub fn holds_answer(documents: &[Document], golds: &[String]) -> bool {
+    documents.iter().any(|d| {
+        let text = format!("{} {}", d.title, d.text);
+        golds.iter().any(|gold| eval::contains(&text, gold))
+    })
+}
