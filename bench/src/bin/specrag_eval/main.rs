@@ -262,7 +262,7 @@ fn main() -> Result<()> {
             let latency_s = started.elapsed().as_secs_f64();
             let outcome = Outcome::new(system.name(), &answer, latency_s, &question.golds);
             if args.verbose {
-                bar.println(format!(
+                let line = format!(
                     "[{index}] {:<26} {latency_s:>7.2} s  {:?} (gold {:?})",
                     system.name(),
                     outcome.answer,
@@ -271,7 +271,13 @@ fn main() -> Result<()> {
                         .first()
                         .map(String::as_str)
                         .unwrap_or_default()
-                ));
+                );
+                // A hidden bar (output not a terminal) prints nothing of its own.
+                if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(line);
+                }
             }
             outcomes.push(outcome);
         }
