@@ -291,12 +291,7 @@ impl KvCache {
 
     /// One batch row as a cache of its own (a fork of that sequence).
     pub fn row(&self, index: usize) -> Result<KvCache> {
-        if index >= self.batch() {
-            return Err(LmError::InvalidInput(format!(
-                "row {index} of a cache with {} rows",
-                self.batch()
-            )));
-        }
+        self.check_row(index)?;
         let layers = self
             .layers
             .iter()
@@ -310,14 +305,21 @@ impl KvCache {
         })
     }
 
+    fn check_row(&self, index: usize) -> Result<()> {
+        if index >= self.batch() {
+            return Err(LmError::InvalidInput(format!(
+                "row {index} of a cache with {} rows",
+                self.batch()
+            )));
+        }
+        Ok(())
+    }
+
     /// The rows `indices`, in that order, as a cache of their own: what a batch keeps when
     /// some of its sequences are finished. Copies the rows, so nothing is shared.
     pub fn select_rows(&self, indices: &[usize]) -> Result<KvCache> {
-        if let Some(&bad) = indices.iter().find(|&&i| i >= self.batch()) {
-            return Err(LmError::InvalidInput(format!(
-                "row {bad} of a cache with {} rows",
-                self.batch()
-            )));
+        for &index in indices {
+            self.check_row(index)?;
         }
         if indices.is_empty() {
             return Ok(KvCache::new());
