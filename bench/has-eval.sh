@@ -1,31 +1,71 @@
 #!/usr/bin/env bash
-# The HaS evaluation on real data: builds the corpus (every SQuAD paragraph of the given
-# file, HotpotQA context paragraphs and wiki18 passages, deduplicated), then runs
-# TopViews-sampled SQuAD questions through every system (cloud-only, edge IVF, exact and
-# semantic caches, HaS over tau and without its fuzzy channel) behind the paper's network
-# model, and prints the folder holding report.json, report.md and the plots.
+# The HaS evaluation on real data. Default: EntityQuestions (train+dev, questions whose
+# subject's article the corpus holds, each asked in its own words or one of 5 paraphrases
+# of its relation) over the entity corpus (full Wikipedia articles split into passages of at
+# most 100 words under their title, at most MAX_PASSAGES per article: ~100k passages),
+# entity popularity from the real 2012 page views continued by the Zipf model. Every system
+# (cloud-only, edge IVF, exact and semantic caches, HaS over tau and without its fuzzy
+# channel) gets the same queries behind the paper's network model; prints the folder holding
+# report.json, report.md and the plots.
 #
-#   bench/has-eval.sh [SQUAD_JSON]        default ../shared/data/squad-dev-v1.1-visible.json
+#   bench/has-eval.sh                    EntityQuestions over the entity corpus
+#   bench/has-eval.sh --questions FILE   any EntityQuestions-format file (JSON lines, gz or not)
+#   bench/has-eval.sh --squad FILE       the earlier SQuAD evaluation (SQuAD paragraphs,
+#                                        HotpotQA and wiki18 passages; SQuAD questions)
 #
-# Environment: QUERIES (5000), RATE_QPS (30, open loop; one edge encodes ~77 short
-# queries/s, so keep well below), DATA_DIR (../shared/data), OUT (run/has-eval/<time>).
+# Environment: QUERIES (20000; SQuAD: 5000), RATE_QPS (30, open loop), MODE (realtime, or
+# replay: no emulated network, quality at full speed), MAX_PASSAGES (20), SYSTEMS, TAUS,
+# THETAS (the sweeps), DATA_DIR (../shared/data), BUNDLE (where the corpus bundle is built
+# once and reused), OUT (run/has-eval/<time>).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 data=${DATA_DIR:-../shared/data}
-squad=${1:-$data/squad-dev-v1.1-visible.json}
-queries=${QUERIES:-5000}
+questions=$data/entityquestions-train-dev.jsonl.gz
+squad=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --questions) questions=$2; shift 2 ;;
+    --squad) squad=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
 rate=${RATE_QPS:-30}
+mode=${MODE:-realtime}
 out=${OUT:-run/has-eval/$(date +%Y%m%d-%H%M%S)}
+systems=${SYSTEMS:-cloud-only,edge-ivf,exact-cache,semantic-cache,has,has-no-fuzzy}
+taus=${TAUS:-0.1,0.2,0.3,0.4,0.5,0.6}
+thetas=${THETAS:-0.8,0.85,0.9,0.95}
 
-[ -f "$squad" ] || { echo "no SQuAD file at $squad (give one as the first argument)" >&2; exit 2; }
-corpus=(--squad "$squad")
-if [ -f "$data/hotpotqa-distractor-500.jsonl" ]; then
-  corpus+=(--hotpot "$data/hotpotqa-distractor-500.jsonl")
+if [ -n "$squad" ]; then
+  [ -f "$squad" ] || { echo "no SQuAD file at $squad" >&2; exit 2; }
+  queries=${QUERIES:-5000}
+  bundle=${BUNDLE:-run/has-eval/bundle}
+  corpus=(--squad "$squad")
+  if [ -f "$data/hotpotqa-distractor-500.jsonl" ]; then
+    corpus+=(--hotpot "$data/hotpotqa-distractor-500.jsonl")
+  fi
+  if [ -f "$data/wiki18-passages-1000.jsonl" ]; then
+    corpus+=(--wiki18 "$data/wiki18-passages-1000.jsonl")
+  fi
+  popularity=()
+else
+  articles=$data/wiki-entity-articles.jsonl.gz
+  views=$data/pageviews-2012-daily-top.csv.gz
+  for f in "$questions" "$articles" "$views"; do
+    [ -f "$f" ] || { echo "missing $f (see $data/README.md)" >&2; exit 2; }
+  done
+  queries=${QUERIES:-20000}
+  bundle=${BUNDLE:-run/has-eval/entity-bundle}
+  corpus=(--wiki-articles "$articles" --max-passages-per-article "${MAX_PASSAGES:-20}"
+    --entity-questions "$questions" --entity-questions-with-article)
+  popularity=(--topviews "$views")
 fi
-if [ -f "$data/wiki18-passages-1000.jsonl" ]; then
-  corpus+=(--wiki18 "$data/wiki18-passages-1000.jsonl")
+# A bundle built earlier is reused as is (cloud-index build keeps vectors between runs too).
+if [ -f "$bundle/manifest.json" ]; then
+  corpus=(--bundle "$bundle")
 fi
 
 cargo build --release --bins
@@ -35,10 +75,10 @@ mkdir -p "$out"
 
 # The paper's network: client-edge round trip U(0.01, 0.05) s, edge-cloud U(0.1, 0.2) s,
 # paid on the wire by the relays as one-way delays of half that per packet.
-"$target/release/hasten-loadtest" eval "${corpus[@]}" --bundle-out run/has-eval/bundle \
-  --queries "$queries" --rate "$rate" \
+"$target/release/hasten-loadtest" eval "${corpus[@]}" --bundle-out "$bundle" \
+  "${popularity[@]}" --queries "$queries" --rate "$rate" --mode "$mode" \
   --client-delay uniform:0.005,0.025 --cloud-delay uniform:0.05,0.1 \
-  --systems cloud-only,edge-ivf,exact-cache,semantic-cache,has,has-no-fuzzy \
-  --taus 0.1,0.2,0.3,0.4,0.5,0.6 --thetas 0.8,0.85,0.9,0.95 \
+  --systems "$systems" --taus "$taus" --thetas "$thetas" \
+  --save-workload "$out/workload.jsonl" \
   --out "$out" 2>&1 | tee "$out/eval.log"
 echo "report: $out"

@@ -1,5 +1,7 @@
 //! `cloud-index`: build corpus bundles and serve exact search over them.
 
+mod progress;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -30,6 +32,7 @@ use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::quic::server_config;
 use hasten_proto::tls::{Identity, MutualTls, TlsPaths};
 use hasten_proto::v1::cloud_index_server::CloudIndexServer;
+use progress::EncodeProgress;
 use serde::Serialize;
 use tonic::transport::server::TcpIncoming;
 
@@ -257,8 +260,12 @@ fn build(args: BuildArgs) -> Result<()> {
     let encoder = TextEncoder::load(&args.model_dir)
         .with_context(|| format!("loading the encoder from {}", args.model_dir.display()))?;
     let started = Instant::now();
-    let stats = build_bundle(&corpus, &encoder, &args.out)
-        .with_context(|| format!("building the bundle at {}", args.out.display()))?;
+    let progress = EncodeProgress::new();
+    let stats = build_bundle(&corpus, &encoder, &args.out, |encoded, total| {
+        progress.update(encoded, total)
+    })
+    .with_context(|| format!("building the bundle at {}", args.out.display()))?;
+    progress.finish();
     let shards = match args.shards {
         Some(count) => {
             let bundle = CorpusBundle::load(&args.out)

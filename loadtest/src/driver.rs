@@ -236,6 +236,9 @@ mod tests {
                 answers: vec![],
                 entity: "e".into(),
                 source: "test".into(),
+                relation: None,
+                gold_passage: None,
+                popularity: Default::default(),
             })
             .collect()
     }

@@ -1,7 +1,6 @@
 //! An experiment: a cloud tier, then each system under test as edge processes behind delay
 //! relays, the same workload through every one, one report.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,7 +15,7 @@ use crate::process::{
 };
 use crate::relay::{DelayModel, Relay};
 use crate::report::SystemReport;
-use crate::scoring::summarize;
+use crate::scoring::{WorkloadIndex, summarize_all_and_first};
 use crate::workload::WorkloadQuery;
 
 /// How long a service may take to load its bundle and build its indexes.
@@ -254,7 +253,7 @@ pub async fn run_system(
     settings: &ClusterSettings,
     workload: &[WorkloadQuery],
     driver_settings: &DriverSettings,
-    entity_of_question: &HashMap<String, String>,
+    workload_index: &WorkloadIndex,
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> Result<SystemReport, EvalError> {
     let cloud_addr = parse_addr(&cloud.front()?.addr("quic_addr"), "the cloud")?;
@@ -322,9 +321,15 @@ pub async fn run_system(
         edges.push((edge, http));
     }
     let outcome = driver::run(workload, &urls, driver_settings, progress).await;
-    let summary = summarize(&outcome.records, entity_of_question);
+    let (summary, first_occurrence) = summarize_all_and_first(&outcome.records, workload_index);
     let throughput = outcome.records.len() as f64 / outcome.wall.as_secs_f64().max(1e-9);
-    let mut report = SystemReport::new(&spec.name, spec.params.clone(), &summary, throughput);
+    let mut report = SystemReport::new(
+        &spec.name,
+        spec.params.clone(),
+        summary,
+        first_occurrence,
+        throughput,
+    );
     let status_client = reqwest::Client::new();
     let mut rss = 0u64;
     for (edge, http) in &edges {

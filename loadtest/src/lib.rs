@@ -4,6 +4,7 @@
 pub mod control_plane;
 pub mod driver;
 pub mod experiment;
+pub mod paraphrase;
 pub mod popularity;
 pub mod process;
 pub mod relay;

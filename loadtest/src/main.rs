@@ -1,6 +1,5 @@
 //! `hasten-loadtest`: TopViews-shaped workloads and the HaS evaluation.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,10 +12,11 @@ use hasten_proto::tls::DevAuthority;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::experiment::{ClusterSettings, run_system, start_cloud, system_specs};
-use loadtest::popularity::{DailyPopularity, ZipfModel, topviews_csv};
+use loadtest::popularity::{DailyPopularity, ZipfModel, read_topviews, views_then_model};
 use loadtest::process::binary;
 use loadtest::relay::DelayModel;
 use loadtest::report::Report;
+use loadtest::scoring::WorkloadIndex;
 use loadtest::workload::{self, WorkloadQuery};
 
 #[derive(Parser)]
@@ -75,7 +75,7 @@ fn dev_certs(args: &DevCertsArgs) -> Result<()> {
 #[derive(Args)]
 struct CorpusArgs {
     /// Corpus bundle to use as is (made by `cloud-index build`).
-    #[arg(long, conflicts_with_all = ["squad", "hotpot", "wiki18"])]
+    #[arg(long, conflicts_with_all = ["squad", "hotpot", "wiki18", "wiki_articles", "entity_questions"])]
     bundle: Option<PathBuf>,
     /// SQuAD-format JSON file: passages and questions (repeatable).
     #[arg(long)]
@@ -86,11 +86,26 @@ struct CorpusArgs {
     /// wiki18 passage JSON-lines file (repeatable).
     #[arg(long)]
     wiki18: Vec<PathBuf>,
+    /// Full Wikipedia articles (JSON lines, gzipped or not), split into passages of at most
+    /// 100 words under their title (repeatable).
+    #[arg(long)]
+    wiki_articles: Vec<PathBuf>,
+    /// Keep each article's first N passages only.
+    #[arg(long)]
+    max_passages_per_article: Option<usize>,
+    /// EntityQuestions JSON lines (gzipped or not): questions about a subject under a
+    /// Wikidata relation; their passages come from --wiki-articles (repeatable).
+    #[arg(long)]
+    entity_questions: Vec<PathBuf>,
+    /// Keep only EntityQuestions whose subject's article the corpus holds (`has_article`).
+    #[arg(long)]
+    entity_questions_with_article: bool,
     /// Where to build the bundle from the files above (vectors are reused between runs).
     #[arg(long, default_value = "run/eval/bundle")]
     bundle_out: PathBuf,
-    /// Questions from these sources only (squad, hotpotqa, synthetic) [default: squad when
-    /// there are SQuAD questions, else all].
+    /// Questions from these sources only (squad, hotpotqa, entityquestions, synthetic)
+    /// [default: squad when there are SQuAD questions, else entityquestions when there are
+    /// some, else all].
     #[arg(long)]
     question_source: Vec<String>,
     /// all-MiniLM-L6-v2 directory.
@@ -103,7 +118,9 @@ struct WorkloadArgs {
     /// Replay this workload (JSON lines) instead of generating one.
     #[arg(long)]
     workload: Option<PathBuf>,
-    /// Entity popularity from a TopViews-style CSV (date,article,views) instead of the model.
+    /// Entity popularity from a TopViews-style CSV (date,article,views) for the entities it
+    /// lists, continued by the built-in model below its last listed rank for the rest
+    /// (loadtest/README.md); the workload then spans the CSV's days.
     #[arg(long)]
     topviews: Option<PathBuf>,
     /// Queries to generate.
@@ -137,6 +154,13 @@ struct WorkloadCommand {
     workload: WorkloadArgs,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum RunMode {
+    Realtime,
+    Replay,
+}
+
 #[derive(Args)]
 struct EvalArgs {
     #[command(flatten)]
@@ -160,6 +184,11 @@ struct EvalArgs {
     /// tau of the has-no-fuzzy ablation.
     #[arg(long, default_value_t = 0.2)]
     no_fuzzy_tau: f64,
+    /// realtime: the emulated network and the load model (--rate or --concurrency), for
+    /// latency. replay: no emulated delays, a closed loop of --concurrency clients at full
+    /// speed, for quality figures (run both from one --workload file).
+    #[arg(long, value_enum, default_value_t = RunMode::Realtime)]
+    mode: RunMode,
     /// Extra flag for every edge, e.g. `--edge-arg=--corpus-fraction=0.1` (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     edge_arg: Vec<String>,
@@ -226,8 +255,11 @@ fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
     let bundle_dir = match &args.bundle {
         Some(dir) => dir.clone(),
         None => {
-            if args.squad.is_empty() {
-                bail!("give --bundle, or --squad (with optional --hotpot/--wiki18) to build one");
+            if args.squad.is_empty() && args.entity_questions.is_empty() {
+                bail!(
+                    "give --bundle, or questions to build one from: --squad, or \
+                     --entity-questions with --wiki-articles (optionally --hotpot, --wiki18)"
+                );
             }
             // One way to build a bundle: the cloud tier's own `build` command.
             let mut build = std::process::Command::new(binary("cloud-index")?);
@@ -242,10 +274,20 @@ fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
                 ("--squad", &args.squad),
                 ("--hotpot", &args.hotpot),
                 ("--wiki18", &args.wiki18),
+                ("--wiki-articles", &args.wiki_articles),
+                ("--entity-questions", &args.entity_questions),
             ] {
                 for path in paths {
                     build.arg(flag).arg(path);
                 }
+            }
+            if let Some(limit) = args.max_passages_per_article {
+                build
+                    .arg("--max-passages-per-article")
+                    .arg(limit.to_string());
+            }
+            if args.entity_questions_with_article {
+                build.arg("--entity-questions-with-article");
             }
             let status = build.status().context("running cloud-index build")?;
             if !status.success() {
@@ -257,11 +299,11 @@ fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
     let bundle = CorpusBundle::load(&bundle_dir)
         .with_context(|| format!("loading {}", bundle_dir.display()))?;
     let sources: Vec<String> = if args.question_source.is_empty() {
-        if bundle.questions.iter().any(|q| q.source == "squad") {
-            vec!["squad".into()]
-        } else {
-            Vec::new()
-        }
+        ["squad", "entityquestions"]
+            .into_iter()
+            .find(|source| bundle.questions.iter().any(|q| q.source == *source))
+            .map(|source| vec![source.to_string()])
+            .unwrap_or_default()
     } else {
         args.question_source.clone()
     };
@@ -284,28 +326,43 @@ fn make_workload(
         let replayed = workload::read_jsonl(path)?;
         (replayed, serde_json::json!({"replayed": path}))
     } else {
-        let names = workload::entities(questions);
+        let (questions, ambiguous) = workload::drop_ambiguous_subjects(questions.to_vec());
+        if questions.is_empty() {
+            bail!("every subject was dropped as ambiguous; no questions left");
+        }
+        let names = workload::entities(&questions);
+        let model = ZipfModel {
+            exponent: args.zipf_s,
+            days: args.days,
+            daily_jitter: args.daily_jitter,
+            burst_probability: args.burst_probability,
+            seed: args.seed,
+        };
         let (popularity, description): (DailyPopularity, serde_json::Value) = match &args.topviews {
-            Some(csv) => (
-                topviews_csv(csv, &names)?,
-                serde_json::json!({"topviews_csv": csv}),
-            ),
-            None => {
-                let model = ZipfModel {
-                    exponent: args.zipf_s,
-                    days: args.days,
-                    daily_jitter: args.daily_jitter,
-                    burst_probability: args.burst_probability,
-                    seed: args.seed,
-                };
+            Some(csv) => {
+                let views = read_topviews(csv, &names)?;
+                let listed: std::collections::HashSet<usize> = views
+                    .iter()
+                    .flat_map(|day| day.matched.iter().map(|(e, _)| *e))
+                    .collect();
                 (
-                    model.daily(names.len())?,
-                    serde_json::json!({"zipf": model}),
+                    views_then_model(&views, &model, names.len())?,
+                    serde_json::json!({
+                        "topviews_csv": csv,
+                        "then_zipf": model,
+                        "entities": names.len(),
+                        "entities_in_page_views": listed.len(),
+                        "ambiguous_subjects_dropped": ambiguous,
+                    }),
                 )
             }
+            None => (
+                model.daily(names.len())?,
+                serde_json::json!({"zipf": model, "entities": names.len(), "ambiguous_subjects_dropped": ambiguous}),
+            ),
         };
         let generated =
-            workload::generate(questions, &names, &popularity, args.queries, args.seed)?;
+            workload::generate(&questions, &names, &popularity, args.queries, args.seed)?;
         (generated, description)
     };
     if let Some(path) = &args.save_workload {
@@ -337,18 +394,22 @@ async fn eval(args: EvalArgs) -> Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let work = args.out.join("logs");
     std::fs::create_dir_all(&work)?;
+    let (client_delay, cloud_delay) = match args.mode {
+        RunMode::Realtime => (args.client_delay, args.cloud_delay),
+        RunMode::Replay => (DelayModel::None, DelayModel::None),
+    };
     let settings = ClusterSettings {
         bundle: absolute(&bundle)?,
         shards: args.shards,
         work: absolute(&work)?,
         edges: args.edges,
-        client_delay: args.client_delay,
-        cloud_delay: args.cloud_delay,
+        client_delay,
+        cloud_delay,
         seed: args.workload.seed,
         extra_edge_args: args.edge_arg.clone(),
         model_dir: absolute(&args.corpus.model_dir)?,
     };
-    let load = match args.rate {
+    let load = match args.rate.filter(|_| args.mode == RunMode::Realtime) {
         Some(rate_qps) => LoadModel::Open {
             rate_qps,
             seed: args.workload.seed,
@@ -365,15 +426,12 @@ async fn eval(args: EvalArgs) -> Result<()> {
         request_timeout: Duration::from_millis(args.timeout_ms),
     };
     if let Some(obj) = workload_report.as_object_mut() {
-        obj.insert("network".into(), serde_json::json!({"client_one_way": args.client_delay, "cloud_one_way": args.cloud_delay}));
+        obj.insert("network".into(), serde_json::json!({"mode": args.mode, "client_one_way": client_delay, "cloud_one_way": cloud_delay}));
         obj.insert("driver".into(), serde_json::json!({"load": load, "warmup": args.warmup, "k": args.k, "edges_per_system": args.edges, "cloud_shards": args.shards}));
         obj.insert("bundle".into(), serde_json::json!(bundle));
     }
     eprintln!("workload: {}", serde_json::to_string(&workload_report)?);
-    let entity_of_question: HashMap<String, String> = workload
-        .iter()
-        .map(|q| (q.question.clone(), q.entity.clone()))
-        .collect();
+    let workload_index = WorkloadIndex::new(&workload);
     let cloud = start_cloud(&settings)?;
     let mut systems = Vec::new();
     for (index, spec) in specs.iter().enumerate() {
@@ -387,7 +445,7 @@ async fn eval(args: EvalArgs) -> Result<()> {
             &settings,
             &workload,
             &driver_settings,
-            &entity_of_question,
+            &workload_index,
             move |done| tick.set_position(done as u64),
         )
         .await?;
@@ -405,10 +463,11 @@ async fn eval(args: EvalArgs) -> Result<()> {
         systems.push(report);
     }
     drop(cloud);
-    let report = Report {
+    let mut report = Report {
         workload: workload_report,
         systems,
     };
+    report.pair_with_baseline();
     report
         .write(&args.out)
         .map_err(|e| anyhow::anyhow!("writing the report: {e}"))?;

@@ -1,11 +1,12 @@
 //! Entity popularity over days: where TopViews-shaped traffic comes from.
 //!
-//! Two sources: a Wikipedia TopViews-style CSV (`date,article,views`), or the built-in model:
-//! each day the entities are ranked and drawn by Zipf(s) over rank; the ranking is reshuffled
+//! Two sources: a Wikipedia TopViews-style CSV (`date,article,views`) for the entities it
+//! lists, continued by the built-in model for the rest (see [`views_then_model`]); or the
+//! built-in model alone: each day the entities are ranked and drawn by Zipf(s) over rank; the ranking is reshuffled
 //! daily by a log-normal jitter of every entity's base popularity, and on some days one
 //! entity from outside the top ten trends to rank one for that day. Everything is seeded.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use rand::rngs::StdRng;
@@ -44,6 +45,8 @@ impl Default for ZipfModel {
 #[derive(Clone, Debug, PartialEq)]
 pub struct DailyPopularity {
     pub days: Vec<Vec<(usize, f64)>>,
+    /// Per day, the entities whose weight comes from real page views (the rest: the model).
+    pub observed: Vec<HashSet<usize>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +116,10 @@ impl ZipfModel {
                     .collect(),
             );
         }
-        Ok(DailyPopularity { days })
+        Ok(DailyPopularity {
+            observed: vec![HashSet::new(); days.len()],
+            days,
+        })
     }
 }
 
@@ -122,10 +128,23 @@ fn article_key(article: &str) -> String {
     article.trim().trim_matches('"').replace('_', " ")
 }
 
-/// Daily popularity from a TopViews-style CSV (`date,article,views`, header optional,
-/// one row per article and day; gzipped or not). Articles are matched to `entities` by title; the rest of
-/// the export (articles without questions) is ignored.
-pub fn topviews_csv(path: &Path, entities: &[String]) -> Result<DailyPopularity, PopularityError> {
+/// One day of a TopViews export, matched against the entities.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopViewsDay {
+    /// Entities (indexes into the caller's list) listed that day, with their views.
+    pub matched: Vec<(usize, f64)>,
+    /// Articles listed that day, matched or not.
+    pub listed: usize,
+    /// Fewest views of an article listed that day: an article left off had fewer.
+    pub min_views: f64,
+}
+
+/// Reads a TopViews-style CSV (`date,article,views`, header optional, one row per article
+/// and day; gzipped or not), in date order. Articles are matched to `entities` by title.
+pub fn read_topviews(
+    path: &Path,
+    entities: &[String],
+) -> Result<Vec<TopViewsDay>, PopularityError> {
     let shown = path.display().to_string();
     let text = hasten_core::corpus::read_text(path).map_err(|source| PopularityError::Io {
         path: shown.clone(),
@@ -136,56 +155,95 @@ pub fn topviews_csv(path: &Path, entities: &[String]) -> Result<DailyPopularity,
         .enumerate()
         .map(|(i, e)| (article_key(e), i))
         .collect();
-    let mut by_date: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
+    let format_error = |line: usize, message: String| PopularityError::Format {
+        path: shown.clone(),
+        line,
+        message,
+    };
+    let mut by_date: BTreeMap<String, TopViewsDay> = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() {
             continue;
         }
-        let fields: Vec<&str> = line.rsplitn(2, ',').collect();
-        let (views, rest) = match fields.as_slice() {
-            [views, rest] => (*views, *rest),
-            _ => {
-                return Err(PopularityError::Format {
-                    path: shown,
-                    line: i + 1,
-                    message: "expected date,article,views".into(),
-                });
-            }
-        };
-        let Some((date, article)) = rest.split_once(',') else {
-            return Err(PopularityError::Format {
-                path: shown,
-                line: i + 1,
-                message: "expected date,article,views".into(),
-            });
-        };
+        let (rest, views) = line
+            .rsplit_once(',')
+            .ok_or_else(|| format_error(i + 1, "expected date,article,views".into()))?;
+        let (date, article) = rest
+            .split_once(',')
+            .ok_or_else(|| format_error(i + 1, "expected date,article,views".into()))?;
         let views: f64 = match views.trim().parse() {
             Ok(v) => v,
             Err(_) if i == 0 => continue, // header
             Err(_) => {
-                return Err(PopularityError::Format {
-                    path: shown,
-                    line: i + 1,
-                    message: format!("views {views:?} is not a number"),
-                });
+                return Err(format_error(
+                    i + 1,
+                    format!("views {views:?} is not a number"),
+                ));
             }
         };
-        if let Some(&entity) = index.get(&article_key(article))
-            && views > 0.0
-        {
-            by_date
-                .entry(date.trim().to_string())
-                .or_default()
-                .push((entity, views));
+        if !(views.is_finite() && views > 0.0) {
+            continue;
+        }
+        let day = by_date
+            .entry(date.trim().to_string())
+            .or_insert(TopViewsDay {
+                matched: Vec::new(),
+                listed: 0,
+                min_views: f64::INFINITY,
+            });
+        day.listed += 1;
+        day.min_views = day.min_views.min(views);
+        if let Some(&entity) = index.get(&article_key(article)) {
+            day.matched.push((entity, views));
         }
     }
-    if by_date.is_empty() {
+    if by_date.values().all(|day| day.matched.is_empty()) {
         return Err(PopularityError::NoMatch(shown));
     }
-    Ok(DailyPopularity {
-        days: by_date.into_values().collect(),
-    })
+    Ok(by_date.into_values().collect())
+}
+
+/// Popularity from real page views where an entity appears in them, else the model.
+///
+/// A day's listed entities weigh their views. The export lists only the day's most viewed
+/// pages, so the entities it leaves off form the tail below its last listed rank: they are
+/// ranked by `model` (its own ranking for that day) and continue the real curve as Zipf
+/// from there, the entity at tail rank r weighing `min_views * (listed / (listed + r))^s`.
+/// The model spans the export's days.
+pub fn views_then_model(
+    views: &[TopViewsDay],
+    model: &ZipfModel,
+    entities: usize,
+) -> Result<DailyPopularity, PopularityError> {
+    let ranking = ZipfModel {
+        days: views.len(),
+        ..model.clone()
+    }
+    .daily(entities)?;
+    let mut days = Vec::with_capacity(views.len());
+    let mut observed = Vec::with_capacity(views.len());
+    for (day, ranked) in views.iter().zip(&ranking.days) {
+        let listed: HashSet<usize> = day.matched.iter().map(|(e, _)| *e).collect();
+        let mut weights = day.matched.clone();
+        let anchor = day.listed as f64;
+        weights.extend(
+            ranked
+                .iter()
+                .filter(|(e, _)| !listed.contains(e))
+                .enumerate()
+                .map(|(r, &(e, _))| {
+                    let tail_rank = (r + 1) as f64;
+                    (
+                        e,
+                        day.min_views * (anchor / (anchor + tail_rank)).powf(model.exponent),
+                    )
+                }),
+        );
+        days.push(weights);
+        observed.push(listed);
+    }
+    Ok(DailyPopularity { days, observed })
 }
 
 #[cfg(test)]
@@ -284,7 +342,7 @@ mod tests {
     }
 
     #[test]
-    fn topviews_csv_maps_articles_to_entities_by_day() {
+    fn topviews_days_map_articles_to_entities_and_keep_the_list_floor() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("topviews.csv");
         std::fs::write(
@@ -294,17 +352,56 @@ mod tests {
         )
         .unwrap();
         let entities = vec!["Warsaw".to_string(), "Super Bowl 50".to_string()];
-        let days = topviews_csv(&path, &entities).unwrap().days;
-        assert_eq!(days, vec![vec![(1, 900.0), (0, 100.0)], vec![(0, 300.0)]]);
+        let days = read_topviews(&path, &entities).unwrap();
+        assert_eq!(days.len(), 2);
+        assert_eq!(days[0].matched, vec![(1, 900.0), (0, 100.0)]);
+        assert_eq!((days[0].listed, days[0].min_views), (3, 100.0));
+        assert_eq!(days[1].matched, vec![(0, 300.0)]);
         std::fs::write(&path, "2026-01-01,Warsaw,1\n2026-01-01,Warsaw,many\n").unwrap();
         assert!(matches!(
-            topviews_csv(&path, &entities),
+            read_topviews(&path, &entities),
             Err(PopularityError::Format { line: 2, .. })
         ));
         std::fs::write(&path, "2026-01-01,Nothing,1\n").unwrap();
         assert!(matches!(
-            topviews_csv(&path, &entities),
+            read_topviews(&path, &entities),
             Err(PopularityError::NoMatch(_))
         ));
+    }
+
+    #[test]
+    fn unlisted_entities_continue_the_real_curve_below_its_floor() {
+        let views = vec![
+            TopViewsDay {
+                matched: vec![(0, 5000.0), (3, 200.0)],
+                listed: 10,
+                min_views: 100.0,
+            },
+            TopViewsDay {
+                matched: vec![(3, 800.0)],
+                listed: 10,
+                min_views: 50.0,
+            },
+        ];
+        let model = ZipfModel::default();
+        let popularity = views_then_model(&views, &model, 6).unwrap();
+        assert_eq!(popularity.days.len(), 2);
+        assert_eq!(popularity.observed[0], HashSet::from([0, 3]));
+        assert_eq!(popularity.observed[1], HashSet::from([3]));
+        for (day, listed) in popularity.days.iter().zip(&views) {
+            // Every entity once: the listed with their views, the rest below the floor,
+            // decreasing along the model's ranking.
+            let mut seen: Vec<usize> = day.iter().map(|(e, _)| *e).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..6).collect::<Vec<_>>());
+            let tail: Vec<f64> = day[listed.matched.len()..]
+                .iter()
+                .map(|(_, w)| *w)
+                .collect();
+            assert!(tail.iter().all(|w| *w < listed.min_views), "{tail:?}");
+            assert!(tail.windows(2).all(|w| w[0] > w[1]), "{tail:?}");
+            assert!((tail[0] - listed.min_views * 10.0 / 11.0).abs() < 1e-9);
+        }
+        assert_eq!(&popularity.days[1][..1], &[(3, 800.0)]);
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::scoring::Summary;
+use crate::scoring::{Summary, pair_with_baseline};
 
 /// One system at one parameter setting.
 #[derive(Clone, Debug, Serialize)]
@@ -33,6 +33,14 @@ pub struct SystemReport {
     pub doc_hit_rate_at_da: Option<f64>,
     pub latency_at_da_s: Option<f64>,
     pub latency_at_dr_s: Option<f64>,
+    pub gold_recall_at_k: f64,
+    /// Against cloud-only on the same queries (see [`Summary::paired_dhr_drop`]).
+    pub paired_dhr_drop: Option<f64>,
+    /// The same figures over first occurrences (texts no earlier query asked).
+    pub first_occurrence: Summary,
+    /// Per-query hits of the whole run, for pairing.
+    #[serde(skip)]
+    pub all: Summary,
     pub cached_queries: usize,
     pub cache_bytes: usize,
     /// `null` when nothing was cached.
@@ -47,7 +55,8 @@ impl SystemReport {
     pub fn new(
         name: &str,
         params: serde_json::Value,
-        summary: &Summary,
+        summary: Summary,
+        first_occurrence: Summary,
         throughput_qps: f64,
     ) -> Self {
         Self {
@@ -70,6 +79,10 @@ impl SystemReport {
             doc_hit_rate_at_da: summary.doc_hit_rate_at_da,
             latency_at_da_s: summary.latency_at_da_s,
             latency_at_dr_s: summary.latency_at_dr_s,
+            gold_recall_at_k: summary.gold_recall_at_k,
+            paired_dhr_drop: None,
+            first_occurrence,
+            all: summary,
             cached_queries: 0,
             cache_bytes: 0,
             cache_bytes_per_1000_entries: None,
@@ -113,6 +126,19 @@ impl Report {
         self.systems.iter().find(|s| s.name == "cloud-only")
     }
 
+    /// Fills every system's paired DHR drop (all queries and first occurrences) against
+    /// cloud-only's run; nothing without one.
+    pub fn pair_with_baseline(&mut self) {
+        let Some(baseline) = self.baseline().cloned() else {
+            return;
+        };
+        for system in &mut self.systems {
+            pair_with_baseline(&mut system.all, &baseline.all);
+            system.paired_dhr_drop = system.all.paired_dhr_drop;
+            pair_with_baseline(&mut system.first_occurrence, &baseline.first_occurrence);
+        }
+    }
+
     /// The paper's table: each system's values, then its change against cloud-only.
     pub fn markdown(&self) -> String {
         let mut out = String::from("# Hasten evaluation\n\n");
@@ -121,16 +147,17 @@ impl Report {
             serde_json::to_string(&self.workload).unwrap_or_default()
         ));
         out.push_str(
-            "| system | AvgL (s) | Doc. hit rate | DAR | x-edge | CAR | DHR@DA | L@DA (s) | L@DR (s) | p50 (s) | p95 (s) | p99 (s) | max (s) | q/s | cache MB / 1k entries | edge RSS (MB) |\n",
+            "| system | AvgL (s) | Doc. hit rate | gold R@k | DAR | x-edge | CAR | DHR@DA | L@DA (s) | L@DR (s) | p50 (s) | p95 (s) | p99 (s) | max (s) | q/s | cache MB / 1k entries | edge RSS (MB) |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         let baseline = self.baseline();
         for s in &self.systems {
             out.push_str(&format!(
-                "| {} | {:.4} | {:.4} | {:.4} | {} | {} | {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {} | {} |\n",
+                "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {} | {} | {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.1} | {} | {} |\n",
                 s.label(),
                 s.avg_latency_s,
                 s.doc_hit_rate,
+                s.gold_recall_at_k,
                 s.dar,
                 s.cross_edge_accepted,
                 fmt_opt(s.car, |v| format!("{v:.4}")),
@@ -147,9 +174,10 @@ impl Report {
             ));
             if let Some(b) = baseline.filter(|b| b.name != s.name) {
                 out.push_str(&format!(
-                    "| | {} | {:+.2} pt | | | | | | | {} | {} | {} | | | | |\n",
+                    "| | {} | {:+.2} pt | {:+.2} pt | | | | | | | {} | {} | {} | | | | |\n",
                     change(s.avg_latency_s, b.avg_latency_s),
                     100.0 * (s.doc_hit_rate - b.doc_hit_rate),
+                    100.0 * (s.gold_recall_at_k - b.gold_recall_at_k),
                     change(s.p50_s, b.p50_s),
                     change(s.p95_s, b.p95_s),
                     change(s.p99_s, b.p99_s),
@@ -160,9 +188,47 @@ impl Report {
             "\nAvgL: mean latency seen by the client, network included. DAR: drafts accepted \
              (for caches: hits). x-edge: drafts accepted through a query that fell back on \
              another edge of the system (replication at work). CAR: accepted drafts validated by a query about the same \
-             entity. DHR@DA: hit rate of accepted drafts. Second rows: change against \
-             cloud-only (latency in %, hit rate in points).\n",
+             entity. DHR@DA: hit rate of accepted drafts. gold R@k: a returned passage is the \
+             question's own (SQuAD: its paragraph; else a passage of the subject's article \
+             holding an answer). Second rows: change against cloud-only (latency in %, rates \
+             in points).\n",
         );
+        out.push_str(&self.first_occurrence_markdown());
+        out
+    }
+
+    /// The headline table: first occurrences only, with the paired drop against cloud-only.
+    fn first_occurrence_markdown(&self) -> String {
+        let chance = self.workload["stats"]["same_entity_chance"].as_f64();
+        let mut out = String::from(
+            "\n## First occurrences (query texts no earlier query asked)\n\n\
+             | system | queries | AvgL (s) | vs cloud-only | DHR | paired DHR drop (pt) | gold R@k | DAR | CAR | DHR@DA | L@DA (s) | L@DR (s) | p99 (s) |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        );
+        let baseline = self.baseline().map(|b| &b.first_occurrence);
+        for s in &self.systems {
+            let f = &s.first_occurrence;
+            out.push_str(&format!(
+                "| {} | {} | {:.4} | {} | {:.4} | {} | {:.4} | {:.4} | {} | {} | {} | {} | {:.4} |\n",
+                s.label(),
+                f.queries,
+                f.avg_latency_s,
+                baseline.map_or_else(|| "-".into(), |b| change(f.avg_latency_s, b.avg_latency_s)),
+                f.doc_hit_rate,
+                fmt_opt(f.paired_dhr_drop, |v| format!("{:+.2}", 100.0 * v)),
+                f.gold_recall_at_k,
+                f.dar,
+                fmt_opt(f.car, |v| format!("{v:.4}")),
+                fmt_opt(f.doc_hit_rate_at_da, |v| format!("{v:.4}")),
+                fmt_opt(f.latency_at_da_s, |v| format!("{v:.4}")),
+                fmt_opt(f.latency_at_dr_s, |v| format!("{v:.4}")),
+                f.p99_s,
+            ));
+        }
+        out.push_str(&format!(
+            "\nCAR chance level (two queries of the workload about one entity): {}.\n",
+            fmt_opt(chance, |v| format!("{v:.4}"))
+        ));
         out
     }
 
@@ -292,33 +358,62 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn system(name: &str, params: serde_json::Value, latency: f64, dhr: f64) -> SystemReport {
+        // Ten queries; the first round(10 * dhr) hit, the first five are first occurrences.
+        let hits: BTreeMap<usize, bool> = (0..10)
+            .map(|seq| (seq, (seq as f64) < (10.0 * dhr).round()))
+            .collect();
         let summary = Summary {
             queries: 10,
             avg_latency_s: latency,
             doc_hit_rate: dhr,
+            hits: hits.clone(),
             ..Summary::default()
         };
-        let mut s = SystemReport::new(name, params, &summary, 5.0);
+        let first = Summary {
+            queries: 5,
+            avg_latency_s: latency * 2.0,
+            hits: hits.into_iter().take(5).collect(),
+            ..summary.clone()
+        };
+        let mut s = SystemReport::new(name, params, summary, first, 5.0);
         s.latencies_s = vec![latency / 2.0, latency, latency * 2.0];
         s
     }
 
     #[test]
     fn markdown_compares_each_system_with_cloud_only_and_files_are_written() {
-        let report = Report {
-            workload: serde_json::json!({"queries": 10}),
+        let mut report = Report {
+            workload: serde_json::json!({"queries": 10, "stats": {"same_entity_chance": 0.125}}),
             systems: vec![
                 system("cloud-only", serde_json::json!({}), 0.2, 0.9),
-                system("has", serde_json::json!({"tau": 0.2}), 0.1, 0.88),
+                system("has", serde_json::json!({"tau": 0.2}), 0.1, 0.7),
                 system("has", serde_json::json!({"tau": 0.4}), 0.15, 0.9),
             ],
         };
+        report.pair_with_baseline();
+        // tau 0.2 misses queries 7 and 8 that cloud-only hits; none of the first five.
+        assert_eq!(report.systems[1].paired_dhr_drop, Some(0.2));
+        assert_eq!(
+            report.systems[1].first_occurrence.paired_dhr_drop,
+            Some(0.0)
+        );
+        assert_eq!(report.systems[2].paired_dhr_drop, Some(0.0));
         let md = report.markdown();
-        assert!(md.contains("| has tau=0.2 | 0.1000 | 0.8800"), "{md}");
-        assert!(md.contains("-50.00%") && md.contains("-2.00 pt"), "{md}");
+        assert!(md.contains("| has tau=0.2 | 0.1000 | 0.7000"), "{md}");
+        assert!(md.contains("-50.00%") && md.contains("-20.00 pt"), "{md}");
+        assert!(
+            md.contains("| has tau=0.2 | 5 | 0.2000 | -50.00% | 0.7000 | +0.00 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("CAR chance level (two queries of the workload about one entity): 0.1250"),
+            "{md}"
+        );
         let dir = tempfile::tempdir().unwrap();
         report.write(dir.path()).unwrap();
         let json: serde_json::Value =
@@ -326,6 +421,9 @@ mod tests {
                 .unwrap();
         assert_eq!(json["systems"][1]["name"], "has");
         assert!(json["systems"][0]["car"].is_null());
+        assert_eq!(json["systems"][1]["paired_dhr_drop"], 0.2);
+        assert_eq!(json["systems"][1]["first_occurrence"]["queries"], 5);
+        assert!(json["systems"][1]["first_occurrence"].get("hits").is_none());
         for plot in ["pareto.svg", "latency-cdf.svg"] {
             let svg = std::fs::read_to_string(dir.path().join(plot)).unwrap();
             assert!(svg.starts_with("<svg") && svg.contains("has"), "{plot}");

@@ -1,15 +1,17 @@
 //! Scoring a run from its per-query records: draft acceptance rate (DAR), correct
 //! acceptance rate (CAR), document hit rate (DHR) overall and over accepted drafts, and
-//! latency by outcome, as the HaS paper defines them.
+//! latency by outcome, as the HaS paper defines them; gold recall (a returned passage is
+//! the question's own); every figure over all queries and over first occurrences.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use hasten_core::answers::contains_answer;
+use hasten_core::corpus::passage_fingerprint;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::workload::WorkloadQuery;
+use crate::workload::{WorkloadQuery, first_occurrences};
 
 /// The part of an edge's `/v1/retrieve` reply the evaluation reads.
 #[derive(Clone, Debug, Deserialize)]
@@ -21,7 +23,21 @@ pub struct EdgeReply {
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct ReplyDocument {
+    #[serde(default)]
+    pub title: String,
     pub text: String,
+}
+
+impl ReplyDocument {
+    /// Whether this passage is `question`'s gold passage: the one its data set wrote it
+    /// from where it names one (SQuAD's paragraph), else a passage of the subject's own
+    /// article holding an answer (EntityQuestions).
+    pub fn is_gold_for(&self, question: &WorkloadQuery) -> bool {
+        match question.gold_passage {
+            Some(fingerprint) => passage_fingerprint(&self.text) == fingerprint,
+            None => self.title == question.entity && contains_answer(&self.text, &question.answers),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -61,6 +77,53 @@ pub struct Summary {
     pub avg_latency_s: f64,
     pub latency_at_da_s: Option<f64>,
     pub latency_at_dr_s: Option<f64>,
+    /// Share of queries with a gold passage among the returned ones.
+    pub gold_recall_at_k: f64,
+    /// Mean over the queries both answered of (cloud-only's hit - this system's hit), the
+    /// unit of `doc_hit_rate` (0.01 = one point); `None` until paired (see
+    /// [`pair_with_baseline`]), or without a cloud-only run.
+    pub paired_dhr_drop: Option<f64>,
+    /// Each query's document hit by sequence number (a failed query is a miss), for pairing.
+    #[serde(skip)]
+    pub hits: BTreeMap<usize, bool>,
+}
+
+/// What scoring needs to know about the workload beyond each record.
+#[derive(Clone, Debug, Default)]
+pub struct WorkloadIndex {
+    /// Question text to entity, to judge whether an accepted draft was validated by a
+    /// query about the same entity (CAR).
+    pub entity_of_question: HashMap<String, String>,
+    /// Queries whose text no earlier query asked.
+    pub first_occurrences: HashSet<usize>,
+}
+
+impl WorkloadIndex {
+    pub fn new(workload: &[WorkloadQuery]) -> Self {
+        Self {
+            entity_of_question: workload
+                .iter()
+                .map(|q| (q.question.clone(), q.entity.clone()))
+                .collect(),
+            first_occurrences: first_occurrences(workload),
+        }
+    }
+}
+
+/// Sets `paired_dhr_drop` of `system` against `baseline`: the same queries, hit against hit.
+pub fn pair_with_baseline(system: &mut Summary, baseline: &Summary) {
+    let pairs: Vec<f64> = system
+        .hits
+        .iter()
+        .filter_map(|(seq, hit)| {
+            baseline
+                .hits
+                .get(seq)
+                .map(|base| f64::from(u8::from(*base)) - f64::from(u8::from(*hit)))
+        })
+        .collect();
+    system.paired_dhr_drop =
+        (!pairs.is_empty()).then(|| pairs.iter().sum::<f64>() / pairs.len() as f64);
 }
 
 fn ratio(num: usize, den: usize) -> Option<f64> {
@@ -83,10 +146,28 @@ pub fn latency_histogram(records: &[QueryRecord]) -> Histogram<u64> {
     histogram
 }
 
+/// Summaries of `records`: over all of them, and over first occurrences only.
+pub fn summarize_all_and_first(
+    records: &[QueryRecord],
+    index: &WorkloadIndex,
+) -> (Summary, Summary) {
+    let first: Vec<QueryRecord> = records
+        .iter()
+        .filter(|r| index.first_occurrences.contains(&r.question.seq))
+        .cloned()
+        .collect();
+    (
+        summarize(records, &index.entity_of_question),
+        summarize(&first, &index.entity_of_question),
+    )
+}
+
 /// Summarises `records`. `entity_of_question` maps a question text to its entity, to judge
 /// whether an accepted draft was validated by a query about the same entity (CAR).
 pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, String>) -> Summary {
     let mut accepted = 0;
+    let mut gold = 0;
+    let mut hit_by_seq = BTreeMap::new();
     let mut correct_accepts = 0;
     let mut hits = 0;
     let mut hits_at_da = 0;
@@ -110,6 +191,7 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
         all.push(record.latency);
         let Ok(reply) = &record.result else {
             errors += 1;
+            hit_by_seq.insert(record.question.seq, false);
             continue;
         };
         let hit = reply
@@ -117,6 +199,13 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
             .iter()
             .any(|d| contains_answer(&d.text, &record.question.answers));
         hits += usize::from(hit);
+        hit_by_seq.insert(record.question.seq, hit);
+        gold += usize::from(
+            reply
+                .documents
+                .iter()
+                .any(|d| d.is_gold_for(&record.question)),
+        );
         if reply.outcome == "accepted" {
             accepted += 1;
             hits_at_da += usize::from(hit);
@@ -151,6 +240,9 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
         avg_latency_s: mean_seconds(&all).unwrap_or(0.0),
         latency_at_da_s: mean_seconds(&at_da),
         latency_at_dr_s: mean_seconds(&at_dr),
+        gold_recall_at_k: ratio(gold, records.len()).unwrap_or(0.0),
+        paired_dhr_drop: None,
+        hits: hit_by_seq,
     }
 }
 
@@ -166,12 +258,22 @@ mod tests {
             answers: vec![answer.into()],
             entity: entity.into(),
             source: "test".into(),
+            relation: None,
+            gold_passage: None,
+            popularity: Default::default(),
+        }
+    }
+
+    fn document(title: &str, text: &str) -> ReplyDocument {
+        ReplyDocument {
+            title: title.into(),
+            text: text.into(),
         }
     }
 
     fn reply(outcome: &str, text: &str, matched: Option<&str>) -> EdgeReply {
         EdgeReply {
-            documents: vec![ReplyDocument { text: text.into() }],
+            documents: vec![document("", text)],
             outcome: outcome.into(),
             matched_query: matched.map(|m| ReplyMatch {
                 text: Some(m.into()),
@@ -250,5 +352,71 @@ mod tests {
             },
         ];
         assert_eq!(summarize(&records, &HashMap::new()).doc_hit_rate, 0.5);
+    }
+
+    #[test]
+    fn gold_is_the_named_passage_or_an_answering_passage_of_the_subjects_article() {
+        let mut squad = question("where", "Warsaw", "Vistula");
+        squad.gold_passage = Some(passage_fingerprint("Warsaw lies on the Vistula."));
+        assert!(document("Warsaw", "Warsaw lies on the Vistula.").is_gold_for(&squad));
+        // Another paragraph of the same article holding the answer is not SQuAD's gold.
+        assert!(!document("Warsaw", "The Vistula flows north.").is_gold_for(&squad));
+        let eq = question("Where was Ada Lovelace born?", "Ada Lovelace", "London");
+        assert!(document("Ada Lovelace", "born in London in 1815").is_gold_for(&eq));
+        assert!(!document("Charles Babbage", "born in London").is_gold_for(&eq));
+        assert!(!document("Ada Lovelace", "a mathematician").is_gold_for(&eq));
+    }
+
+    fn record(seq: usize, q: &WorkloadQuery, text: &str, title: &str) -> QueryRecord {
+        let mut question = q.clone();
+        question.seq = seq;
+        QueryRecord {
+            edge: 0,
+            question,
+            latency: Duration::from_millis(5),
+            result: Ok(EdgeReply {
+                documents: vec![document(title, text)],
+                outcome: "fallback".into(),
+                matched_query: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn first_occurrences_and_paired_drops_are_scored_apart() {
+        let a = question("where born A", "A", "Lisbon");
+        let b = question("what job B", "B", "baker");
+        let workload: Vec<WorkloadQuery> = [&a, &b, &a]
+            .iter()
+            .enumerate()
+            .map(|(seq, q)| WorkloadQuery {
+                seq,
+                ..(*q).clone()
+            })
+            .collect();
+        let index = WorkloadIndex::new(&workload);
+        assert_eq!(index.first_occurrences, HashSet::from([0, 1]));
+        let baseline = vec![
+            record(0, &a, "Lisbon", "A"),
+            record(1, &b, "a baker", "B"),
+            record(2, &a, "Lisbon", "A"),
+        ];
+        // The system misses the repeat (seq 2) and the first B (seq 1).
+        let system = vec![
+            record(0, &a, "Lisbon", "A"),
+            record(1, &b, "nothing", "B"),
+            record(2, &a, "nothing", "A"),
+        ];
+        let (base_all, base_first) = summarize_all_and_first(&baseline, &index);
+        let (mut all, mut first) = summarize_all_and_first(&system, &index);
+        assert_eq!((all.queries, first.queries), (3, 2));
+        assert!((all.doc_hit_rate - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(first.doc_hit_rate, 0.5);
+        assert_eq!(base_all.gold_recall_at_k, 1.0);
+        assert!((all.gold_recall_at_k - 1.0 / 3.0).abs() < 1e-12);
+        pair_with_baseline(&mut all, &base_all);
+        pair_with_baseline(&mut first, &base_first);
+        assert!((all.paired_dhr_drop.unwrap() - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(first.paired_dhr_drop, Some(0.5));
     }
 }

@@ -1,12 +1,14 @@
 //! Workloads: questions drawn day by day from a popularity model, so popular entities recur
-//! with different questions (the homologous traffic HaS feeds on). A workload can be saved
-//! to JSON lines and replayed.
+//! with different questions (the homologous traffic HaS feeds on). A question under a known
+//! relation is asked in its data set's words or one of the relation's paraphrases. A
+//! workload can be saved to JSON lines and replayed.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
 use hasten_core::Question;
+use hasten_core::answers::normalize_answer;
 use rand::SeedableRng;
 use rand::distr::Distribution;
 use rand::distr::weighted::WeightedIndex;
@@ -14,6 +16,7 @@ use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use serde::{Deserialize, Serialize};
 
+use crate::paraphrase::paraphrases;
 use crate::popularity::DailyPopularity;
 
 /// One query of a workload.
@@ -25,6 +28,23 @@ pub struct WorkloadQuery {
     pub answers: Vec<String>,
     pub entity: String,
     pub source: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relation: Option<String>,
+    /// Fingerprint of the question's gold passage, where its data set names one (SQuAD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gold_passage: Option<u64>,
+    /// What drew the entity on its day.
+    #[serde(default)]
+    pub popularity: PopularitySource,
+}
+
+/// Where an entity's weight on a day came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PopularitySource {
+    #[default]
+    Model,
+    PageViews,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +69,48 @@ pub fn entities(questions: &[Question]) -> Vec<String> {
     set.into_iter().map(str::to_string).collect()
 }
 
+/// Drops every subject with a relation asked twice with different answers: an ambiguous name
+/// matched to one article although its questions are about several entities (EntityQuestions'
+/// `Washington County`). Returns the questions kept and the subjects dropped.
+pub fn drop_ambiguous_subjects(questions: Vec<Question>) -> (Vec<Question>, usize) {
+    let mut answers: HashMap<(&str, &str), BTreeSet<String>> = HashMap::new();
+    let mut ambiguous: HashSet<String> = HashSet::new();
+    for q in &questions {
+        let Some(relation) = q.relation.as_deref() else {
+            continue;
+        };
+        let key: BTreeSet<String> = q.answers.iter().map(|a| normalize_answer(a)).collect();
+        match answers.entry((q.entity.as_str(), relation)) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(key);
+            }
+            std::collections::hash_map::Entry::Occupied(slot) => {
+                if *slot.get() != key {
+                    ambiguous.insert(q.entity.clone());
+                }
+            }
+        }
+    }
+    let dropped = ambiguous.len();
+    let kept = questions
+        .into_iter()
+        .filter(|q| !ambiguous.contains(&q.entity))
+        .collect();
+    (kept, dropped)
+}
+
+/// The texts a question may be asked in: its own, then its relation's paraphrases.
+fn phrasings(question: &Question) -> Vec<String> {
+    let mut texts = vec![question.question.clone()];
+    if let Some(relation) = &question.relation {
+        texts.extend(paraphrases(relation, &question.entity));
+    }
+    texts
+}
+
 /// Draws `count` queries spread evenly over the days of `popularity`: each day an entity by
-/// its weight, then one of its questions uniformly. `entity_names` is the list the
-/// popularity indexes into (see [`entities`]).
+/// its weight, then one of its questions uniformly, then one of that question's phrasings
+/// uniformly. `entity_names` is the list the popularity indexes into (see [`entities`]).
 pub fn generate(
     questions: &[Question],
     entity_names: &[String],
@@ -59,9 +118,12 @@ pub fn generate(
     count: usize,
     seed: u64,
 ) -> Result<Vec<WorkloadQuery>, WorkloadError> {
-    let mut by_entity: BTreeMap<&str, Vec<&Question>> = BTreeMap::new();
+    let mut by_entity: BTreeMap<&str, Vec<(&Question, Vec<String>)>> = BTreeMap::new();
     for q in questions.iter().filter(|q| !q.entity.is_empty()) {
-        by_entity.entry(q.entity.as_str()).or_default().push(q);
+        by_entity
+            .entry(q.entity.as_str())
+            .or_default()
+            .push((q, phrasings(q)));
     }
     if by_entity.is_empty() || popularity.days.is_empty() {
         return Err(WorkloadError::NoQuestions);
@@ -78,19 +140,33 @@ pub fn generate(
             let name = entity_names
                 .get(entity)
                 .ok_or(WorkloadError::Entity(entity, entity_names.len()))?;
-            let Some(q) = by_entity
+            let Some((q, texts)) = by_entity
                 .get(name.as_str())
                 .and_then(|qs| qs.choose(&mut rng))
             else {
                 continue;
             };
+            let Some(text) = texts.choose(&mut rng) else {
+                continue;
+            };
+            let observed = popularity
+                .observed
+                .get(day)
+                .is_some_and(|listed| listed.contains(&entity));
             out.push(WorkloadQuery {
                 seq: out.len(),
                 day,
-                question: q.question.clone(),
+                question: text.clone(),
                 answers: q.answers.clone(),
                 entity: q.entity.clone(),
                 source: q.source.clone(),
+                relation: q.relation.clone(),
+                gold_passage: q.gold_passage,
+                popularity: if observed {
+                    PopularitySource::PageViews
+                } else {
+                    PopularitySource::Model
+                },
             });
         }
     }
@@ -111,6 +187,26 @@ pub struct WorkloadStats {
     pub homologous_share: f64,
     /// Share of queries repeating an earlier question of the same day word for word.
     pub exact_repeat_share: f64,
+    /// Share of queries whose text no earlier query of the workload asked (on any day): the
+    /// ones a cache cannot answer by remembering the question.
+    pub first_occurrence_share: f64,
+    /// Chance that two queries drawn at random ask about the same entity (the sum of the
+    /// squared entity shares): the CAR a validator picking cached queries blindly would get.
+    pub same_entity_chance: f64,
+    /// Share of queries whose entity was drawn by its real page views (the rest: the model).
+    pub page_views_share: f64,
+}
+
+/// Sequence numbers of the queries whose text no earlier query asked.
+pub fn first_occurrences(workload: &[WorkloadQuery]) -> HashSet<usize> {
+    let mut ordered: Vec<&WorkloadQuery> = workload.iter().collect();
+    ordered.sort_by_key(|q| q.seq);
+    let mut asked: HashSet<&str> = HashSet::new();
+    ordered
+        .into_iter()
+        .filter(|q| asked.insert(q.question.as_str()))
+        .map(|q| q.seq)
+        .collect()
 }
 
 pub fn stats(workload: &[WorkloadQuery]) -> WorkloadStats {
@@ -128,12 +224,23 @@ pub fn stats(workload: &[WorkloadQuery]) -> WorkloadStats {
         homologous += usize::from(same_entity && !repeat);
     }
     let n = workload.len().max(1) as f64;
+    let mut per_entity: HashMap<&str, usize> = HashMap::new();
+    for q in workload {
+        *per_entity.entry(&q.entity).or_default() += 1;
+    }
+    let page_views = workload
+        .iter()
+        .filter(|q| q.popularity == PopularitySource::PageViews)
+        .count();
     WorkloadStats {
         queries: workload.len(),
         days: days.len(),
         entities: entities.len(),
         homologous_share: homologous as f64 / n,
         exact_repeat_share: repeats as f64 / n,
+        first_occurrence_share: first_occurrences(workload).len() as f64 / n,
+        same_entity_chance: per_entity.values().map(|&c| (c as f64 / n).powi(2)).sum(),
+        page_views_share: page_views as f64 / n,
     }
 }
 
@@ -181,6 +288,7 @@ mod tests {
                     entity: format!("e{e:03}"),
                     source: "test".into(),
                     relation: None,
+                    gold_passage: None,
                 })
             })
             .collect()
@@ -212,17 +320,121 @@ mod tests {
             answers: vec![],
             entity: entity.into(),
             source: "t".into(),
+            relation: None,
+            gold_passage: None,
+            popularity: PopularitySource::Model,
         };
-        let w = vec![
+        let w: Vec<WorkloadQuery> = [
             q(0, "A", "x"),
             q(0, "A", "y"),
             q(0, "A", "x"),
             q(1, "A", "z"),
             q(1, "B", "w"),
-        ];
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(seq, q)| WorkloadQuery { seq, ..q })
+        .collect();
         let s = stats(&w);
         assert_eq!(s.homologous_share, 1.0 / 5.0);
         assert_eq!(s.exact_repeat_share, 1.0 / 5.0);
+        // "x" on day 0 is asked again; "z" and "w" are new on day 1.
+        assert_eq!(s.first_occurrence_share, 4.0 / 5.0);
+        assert!((s.same_entity_chance - (0.8f64.powi(2) + 0.2f64.powi(2))).abs() < 1e-12);
+        assert_eq!(s.page_views_share, 0.0);
+    }
+
+    #[test]
+    fn first_occurrences_follow_the_sequence_not_the_slice_order() {
+        let q = |seq: usize, question: &str| WorkloadQuery {
+            seq,
+            day: 0,
+            question: question.into(),
+            answers: vec![],
+            entity: "E".into(),
+            source: "t".into(),
+            relation: None,
+            gold_passage: None,
+            popularity: PopularitySource::Model,
+        };
+        let w = vec![q(2, "a"), q(0, "a"), q(1, "b"), q(3, "b")];
+        assert_eq!(first_occurrences(&w), HashSet::from([0, 1]));
+    }
+
+    fn entity_question(subject: &str, relation: &str, answer: &str) -> Question {
+        Question {
+            question: format!("Where was {subject} born?"),
+            answers: vec![answer.into()],
+            entity: subject.into(),
+            source: "entityquestions".into(),
+            relation: Some(relation.into()),
+            gold_passage: None,
+        }
+    }
+
+    #[test]
+    fn relation_questions_are_asked_in_several_phrasings_with_their_answers() {
+        let qs = vec![
+            entity_question("Ada Lovelace", "P19", "London"),
+            entity_question("Alan Turing", "P19", "Maida Vale"),
+        ];
+        let names = entities(&qs);
+        let popularity = ZipfModel::default().daily(names.len()).unwrap();
+        let w = generate(&qs, &names, &popularity, 400, 5).unwrap();
+        let texts: HashSet<&str> = w.iter().map(|q| q.question.as_str()).collect();
+        // Two subjects, each in its own words and the relation's five paraphrases.
+        assert_eq!(texts.len(), 12, "{texts:?}");
+        for q in &w {
+            assert!(q.question.contains(&q.entity), "{q:?}");
+            let expected = if q.entity == "Ada Lovelace" {
+                "London"
+            } else {
+                "Maida Vale"
+            };
+            assert_eq!(q.answers, [expected]);
+            assert_eq!(q.relation.as_deref(), Some("P19"));
+        }
+    }
+
+    #[test]
+    fn subjects_with_conflicting_answers_under_one_relation_are_dropped() {
+        let qs = vec![
+            entity_question("Washington County", "P17", "United States"),
+            entity_question("Washington County", "P131", "Oregon"),
+            entity_question("Washington County", "P131", "Maine"),
+            entity_question("Ada Lovelace", "P19", "London"),
+            entity_question("Ada Lovelace", "P19", "london"),
+            entity_question("Ada Lovelace", "P26", "William King"),
+        ];
+        let (kept, dropped) = drop_ambiguous_subjects(qs);
+        assert_eq!(dropped, 1);
+        assert_eq!(kept.len(), 3);
+        assert!(kept.iter().all(|q| q.entity == "Ada Lovelace"));
+    }
+
+    #[test]
+    fn page_view_entities_are_tagged() {
+        let qs = questions(20, 2);
+        let names = entities(&qs);
+        let mut popularity = ZipfModel::default().daily(names.len()).unwrap();
+        for day in &mut popularity.observed {
+            day.insert(popularity_top(&popularity.days[0]));
+        }
+        let w = generate(&qs, &names, &popularity, 300, 2).unwrap();
+        let s = stats(&w);
+        assert!(
+            s.page_views_share > 0.0 && s.page_views_share < 1.0,
+            "{s:?}"
+        );
+        for q in &w {
+            let listed = popularity.observed[q.day]
+                .contains(&names.iter().position(|n| *n == q.entity).unwrap());
+            assert_eq!(listed, q.popularity == PopularitySource::PageViews);
+        }
+    }
+
+    fn popularity_top(day: &[(usize, f64)]) -> usize {
+        day[0].0
     }
 
     #[test]

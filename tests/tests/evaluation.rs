@@ -168,6 +168,91 @@ fn every_system_runs_and_cloud_only_is_exact() {
         (cloud_dhr - exact_dhr).abs() <= 1.0 / QUERIES as f64 + 1e-9,
         "cloud-only DHR {cloud_dhr} vs exact {exact_dhr}"
     );
+
+    // First occurrences, found here in sequence order: cloud-only's figures over them are
+    // exact search's over them.
+    let mut by_seq: Vec<(usize, &str)> = workload
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (q.seq, texts[i]))
+        .collect();
+    by_seq.sort_unstable();
+    let mut seen = std::collections::HashSet::new();
+    let first: std::collections::HashSet<usize> = by_seq
+        .iter()
+        .filter(|(_, text)| seen.insert(*text))
+        .map(|(seq, _)| *seq)
+        .collect();
+    let top_k: Vec<Vec<u64>> = vectors
+        .iter()
+        .map(|v| {
+            brute_force_top_k(&bundle.documents, bundle.vectors(), v, K)
+                .iter()
+                .map(|(id, _)| *id)
+                .collect()
+        })
+        .collect();
+    let first_hits = workload
+        .iter()
+        .zip(&top_k)
+        .filter(|(q, _)| first.contains(&q.seq))
+        .filter(|(q, ids)| {
+            ids.iter()
+                .any(|id| contains_answer(&bundle.documents[*id as usize].text, &q.answers))
+        })
+        .count();
+    let cloud_first = &cloud_only["first_occurrence"];
+    assert_eq!(cloud_first["queries"].as_u64(), Some(first.len() as u64));
+    assert!(first.len() < QUERIES, "the workload repeats no question");
+    let first_dhr = cloud_first["doc_hit_rate"].as_f64().unwrap();
+    assert!(
+        (first_dhr - first_hits as f64 / first.len() as f64).abs()
+            <= 1.0 / first.len() as f64 + 1e-9,
+        "first-occurrence DHR {first_dhr} vs exact {first_hits}/{}",
+        first.len()
+    );
+    // Paired against itself, cloud-only loses nothing; every other system's paired drop
+    // is its DHR gap (all queries answered, none failed).
+    assert_eq!(cloud_only["paired_dhr_drop"], 0.0);
+    for s in systems {
+        let gap = cloud_dhr - s["doc_hit_rate"].as_f64().unwrap();
+        assert!(
+            (s["paired_dhr_drop"].as_f64().unwrap() - gap).abs() < 1e-9,
+            "{s}"
+        );
+    }
+
+    // Gold recall: a SQuAD question's own paragraph among exact search's top k, the
+    // paragraph found here from the SQuAD file itself.
+    let subset = work.join("squad-subset.json");
+    if subset.exists() {
+        let squad: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&subset).unwrap()).unwrap();
+        let mut context_of = std::collections::HashMap::new();
+        for article in squad["data"].as_array().unwrap() {
+            for paragraph in article["paragraphs"].as_array().unwrap() {
+                let context = paragraph["context"].as_str().unwrap().trim();
+                for qa in paragraph["qas"].as_array().unwrap() {
+                    context_of.insert(qa["question"].as_str().unwrap().trim(), context);
+                }
+            }
+        }
+        let gold_hits = workload
+            .iter()
+            .zip(&top_k)
+            .filter(|(q, ids)| {
+                let context = context_of[q.question.as_str()];
+                ids.iter()
+                    .any(|id| bundle.documents[*id as usize].text == context)
+            })
+            .count();
+        let gold = cloud_only["gold_recall_at_k"].as_f64().unwrap();
+        assert!(gold > 0.0);
+        assert!(
+            (gold - gold_hits as f64 / QUERIES as f64).abs() <= 1.0 / QUERIES as f64 + 1e-9,
+            "cloud-only gold recall {gold} vs exact {gold_hits}/{QUERIES}"
+        );
+    }
 }
 
 /// A fresh output folder under the persistent work directory.

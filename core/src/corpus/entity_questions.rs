@@ -40,6 +40,7 @@ pub fn load_entity_questions(path: &Path, filter: ArticleFilter) -> Result<Corpu
             entity: r.subject,
             source: "entityquestions".into(),
             relation: Some(r.relation),
+            gold_passage: None,
         })
         .collect();
     Ok(Corpus {

@@ -45,6 +45,7 @@ pub fn load_hotpot(path: &Path) -> Result<Corpus, CorpusError> {
             entity,
             source: "hotpotqa".into(),
             relation: None,
+            gold_passage: None,
         });
     }
     Ok(corpus)

@@ -72,6 +72,19 @@ pub struct Question {
     /// property such as `P19`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relation: Option<String>,
+    /// [`passage_fingerprint`] of the passage the question was written from, where the data
+    /// set names one (SQuAD: the question's paragraph). A fingerprint of the text rather
+    /// than a row, so it survives deduplication and renumbering at build time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gold_passage: Option<u64>,
+}
+
+/// A stable 64-bit fingerprint of a passage's text (FNV-1a over its UTF-8 bytes), so that
+/// an evaluation can tell whether a returned passage is a question's gold passage.
+pub fn passage_fingerprint(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Passages and questions gathered from one or more sources.

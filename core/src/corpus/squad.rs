@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{Corpus, CorpusError, Passage, Question, read_to_string};
+use super::{Corpus, CorpusError, Passage, Question, passage_fingerprint, read_to_string};
 
 #[derive(Deserialize)]
 struct SquadFile {
@@ -57,6 +57,8 @@ pub fn load_squad(path: &Path) -> Result<Corpus, CorpusError> {
     for article in file.data {
         let title = display_title(&article.title);
         for paragraph in article.paragraphs {
+            let text = paragraph.context.trim().to_string();
+            let gold_passage = Some(passage_fingerprint(&text));
             for qa in paragraph.qas {
                 let mut answers: Vec<String> = qa.answers.into_iter().map(|a| a.text).collect();
                 answers.dedup();
@@ -67,12 +69,13 @@ pub fn load_squad(path: &Path) -> Result<Corpus, CorpusError> {
                         entity: title.clone(),
                         source: "squad".into(),
                         relation: None,
+                        gold_passage,
                     });
                 }
             }
             corpus.passages.push(Passage {
                 title: title.clone(),
-                text: paragraph.context.trim().to_string(),
+                text,
             });
         }
     }
@@ -100,6 +103,10 @@ mod tests {
         assert_eq!(corpus.questions.len(), 1);
         assert_eq!(corpus.questions[0].answers, vec!["Santa Clara".to_string()]);
         assert_eq!(corpus.questions[0].entity, "Super Bowl 50");
+        assert_eq!(
+            corpus.questions[0].gold_passage,
+            Some(passage_fingerprint(&corpus.passages[0].text))
+        );
     }
 
     #[test]

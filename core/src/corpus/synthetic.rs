@@ -231,6 +231,7 @@ pub fn generate_synthetic(spec: &SyntheticSpec) -> Corpus {
                     entity: name.clone(),
                     source: "synthetic".into(),
                     relation: None,
+                    gold_passage: None,
                 });
             }
         }
