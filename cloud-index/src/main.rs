@@ -20,9 +20,9 @@ use cloud_index::metrics::{CloudMetrics, Role};
 use cloud_index::router::Router;
 use cloud_index::shard_map::follow_control_plane;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
-use hasten_core::bundle::{CorpusBundle, build_bundle, write_shards};
+use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
-use hasten_core::corpus::{ArticleFilter, CorpusSources, SyntheticSpec};
+use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
@@ -89,6 +89,20 @@ struct BuildArgs {
     /// Seed of the synthetic knowledge base.
     #[arg(long, default_value_t = 7)]
     synthetic_seed: u64,
+    /// Passages with vectors computed elsewhere (by all-MiniLM-L6-v2): JSON lines of
+    /// {"title", "text", "vector"} (gzipped or not), or a float32 .npy of shape (n, d)
+    /// paired with --import-passages; they join the corpus without being encoded
+    /// (repeatable).
+    #[arg(long)]
+    import_vectors: Vec<PathBuf>,
+    /// For each .npy of --import-vectors, in order: its n passages as JSON lines
+    /// ({"title", "text"}) in row order.
+    #[arg(long)]
+    import_passages: Vec<PathBuf>,
+    /// Passages of each imported file re-encoded to check that its vectors come from the
+    /// encoder's model (a file that disagrees is refused).
+    #[arg(long, default_value_t = 16)]
+    import_check_sample: usize,
     /// Output bundle directory.
     #[arg(long)]
     out: PathBuf,
@@ -238,6 +252,43 @@ async fn main() -> Result<()> {
     }
 }
 
+/// Reads and checks every imported vector file; `.npy` files take their passages from
+/// `passages` in order.
+fn read_imports(
+    files: &[PathBuf],
+    passages: &[PathBuf],
+    encoder: &TextEncoder,
+    sample: usize,
+) -> Result<Vec<ImportedVectors>> {
+    let is_npy = |p: &PathBuf| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+    let npy_count = files.iter().filter(|p| is_npy(p)).count();
+    if npy_count != passages.len() {
+        anyhow::bail!(
+            "--import-passages: {} given for {npy_count} .npy file(s) in --import-vectors; \
+             each .npy needs the JSON-lines file of its passages",
+            passages.len()
+        );
+    }
+    let mut passages = passages.iter();
+    let mut imports = Vec::with_capacity(files.len());
+    for file in files {
+        let imported = match (is_npy(file), passages.next()) {
+            (true, Some(texts)) => ImportedVectors::read_npy(file, texts)?,
+            _ => ImportedVectors::read_jsonl(file)?,
+        };
+        let least = imported.check_against(encoder, sample)?;
+        tracing::info!(
+            file = %file.display(),
+            passages = imported.len(),
+            sampled = sample.min(imported.len()),
+            least_cosine = format!("{least:.5}"),
+            "imported vectors agree with the encoder"
+        );
+        imports.push(imported);
+    }
+    Ok(imports)
+}
+
 fn build(args: BuildArgs) -> Result<()> {
     let sources = CorpusSources {
         squad: args.squad,
@@ -256,12 +307,29 @@ fn build(args: BuildArgs) -> Result<()> {
             seed: args.synthetic_seed,
         }),
     };
-    let corpus = sources.load().context("loading the corpus")?;
     let encoder = TextEncoder::load(&args.model_dir)
         .with_context(|| format!("loading the encoder from {}", args.model_dir.display()))?;
+    let imports = read_imports(
+        &args.import_vectors,
+        &args.import_passages,
+        &encoder,
+        args.import_check_sample,
+    )?;
+    // Imported passages alone make a corpus: no synthetic default then.
+    let mut corpus = if sources.is_empty() && !imports.is_empty() {
+        Corpus::default()
+    } else {
+        sources.load().context("loading the corpus")?
+    };
+    let mut known = Vec::new();
+    for imported in imports {
+        let (passages, vectors) = imported.into_parts();
+        corpus.extend(passages);
+        known.extend(vectors);
+    }
     let started = Instant::now();
     let progress = EncodeProgress::new();
-    let stats = build_bundle(&corpus, &encoder, &args.out, |encoded, total| {
+    let stats = build_bundle(&corpus, &encoder, &args.out, known, |encoded, total| {
         progress.update(encoded, total)
     })
     .with_context(|| format!("building the bundle at {}", args.out.display()))?;
@@ -290,6 +358,7 @@ fn build(args: BuildArgs) -> Result<()> {
         questions = stats.manifest.questions,
         encoded = stats.encoded,
         reused = stats.reused,
+        imported = stats.imported,
         corpus_version = %stats.manifest.corpus_version,
         seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
         "bundle ready"
@@ -302,6 +371,7 @@ fn build(args: BuildArgs) -> Result<()> {
             "questions": stats.manifest.questions,
             "encoded": stats.encoded,
             "reused": stats.reused,
+            "imported": stats.imported,
             "corpus_version": stats.manifest.corpus_version,
             "shards": shards,
         }))?

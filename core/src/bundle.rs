@@ -18,6 +18,7 @@
 //! its build is refused.
 
 mod build;
+mod import;
 mod verify;
 
 use std::io::{BufRead, BufWriter, Read, Write};
@@ -30,6 +31,7 @@ use crate::corpus::{Document, Question};
 use crate::encoder::{EncoderError, MODEL_ID};
 
 pub use build::{BuildStats, build_bundle};
+pub use import::{ImportError, ImportedVectors, MIN_IMPORT_COSINE};
 pub use verify::VectorDefect;
 
 /// Version of the on-disk layout; bump when the files change incompatibly. Format 2 added

@@ -31,6 +31,8 @@ pub struct BuildStats {
     pub encoded: usize,
     /// Passages whose vectors were taken from the bundle previously at the output path.
     pub reused: usize,
+    /// Passages whose vectors were imported (see [`super::ImportedVectors`]).
+    pub imported: usize,
 }
 
 /// Vectors of the bundle already at `out`, keyed by embedding key, when it was made by
@@ -59,13 +61,15 @@ fn previous_vectors(out: &Path) -> HashMap<[u8; 32], Vec<f32>> {
         .collect()
 }
 
-/// Encodes `corpus` into a bundle at `out`, reusing vectors from a bundle already there.
-/// Documents get ids 0..n in corpus order. `progress(encoded, to_encode)` is called after
-/// every chunk of passages encoded.
+/// Encodes `corpus` into a bundle at `out`, taking a passage's vector from `imported`
+/// (embedding text and unit vector, checked by the caller) or from a bundle already at
+/// `out` where they have one. Documents get ids 0..n in corpus order.
+/// `progress(encoded, to_encode)` is called after every chunk of passages encoded.
 pub fn build_bundle(
     corpus: &Corpus,
     encoder: &TextEncoder,
     out: &Path,
+    imported: Vec<(String, Vec<f32>)>,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<BuildStats, BundleError> {
     let documents: Vec<Document> = corpus
@@ -81,20 +85,29 @@ pub fn build_bundle(
     let dimension = encoder.dimension();
     let texts: Vec<String> = documents.iter().map(Document::embedding_text).collect();
     let mut previous = previous_vectors(out);
+    let mut imported: HashMap<[u8; 32], Vec<f32>> = imported
+        .into_iter()
+        .map(|(text, vector)| (embedding_key(&text), vector))
+        .collect();
     let mut vectors = vec![0f32; documents.len() * dimension];
     let mut missing = Vec::new();
+    let mut imported_rows = 0;
     for (row, text) in texts.iter().enumerate() {
-        match previous.remove(&embedding_key(text)) {
+        let key = embedding_key(text);
+        let from_import = imported.remove(&key).filter(|v| v.len() == dimension);
+        imported_rows += usize::from(from_import.is_some());
+        match from_import.or_else(|| previous.remove(&key)) {
             Some(v) if v.len() == dimension => {
                 vectors[row * dimension..(row + 1) * dimension].copy_from_slice(&v)
             }
             _ => missing.push(row),
         }
     }
-    let reused = documents.len() - missing.len();
+    let reused = documents.len() - missing.len() - imported_rows;
     tracing::info!(
         documents = documents.len(),
         reused,
+        imported = imported_rows,
         to_encode = missing.len(),
         "building bundle"
     );
@@ -118,5 +131,6 @@ pub fn build_bundle(
         manifest,
         encoded: missing.len(),
         reused,
+        imported: imported_rows,
     })
 }
