@@ -345,6 +345,10 @@ fn make_workload(
                     .iter()
                     .flat_map(|day| day.matched.iter().map(|(e, _)| *e))
                     .collect();
+                let model = ZipfModel {
+                    days: views.len(),
+                    ..model
+                };
                 (
                     views_then_model(&views, &model, names.len())?,
                     serde_json::json!({
