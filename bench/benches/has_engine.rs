@@ -123,6 +123,7 @@ fn setup() -> Setup {
             policy: RetrievalPolicy::Has,
             tau: 0.2,
             fuzzy_candidates: 50,
+            cache_candidates: 50,
             semantic_threshold: 0.9,
         },
         Arc::clone(&caches),

@@ -101,7 +101,12 @@ impl CacheState {
         document_ids: &[DocId],
         added: impl Fn(DocId) -> Option<Arc<EdgeDocument>>,
     ) -> CacheChange {
-        let change = self.hot.insert_as(id, text, vector, document_ids);
+        if !self.hot.contains(id)
+            && let Err(err) = self.lookup.insert(id, text.as_deref(), &vector)
+        {
+            tracing::error!(%err, "query lookup insertion failed");
+        }
+        let change = self.hot.insert_as(id, text, document_ids);
         self.follow_removal(&change);
         let documents: Vec<Arc<EdgeDocument>> =
             change.added.iter().filter_map(|doc| added(*doc)).collect();
@@ -114,11 +119,6 @@ impl CacheState {
         }
         if let Err(err) = self.channel.add(documents) {
             tracing::error!(%err, "cache channel insertion failed");
-        }
-        if let Some(entry) = self.hot.get(id)
-            && let Err(err) = self.lookup.insert(id, entry.text.as_deref(), &entry.vector)
-        {
-            tracing::error!(%err, "query lookup insertion failed");
         }
         change
     }

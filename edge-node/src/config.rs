@@ -77,6 +77,9 @@ pub struct EdgeConfig {
     pub cache_capacity: usize,
     /// Candidates from the fuzzy channel before the exact re-rank (reference: 5 x k = 50).
     pub fuzzy_candidates: usize,
+    /// Candidates from the cache channel before the exact re-rank: its PQ scores are
+    /// approximate (the reference re-ranks 50 PQ candidates exactly in its service).
+    pub cache_candidates: usize,
     /// Whether the fuzzy channel runs (off for the paper's ablation).
     pub fuzzy_channel: bool,
     /// Share of the corpus the edge indexes in its fuzzy channel, in (0, 1].
@@ -173,6 +176,7 @@ impl Default for EdgeConfig {
             validation_depth: 10,
             cache_capacity: 5_000,
             fuzzy_candidates: 50,
+            cache_candidates: 50,
             fuzzy_channel: true,
             corpus_fraction: 1.0,
             fuzzy_nlist: None,
@@ -256,6 +260,12 @@ impl EdgeConfig {
         if self.fuzzy_candidates == 0 {
             return Err(ConfigError::invalid(
                 "fuzzy_candidates",
+                "must be at least 1",
+            ));
+        }
+        if self.cache_candidates == 0 {
+            return Err(ConfigError::invalid(
+                "cache_candidates",
                 "must be at least 1",
             ));
         }

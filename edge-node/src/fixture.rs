@@ -134,6 +134,7 @@ pub fn fixture(vectors: &[Vec<f32>], titles: &[String], setup: Setup) -> Fixture
         policy: setup.policy,
         tau: setup.tau,
         fuzzy_candidates: docs.len(),
+        cache_candidates: docs.len(),
         semantic_threshold: 0.95,
     };
     let engine =

@@ -24,15 +24,24 @@ pub enum LookupKind {
     Semantic,
 }
 
-/// How cached queries are looked up, per policy.
+/// How cached queries are looked up, per policy. Query vectors live here, with the lookups
+/// that use them; HaS's hot cache votes by documents and keeps none.
 #[derive(Debug)]
 pub enum QueryLookup {
     /// HaS and cloud-only look nothing up by query.
     None,
-    /// Normalised text to the newest cached query with that text.
-    ExactText(HashMap<String, QueryId>),
+    ExactText(ExactTextLookup),
     /// Exact inner-product search over the cached queries' vectors.
     Semantic(RemovableFlatIndex),
+}
+
+/// Normalised text to the newest cached query with that text, and that query's vector: an
+/// exact repeat is served without encoding the question, its documents scored against the
+/// cached query's vector.
+#[derive(Debug, Default)]
+pub struct ExactTextLookup {
+    by_text: HashMap<String, QueryId>,
+    vectors: HashMap<QueryId, Vec<f32>>,
 }
 
 impl QueryLookup {
@@ -46,7 +55,7 @@ impl QueryLookup {
     }
 
     pub fn exact() -> Self {
-        Self::ExactText(HashMap::new())
+        Self::ExactText(ExactTextLookup::default())
     }
 
     pub fn semantic(dimension: usize) -> Result<Self, IndexError> {
@@ -62,9 +71,10 @@ impl QueryLookup {
     ) -> Result<(), IndexError> {
         match self {
             Self::None => Ok(()),
-            Self::ExactText(map) => {
+            Self::ExactText(lookup) => {
                 if let Some(text) = text {
-                    map.insert(normalized_text(text), id);
+                    lookup.by_text.insert(normalized_text(text), id);
+                    lookup.vectors.insert(id, vector.to_vec());
                 }
                 Ok(())
             }
@@ -76,13 +86,14 @@ impl QueryLookup {
     pub fn remove(&mut self, evicted: &[CachedQuery]) -> Result<(), IndexError> {
         match self {
             Self::None => Ok(()),
-            Self::ExactText(map) => {
+            Self::ExactText(lookup) => {
                 for entry in evicted {
+                    lookup.vectors.remove(&entry.id);
                     if let Some(text) = &entry.text {
                         let key = normalized_text(text);
                         // A newer entry with the same text keeps the key.
-                        if map.get(&key) == Some(&entry.id) {
-                            map.remove(&key);
+                        if lookup.by_text.get(&key) == Some(&entry.id) {
+                            lookup.by_text.remove(&key);
                         }
                     }
                 }
@@ -95,9 +106,13 @@ impl QueryLookup {
         }
     }
 
-    pub fn find_text(&self, text: &str) -> Option<QueryId> {
+    /// The newest cached query asked as `text` (up to case and spacing), with its vector.
+    pub fn find_text(&self, text: &str) -> Option<(QueryId, &[f32])> {
         match self {
-            Self::ExactText(map) => map.get(&normalized_text(text)).copied(),
+            Self::ExactText(lookup) => {
+                let id = *lookup.by_text.get(&normalized_text(text))?;
+                Some((id, lookup.vectors.get(&id)?.as_slice()))
+            }
             _ => None,
         }
     }
@@ -114,7 +129,10 @@ impl QueryLookup {
     pub fn bytes(&self, dimension: usize) -> usize {
         match self {
             Self::None => 0,
-            Self::ExactText(map) => map.keys().map(|k| k.len() + 48).sum(),
+            Self::ExactText(lookup) => {
+                lookup.by_text.keys().map(|k| k.len() + 48).sum::<usize>()
+                    + lookup.vectors.len() * (dimension * 4 + 48)
+            }
             Self::Semantic(index) => index.len() * (dimension * 4 + 16),
         }
     }
@@ -128,7 +146,6 @@ mod tests {
         CachedQuery {
             id,
             text: text.map(str::to_string),
-            vector: vec![],
             doc_ids: vec![],
         }
     }
@@ -136,14 +153,14 @@ mod tests {
     #[test]
     fn exact_lookup_ignores_case_and_spacing_and_survives_older_evictions() {
         let mut lookup = QueryLookup::exact();
-        lookup.insert(1, Some("Where is  Warsaw?"), &[]).unwrap();
-        assert_eq!(lookup.find_text("where is warsaw?"), Some(1));
+        lookup.insert(1, Some("Where is  Warsaw?"), &[1.0]).unwrap();
+        assert_eq!(lookup.find_text("where is warsaw?"), Some((1, &[1.0][..])));
         assert_eq!(lookup.find_text("where is warsaw"), None);
-        lookup.insert(2, Some("WHERE IS WARSAW?"), &[]).unwrap();
+        lookup.insert(2, Some("WHERE IS WARSAW?"), &[2.0]).unwrap();
         lookup
             .remove(&[evicted(1, Some("Where is  Warsaw?"))])
             .unwrap();
-        assert_eq!(lookup.find_text("Where is Warsaw?"), Some(2));
+        assert_eq!(lookup.find_text("Where is Warsaw?"), Some((2, &[2.0][..])));
         lookup
             .remove(&[evicted(2, Some("WHERE IS WARSAW?"))])
             .unwrap();

@@ -143,6 +143,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_candidates: Option<usize>,
+    /// Cache-channel candidates re-ranked exactly [default: 50].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_candidates: Option<usize>,
     /// Run the fuzzy channel [default: true].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -333,6 +337,7 @@ fn build_engine(
             policy: config.policy,
             tau: config.tau,
             fuzzy_candidates: config.fuzzy_candidates,
+            cache_candidates: config.cache_candidates,
             semantic_threshold: config.semantic_threshold,
         },
         Arc::new(caches),

@@ -169,7 +169,8 @@ impl FuzzyChannel {
     }
 }
 
-/// ANN over the documents the hot cache references, with their vectors and texts.
+/// ANN over the documents the hot cache references, with their vectors and texts: PQ codes
+/// find candidates, which the draft re-ranks exactly with the documents' vectors.
 #[derive(Debug)]
 pub struct CacheChannel {
     index: RemovableIvfIndex,
@@ -227,11 +228,11 @@ impl CacheChannel {
         self.index.dimension()
     }
 
-    /// Bytes held: one 8-bit code and id per indexed document, plus the documents the
+    /// Bytes held: one PQ code and id per indexed document, plus the documents the
     /// channel alone keeps alive (a fallback's documents missing from the edge's store);
     /// documents shared with the store cost a pointer.
     pub fn bytes(&self) -> usize {
-        let codes = self.index.len() * (self.index.dimension() + 8);
+        let codes = self.index.len() * self.index.bytes_per_vector();
         let documents: usize = self
             .documents
             .values()
@@ -278,6 +279,19 @@ impl CacheChannel {
 
     pub fn search(&self, query: &[f32], candidates: usize) -> Result<Vec<Hit>, IndexError> {
         self.index.search(query, candidates)
+    }
+
+    /// The documents of the `candidates` nearest codes (approximate order).
+    pub fn candidates(
+        &self,
+        query: &[f32],
+        candidates: usize,
+    ) -> Result<Vec<Arc<EdgeDocument>>, IndexError> {
+        Ok(self
+            .search(query, candidates)?
+            .iter()
+            .filter_map(|hit| self.document(hit.id).cloned())
+            .collect())
     }
 
     pub fn document(&self, id: DocId) -> Option<&Arc<EdgeDocument>> {

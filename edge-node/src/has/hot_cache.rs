@@ -10,14 +10,14 @@ use hasten_core::DocId;
 /// Identifier of a cached query, increasing with insertion order.
 pub type QueryId = u64;
 
-/// A cached fallback: the query and the exact top-k the cloud returned for it.
+/// A cached fallback: the query and the exact top-k the cloud returned for it. HaS votes
+/// by documents only, so the query's vector is kept by the lookups that need it, not here
+/// (it would be 1.5 KB of a ~2 KB entry).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CachedQuery {
     pub id: QueryId,
     /// The query's text when it was asked as text.
     pub text: Option<String>,
-    /// The query embedding (L2-normalised).
-    pub vector: Vec<f32>,
     /// The cloud's result, best first, without duplicates.
     pub doc_ids: Vec<DocId>,
 }
@@ -99,6 +99,10 @@ impl HotCache {
         self.entries.get(&id)
     }
 
+    pub fn contains(&self, id: QueryId) -> bool {
+        self.entries.contains_key(&id)
+    }
+
     pub fn contains_document(&self, doc: DocId) -> bool {
         self.postings.contains_key(&doc)
     }
@@ -108,18 +112,13 @@ impl HotCache {
         self.order.iter().filter_map(|id| self.entries.get(id))
     }
 
-    /// Bytes held: entries (query vector, document ids, text) and the inverted index,
+    /// Bytes held: entries (document ids, text) and the inverted index,
     /// with a flat allowance for each map slot's overhead.
     pub fn bytes(&self) -> usize {
         let entries: usize = self
             .entries
             .values()
-            .map(|e| {
-                e.vector.len() * 4
-                    + e.doc_ids.len() * 8
-                    + e.text.as_ref().map_or(0, String::len)
-                    + 96
-            })
+            .map(|e| e.doc_ids.len() * 8 + e.text.as_ref().map_or(0, String::len) + 96)
             .sum();
         let postings: usize = self.postings.values().map(|q| q.len() * 8 + 48).sum();
         entries + postings + self.order.len() * 8
@@ -133,14 +132,9 @@ impl HotCache {
     /// Caches a query and its documents, evicting the oldest queries beyond capacity (when
     /// bounded).
     /// Returns the new query's id and the net change in referenced documents.
-    pub fn insert(
-        &mut self,
-        text: Option<String>,
-        vector: Vec<f32>,
-        doc_ids: &[DocId],
-    ) -> (QueryId, CacheChange) {
+    pub fn insert(&mut self, text: Option<String>, doc_ids: &[DocId]) -> (QueryId, CacheChange) {
         let id = self.next_id;
-        (id, self.insert_as(id, text, vector, doc_ids))
+        (id, self.insert_as(id, text, doc_ids))
     }
 
     /// Removes cached queries by id (a replicated eviction or invalidation); ids not held
@@ -175,7 +169,6 @@ impl HotCache {
         &mut self,
         id: QueryId,
         text: Option<String>,
-        vector: Vec<f32>,
         doc_ids: &[DocId],
     ) -> CacheChange {
         if self.entries.contains_key(&id) {
@@ -215,15 +208,7 @@ impl HotCache {
             self.postings.entry(*doc).or_default().push(id);
         }
         self.order.push_back(id);
-        self.entries.insert(
-            id,
-            CachedQuery {
-                id,
-                text,
-                vector,
-                doc_ids,
-            },
-        );
+        self.entries.insert(id, CachedQuery { id, text, doc_ids });
         let mut change = CacheChange {
             evicted,
             ..CacheChange::default()
@@ -278,7 +263,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn insert(cache: &mut HotCache, docs: &[DocId]) -> (QueryId, CacheChange) {
-        cache.insert(None, vec![1.0], docs)
+        cache.insert(None, docs)
     }
 
     /// The inverted index rebuilt from scratch from the cached entries.
@@ -368,13 +353,10 @@ mod tests {
     #[test]
     fn replicated_ids_and_removals_keep_the_index_consistent() {
         let mut cache = HotCache::bounded(10);
-        cache.insert_as(1 << 16, None, vec![1.0], &[1, 2]);
-        cache.insert_as(2 << 16, None, vec![1.0], &[2, 3]);
+        cache.insert_as(1 << 16, None, &[1, 2]);
+        cache.insert_as(2 << 16, None, &[2, 3]);
         // An id already held is left alone; a local insert continues after the largest id.
-        assert_eq!(
-            cache.insert_as(1 << 16, None, vec![1.0], &[9]),
-            CacheChange::default()
-        );
+        assert_eq!(cache.insert_as(1 << 16, None, &[9]), CacheChange::default());
         let (local, _) = insert(&mut cache, &[4]);
         assert_eq!(local, (2 << 16) + 1);
         // Removing the oldest and a middle entry releases only unshared documents.

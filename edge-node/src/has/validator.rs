@@ -69,7 +69,7 @@ mod tests {
     fn cache_with(results: &[&[DocId]]) -> HotCache {
         let mut cache = HotCache::bounded(100);
         for docs in results {
-            cache.insert(None, vec![1.0], docs);
+            cache.insert(None, docs);
         }
         cache
     }

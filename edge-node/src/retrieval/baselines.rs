@@ -34,7 +34,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         let Some((documents, matched)) = state
             .lookup
             .find_text(text)
-            .and_then(|id| serve_entry(&state, id, None, k))
+            .and_then(|(id, vector)| serve_entry(&state, id, vector, k))
         else {
             return Ok(None);
         };
@@ -67,25 +67,19 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         let score = found.map_or(0.0, |(_, similarity)| f64::from(similarity));
         let hit = found
             .filter(|(_, similarity)| *similarity >= self.settings.semantic_threshold)
-            .and_then(|(id, _)| serve_entry(&state, id, Some(query), k));
+            .and_then(|(id, _)| serve_entry(&state, id, query, k));
         timings.validation = Some(stage.elapsed());
         Ok((score, hit))
     }
 }
 
 /// A cached query's result served as the answer: its first k documents, scored against
-/// `query` (or the cached query's own vector). `None` when it holds fewer than k.
-fn serve_entry(
-    state: &CacheState,
-    id: QueryId,
-    query: Option<&[f32]>,
-    k: usize,
-) -> Option<CachedAnswer> {
+/// `query`. `None` when it holds fewer than k.
+fn serve_entry(state: &CacheState, id: QueryId, query: &[f32], k: usize) -> Option<CachedAnswer> {
     let entry = state.hot.get(id)?;
     if entry.doc_ids.len() < k {
         return None;
     }
-    let query = query.unwrap_or(&entry.vector);
     let documents = entry.doc_ids[..k]
         .iter()
         .map(|doc_id| {

@@ -51,10 +51,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             let stage = Instant::now();
             let docs = state
                 .channel
-                .search(query, size)?
-                .iter()
-                .filter_map(|hit| state.channel.document(hit.id).cloned())
-                .collect();
+                .candidates(query, self.settings.cache_candidates.max(size))?;
             Ok((docs, stage.elapsed()))
         };
         let fuzzy_channel = || -> Result<Option<Found>, IndexError> {

@@ -160,6 +160,8 @@ pub struct EngineSettings {
     /// Candidates fetched from the fuzzy channel before the exact re-rank (the reference
     /// fetches 5 x k = 50).
     pub fuzzy_candidates: usize,
+    /// Candidates fetched from the cache channel (PQ codes) before the exact re-rank.
+    pub cache_candidates: usize,
     /// Cosine similarity at which the semantic cache reuses a cached result.
     pub semantic_threshold: f32,
 }
