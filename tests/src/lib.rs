@@ -63,7 +63,8 @@ pub fn squad_subset(source: &Path, articles: usize, out: &Path) -> Result<()> {
 
 /// Builds a small real corpus with the real `cloud-index build`: the first `articles`
 /// SQuAD articles from ../shared/data, or the synthetic knowledge base (10 entities per
-/// article, at least 40) when the data is absent; with `shards`, also its shard bundles. Returns the
+/// article, at least 40) when the data is absent; with `shards`, also its shard bundles. The
+/// work directory holds `squad-subset.json` exactly when the bundle is SQuAD's. Returns the
 /// bundle and the build's JSON summary.
 pub fn build_small_bundle(
     work: &Path,
@@ -72,12 +73,19 @@ pub fn build_small_bundle(
 ) -> Result<(PathBuf, serde_json::Value)> {
     let squad = data_dir().join("squad-dev-v1.1-visible.json");
     let mut args: Vec<String> = vec!["build".into()];
+    let subset = work.join("squad-subset.json");
     let bundle = if squad.exists() {
-        let subset = work.join("squad-subset.json");
         squad_subset(&squad, articles, &subset)?;
         args.extend(["--squad".into(), subset.display().to_string()]);
         work.join("bundle-squad")
     } else {
+        // Tests read the subset to tell a SQuAD bundle from a synthetic one, and the work
+        // directory outlives runs that had the data.
+        if let Err(e) = std::fs::remove_file(&subset)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(e.into());
+        }
         args.extend([
             "--synthetic-entities".into(),
             (articles * 10).max(40).to_string(),
