@@ -35,7 +35,7 @@ done
 rate=${RATE_QPS:-30}
 mode=${MODE:-realtime}
 out=${OUT:-run/has-eval/$(date +%Y%m%d-%H%M%S)}
-systems=${SYSTEMS:-cloud-only,edge-ivf,exact-cache,semantic-cache,has,has-no-fuzzy}
+systems=${SYSTEMS:-cloud-only,edge-ivf,exact-cache,semantic-cache,has,has-no-fuzzy,has-no-fuzzy-validation,has-no-fuzzy-draft}
 taus=${TAUS:-0.1,0.2,0.3,0.4,0.5,0.6}
 thetas=${THETAS:-0.8,0.85,0.9,0.95}
 

@@ -125,6 +125,8 @@ fn setup() -> Setup {
             fuzzy_candidates: 50,
             cache_candidates: 50,
             semantic_threshold: 0.9,
+            fuzzy_in_validation: true,
+            fuzzy_in_draft: true,
         },
         Arc::clone(&caches),
         Some(fuzzy),

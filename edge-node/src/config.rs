@@ -82,6 +82,19 @@ pub struct EdgeConfig {
     pub cache_candidates: usize,
     /// Whether the fuzzy channel runs (off for the paper's ablation).
     pub fuzzy_channel: bool,
+    /// Whether the fuzzy channel's documents take part in homology validation. Off is the
+    /// paper's ablation "fuzzy channel removed from validation" (run it with a cache warmed
+    /// by `warm_queries`: from an empty cache, validation on cache-channel documents alone
+    /// matches every query to the first cached one).
+    pub fuzzy_in_validation: bool,
+    /// Whether the fuzzy channel's documents join served drafts. Off is the paper's
+    /// ablation "fuzzy channel removed from draft enhancement".
+    pub fuzzy_in_draft: bool,
+    /// A file of questions, one per line, that the edge fetches from the cloud and caches
+    /// before it serves (blank lines skipped): a fresh edge starts with yesterday's
+    /// questions, or an evaluation with a pre-filled cache. Only with a shared cache (no
+    /// `tenants_file`).
+    pub warm_queries: Option<PathBuf>,
     /// Share of the corpus the edge indexes in its fuzzy channel, in (0, 1].
     pub corpus_fraction: f64,
     /// IVF lists of the fuzzy channel; scaled to the corpus when absent (4 x sqrt(n)).
@@ -178,6 +191,9 @@ impl Default for EdgeConfig {
             fuzzy_candidates: 50,
             cache_candidates: 50,
             fuzzy_channel: true,
+            fuzzy_in_validation: true,
+            fuzzy_in_draft: true,
+            warm_queries: None,
             corpus_fraction: 1.0,
             fuzzy_nlist: None,
             fuzzy_nprobe: None,
@@ -243,6 +259,31 @@ impl EdgeConfig {
             return Err(ConfigError::invalid(
                 "fuzzy_channel",
                 "must be on for the edge-ivf policy",
+            ));
+        }
+        if self.policy == RetrievalPolicy::EdgeIvf && !self.fuzzy_in_draft {
+            return Err(ConfigError::invalid(
+                "fuzzy_in_draft",
+                "must be on for the edge-ivf policy: its drafts are the fuzzy channel's",
+            ));
+        }
+        if self.fuzzy_channel && !self.fuzzy_in_validation && !self.fuzzy_in_draft {
+            return Err(ConfigError::invalid(
+                "fuzzy_in_validation",
+                "and `fuzzy_in_draft` are both off: the fuzzy channel would serve nothing; \
+                 set `fuzzy_channel = false` instead",
+            ));
+        }
+        if self.warm_queries.is_some() && !self.policy.caches() {
+            return Err(ConfigError::invalid(
+                "warm_queries",
+                "needs a policy that caches (has, exact-cache or semantic-cache)",
+            ));
+        }
+        if self.warm_queries.is_some() && self.tenants_file.is_some() {
+            return Err(ConfigError::invalid(
+                "warm_queries",
+                "warms the shared cache and cannot be used with `tenants_file`",
             ));
         }
         if self.cache_capacity == 0 {
@@ -437,5 +478,30 @@ mod tests {
         config.corpus_fraction = 0.5;
         config.k = 101;
         assert!(config.validate().unwrap_err().to_string().contains("`k`"));
+    }
+
+    #[test]
+    fn the_fuzzy_ablations_and_warm_queries_refuse_what_cannot_work() {
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        let mut config = EdgeConfig {
+            bundle: Some("b".into()),
+            fuzzy_in_validation: false,
+            warm_queries: Some("warm.txt".into()),
+            ..EdgeConfig::default()
+        };
+        config.validate().unwrap();
+        config.fuzzy_in_draft = false;
+        assert!(error(&config).contains("`fuzzy_in_validation`"));
+        config.fuzzy_channel = false;
+        config.validate().unwrap();
+        config.fuzzy_channel = true;
+        config.fuzzy_in_validation = true;
+        config.policy = RetrievalPolicy::EdgeIvf;
+        assert!(error(&config).contains("`fuzzy_in_draft`"));
+        config.fuzzy_in_draft = true;
+        assert!(error(&config).contains("`warm_queries`"));
+        config.policy = RetrievalPolicy::Has;
+        config.tenants_file = Some("tenants.toml".into());
+        assert!(error(&config).contains("`warm_queries`"));
     }
 }

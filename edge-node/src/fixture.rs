@@ -72,6 +72,8 @@ pub struct Setup {
     pub eviction: Eviction,
     pub depth: usize,
     pub tenants: Vec<Tenant>,
+    pub fuzzy_in_validation: bool,
+    pub fuzzy_in_draft: bool,
 }
 
 impl Default for Setup {
@@ -82,6 +84,8 @@ impl Default for Setup {
             eviction: Eviction::Fifo(10),
             depth: 10,
             tenants: vec![Tenant::default_tenant()],
+            fuzzy_in_validation: true,
+            fuzzy_in_draft: true,
         }
     }
 }
@@ -136,6 +140,8 @@ pub fn fixture(vectors: &[Vec<f32>], titles: &[String], setup: Setup) -> Fixture
         fuzzy_candidates: docs.len(),
         cache_candidates: docs.len(),
         semantic_threshold: 0.95,
+        fuzzy_in_validation: setup.fuzzy_in_validation,
+        fuzzy_in_draft: setup.fuzzy_in_draft,
     };
     let engine =
         RetrievalEngine::new(settings, Arc::clone(&caches), Some(fuzzy), cloud).expect("engine");

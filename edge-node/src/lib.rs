@@ -9,6 +9,7 @@
 //! - [`pipeline`]: one request path for both front ends ([`http`], [`grpc`]), whose wire
 //!   types and conversions live in [`api`];
 //! - [`answer`]: `/v1/answer`, retrieval then generation through an `LmBackend`;
+//! - [`warmup`]: filling a fresh edge's cache from a file of questions before it serves;
 //! - [`config`], [`metrics`], [`tenants`].
 
 pub mod answer;
@@ -26,6 +27,7 @@ pub mod pipeline;
 pub mod replication;
 pub mod retrieval;
 pub mod tenants;
+pub mod warmup;
 
 #[cfg(test)]
 mod fixture;

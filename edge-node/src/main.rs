@@ -22,7 +22,8 @@ use edge_node::metrics::EdgeMetrics;
 use edge_node::pipeline::EdgeService;
 use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
 use edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy};
-use edge_node::tenants::TenantDirectory;
+use edge_node::tenants::{Tenant, TenantDirectory};
+use edge_node::warmup::{read_warm_queries, warm_cache};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
@@ -151,6 +152,18 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_channel: Option<bool>,
+    /// Fuzzy-channel documents take part in validation [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fuzzy_in_validation: Option<bool>,
+    /// Fuzzy-channel documents join served drafts [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fuzzy_in_draft: Option<bool>,
+    /// Questions (one per line) fetched from the cloud and cached before serving.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_queries: Option<PathBuf>,
     /// Share of the corpus in the fuzzy channel, (0, 1] [default: 1.0].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -339,6 +352,8 @@ fn build_engine(
             fuzzy_candidates: config.fuzzy_candidates,
             cache_candidates: config.cache_candidates,
             semantic_threshold: config.semantic_threshold,
+            fuzzy_in_validation: config.fuzzy_in_validation,
+            fuzzy_in_draft: config.fuzzy_in_draft,
         },
         Arc::new(caches),
         fuzzy,
@@ -358,6 +373,34 @@ async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClient>>) {
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_secs(5));
     }
+}
+
+/// Fills the shared cache from `warm_queries` once the cloud answers; the edge serves only
+/// after, so that its first requests meet the warmed cache.
+async fn warm_before_serving(
+    engine: &Arc<RetrievalEngine<QuicCloudClient>>,
+    encoder: &TextEncoder,
+    path: &std::path::Path,
+) -> Result<()> {
+    let questions = read_warm_queries(path).context("configuration: `warm_queries`")?;
+    let started = Instant::now();
+    let texts: Vec<&str> = questions.iter().map(String::as_str).collect();
+    let vectors = encoder
+        .encode(&texts)
+        .context("encoding the warm queries")?;
+    tracing::info!(
+        questions = questions.len(),
+        "waiting for the cloud to warm the cache"
+    );
+    verify_cloud_link(Arc::clone(engine)).await;
+    let report = warm_cache(engine, &Tenant::default_tenant(), questions, vectors).await?;
+    tracing::info!(
+        cached = report.cached,
+        failed = report.failed,
+        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+        "cache warmed"
+    );
+    Ok(())
 }
 
 /// The `/v1/answer` backend, when configured: a generation worker, or models loaded here.
@@ -474,6 +517,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     drop(bundle);
     let engine = Arc::new(engine);
+    if let Some(path) = &config.warm_queries {
+        warm_before_serving(&engine, &encoder, path).await?;
+    }
     tokio::spawn(verify_cloud_link(Arc::clone(&engine)));
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(EdgeMetrics::register(&registry)?);

@@ -55,14 +55,30 @@ impl SystemSpec {
     }
 }
 
+/// How the paper's fuzzy-channel ablations run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AblationSettings {
+    /// tau of every ablation.
+    pub tau: f64,
+    /// Random questions (one per line) that pre-fill the cache of `has-no-fuzzy-validation`.
+    pub warm_queries: PathBuf,
+    /// How many questions that file holds, for the report.
+    pub warm_count: usize,
+}
+
+/// Every system name [`system_specs`] knows, in the order the help lists them.
+pub const SYSTEM_NAMES: &str = "cloud-only, edge-ivf, exact-cache, semantic-cache, has, \
+     has-replicated, has-no-fuzzy, has-no-fuzzy-validation, has-no-fuzzy-draft";
+
 /// The systems to compare, in report order: each name in `names`, the threshold sweeps
 /// expanded.
 pub fn system_specs(
     names: &[String],
     taus: &[f64],
     thetas: &[f64],
-    no_fuzzy_tau: f64,
+    ablation: &AblationSettings,
 ) -> Result<Vec<SystemSpec>, EvalError> {
+    let no_fuzzy_tau = ablation.tau;
     let mut specs = Vec::new();
     for name in names {
         match name.as_str() {
@@ -122,9 +138,37 @@ pub fn system_specs(
                     &["--policy", "has", "--tau", &t, "--fuzzy-channel", "false"],
                 ));
             }
+            // The paper's Table VI: the fuzzy channel kept out of validation, the cache
+            // pre-filled with random questions (its footnote 7), then kept out of drafts.
+            "has-no-fuzzy-validation" => {
+                let t = no_fuzzy_tau.to_string();
+                let warm = ablation.warm_queries.display().to_string();
+                specs.push(SystemSpec::new(
+                    "has-no-fuzzy-validation",
+                    serde_json::json!({"tau": no_fuzzy_tau, "warm_queries": ablation.warm_count}),
+                    &[
+                        "--policy",
+                        "has",
+                        "--tau",
+                        &t,
+                        "--fuzzy-in-validation",
+                        "false",
+                        "--warm-queries",
+                        &warm,
+                    ],
+                ));
+            }
+            "has-no-fuzzy-draft" => {
+                let t = no_fuzzy_tau.to_string();
+                specs.push(SystemSpec::new(
+                    "has-no-fuzzy-draft",
+                    serde_json::json!({"tau": no_fuzzy_tau}),
+                    &["--policy", "has", "--tau", &t, "--fuzzy-in-draft", "false"],
+                ));
+            }
             other => {
                 return Err(EvalError::Invalid(format!(
-                    "unknown system {other:?}: expected cloud-only, edge-ivf, exact-cache, semantic-cache, has, has-replicated, has-no-fuzzy"
+                    "unknown system {other:?}: expected one of {SYSTEM_NAMES}"
                 )));
             }
         }
@@ -371,16 +415,28 @@ mod tests {
 
     #[test]
     fn sweeps_expand_into_one_spec_per_threshold() {
-        let names: Vec<String> = ["cloud-only", "semantic-cache", "has", "has-no-fuzzy"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let specs = system_specs(&names, &[0.1, 0.2], &[0.9], 0.2).unwrap();
+        let names: Vec<String> = [
+            "cloud-only",
+            "semantic-cache",
+            "has",
+            "has-no-fuzzy",
+            "has-no-fuzzy-validation",
+            "has-no-fuzzy-draft",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let ablation = AblationSettings {
+            tau: 0.3,
+            warm_queries: "out/warm.txt".into(),
+            warm_count: 7,
+        };
+        let specs = system_specs(&names, &[0.1, 0.2], &[0.9], &ablation).unwrap();
         let labels: Vec<(String, String)> = specs
             .iter()
             .map(|s| (s.name.clone(), s.params.to_string()))
             .collect();
-        assert_eq!(labels.len(), 5);
+        assert_eq!(labels.len(), 7);
         assert_eq!(
             labels[1],
             ("semantic-cache".into(), r#"{"theta":0.9}"#.into())
@@ -392,6 +448,18 @@ mod tests {
                 .windows(2)
                 .any(|w| w == ["--fuzzy-channel", "false"])
         );
-        assert!(system_specs(&["hnsw".into()], &[], &[], 0.2).is_err());
+        let flags = |i: usize| specs[i].edge_args.join(" ");
+        assert!(
+            flags(5).contains("--tau 0.3 --fuzzy-in-validation false --warm-queries out/warm.txt")
+        );
+        assert_eq!(labels[5].1, r#"{"tau":0.3,"warm_queries":7}"#);
+        assert!(
+            flags(6).contains("--fuzzy-in-draft false") && !flags(6).contains("--warm-queries")
+        );
+        let unknown = system_specs(&["hnsw".into()], &[], &[], &ablation).unwrap_err();
+        assert!(
+            unknown.to_string().contains("has-no-fuzzy-draft"),
+            "{unknown}"
+        );
     }
 }

@@ -11,7 +11,9 @@ use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_proto::tls::DevAuthority;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
-use loadtest::experiment::{ClusterSettings, run_system, start_cloud, system_specs};
+use loadtest::experiment::{
+    AblationSettings, ClusterSettings, run_system, start_cloud, system_specs,
+};
 use loadtest::popularity::{DailyPopularity, ZipfModel, read_topviews, views_then_model};
 use loadtest::process::binary;
 use loadtest::relay::DelayModel;
@@ -168,11 +170,12 @@ struct EvalArgs {
     #[command(flatten)]
     workload: WorkloadArgs,
     /// Systems to compare, in report order (has-replicated: the edges share their hot cache
-    /// through a fresh 3-node control plane).
+    /// through a fresh 3-node control plane; has-no-fuzzy, has-no-fuzzy-validation,
+    /// has-no-fuzzy-draft: the paper's ablations, at --no-fuzzy-tau).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "cloud-only,edge-ivf,exact-cache,semantic-cache,has,has-no-fuzzy"
+        default_value = "cloud-only,edge-ivf,exact-cache,semantic-cache,has,has-no-fuzzy,has-no-fuzzy-validation,has-no-fuzzy-draft"
     )]
     systems: Vec<String>,
     /// HaS homology thresholds to sweep.
@@ -181,9 +184,13 @@ struct EvalArgs {
     /// Semantic-cache cosine thresholds to sweep.
     #[arg(long, value_delimiter = ',', default_value = "0.8,0.85,0.9,0.95")]
     thetas: Vec<f64>,
-    /// tau of the has-no-fuzzy ablation.
+    /// tau of the fuzzy-channel ablations.
     #[arg(long, default_value_t = 0.2)]
     no_fuzzy_tau: f64,
+    /// Random questions (from the bundle's, none the workload asks) that pre-fill the cache
+    /// of has-no-fuzzy-validation, as the paper did for that ablation.
+    #[arg(long, default_value_t = 1000)]
+    random_prefill: usize,
     /// realtime: the emulated network and the load model (--rate or --concurrency), for
     /// latency. replay: no emulated delays, a closed loop of --concurrency clients at full
     /// speed, for quality figures (run both from one --workload file).
@@ -393,9 +400,23 @@ fn progress_bar(len: usize, label: &str) -> ProgressBar {
 async fn eval(args: EvalArgs) -> Result<()> {
     let (bundle, questions) = corpus(&args.corpus)?;
     let (workload, mut workload_report) = make_workload(&args.workload, &questions)?;
-    let specs = system_specs(&args.systems, &args.taus, &args.thetas, args.no_fuzzy_tau)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
+    let warm_queries = absolute(&args.out.join("random-prefill.txt"))?;
+    let prefill = workload::random_questions(
+        &questions,
+        &workload,
+        args.random_prefill,
+        args.workload.seed,
+    );
+    std::fs::write(&warm_queries, prefill.join("\n"))
+        .with_context(|| format!("writing {}", warm_queries.display()))?;
+    let ablation = AblationSettings {
+        tau: args.no_fuzzy_tau,
+        warm_queries,
+        warm_count: prefill.len(),
+    };
+    let specs = system_specs(&args.systems, &args.taus, &args.thetas, &ablation)?;
     let work = args.out.join("logs");
     std::fs::create_dir_all(&work)?;
     let (client_delay, cloud_delay) = match args.mode {

@@ -176,6 +176,39 @@ pub fn generate(
     Ok(out)
 }
 
+/// `count` questions of `questions` drawn uniformly at random, none asking what a query of
+/// `workload` asks (the same text, or the same relation of the same entity in another
+/// phrasing): the "random queries" the HaS paper pre-fills the cache with for its ablation
+/// without the fuzzy channel in validation. Fewer when the pool runs out.
+pub fn random_questions(
+    questions: &[Question],
+    workload: &[WorkloadQuery],
+    count: usize,
+    seed: u64,
+) -> Vec<String> {
+    let asked: HashSet<&str> = workload.iter().map(|q| q.question.as_str()).collect();
+    let asked_relations: HashSet<(&str, &str)> = workload
+        .iter()
+        .filter_map(|q| Some((q.entity.as_str(), q.relation.as_deref()?)))
+        .collect();
+    let pool: Vec<&str> = questions
+        .iter()
+        .filter(|q| {
+            q.relation
+                .as_deref()
+                .is_none_or(|relation| !asked_relations.contains(&(q.entity.as_str(), relation)))
+        })
+        .map(|q| q.question.trim())
+        .filter(|text| !text.is_empty() && !asked.contains(text))
+        .collect::<BTreeSet<&str>>()
+        .into_iter()
+        .collect();
+    let mut rng = StdRng::seed_from_u64(seed);
+    pool.choose_multiple(&mut rng, count)
+        .map(|text| text.to_string())
+        .collect()
+}
+
 /// How homologous a workload is.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct WorkloadStats {
@@ -309,6 +342,33 @@ mod tests {
         // something new about an entity already asked about that day.
         assert!(s.homologous_share > 0.25, "{s:?}");
         assert!(s.exact_repeat_share < s.homologous_share, "{s:?}");
+    }
+
+    #[test]
+    fn random_questions_are_seeded_distinct_and_never_ask_what_the_workload_asks() {
+        let mut qs = questions(50, 4);
+        qs[0].relation = Some("P50".into());
+        qs[1].relation = Some("P50".into());
+        let names = entities(&qs);
+        let popularity = ZipfModel::default().daily(names.len()).unwrap();
+        let mut w = generate(&qs, &names, &popularity, 120, 3).unwrap();
+        // The workload asks e000's P50 in a paraphrase only: its dataset text must stay out.
+        w[0].question = "Who wrote the works of e000?".into();
+        w[0].entity = "e000".into();
+        w[0].relation = Some("P50".into());
+        let drawn = random_questions(&qs, &w, 40, 9);
+        assert_eq!(drawn, random_questions(&qs, &w, 40, 9));
+        assert_eq!(drawn.len(), 40);
+        assert_eq!(drawn.iter().collect::<HashSet<_>>().len(), 40);
+        let asked: HashSet<&str> = w.iter().map(|q| q.question.as_str()).collect();
+        assert!(drawn.iter().all(|t| !asked.contains(t.as_str())));
+        assert!(
+            !drawn
+                .iter()
+                .any(|t| t == &qs[0].question || t == &qs[1].question)
+        );
+        let pool = random_questions(&qs, &w, usize::MAX, 9).len();
+        assert!(pool < 200 - 2 && pool > 40, "{pool}");
     }
 
     #[test]

@@ -76,7 +76,9 @@ fn every_system_runs_and_cloud_only_is_exact() {
             "semantic-cache",
             "has",
             "has",
-            "has-no-fuzzy"
+            "has-no-fuzzy",
+            "has-no-fuzzy-validation",
+            "has-no-fuzzy-draft"
         ]
     );
     let number = |s: &serde_json::Value, key: &str| s[key].as_f64();
@@ -142,6 +144,25 @@ fn every_system_runs_and_cloud_only_is_exact() {
         "HaS never accepted on a homologous workload"
     );
     assert!(has["cache_bytes_per_1000_entries"].as_f64().unwrap() > 0.0);
+    // The ablation without the fuzzy channel in validation starts from a cache warmed with
+    // random questions, none asking what the workload asks; they are all still cached.
+    let prefill = std::fs::read_to_string(out.join("random-prefill.txt")).unwrap();
+    let prefill: Vec<&str> = prefill.lines().collect();
+    let no_fuzzy_validation = by_name("has-no-fuzzy-validation");
+    assert_eq!(
+        no_fuzzy_validation["params"]["warm_queries"].as_u64(),
+        Some(prefill.len() as u64)
+    );
+    assert!(!prefill.is_empty());
+    assert!(
+        prefill
+            .iter()
+            .all(|text| !asked.contains(&normalized_text(text)))
+    );
+    assert!(
+        no_fuzzy_validation["cached_queries"].as_u64().unwrap() >= prefill.len() as u64,
+        "{no_fuzzy_validation}"
+    );
     for plot in ["pareto.svg", "latency-cdf.svg", "report.md"] {
         assert!(out.join(plot).exists(), "{plot} missing");
     }

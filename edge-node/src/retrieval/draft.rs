@@ -25,7 +25,8 @@ type Found = (Vec<Arc<EdgeDocument>>, Duration);
 /// A draft and its verdict.
 #[derive(Clone, Debug)]
 pub struct Speculation {
-    /// The best max(k, validation depth) candidates by exact inner product, best first.
+    /// The best max(k, validation depth) candidates by exact inner product, best first
+    /// (from the cache channel alone when the fuzzy channel is kept out of drafts).
     pub draft: Draft,
     pub verdict: Verdict,
     /// The cached query that validated the draft, when accepted.
@@ -73,11 +74,21 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             None => Vec::new(),
         };
         let stage = Instant::now();
-        let draft = rerank(query, cached.into_iter().chain(fuzzy).collect(), size);
+        // The paper's ablations keep the fuzzy channel out of validation or out of the
+        // served draft; both then need the cache channel's own ranking.
+        let settings = &self.settings;
+        let ablated =
+            self.fuzzy.is_some() && !(settings.fuzzy_in_validation && settings.fuzzy_in_draft);
+        let cache_only = ablated.then(|| rerank(query, cached.clone(), size));
+        let merged = rerank(query, cached.into_iter().chain(fuzzy).collect(), size);
         timings.merge = Some(stage.elapsed());
 
         let stage = Instant::now();
-        let validated: Vec<DocId> = draft.iter().take(depth).map(|(_, d)| d.id).collect();
+        let ranking = match &cache_only {
+            Some(cache_only) if !settings.fuzzy_in_validation => cache_only,
+            _ => &merged,
+        };
+        let validated: Vec<DocId> = ranking.iter().take(depth).map(|(_, d)| d.id).collect();
         let verdict = self.validator.judge(&state.hot, &validated, depth);
         let matched = verdict.best.filter(|_| verdict.accepted).and_then(|vote| {
             state.hot.get(vote.query).map(|entry| MatchedQuery {
@@ -87,6 +98,10 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             })
         });
         timings.validation = Some(stage.elapsed());
+        let draft = match cache_only {
+            Some(cache_only) if !settings.fuzzy_in_draft => cache_only,
+            _ => merged,
+        };
         Ok(Speculation {
             draft,
             verdict,

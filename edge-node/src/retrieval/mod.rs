@@ -164,6 +164,12 @@ pub struct EngineSettings {
     pub cache_candidates: usize,
     /// Cosine similarity at which the semantic cache reuses a cached result.
     pub semantic_threshold: f32,
+    /// Whether the fuzzy channel's documents take part in homology validation (off: the
+    /// paper's ablation that validates on cache-channel documents alone).
+    pub fuzzy_in_validation: bool,
+    /// Whether the fuzzy channel's documents join the served draft (off: the paper's
+    /// ablation that serves accepted drafts from the cache channel alone).
+    pub fuzzy_in_draft: bool,
 }
 
 /// What the local part of a retrieval decided.
@@ -219,9 +225,11 @@ impl<C: CloudSearch> RetrievalEngine<C> {
         fuzzy: Option<FuzzyChannel>,
         cloud: C,
     ) -> Result<Self, EngineError> {
-        if settings.policy == RetrievalPolicy::EdgeIvf && fuzzy.is_none() {
+        if settings.policy == RetrievalPolicy::EdgeIvf
+            && (fuzzy.is_none() || !settings.fuzzy_in_draft)
+        {
             return Err(EngineError::Misconfigured(
-                "the edge-ivf policy needs the fuzzy channel",
+                "the edge-ivf policy needs the fuzzy channel in its drafts",
             ));
         }
         Ok(Self {
@@ -389,6 +397,32 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             matched_query: None,
             timings,
         })
+    }
+
+    /// Fetches `text`'s exact result from the cloud and caches it for `tenant` whatever a
+    /// draft would say: warming a fresh edge's cache (see [`crate::warmup`]).
+    pub async fn cache_from_cloud(
+        &self,
+        tenant: Tenant,
+        text: String,
+        vector: Vec<f32>,
+    ) -> Result<(), EngineError> {
+        if !self.settings.policy.caches() {
+            return Err(EngineError::Misconfigured(
+                "the policy caches nothing to warm",
+            ));
+        }
+        let pending = PendingFallback {
+            tenant,
+            vector,
+            text: Some(text),
+            k: self.caches.depth(),
+            deadline: None,
+            homology_score: 0.0,
+            timings: StageTimings::default(),
+            started: Instant::now(),
+        };
+        self.fall_back(pending).await.map(drop)
     }
 
     /// Both parts in turn, on the calling thread: for tests and tools; servers run the

@@ -236,6 +236,60 @@ async fn semantic_cache_reuses_the_nearest_query_above_the_threshold() {
     assert_eq!(edge.calls(), 2);
 }
 
+/// Topic 0's question cached, then topic 3's asked. Validated on the draft with the fuzzy
+/// channel, topic 3 shares nothing with the cache and falls back; validated on the cache
+/// channel alone, whose only documents are topic 0's, it matches topic 0's question on all
+/// ten (the paper's cold-start false match) and is served topic 3's documents all the same.
+#[tokio::test]
+async fn validation_without_the_fuzzy_channel_matches_whatever_the_cache_holds() {
+    for fuzzy_in_validation in [true, false] {
+        let (edge, centres) = topic_edge(Setup {
+            fuzzy_in_validation,
+            ..Setup::default()
+        });
+        edge.ask(&me(), &centres[0], K).await;
+        let reply = edge.ask(&me(), &centres[3], K).await;
+        if fuzzy_in_validation {
+            assert_eq!(reply.outcome, Outcome::Fallback);
+            assert_eq!(edge.calls(), 2);
+        } else {
+            assert_eq!(reply.outcome, Outcome::Accepted);
+            assert!((reply.homology_score - 1.0).abs() < 1e-9);
+            assert_eq!(edge.calls(), 1);
+        }
+        assert!(reply.documents.iter().all(|d| d.title == "t3"), "{reply:?}");
+    }
+}
+
+/// Topic 0's question caches its best 10 of 12 documents. A sibling question asking for
+/// 12 is accepted either way; with the fuzzy channel in the draft it is served all 12 of
+/// topic 0, without it only the 10 the cache channel holds.
+#[tokio::test]
+async fn drafts_without_the_fuzzy_channel_hold_only_cached_documents() {
+    for fuzzy_in_draft in [true, false] {
+        let (edge, centres) = topic_edge(Setup {
+            fuzzy_in_draft,
+            ..Setup::default()
+        });
+        let cached = edge.ask(&me(), &centres[0], K).await;
+        assert_eq!(cached.outcome, Outcome::Fallback);
+        let cache = edge.caches.get(&me()).unwrap();
+        let reply = edge.ask(&me(), &near(&centres, 0, 0.1), 12).await;
+        assert_eq!(reply.outcome, Outcome::Accepted);
+        assert!(reply.documents.iter().all(|d| d.title == "t0"), "{reply:?}");
+        let uncached = reply
+            .documents
+            .iter()
+            .filter(|d| !cache.read().hot.contains_document(d.id))
+            .count();
+        if fuzzy_in_draft {
+            assert_eq!((reply.documents.len(), uncached), (12, 2));
+        } else {
+            assert_eq!((reply.documents.len(), uncached), (10, 0));
+        }
+    }
+}
+
 #[tokio::test]
 async fn edge_ivf_answers_from_the_fuzzy_channel_alone() {
     let (edge, centres) = topic_edge(Setup {
