@@ -7,7 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::scoring::{Summary, pair_with_baseline};
+use crate::scoring::{FallbackBreakdown, Summary, pair_with_baseline};
 
 /// One system at one parameter setting.
 #[derive(Clone, Debug, Serialize)]
@@ -33,6 +33,8 @@ pub struct SystemReport {
     pub doc_hit_rate_at_da: Option<f64>,
     pub latency_at_da_s: Option<f64>,
     pub latency_at_dr_s: Option<f64>,
+    /// Where fallbacks spent their time (see [`FallbackBreakdown`]).
+    pub fallback_breakdown: Option<FallbackBreakdown>,
     pub gold_recall_at_k: f64,
     /// Against cloud-only on the same queries (see [`Summary::paired_dhr_drop`]).
     pub paired_dhr_drop: Option<f64>,
@@ -79,6 +81,7 @@ impl SystemReport {
             doc_hit_rate_at_da: summary.doc_hit_rate_at_da,
             latency_at_da_s: summary.latency_at_da_s,
             latency_at_dr_s: summary.latency_at_dr_s,
+            fallback_breakdown: summary.fallback_breakdown,
             gold_recall_at_k: summary.gold_recall_at_k,
             paired_dhr_drop: None,
             first_occurrence,
@@ -194,6 +197,7 @@ impl Report {
              in points).\n",
         );
         out.push_str(&self.first_occurrence_markdown());
+        out.push_str(&self.fallback_markdown());
         out
     }
 
@@ -230,6 +234,38 @@ impl Report {
             fmt_opt(chance, |v| format!("{v:.4}"))
         ));
         out
+    }
+
+    /// Where fallbacks spent their time, for every system that fell back with timings.
+    fn fallback_markdown(&self) -> String {
+        let mut out = String::from(
+            "\n## Where fallbacks spend their time (means over fallbacks, seconds)\n\n\
+             | system | fallbacks | L@DR | at the edge | of which the cloud call | of which the cache update | outside the edge |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        let mut rows = 0;
+        for s in &self.systems {
+            let Some(b) = &s.fallback_breakdown else {
+                continue;
+            };
+            rows += 1;
+            out.push_str(&format!(
+                "| {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} |\n",
+                s.label(),
+                b.fallbacks,
+                fmt_opt(s.latency_at_dr_s, |v| format!("{v:.4}")),
+                b.edge_s,
+                b.cloud_s,
+                b.cache_update_s,
+                b.outside_edge_s,
+            ));
+        }
+        out.push_str(
+            "\nAt the edge: the edge's own handling, as its replies report it. Outside the \
+             edge: the client's latency less that (the client-edge network and any wait before \
+             the edge's handler).\n",
+        );
+        if rows == 0 { String::new() } else { out }
     }
 
     /// Writes report.json, report.md and the plots into `dir`.
@@ -412,6 +448,20 @@ mod tests {
         );
         assert!(
             md.contains("CAR chance level (two queries of the workload about one entity): 0.1250"),
+            "{md}"
+        );
+        assert!(!md.contains("Where fallbacks"), "{md}");
+        report.systems[0].fallback_breakdown = Some(FallbackBreakdown {
+            fallbacks: 3,
+            edge_s: 0.05,
+            cloud_s: 0.04,
+            cache_update_s: 0.001,
+            outside_edge_s: 0.15,
+        });
+        report.systems[0].latency_at_dr_s = Some(0.2);
+        let md = report.markdown();
+        assert!(
+            md.contains("| cloud-only | 3 | 0.2000 | 0.0500 | 0.0400 | 0.0010 | 0.1500 |"),
             "{md}"
         );
         let dir = tempfile::tempdir().unwrap();

@@ -19,6 +19,37 @@ pub struct EdgeReply {
     pub documents: Vec<ReplyDocument>,
     pub outcome: String,
     pub matched_query: Option<ReplyMatch>,
+    /// The edge's own account of where its time went.
+    #[serde(default)]
+    pub timings_us: Option<ReplyTimings>,
+}
+
+/// Stage times an edge reports with each reply, in microseconds.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+pub struct ReplyTimings {
+    /// The cloud call, as the edge waited for it (network to the cloud included).
+    #[serde(default)]
+    pub cloud_us: Option<u64>,
+    #[serde(default)]
+    pub cache_update_us: Option<u64>,
+    /// The edge's whole handling, from request to reply.
+    pub total_us: u64,
+}
+
+/// Where a system's fallbacks spent their time, as means over the fallbacks whose replies
+/// carry timings: the client's latency less the edge's total is the client-edge network
+/// and any queueing before the edge's handler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct FallbackBreakdown {
+    pub fallbacks: usize,
+    /// The edge's whole handling.
+    pub edge_s: f64,
+    /// Of which the cloud call.
+    pub cloud_s: f64,
+    /// Of which the cache update after it.
+    pub cache_update_s: f64,
+    /// The client's latency less the edge's handling.
+    pub outside_edge_s: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -77,6 +108,8 @@ pub struct Summary {
     pub avg_latency_s: f64,
     pub latency_at_da_s: Option<f64>,
     pub latency_at_dr_s: Option<f64>,
+    /// Where fallbacks spent their time; `None` without fallbacks that carry timings.
+    pub fallback_breakdown: Option<FallbackBreakdown>,
     /// Share of queries with a gold passage among the returned ones.
     pub gold_recall_at_k: f64,
     /// Mean over the queries both answered of (cloud-only's hit - this system's hit), the
@@ -175,6 +208,7 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
     let mut all = Vec::new();
     let mut at_da = Vec::new();
     let mut at_dr = Vec::new();
+    let mut breakdown = FallbackBreakdown::default();
     let mut fell_back_on: HashMap<&str, Vec<usize>> = HashMap::new();
     for record in records {
         if let Ok(reply) = &record.result
@@ -218,8 +252,27 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
             correct_accepts += usize::from(matched_entity == Some(&record.question.entity));
         } else {
             at_dr.push(record.latency);
+            if let Some(timings) = reply.timings_us {
+                let seconds = |us: Option<u64>| us.unwrap_or(0) as f64 / 1e6;
+                let edge = seconds(Some(timings.total_us));
+                breakdown.fallbacks += 1;
+                breakdown.edge_s += edge;
+                breakdown.cloud_s += seconds(timings.cloud_us);
+                breakdown.cache_update_s += seconds(timings.cache_update_us);
+                breakdown.outside_edge_s += record.latency.as_secs_f64() - edge;
+            }
         }
     }
+    let fallback_breakdown = (breakdown.fallbacks > 0).then(|| {
+        let n = breakdown.fallbacks as f64;
+        FallbackBreakdown {
+            fallbacks: breakdown.fallbacks,
+            edge_s: breakdown.edge_s / n,
+            cloud_s: breakdown.cloud_s / n,
+            cache_update_s: breakdown.cache_update_s / n,
+            outside_edge_s: breakdown.outside_edge_s / n,
+        }
+    });
     let answered = records.len() - errors;
     let histogram = latency_histogram(records);
     let quantile = |q: f64| histogram.value_at_quantile(q) as f64 / 1e6;
@@ -240,6 +293,7 @@ pub fn summarize(records: &[QueryRecord], entity_of_question: &HashMap<String, S
         avg_latency_s: mean_seconds(&all).unwrap_or(0.0),
         latency_at_da_s: mean_seconds(&at_da),
         latency_at_dr_s: mean_seconds(&at_dr),
+        fallback_breakdown,
         gold_recall_at_k: ratio(gold, records.len()).unwrap_or(0.0),
         paired_dhr_drop: None,
         hits: hit_by_seq,
@@ -278,7 +332,52 @@ mod tests {
             matched_query: matched.map(|m| ReplyMatch {
                 text: Some(m.into()),
             }),
+            timings_us: None,
         }
+    }
+
+    #[test]
+    fn fallback_time_splits_into_the_edge_the_cloud_call_and_the_rest() {
+        let q = question("q", "E", "x");
+        let timed = |outcome: &str, latency_ms: u64, total_us, cloud_us, update_us| QueryRecord {
+            edge: 0,
+            question: q.clone(),
+            latency: Duration::from_millis(latency_ms),
+            result: Ok(EdgeReply {
+                timings_us: Some(ReplyTimings {
+                    cloud_us: Some(cloud_us),
+                    cache_update_us: Some(update_us),
+                    total_us,
+                }),
+                ..reply(outcome, "x", None)
+            }),
+        };
+        let records = vec![
+            timed("fallback", 100, 80_000, 60_000, 1_000),
+            timed("fallback", 200, 150_000, 100_000, 3_000),
+            // Neither an acceptance nor a reply without timings enters the breakdown.
+            timed("accepted", 10, 5_000, 0, 0),
+            QueryRecord {
+                edge: 0,
+                question: q.clone(),
+                latency: Duration::from_millis(900),
+                result: Ok(reply("fallback", "x", None)),
+            },
+        ];
+        let s = summarize(&records, &HashMap::new());
+        let b = s.fallback_breakdown.unwrap();
+        assert_eq!(b.fallbacks, 2);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(b.edge_s, 0.115) && close(b.cloud_s, 0.08), "{b:?}");
+        assert!(
+            close(b.cache_update_s, 0.002) && close(b.outside_edge_s, 0.035),
+            "{b:?}"
+        );
+        assert!(
+            summarize(&records[2..3], &HashMap::new())
+                .fallback_breakdown
+                .is_none()
+        );
     }
 
     #[test]
@@ -378,6 +477,7 @@ mod tests {
                 documents: vec![document(title, text)],
                 outcome: "fallback".into(),
                 matched_query: None,
+                timings_us: None,
             }),
         }
     }
