@@ -86,6 +86,31 @@ pub struct QueryRecord {
     pub result: Result<EdgeReply, String>,
 }
 
+impl QueryRecord {
+    /// One line of a run's `records-*.jsonl`: the query, its outcome, the client's latency
+    /// and the edge's stage times, for analyses the report does not make.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (outcome, timings, error) = match &self.result {
+            Ok(reply) => (
+                reply.outcome.as_str(),
+                reply.timings_us.map(|t| {
+                    serde_json::json!({"total_us": t.total_us, "cloud_us": t.cloud_us, "cache_update_us": t.cache_update_us})
+                }),
+                None,
+            ),
+            Err(error) => ("error", None, Some(error.as_str())),
+        };
+        serde_json::json!({
+            "seq": self.question.seq,
+            "edge": self.edge,
+            "outcome": outcome,
+            "latency_s": self.latency.as_secs_f64(),
+            "timings_us": timings,
+            "error": error,
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Summary {
     pub queries: usize,
