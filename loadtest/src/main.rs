@@ -409,7 +409,8 @@ async fn eval(args: EvalArgs) -> Result<()> {
         args.random_prefill,
         args.workload.seed,
     );
-    std::fs::write(&warm_queries, prefill.join("\n"))
+    let prefill_texts: Vec<&str> = prefill.iter().map(|q| q.question.trim()).collect();
+    std::fs::write(&warm_queries, prefill_texts.join("\n"))
         .with_context(|| format!("writing {}", warm_queries.display()))?;
     let ablation = AblationSettings {
         tau: args.no_fuzzy_tau,
@@ -456,7 +457,14 @@ async fn eval(args: EvalArgs) -> Result<()> {
         obj.insert("bundle".into(), serde_json::json!(bundle));
     }
     eprintln!("workload: {}", serde_json::to_string(&workload_report)?);
-    let workload_index = WorkloadIndex::new(&workload);
+    let mut workload_index = WorkloadIndex::new(&workload);
+    // Drafts validated by a pre-filled question are judged by its entity too (CAR).
+    for (text, question) in prefill_texts.iter().zip(&prefill) {
+        workload_index
+            .entity_of_question
+            .entry(text.to_string())
+            .or_insert_with(|| question.entity.clone());
+    }
     let cloud = start_cloud(&settings)?;
     let mut systems = Vec::new();
     for (index, spec) in specs.iter().enumerate() {

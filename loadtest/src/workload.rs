@@ -180,33 +180,32 @@ pub fn generate(
 /// `workload` asks (the same text, or the same relation of the same entity in another
 /// phrasing): the "random queries" the HaS paper pre-fills the cache with for its ablation
 /// without the fuzzy channel in validation. Fewer when the pool runs out.
-pub fn random_questions(
-    questions: &[Question],
+pub fn random_questions<'q>(
+    questions: &'q [Question],
     workload: &[WorkloadQuery],
     count: usize,
     seed: u64,
-) -> Vec<String> {
+) -> Vec<&'q Question> {
     let asked: HashSet<&str> = workload.iter().map(|q| q.question.as_str()).collect();
     let asked_relations: HashSet<(&str, &str)> = workload
         .iter()
         .filter_map(|q| Some((q.entity.as_str(), q.relation.as_deref()?)))
         .collect();
-    let pool: Vec<&str> = questions
+    // One question per text, in text order, so that the draw depends only on the seed.
+    let pool: Vec<&Question> = questions
         .iter()
         .filter(|q| {
             q.relation
                 .as_deref()
                 .is_none_or(|relation| !asked_relations.contains(&(q.entity.as_str(), relation)))
         })
-        .map(|q| q.question.trim())
-        .filter(|text| !text.is_empty() && !asked.contains(text))
-        .collect::<BTreeSet<&str>>()
-        .into_iter()
+        .map(|q| (q.question.trim(), q))
+        .filter(|(text, _)| !text.is_empty() && !asked.contains(text))
+        .collect::<BTreeMap<&str, &Question>>()
+        .into_values()
         .collect();
     let mut rng = StdRng::seed_from_u64(seed);
-    pool.choose_multiple(&mut rng, count)
-        .map(|text| text.to_string())
-        .collect()
+    pool.choose_multiple(&mut rng, count).copied().collect()
 }
 
 /// How homologous a workload is.
@@ -356,16 +355,23 @@ mod tests {
         w[0].question = "Who wrote the works of e000?".into();
         w[0].entity = "e000".into();
         w[0].relation = Some("P50".into());
-        let drawn = random_questions(&qs, &w, 40, 9);
-        assert_eq!(drawn, random_questions(&qs, &w, 40, 9));
+        let drawn: Vec<&str> = random_questions(&qs, &w, 40, 9)
+            .iter()
+            .map(|q| q.question.as_str())
+            .collect();
+        let again: Vec<&str> = random_questions(&qs, &w, 40, 9)
+            .iter()
+            .map(|q| q.question.as_str())
+            .collect();
+        assert_eq!(drawn, again);
         assert_eq!(drawn.len(), 40);
         assert_eq!(drawn.iter().collect::<HashSet<_>>().len(), 40);
         let asked: HashSet<&str> = w.iter().map(|q| q.question.as_str()).collect();
-        assert!(drawn.iter().all(|t| !asked.contains(t.as_str())));
+        assert!(drawn.iter().all(|t| !asked.contains(t)));
         assert!(
             !drawn
                 .iter()
-                .any(|t| t == &qs[0].question || t == &qs[1].question)
+                .any(|t| *t == qs[0].question || *t == qs[1].question)
         );
         let pool = random_questions(&qs, &w, usize::MAX, 9).len();
         assert!(pool < 200 - 2 && pool > 40, "{pool}");
