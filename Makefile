@@ -48,7 +48,7 @@ demo: deps models build
 
 test: deps models clients
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 
 lint:
 	$(CARGO) fmt --all -- --check
