@@ -54,6 +54,10 @@ impl CloudSearch for NoCloud {
     ) -> Result<Vec<CloudDocument>, CloudError> {
         Err(CloudError::Refused("the benchmark has no cloud".into()))
     }
+
+    async fn documents(&self, _ids: &[u64]) -> Result<Vec<CloudDocument>, CloudError> {
+        Err(CloudError::Refused("the benchmark has no cloud".into()))
+    }
 }
 
 struct Setup {

@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use hasten_proto::v1::{IndexInfo, SearchRequest, SearchResponse};
+use hasten_proto::v1::{
+    DocumentsRequest, DocumentsResponse, IndexInfo, SearchRequest, SearchResponse,
+};
 
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
@@ -20,6 +22,12 @@ pub trait SearchBackend: Clone + Send + Sync + 'static {
         &self,
         request: SearchRequest,
     ) -> impl Future<Output = Result<SearchResponse, SearchError>> + Send;
+
+    /// The requested documents this server's corpus holds, by id.
+    fn documents(
+        &self,
+        request: DocumentsRequest,
+    ) -> impl Future<Output = Result<DocumentsResponse, SearchError>> + Send;
 }
 
 /// A backend whose every search is counted and timed, under the server's shard index
@@ -51,6 +59,12 @@ impl<B: SearchBackend> SearchBackend for Metered<B> {
         let outcome = self.inner.search(request).await;
         self.metrics
             .observe_search(&self.shard, outcome.is_ok(), started.elapsed());
+        outcome
+    }
+
+    async fn documents(&self, request: DocumentsRequest) -> Result<DocumentsResponse, SearchError> {
+        let outcome = self.inner.documents(request).await;
+        self.metrics.observe_documents(outcome.is_ok());
         outcome
     }
 }
@@ -85,5 +99,10 @@ impl<B: SearchBackend> SearchBackend for Admission<B> {
             SearchError::Overloaded(format!("{} searches already in flight", self.limit))
         })?;
         self.inner.search(request).await
+    }
+
+    /// Documents by id are lookups, not scans: they take no search permit.
+    async fn documents(&self, request: DocumentsRequest) -> Result<DocumentsResponse, SearchError> {
+        self.inner.documents(request).await
     }
 }

@@ -1,7 +1,9 @@
 //! The gRPC twin of the QUIC fast path.
 
 use hasten_proto::v1::cloud_index_server::CloudIndex;
-use hasten_proto::v1::{IndexInfo, InfoRequest, SearchRequest, SearchResponse};
+use hasten_proto::v1::{
+    DocumentsRequest, DocumentsResponse, IndexInfo, InfoRequest, SearchRequest, SearchResponse,
+};
 use tonic::{Request, Response, Status};
 
 use crate::backend::SearchBackend;
@@ -50,5 +52,15 @@ impl<B: SearchBackend> CloudIndex for CloudIndexGrpc<B> {
 
     async fn info(&self, _request: Request<InfoRequest>) -> Result<Response<IndexInfo>, Status> {
         Ok(Response::new(self.service.info()))
+    }
+
+    #[tracing::instrument(skip_all, fields(ids = request.get_ref().ids.len()))]
+    async fn documents(
+        &self,
+        request: Request<DocumentsRequest>,
+    ) -> Result<Response<DocumentsResponse>, Status> {
+        Ok(Response::new(
+            self.service.documents(request.into_inner()).await?,
+        ))
     }
 }

@@ -3,7 +3,8 @@
 //! everyone else over gRPC.
 //!
 //! - [`searcher`]: a shard server's exact search over its bundle, with [`batcher`]
-//!   coalescing concurrent searches into one faiss call;
+//!   coalescing concurrent searches into one faiss call; [`documents`]: documents by id,
+//!   for edges that hold a fraction of the corpus;
 //! - [`router`]: scatter-gather over one live replica of every shard, merge by score,
 //!   failover within the request's deadline; [`replica`] keeps one replica's client and
 //!   health, [`replica_set`] those of the whole shard map and their checks, [`shard_map`]
@@ -18,6 +19,7 @@ pub mod backend;
 pub mod batcher;
 pub mod config;
 pub mod dev_cert;
+pub mod documents;
 pub mod error;
 pub mod grpc;
 pub mod metrics;

@@ -34,6 +34,7 @@ impl Role {
 pub struct CloudMetrics {
     role: Role,
     searches: IntCounterVec,
+    document_requests: IntCounterVec,
     duration: HistogramVec,
     /// Query vectors per batch.
     pub batch_queries: Histogram,
@@ -50,6 +51,13 @@ impl CloudMetrics {
             Opts::new(
                 "hasten_cloud_searches_total",
                 "Searches answered, by outcome",
+            ),
+            &["role", "outcome"],
+        )?;
+        let document_requests = IntCounterVec::new(
+            Opts::new(
+                "hasten_cloud_document_requests_total",
+                "Documents-by-id requests answered, by outcome",
             ),
             &["role", "outcome"],
         )?;
@@ -95,6 +103,7 @@ impl CloudMetrics {
             &["shard"],
         )?;
         registry.register(Box::new(searches.clone()))?;
+        registry.register(Box::new(document_requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(batch_queries.clone()))?;
         registry.register(Box::new(queue_depth.clone()))?;
@@ -107,6 +116,7 @@ impl CloudMetrics {
         Ok(Self {
             role,
             searches,
+            document_requests,
             duration,
             batch_queries: batch_queries.with_label_values(&label),
             queue_depth: queue_depth.with_label_values(&label),
@@ -126,6 +136,14 @@ impl CloudMetrics {
         self.duration
             .with_label_values(&[self.role.label(), shard])
             .observe(took.as_secs_f64());
+    }
+
+    /// A documents-by-id request answered by this server.
+    pub fn observe_documents(&self, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.document_requests
+            .with_label_values(&[self.role.label(), outcome])
+            .inc();
     }
 
     /// One shard's part of a routed search.

@@ -87,6 +87,14 @@ async fn respond<B: SearchBackend>(
             },
             Err(err) => error_response(error_code(&err), err.to_string()),
         },
+        Some(quic_request::Body::Documents(documents)) => {
+            match service.documents(documents).await {
+                Ok(response) => QuicResponse {
+                    body: Some(quic_response::Body::Documents(response)),
+                },
+                Err(err) => error_response(error_code(&err), err.to_string()),
+            }
+        }
         Some(quic_request::Body::Info(_)) => QuicResponse {
             body: Some(quic_response::Body::Info(service.info())),
         },

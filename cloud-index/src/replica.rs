@@ -7,7 +7,9 @@ use hasten_proto::control::grpc_endpoint;
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
-use hasten_proto::v1::{IndexInfo, InfoRequest, SearchRequest, SearchResponse};
+use hasten_proto::v1::{
+    DocumentsRequest, DocumentsResponse, IndexInfo, InfoRequest, SearchRequest, SearchResponse,
+};
 use parking_lot::Mutex;
 use tonic::transport::Channel;
 
@@ -147,6 +149,18 @@ impl Replica {
         let mut request = tonic::Request::new(search);
         request.set_timeout(timeout);
         within(timeout, client.search(request)).await
+    }
+
+    /// One documents-by-id attempt with `timeout` for the whole exchange.
+    pub async fn documents(
+        &self,
+        documents: DocumentsRequest,
+        timeout: Duration,
+    ) -> Result<DocumentsResponse, AttemptError> {
+        let mut client = self.client.clone();
+        let mut request = tonic::Request::new(documents);
+        request.set_timeout(timeout);
+        within(timeout, client.documents(request)).await
     }
 }
 

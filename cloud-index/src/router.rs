@@ -20,17 +20,21 @@
 //! The shard map comes from a `watch` channel ([`crate::shard_map`]): the configured map,
 //! replaced by the control plane's when the router follows one.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hasten_core::ranking::best_first;
 use hasten_proto::tls::MutualTls;
-use hasten_proto::v1::{IndexInfo, QueryHits, SearchRequest, SearchResponse};
+use hasten_proto::v1::{
+    DocumentsRequest, DocumentsResponse, IndexInfo, QueryHits, SearchRequest, SearchResponse,
+};
 use tokio::sync::watch;
 
 use crate::backend::SearchBackend;
 use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
+use crate::documents::{ids_by_shard, merge_shard_documents, validated_ids};
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
 use crate::replica::{AttemptError, Replica};
@@ -165,16 +169,16 @@ struct Asked {
 }
 
 impl RouterState {
-    /// Searches `request` on one replica of `shard`, starting with the one `rotation`
-    /// points at, moving on to the next while the deadline allows.
-    async fn search_shard(
+    /// Sends `request` to one replica of `shard`, starting with the one `rotation` points
+    /// at, moving on to the next while the deadline allows.
+    async fn call_shard<C: ShardCall>(
         &self,
         shard: usize,
         endpoints: &[String],
-        request: &SearchRequest,
+        request: &C,
         deadline: Instant,
         rotation: usize,
-    ) -> Result<SearchResponse, SearchError> {
+    ) -> Result<C::Reply, SearchError> {
         let unavailable = |reason: String| SearchError::ShardUnavailable { shard, reason };
         let mut replicas = Vec::with_capacity(endpoints.len());
         let mut without_client = Vec::new();
@@ -201,7 +205,6 @@ impl RouterState {
             )));
         }
         let candidates = if live.is_empty() { rotated } else { live };
-        let queries = request.queries.len();
         let mut failures = Vec::new();
         let mut overloaded = 0;
         for replica in candidates {
@@ -210,18 +213,14 @@ impl RouterState {
                 break;
             }
             let attempt = remaining.min(self.settings.attempt_timeout);
-            let mut shard_request = request.clone();
-            shard_request.timeout_ms = hasten_proto::wire_timeout_ms(attempt);
-            shard_request.allow_partial = false;
-            let error = match replica.search(shard_request, attempt).await {
-                Ok(response) if response.results.len() == queries => {
-                    replica.mark_live();
-                    return Ok(response);
-                }
-                Ok(response) => AttemptError::Failed(format!(
-                    "answered {} result lists for {queries} queries",
-                    response.results.len()
-                )),
+            let error = match request.attempt(replica, attempt).await {
+                Ok(reply) => match request.check(&reply) {
+                    Ok(()) => {
+                        replica.mark_live();
+                        return Ok(reply);
+                    }
+                    Err(why) => AttemptError::Failed(why),
+                },
                 Err(AttemptError::Rejected(message)) => {
                     return Err(SearchError::InvalidArgument(message));
                 }
@@ -239,7 +238,7 @@ impl RouterState {
         }
         if Instant::now() >= deadline {
             return Err(SearchError::DeadlineExceeded {
-                timeout_ms: u64::from(request.timeout_ms),
+                timeout_ms: u64::from(request.timeout_ms()),
                 what: format!(
                     "shard {shard} did not answer in time ({})",
                     failures.join("; ")
@@ -308,7 +307,7 @@ impl RouterState {
         let combined = &combined;
         let outcomes =
             futures::future::join_all(map.shards.iter().enumerate().map(|(shard, endpoints)| {
-                self.search_shard(shard, endpoints, combined, deadline, rotation)
+                self.call_shard(shard, endpoints, combined, deadline, rotation)
             }))
             .await;
         let mut shards: Vec<Result<std::vec::IntoIter<QueryHits>, SearchError>> = outcomes
@@ -319,6 +318,121 @@ impl RouterState {
             .iter()
             .map(|asked| answer_of(asked, &mut shards))
             .collect()
+    }
+
+    /// The documents of `ids`, each asked of the shard that holds it, the shards at once.
+    async fn fetch_documents(
+        &self,
+        ids: Vec<u64>,
+        contents: &DocumentsRequest,
+        deadline: Instant,
+    ) -> Result<DocumentsResponse, SearchError> {
+        let map = self.replicas.map();
+        let split = ids_by_shard(&ids, map.shards.len());
+        let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
+        let timeout_ms =
+            hasten_proto::wire_timeout_ms(deadline.saturating_duration_since(Instant::now()));
+        let asks = map
+            .shards
+            .iter()
+            .zip(split)
+            .enumerate()
+            .filter(|(_, (_, ids))| !ids.is_empty())
+            .map(|(shard, (endpoints, ids))| {
+                let request = DocumentsRequest {
+                    ids,
+                    timeout_ms,
+                    ..*contents
+                };
+                async move {
+                    self.call_shard(shard, endpoints, &request, deadline, rotation)
+                        .await
+                }
+            });
+        let answers = futures::future::try_join_all(asks).await?;
+        Ok(merge_shard_documents(&ids, answers))
+    }
+}
+
+/// A request the router sends to one replica of a shard at a time, failing over to the
+/// next: a search, or documents by id.
+trait ShardCall: Sync {
+    type Reply: Send;
+
+    /// The time the caller gave the request, for errors.
+    fn timeout_ms(&self) -> u32;
+
+    /// One attempt on `replica` within `attempt`.
+    fn attempt(
+        &self,
+        replica: &Replica,
+        attempt: Duration,
+    ) -> impl Future<Output = Result<Self::Reply, AttemptError>> + Send;
+
+    /// Why `reply` is no answer to this request, when it is not.
+    fn check(&self, reply: &Self::Reply) -> Result<(), String>;
+}
+
+impl ShardCall for SearchRequest {
+    type Reply = SearchResponse;
+
+    fn timeout_ms(&self) -> u32 {
+        self.timeout_ms
+    }
+
+    async fn attempt(
+        &self,
+        replica: &Replica,
+        attempt: Duration,
+    ) -> Result<SearchResponse, AttemptError> {
+        let request = SearchRequest {
+            timeout_ms: hasten_proto::wire_timeout_ms(attempt),
+            allow_partial: false,
+            ..self.clone()
+        };
+        replica.search(request, attempt).await
+    }
+
+    fn check(&self, reply: &SearchResponse) -> Result<(), String> {
+        let queries = self.queries.len();
+        if reply.results.len() == queries {
+            return Ok(());
+        }
+        Err(format!(
+            "answered {} result lists for {queries} queries",
+            reply.results.len()
+        ))
+    }
+}
+
+impl ShardCall for DocumentsRequest {
+    type Reply = DocumentsResponse;
+
+    fn timeout_ms(&self) -> u32 {
+        self.timeout_ms
+    }
+
+    async fn attempt(
+        &self,
+        replica: &Replica,
+        attempt: Duration,
+    ) -> Result<DocumentsResponse, AttemptError> {
+        let request = DocumentsRequest {
+            timeout_ms: hasten_proto::wire_timeout_ms(attempt),
+            ..self.clone()
+        };
+        replica.documents(request, attempt).await
+    }
+
+    fn check(&self, reply: &DocumentsResponse) -> Result<(), String> {
+        let answered = reply.documents.len() + reply.missing_ids.len();
+        if answered == self.ids.len() {
+            return Ok(());
+        }
+        Err(format!(
+            "answered {answered} documents and missing ids for {} ids",
+            self.ids.len()
+        ))
     }
 }
 
@@ -388,9 +502,9 @@ fn answer_of(
 }
 
 /// The time a request may take: its own `timeout_ms`, or the router's default.
-fn request_budget(request: &SearchRequest, settings: &RouterSettings) -> Duration {
-    if request.timeout_ms > 0 {
-        Duration::from_millis(u64::from(request.timeout_ms))
+fn request_budget(timeout_ms: u32, settings: &RouterSettings) -> Duration {
+    if timeout_ms > 0 {
+        Duration::from_millis(u64::from(timeout_ms))
     } else {
         settings.request_timeout
     }
@@ -471,7 +585,7 @@ impl SearchBackend for Router {
     async fn search(&self, request: SearchRequest) -> Result<SearchResponse, SearchError> {
         // Checked here, as a shard would, so that one bad request cannot fail a batch.
         validated_queries(&request, &self.state.limit)?;
-        let budget = request_budget(&request, &self.state.settings);
+        let budget = request_budget(request.timeout_ms, &self.state.settings);
         let deadline = Instant::now() + budget;
         let search = RoutedSearch { request, deadline };
         let Some(batcher) = &self.batcher else {
@@ -488,6 +602,19 @@ impl SearchBackend for Router {
                 what: "the shards did not answer in time".into(),
             }),
         }
+    }
+
+    #[tracing::instrument(name = "route_documents", skip_all, fields(ids = request.ids.len()))]
+    async fn documents(&self, request: DocumentsRequest) -> Result<DocumentsResponse, SearchError> {
+        let ids = validated_ids(&request, &self.state.limit)?;
+        let budget = request_budget(request.timeout_ms, &self.state.settings);
+        let contents = DocumentsRequest {
+            ids: Vec::new(),
+            ..request
+        };
+        self.state
+            .fetch_documents(ids, &contents, Instant::now() + budget)
+            .await
     }
 }
 

@@ -1,6 +1,7 @@
 //! Exact search over one bundle (a shard, or a whole corpus): validation, the faiss call,
 //! and assembly of the hits.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,10 +10,14 @@ use hasten_core::index::{ExactIndex, Hit, IndexError};
 use hasten_core::ranking::best_first;
 use hasten_core::vector::normalized_query;
 use hasten_proto::response_size::texts_encoded_len;
-use hasten_proto::v1::{IndexInfo, QueryHits, ScoredDocument, SearchRequest, SearchResponse};
+use hasten_proto::v1::{
+    DocumentsRequest, DocumentsResponse, IndexInfo, QueryHits, ScoredDocument, SearchRequest,
+    SearchResponse,
+};
 
 use crate::backend::SearchBackend;
 use crate::batcher::{BatchRunner, BatchingSettings, MicroBatcher};
+use crate::documents::validated_ids;
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
 use crate::response_limit::{ResponseLimit, SearchShape};
@@ -34,7 +39,21 @@ pub struct PreparedSearch {
     include_texts: bool,
 }
 
+/// What a returned document carries besides its id and score.
+#[derive(Clone, Copy, Debug)]
+struct Contents {
+    include_vectors: bool,
+    include_texts: bool,
+}
+
 impl PreparedSearch {
+    fn contents(&self) -> Contents {
+        Contents {
+            include_vectors: self.include_vectors,
+            include_texts: self.include_texts,
+        }
+    }
+
     /// Number of query vectors.
     pub fn len(&self, dimension: usize) -> usize {
         self.queries.len() / dimension.max(1)
@@ -83,6 +102,8 @@ pub struct ExactSearcher {
     bundle: CorpusBundle,
     index: ExactIndex,
     limit: ResponseLimit,
+    /// Each document's row, for documents by id.
+    rows: HashMap<u64, usize>,
 }
 
 impl ExactSearcher {
@@ -95,10 +116,17 @@ impl ExactSearcher {
             .max()
             .unwrap_or(0);
         let limit = ResponseLimit::new(bundle.dimension(), bundle.len(), texts_bytes, 0);
+        let rows = bundle
+            .documents
+            .iter()
+            .enumerate()
+            .map(|(row, doc)| (doc.id, row))
+            .collect();
         Ok(Self {
             bundle,
             index,
             limit,
+            rows,
         })
     }
 
@@ -159,7 +187,9 @@ impl ExactSearcher {
                 query_results.push(QueryHits {
                     hits: hits
                         .into_iter()
-                        .map(|hit| self.scored_document(hit.id as usize, hit.score, prepared))
+                        .map(|hit| {
+                            self.scored_document(hit.id as usize, hit.score, prepared.contents())
+                        })
                         .collect(),
                 });
             }
@@ -232,22 +262,42 @@ impl ExactSearcher {
         responses.pop().ok_or(SearchError::NoAnswer("faiss"))
     }
 
-    fn scored_document(&self, row: usize, score: f32, prepared: &PreparedSearch) -> ScoredDocument {
+    /// The documents of `request` this bundle holds, in the order of their first request;
+    /// the others are named missing.
+    pub fn documents(&self, request: &DocumentsRequest) -> Result<DocumentsResponse, SearchError> {
+        let ids = validated_ids(request, &self.limit)?;
+        let contents = Contents {
+            include_vectors: request.include_vectors,
+            include_texts: request.include_texts,
+        };
+        let mut response = DocumentsResponse::default();
+        for id in ids {
+            match self.rows.get(&id) {
+                Some(&row) => response
+                    .documents
+                    .push(self.scored_document(row, 0.0, contents)),
+                None => response.missing_ids.push(id),
+            }
+        }
+        Ok(response)
+    }
+
+    fn scored_document(&self, row: usize, score: f32, contents: Contents) -> ScoredDocument {
         let doc = &self.bundle.documents[row];
         ScoredDocument {
             id: doc.id,
             score,
-            title: if prepared.include_texts {
+            title: if contents.include_texts {
                 doc.title.clone()
             } else {
                 String::new()
             },
-            text: if prepared.include_texts {
+            text: if contents.include_texts {
                 doc.text.clone()
             } else {
                 String::new()
             },
-            vector: if prepared.include_vectors {
+            vector: if contents.include_vectors {
                 self.bundle.vector(row).to_vec()
             } else {
                 Vec::new()
@@ -321,6 +371,10 @@ impl SearchBackend for ShardService {
         }
         let searcher = Arc::clone(&self.searcher);
         tokio::task::spawn_blocking(move || searcher.search(&request)).await?
+    }
+
+    async fn documents(&self, request: DocumentsRequest) -> Result<DocumentsResponse, SearchError> {
+        self.searcher.documents(&request)
     }
 }
 

@@ -138,28 +138,19 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
 #[derive(Debug)]
 pub struct CorpusBundle {
     pub manifest: BundleManifest,
+    /// The documents loaded: all of them, or the share [`CorpusBundle::load_share`] kept.
     pub documents: Vec<Document>,
     pub questions: Vec<Question>,
     vectors: Vec<f32>,
+    /// The largest document id in the whole bundle, loaded or not.
+    max_document_id: u64,
 }
 
 impl CorpusBundle {
     /// Loads a bundle directory and checks its contents against its manifest: the
     /// documents' content hash, and every vector finite and of unit length.
     pub fn load(dir: &Path) -> Result<Self, BundleError> {
-        let manifest = read_manifest(dir)?;
-        if !(OLDEST_READABLE_FORMAT..=FORMAT_VERSION).contains(&manifest.format_version) {
-            return Err(BundleError::Invalid {
-                path: dir.join(MANIFEST),
-                message: format!(
-                    "bundle format {} is not supported (this build reads formats {OLDEST_READABLE_FORMAT} to {FORMAT_VERSION}); rebuild the bundle with `{}`",
-                    manifest.format_version,
-                    verify::rebuild_command(&manifest)
-                ),
-            });
-        }
-        // A shard without a hash of its own is refused before its files are read.
-        verify::recorded_content_hash(dir, &manifest)?;
+        let manifest = readable_manifest(dir)?;
         let documents: Vec<Document> = read_jsonl(&dir.join(DOCUMENTS))?;
         let questions: Vec<Question> = read_jsonl(&dir.join(QUESTIONS))?;
         let vectors_path = dir.join(VECTORS);
@@ -174,14 +165,106 @@ impl CorpusBundle {
                 ),
             });
         }
+        let max_document_id = documents.iter().map(|d| d.id).max().unwrap_or(0);
         let bundle = Self {
             manifest,
             documents,
             questions,
             vectors,
+            max_document_id,
         };
         bundle.check_contents(dir)?;
         Ok(bundle)
+    }
+
+    /// Loads only the documents whose id `keep` accepts, with their vectors, streaming the
+    /// files: what an edge holding a fraction of the corpus keeps in memory. The checks are
+    /// [`CorpusBundle::load`]'s: the content hash over every document, loaded or not, and
+    /// every kept vector finite and of unit length.
+    pub fn load_share(dir: &Path, keep: impl Fn(u64) -> bool) -> Result<Self, BundleError> {
+        let manifest = readable_manifest(dir)?;
+        let recorded = verify::recorded_content_hash(dir, &manifest)?.to_string();
+        let dimension = manifest.dimension;
+        let vectors_path = dir.join(VECTORS);
+        let vectors_file = std::fs::File::open(&vectors_path).map_err(io_error(&vectors_path))?;
+        let expected = (manifest.documents * dimension * 4) as u64;
+        let len = vectors_file
+            .metadata()
+            .map_err(io_error(&vectors_path))?
+            .len();
+        if len != expected {
+            return Err(BundleError::Invalid {
+                path: vectors_path,
+                message: format!("{len} bytes, expected {expected} (documents x dimension x 4)"),
+            });
+        }
+        let mut vectors_in = std::io::BufReader::new(vectors_file);
+        let documents_path = dir.join(DOCUMENTS);
+        let documents_file =
+            std::fs::File::open(&documents_path).map_err(io_error(&documents_path))?;
+        let mut hasher = ContentHasher::default();
+        let mut row_vector = vec![0f32; dimension];
+        let (mut documents, mut vectors) = (Vec::new(), Vec::new());
+        let (mut rows, mut max_document_id) = (0usize, 0u64);
+        for (i, line) in std::io::BufReader::new(documents_file).lines().enumerate() {
+            let line = line.map_err(io_error(&documents_path))?;
+            if line.is_empty() {
+                continue;
+            }
+            let document: Document =
+                serde_json::from_str(&line).map_err(|source| BundleError::Json {
+                    path: documents_path.clone(),
+                    line: i + 1,
+                    source,
+                })?;
+            if rows == manifest.documents {
+                return Err(BundleError::Invalid {
+                    path: documents_path,
+                    message: format!("more documents than the manifest's {}", manifest.documents),
+                });
+            }
+            hasher.update(&document);
+            vectors_in
+                .read_exact(bytemuck::cast_slice_mut(&mut row_vector))
+                .map_err(io_error(&vectors_path))?;
+            max_document_id = max_document_id.max(document.id);
+            if keep(document.id) {
+                if let Some(defect) = verify::defect(&row_vector) {
+                    return Err(BundleError::BadVector {
+                        path: vectors_path,
+                        row: rows,
+                        id: document.id,
+                        defect,
+                        rebuild: verify::rebuild_command(&manifest),
+                    });
+                }
+                vectors.extend_from_slice(&row_vector);
+                documents.push(document);
+            }
+            rows += 1;
+        }
+        if rows != manifest.documents {
+            return Err(BundleError::Invalid {
+                path: documents_path,
+                message: format!("{rows} documents, the manifest says {}", manifest.documents),
+            });
+        }
+        verify::check_content_hash(&documents_path, hasher.finish(), &recorded, || {
+            verify::rebuild_command(&manifest)
+        })?;
+        let questions: Vec<Question> = read_jsonl(&dir.join(QUESTIONS))?;
+        Ok(Self {
+            manifest,
+            documents,
+            questions,
+            vectors,
+            max_document_id,
+        })
+    }
+
+    /// The largest document id in the whole bundle, loaded or not.
+    pub fn max_document_id(&self) -> u64 {
+        self.max_document_id
     }
 
     /// Checks what was read from `dir` against the manifest: the documents' content hash,
@@ -222,6 +305,24 @@ impl CorpusBundle {
         let d = self.manifest.dimension;
         &self.vectors[row * d..(row + 1) * d]
     }
+}
+
+/// The manifest of a bundle this build reads, whose documents can be checked: a format in
+/// range, and a shard with a hash of its own (refused before its files are read).
+fn readable_manifest(dir: &Path) -> Result<BundleManifest, BundleError> {
+    let manifest = read_manifest(dir)?;
+    if !(OLDEST_READABLE_FORMAT..=FORMAT_VERSION).contains(&manifest.format_version) {
+        return Err(BundleError::Invalid {
+            path: dir.join(MANIFEST),
+            message: format!(
+                "bundle format {} is not supported (this build reads formats {OLDEST_READABLE_FORMAT} to {FORMAT_VERSION}); rebuild the bundle with `{}`",
+                manifest.format_version,
+                verify::rebuild_command(&manifest)
+            ),
+        });
+    }
+    verify::recorded_content_hash(dir, &manifest)?;
+    Ok(manifest)
 }
 
 /// Reads only the manifest of a bundle.
@@ -424,15 +525,29 @@ fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<(), BundleError
 
 /// Content hash of the documents: 16 hex digits of SHA-256 over ids, titles and texts.
 pub fn corpus_version(documents: &[Document]) -> String {
-    let mut hasher = Sha256::new();
+    let mut hasher = ContentHasher::default();
     for doc in documents {
-        hasher.update(doc.id.to_le_bytes());
-        hasher.update(doc.title.as_bytes());
-        hasher.update([0]);
-        hasher.update(doc.text.as_bytes());
-        hasher.update([0]);
+        hasher.update(doc);
     }
-    hex::encode(&hasher.finalize()[..8])
+    hasher.finish()
+}
+
+/// [`corpus_version`] one document at a time, for a bundle read as a stream.
+#[derive(Default)]
+struct ContentHasher(Sha256);
+
+impl ContentHasher {
+    fn update(&mut self, doc: &Document) {
+        self.0.update(doc.id.to_le_bytes());
+        self.0.update(doc.title.as_bytes());
+        self.0.update([0]);
+        self.0.update(doc.text.as_bytes());
+        self.0.update([0]);
+    }
+
+    fn finish(self) -> String {
+        hex::encode(&self.0.finalize()[..8])
+    }
 }
 
 #[cfg(test)]
@@ -464,6 +579,37 @@ mod tests {
         assert_eq!(bundle.documents, docs);
         assert_eq!(bundle.vector(1), &[0.0, 1.0]);
         assert!(!sibling(&out, "building").exists());
+    }
+
+    #[test]
+    fn a_share_keeps_the_selected_documents_and_still_checks_every_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("bundle");
+        let docs = vec![
+            doc(0, "A", "alpha"),
+            doc(1, "B", "beta"),
+            doc(2, "C", "gamma"),
+        ];
+        let vectors: Vec<f32> = (0..3).flat_map(|i| unit_at(i as f32)).collect();
+        write_bundle(&out, vec!["test".into()], &docs, &vectors, 2, &[]).unwrap();
+        let share = CorpusBundle::load_share(&out, |id| id != 1).unwrap();
+        assert_eq!(share.documents, vec![docs[0].clone(), docs[2].clone()]);
+        assert_eq!(share.vector(1), &unit_at(2.0));
+        assert_eq!(share.max_document_id(), 2);
+        assert_eq!(
+            share.manifest.corpus_version,
+            CorpusBundle::load(&out).unwrap().manifest.corpus_version
+        );
+        // An edit to a document the share leaves out still fails the load.
+        let path = out.join(DOCUMENTS);
+        let edited = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("beta", "bet4");
+        std::fs::write(&path, edited).unwrap();
+        assert!(matches!(
+            CorpusBundle::load_share(&out, |id| id != 1),
+            Err(BundleError::ContentMismatch { .. })
+        ));
     }
 
     #[test]

@@ -8,12 +8,13 @@
 //! eviction comes from the log (its hot cache has no capacity of its own), so that every
 //! edge holds what the replicated state machine holds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hasten_core::DocId;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
 
 use hasten_core::index::IndexError;
 
@@ -92,7 +93,8 @@ impl CacheState {
     }
 
     /// Caches `vector`'s result under `id`; `added` resolves the documents it newly
-    /// references. Returns how the referenced documents changed.
+    /// references. Returns how the referenced documents changed, and the newly referenced
+    /// documents `added` could not resolve.
     fn insert(
         &mut self,
         id: QueryId,
@@ -100,7 +102,7 @@ impl CacheState {
         vector: Vec<f32>,
         document_ids: &[DocId],
         added: impl Fn(DocId) -> Option<Arc<EdgeDocument>>,
-    ) -> CacheChange {
+    ) -> (CacheChange, Vec<DocId>) {
         if !self.hot.contains(id)
             && let Err(err) = self.lookup.insert(id, text.as_deref(), &vector)
         {
@@ -108,19 +110,18 @@ impl CacheState {
         }
         let change = self.hot.insert_as(id, text, document_ids);
         self.follow_removal(&change);
-        let documents: Vec<Arc<EdgeDocument>> =
-            change.added.iter().filter_map(|doc| added(*doc)).collect();
-        if documents.len() < change.added.len() {
-            tracing::warn!(
-                id,
-                missing = change.added.len() - documents.len(),
-                "a cached result names documents outside this edge's corpus; they count in votes but cannot be served"
-            );
+        let mut documents = Vec::with_capacity(change.added.len());
+        let mut missing = Vec::new();
+        for &doc in &change.added {
+            match added(doc) {
+                Some(document) => documents.push(document),
+                None => missing.push(doc),
+            }
         }
         if let Err(err) = self.channel.add(documents) {
             tracing::error!(%err, "cache channel insertion failed");
         }
-        change
+        (change, missing)
     }
 
     fn remove(&mut self, ids: &[QueryId]) {
@@ -185,6 +186,13 @@ pub struct TenantCaches {
     depth: usize,
     /// Replicated entries not cached, by [`SkipReason`] (in its `ALL` order).
     skipped: [AtomicU64; 3],
+    /// Documents of cached entries that neither the store nor a cache channel holds (an
+    /// edge with a fraction of the corpus): they count in votes at once, and are served
+    /// once [`TenantCaches::attach_documents`] brings them from the cloud.
+    missing: Mutex<BTreeSet<DocId>>,
+    missing_added: Notify,
+    /// Documents attached since start.
+    attached: AtomicU64,
 }
 
 impl TenantCaches {
@@ -219,6 +227,9 @@ impl TenantCaches {
             corpus_version,
             depth: depth.max(1),
             skipped: Default::default(),
+            missing: Mutex::new(BTreeSet::new()),
+            missing_added: Notify::new(),
+            attached: AtomicU64::new(0),
         })
     }
 
@@ -292,7 +303,7 @@ impl TenantCaches {
         let ids: Vec<DocId> = kept.iter().map(|d| d.id).collect();
         let mut state = cache.write();
         let id = state.hot.next_id();
-        Ok(state.insert(id, text, query, &ids, |doc| {
+        let (change, _) = state.insert(id, text, query, &ids, |doc| {
             self.documents.get(doc).cloned().or_else(|| {
                 kept.iter().find(|d| d.id == doc).map(|d| {
                     Arc::new(EdgeDocument {
@@ -303,7 +314,8 @@ impl TenantCaches {
                     })
                 })
             })
-        }))
+        });
+        Ok(change)
     }
 
     /// Removes cached queries (ids are unique across tenants); ids not held are ignored.
@@ -354,13 +366,69 @@ impl TenantCaches {
             );
         }
         let kept = &entry.document_ids[..entry.document_ids.len().min(self.depth)];
-        // An id this edge's corpus lacks still counts in the homology vote (the inverted
-        // index holds it, as on every edge); only its text cannot be served from here.
-        cache
+        // An id this edge's share lacks counts in the homology vote at once (the inverted
+        // index holds it, as on every edge); its text and vector follow from the cloud.
+        let (_, missing) = cache
             .write()
             .insert(entry.id, entry.text, entry.vector, kept, |doc| {
                 self.documents.get(doc).cloned()
             });
+        if !missing.is_empty() {
+            self.missing.lock().extend(missing);
+            self.missing_added.notify_one();
+        }
+    }
+
+    /// Up to `max` documents cached entries need and nobody holds, taken off the queue.
+    pub fn take_missing(&self, max: usize) -> Vec<DocId> {
+        let mut missing = self.missing.lock();
+        let taken: Vec<DocId> = missing.iter().take(max).copied().collect();
+        for id in &taken {
+            missing.remove(id);
+        }
+        taken
+    }
+
+    /// Puts back documents whose fetch failed.
+    pub fn requeue_missing(&self, ids: &[DocId]) {
+        self.missing.lock().extend(ids);
+    }
+
+    /// Documents waiting to be fetched.
+    pub fn missing_len(&self) -> usize {
+        self.missing.lock().len()
+    }
+
+    /// Documents attached from the cloud since start.
+    pub fn attached(&self) -> u64 {
+        self.attached.load(Ordering::Relaxed)
+    }
+
+    /// Waits until a cached entry names a document nobody holds (at once if one did since
+    /// the last wait).
+    pub async fn missing_added(&self) {
+        self.missing_added.notified().await;
+    }
+
+    /// Gives each tenant's cache channel the fetched `documents` its cached entries still
+    /// reference (an entry evicted meanwhile needs them no more). Returns how many were
+    /// attached.
+    pub fn attach_documents(&self, documents: &[Arc<EdgeDocument>]) -> usize {
+        let mut attached = 0;
+        for cache in self.caches.values() {
+            let mut state = cache.write();
+            let wanted: Vec<Arc<EdgeDocument>> = documents
+                .iter()
+                .filter(|d| state.hot.contains_document(d.id) && !state.channel.contains(d.id))
+                .cloned()
+                .collect();
+            attached += wanted.len();
+            if let Err(err) = state.channel.add(wanted) {
+                tracing::error!(%err, "cache channel insertion failed");
+            }
+        }
+        self.attached.fetch_add(attached as u64, Ordering::Relaxed);
+        attached
     }
 
     /// Applies a corpus update's carried entries: this edge's version gains them when it

@@ -95,7 +95,9 @@ pub struct EdgeConfig {
     /// questions, or an evaluation with a pre-filled cache. Only with a shared cache (no
     /// `tenants_file`).
     pub warm_queries: Option<PathBuf>,
-    /// Share of the corpus the edge indexes in its fuzzy channel, in (0, 1].
+    /// Share of the corpus the edge holds, in (0, 1]: its fuzzy channel and document store
+    /// keep only that share (the same for every edge with the same fraction); documents of
+    /// cached entries outside it come from the cloud by id.
     pub corpus_fraction: f64,
     /// IVF lists of the fuzzy channel; scaled to the corpus when absent (4 x sqrt(n)).
     pub fuzzy_nlist: Option<usize>,

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cloud_index::ExactSearcher;
+use hasten_core::DocId;
 use hasten_core::bundle::{CorpusBundle, write_bundle};
 use hasten_core::corpus::Document;
 use hasten_core::encoder::EncoderError;
@@ -15,7 +16,7 @@ use hasten_core::vector::dot;
 use crate::caches::{Eviction, TenantCaches};
 use crate::fallback::quic::{fallback_documents, fallback_request};
 use crate::fallback::{CloudDocument, CloudError, CloudSearch};
-use crate::has::{CacheChannel, DocumentStore, FuzzyChannel};
+use crate::has::{CacheChannel, DocumentStore, FuzzyChannel, in_edge_share};
 use crate::retrieval::{
     EngineSettings, Query, Retrieval, RetrievalEngine, RetrievalPolicy, RetrievalRequest,
 };
@@ -49,6 +50,24 @@ impl CloudSearch for LocalCloud {
             .map_err(|e| CloudError::Refused(e.to_string()))?;
         Ok(fallback_documents(response))
     }
+
+    async fn documents(&self, ids: &[DocId]) -> Result<Vec<CloudDocument>, CloudError> {
+        let request = hasten_proto::v1::DocumentsRequest {
+            ids: ids.to_vec(),
+            include_vectors: true,
+            include_texts: true,
+            timeout_ms: 0,
+        };
+        let response = self
+            .searcher
+            .documents(&request)
+            .map_err(|e| CloudError::Refused(e.to_string()))?;
+        Ok(response
+            .documents
+            .into_iter()
+            .map(CloudDocument::from)
+            .collect())
+    }
 }
 
 pub fn unit(v: Vec<f32>) -> Vec<f32> {
@@ -74,6 +93,8 @@ pub struct Setup {
     pub tenants: Vec<Tenant>,
     pub fuzzy_in_validation: bool,
     pub fuzzy_in_draft: bool,
+    /// The edge's share of the corpus; the cloud holds all of it.
+    pub corpus_fraction: f64,
 }
 
 impl Default for Setup {
@@ -86,6 +107,7 @@ impl Default for Setup {
             tenants: vec![Tenant::default_tenant()],
             fuzzy_in_validation: true,
             fuzzy_in_draft: true,
+            corpus_fraction: 1.0,
         }
     }
 }
@@ -114,10 +136,13 @@ pub fn fixture(vectors: &[Vec<f32>], titles: &[String], setup: Setup) -> Fixture
     let dir = tempfile::tempdir().expect("a temporary directory");
     write_bundle(&dir.path().join("b"), vec![], &docs, &flat, dimension, &[]).expect("bundle");
     let bundle = CorpusBundle::load(&dir.path().join("b")).expect("bundle loads");
-    let documents = Arc::new(DocumentStore::from_bundle(&bundle));
+    let fraction = setup.corpus_fraction;
+    let share = CorpusBundle::load_share(&dir.path().join("b"), |id| in_edge_share(id, fraction))
+        .expect("share loads");
+    let documents = Arc::new(DocumentStore::from_bundle(&share));
     let fuzzy = FuzzyChannel::build(&documents, 1.0, Some(2), Some(2)).expect("fuzzy channel");
     let channel =
-        CacheChannel::train(dimension, bundle.vectors(), Some(2), Some(2)).expect("cache channel");
+        CacheChannel::train(dimension, share.vectors(), Some(2), Some(2)).expect("cache channel");
     let caches = Arc::new(
         TenantCaches::new(
             setup.policy.lookup(),

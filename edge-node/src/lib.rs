@@ -10,12 +10,15 @@
 //!   types and conversions live in [`api`];
 //! - [`answer`]: `/v1/answer`, retrieval then generation through an `LmBackend`;
 //! - [`warmup`]: filling a fresh edge's cache from a file of questions before it serves;
+//! - [`document_fetch`]: documents of cached entries outside the edge's share of the
+//!   corpus, fetched from the cloud by id;
 //! - [`config`], [`metrics`], [`tenants`].
 
 pub mod answer;
 pub mod api;
 pub mod caches;
 pub mod config;
+pub mod document_fetch;
 pub mod fallback;
 pub mod grpc;
 pub mod has;

@@ -13,9 +13,10 @@ use edge_node::api::RequestLimits;
 use edge_node::api::conversions::ReplyOptions;
 use edge_node::caches::{Eviction, TenantCaches};
 use edge_node::config::EdgeConfig;
+use edge_node::document_fetch::fetch_missing_documents;
 use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
 use edge_node::grpc::EdgeGrpc;
-use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel};
+use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, in_edge_share};
 use edge_node::http::BodyLimits;
 use edge_node::http_server::{self, HttpServerLimits};
 use edge_node::metrics::EdgeMetrics;
@@ -164,7 +165,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     warm_queries: Option<PathBuf>,
-    /// Share of the corpus in the fuzzy channel, (0, 1] [default: 1.0].
+    /// Share of the corpus this edge holds (fuzzy channel and documents), (0, 1] [default: 1.0].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     corpus_fraction: Option<f64>,
@@ -478,8 +479,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // the file and why.
     let backend = language_backend(&config, mutual.as_ref())?;
     let bundle_dir = config.bundle.clone().unwrap_or_default();
-    let bundle = CorpusBundle::load(&bundle_dir)
+    // With a fraction, only the edge's share stays in memory; the rest comes from the cloud.
+    let fraction = config.corpus_fraction;
+    let bundle = CorpusBundle::load_share(&bundle_dir, |id| in_edge_share(id, fraction))
         .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
+    tracing::info!(
+        documents = bundle.len(),
+        corpus_documents = bundle.manifest.documents,
+        corpus_fraction = fraction,
+        "bundle loaded"
+    );
     let encoder = TextEncoder::load(&config.model_dir)
         .with_context(|| format!("loading the encoder from {}", config.model_dir.display()))?;
     if encoder.dimension() != bundle.dimension() {
@@ -494,7 +503,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         let corpus = CorpusIdentity {
             version: bundle.manifest.corpus_version.clone(),
             dimension: bundle.dimension(),
-            max_document_id: bundle.documents.iter().map(|d| d.id).max().unwrap_or(0),
+            max_document_id: bundle.max_document_id(),
         };
         ControlPlaneLink::start(
             &config.edge_id,
@@ -521,6 +530,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         warm_before_serving(&engine, &encoder, path).await?;
     }
     tokio::spawn(verify_cloud_link(Arc::clone(&engine)));
+    let fetcher = Arc::clone(&engine);
+    tokio::spawn(async move { fetch_missing_documents(fetcher.caches(), fetcher.cloud()).await });
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(EdgeMetrics::register(&registry)?);
     let service = EdgeService::new(

@@ -45,6 +45,11 @@ pub struct EdgeStatus {
     pub cloud: CloudLink,
     pub link: Option<LinkReport>,
     pub skipped: Vec<(SkipReason, u64)>,
+    /// Corpus documents this edge holds (its share).
+    pub held_documents: usize,
+    /// Documents of cached entries fetched from the cloud since start, and those waiting.
+    pub fetched_documents: u64,
+    pub pending_documents: usize,
 }
 
 #[derive(Clone)]
@@ -148,6 +153,9 @@ impl EdgeService {
                 .iter()
                 .map(|reason| (*reason, caches.skipped(*reason)))
                 .collect(),
+            held_documents: caches.documents().len(),
+            fetched_documents: caches.attached(),
+            pending_documents: caches.missing_len(),
         }
     }
 

@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use edge_node::has::in_edge_share;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_proto::auth::AccessToken;
@@ -27,7 +28,8 @@ const K: usize = 10;
 /// How long an edge may take to apply what the control plane committed.
 const WAIT: Duration = Duration::from_secs(15);
 
-/// An edge named `name` that follows the control-plane nodes at `control_plane`.
+/// An edge named `name` that follows the control-plane nodes at `control_plane`, started
+/// with `more` flags.
 fn start_replicated_edge(
     work: &Path,
     name: &str,
@@ -35,9 +37,11 @@ fn start_replicated_edge(
     cloud: &ManagedProcess,
     cert: &Path,
     control_plane: &[&String],
+    more: &[&str],
 ) -> ManagedProcess {
     // Which cached query an acceptance went through is what these tests check.
     let mut extra = vec!["--edge-id", name, "--expose-matched-query-text", "true"];
+    extra.extend(more);
     for address in control_plane {
         extra.extend(["--control-plane", address.as_str()]);
     }
@@ -59,8 +63,24 @@ async fn a_fallback_on_one_edge_is_accepted_on_another() {
     let cert = dev_cert(&work, "cloud");
     cluster.leader().await;
     let nodes: Vec<&String> = cluster.addresses.values().collect();
-    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &nodes[..1]);
-    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &nodes[1..]);
+    let edge_a = start_replicated_edge(
+        &work,
+        "edge-a",
+        &bundle_dir,
+        &cloud,
+        &cert,
+        &nodes[..1],
+        &[],
+    );
+    let edge_b = start_replicated_edge(
+        &work,
+        "edge-b",
+        &bundle_dir,
+        &cloud,
+        &cert,
+        &nodes[1..],
+        &[],
+    );
     let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
     let http = reqwest::Client::new();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -163,8 +183,8 @@ async fn edges_serve_from_their_caches_while_the_control_plane_is_down_and_resyn
     cluster.leader().await;
     let nodes: Vec<String> = cluster.addresses.values().cloned().collect();
     let all: Vec<&String> = nodes.iter().collect();
-    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &all);
-    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &all);
+    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &all, &[]);
+    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &all, &[]);
     let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
     let http = reqwest::Client::new();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -236,6 +256,92 @@ async fn edges_serve_from_their_caches_while_the_control_plane_is_down_and_resyn
     assert_eq!(reply["outcome"], "accepted", "{reply}");
 }
 
+/// Edges holding a fraction of the corpus: an entry edge A learned names documents edge B
+/// does not hold; B fetches them from the cloud by id, then accepts a homologous question
+/// and serves the whole cached result, texts included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edges_holding_a_fraction_fetch_the_documents_of_replicated_entries() {
+    const FRACTION: f64 = 0.3;
+    let cluster = Cluster::start("replicated-fraction", 3, 10_000);
+    let work = cluster.work.clone();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let cert = dev_cert(&work, "cloud");
+    cluster.leader().await;
+    let nodes: Vec<&String> = cluster.addresses.values().collect();
+    let fraction = ["--corpus-fraction", "0.3"];
+    let edge_a = start_replicated_edge(
+        &work,
+        "edge-a",
+        &bundle_dir,
+        &cloud,
+        &cert,
+        &nodes,
+        &fraction,
+    );
+    let edge_b = start_replicated_edge(
+        &work,
+        "edge-b",
+        &bundle_dir,
+        &cloud,
+        &cert,
+        &nodes,
+        &fraction,
+    );
+    let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
+    let http = reqwest::Client::new();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let encoder = TextEncoder::load(&model_dir()).unwrap();
+    let (first, sibling) = homologous_pair(&bundle, &encoder, K).unwrap();
+
+    let held = status(&http, &b).await["held_documents"].as_u64().unwrap() as usize;
+    let share = bundle
+        .documents
+        .iter()
+        .filter(|d| in_edge_share(d.id, FRACTION))
+        .count();
+    assert_eq!(held, share);
+    assert!(held < bundle.len() / 2, "{held} of {}", bundle.len());
+
+    let reply = ask(&http, &a, &first.question).await;
+    assert_eq!(reply["outcome"], "fallback", "{reply}");
+    let outside: Vec<u64> = reply["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_u64().unwrap())
+        .filter(|&id| !in_edge_share(id, FRACTION))
+        .collect();
+    assert!(!outside.is_empty(), "{reply}");
+    wait_for(
+        &http,
+        &b,
+        "edge B did not fetch the entry's documents",
+        WAIT,
+        |s| {
+            s["cached_queries"] == 1
+                && s["pending_documents"] == 0
+                && s["fetched_documents"].as_u64() >= Some(outside.len() as u64)
+        },
+    )
+    .await;
+
+    let reply = ask(&http, &b, &sibling.question).await;
+    assert_eq!(reply["outcome"], "accepted", "{reply}");
+    let served = reply["documents"].as_array().unwrap();
+    assert!(
+        served
+            .iter()
+            .any(|d| !in_edge_share(d["id"].as_u64().unwrap(), FRACTION)),
+        "no document from outside B's share: {reply}"
+    );
+    for document in served {
+        let id = document["id"].as_u64().unwrap();
+        let held = bundle.documents.iter().find(|d| d.id == id).unwrap();
+        assert_eq!(document["text"], held.text.as_str(), "document {id}");
+    }
+}
+
 /// Bug: SIGSTOP one control-plane node of three (quorum intact) and every edge following
 /// it froze: its proposals had no deadline and its stream no keepalive, so for as long as
 /// the node hung nothing it proposed committed, nothing committed reached it, and it still
@@ -261,8 +367,8 @@ async fn a_hung_control_plane_node_does_not_freeze_replication() {
     a_nodes.extend(others.iter().copied());
     let mut b_nodes = others.clone();
     b_nodes.push(&cluster.addresses[&hung]);
-    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &a_nodes);
-    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &b_nodes);
+    let edge_a = start_replicated_edge(&work, "edge-a", &bundle_dir, &cloud, &cert, &a_nodes, &[]);
+    let edge_b = start_replicated_edge(&work, "edge-b", &bundle_dir, &cloud, &cert, &b_nodes, &[]);
     let (a, b) = (edge_a.addr("http_addr"), edge_b.addr("http_addr"));
     let http = reqwest::Client::new();
     for edge in [&a, &b] {

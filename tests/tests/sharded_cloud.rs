@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
-use hasten_proto::v1::{InfoRequest, QueryVector, SearchRequest};
+use hasten_proto::v1::{DocumentsRequest, InfoRequest, QueryVector, SearchRequest};
 use hasten_tests::{
     brute_force_top_k, build_small_bundle, persistent_work_dir, start_cloud_index, start_edge,
 };
@@ -126,6 +126,48 @@ async fn router_fails_over_between_replicas_and_names_a_lost_shard() {
         assert_eq!(got, exact);
         assert!(hits.hits.iter().any(|h| h.id % 2 == 0) && hits.hits.iter().any(|h| h.id % 2 == 1));
     }
+
+    // Documents by id: each id asked of its shard, answered in request order with texts and
+    // vectors as the bundle holds them; an id no shard holds is named missing.
+    let unknown = bundle.documents.iter().map(|d| d.id).max().unwrap() + 7;
+    let picked: Vec<usize> = vec![5, 2, bundle.len() - 1, 4, 5];
+    let mut ids: Vec<u64> = picked.iter().map(|&r| bundle.documents[r].id).collect();
+    ids.insert(2, unknown);
+    let documents = cloud
+        .documents(DocumentsRequest {
+            ids: ids.clone(),
+            include_vectors: true,
+            include_texts: true,
+            timeout_ms: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(documents.missing_ids, vec![unknown]);
+    let rows: Vec<usize> = vec![5, 2, bundle.len() - 1, 4];
+    assert_eq!(
+        documents.documents.len(),
+        rows.len(),
+        "duplicates answered once"
+    );
+    for (doc, row) in documents.documents.iter().zip(rows) {
+        let held = &bundle.documents[row];
+        assert_eq!(
+            (doc.id, &doc.title, &doc.text),
+            (held.id, &held.title, &held.text)
+        );
+        assert_eq!(doc.vector, bundle.vector(row));
+    }
+    assert!(documents.documents.iter().any(|d| d.id % 2 == 0));
+    assert!(documents.documents.iter().any(|d| d.id % 2 == 1));
+    let too_many = cloud
+        .documents(DocumentsRequest {
+            ids: (0..2000).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_many.code(), tonic::Code::InvalidArgument, "{too_many}");
 
     // Concurrent searches of different k and contents, coalesced by the router into shared
     // requests, each get their own exact answer; a malformed one among them fails alone.

@@ -61,7 +61,16 @@ pub(super) fn check_documents(
     recorded: &str,
     rebuild: impl FnOnce() -> String,
 ) -> Result<(), BundleError> {
-    let computed = corpus_version(documents);
+    check_content_hash(path, corpus_version(documents), recorded, rebuild)
+}
+
+/// Refuses documents (read from `path`) that hash to `computed` when `recorded` is expected.
+pub(super) fn check_content_hash(
+    path: &Path,
+    computed: String,
+    recorded: &str,
+    rebuild: impl FnOnce() -> String,
+) -> Result<(), BundleError> {
     if computed == recorded {
         return Ok(());
     }
@@ -105,7 +114,7 @@ pub(super) fn check_vectors(
 
 /// One pass over a good vector: a non-finite value makes the norm NaN or infinite, so the
 /// rare bad row is diagnosed only once it fails.
-fn defect(vector: &[f32]) -> Option<VectorDefect> {
+pub(super) fn defect(vector: &[f32]) -> Option<VectorDefect> {
     let norm = dot(vector, vector).sqrt();
     if (norm - 1.0).abs() < UNIT_NORM_TOLERANCE {
         return None;

@@ -202,6 +202,9 @@ pub fn status_json(status: EdgeStatus) -> StatusJson {
             .into_iter()
             .map(|(reason, count)| (reason.label(), count))
             .collect::<BTreeMap<_, _>>(),
+        held_documents: status.held_documents,
+        fetched_documents: status.fetched_documents,
+        pending_documents: status.pending_documents,
     }
 }
 

@@ -136,6 +136,12 @@ pub struct StatusJson {
     pub control_plane: Option<LinkJson>,
     /// Replicated entries not cached here, by reason.
     pub skipped_entries: std::collections::BTreeMap<&'static str, u64>,
+    /// Corpus documents this edge holds: all, or its share with `corpus_fraction` < 1.
+    pub held_documents: usize,
+    /// Documents of cached entries outside the share, fetched from the cloud since start.
+    pub fetched_documents: u64,
+    /// Such documents waiting to be fetched.
+    pub pending_documents: usize,
 }
 
 /// Error body of every failed request.

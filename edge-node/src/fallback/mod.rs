@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hasten_core::DocId;
 use hasten_proto::frame::FrameError;
+use hasten_proto::v1::ScoredDocument;
 
 /// A document the cloud returned: what the edge needs to answer and to cache it.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +21,18 @@ pub struct CloudDocument {
     pub vector: Vec<f32>,
 }
 
+impl From<ScoredDocument> for CloudDocument {
+    fn from(hit: ScoredDocument) -> Self {
+        Self {
+            id: hit.id,
+            score: hit.score,
+            title: hit.title,
+            text: hit.text,
+            vector: hit.vector,
+        }
+    }
+}
+
 /// The exact search the edge falls back to.
 pub trait CloudSearch: Send + Sync + 'static {
     /// Exact top-`k` for a normalised query, with texts and vectors, best first; given up
@@ -29,6 +42,13 @@ pub trait CloudSearch: Send + Sync + 'static {
         query: &[f32],
         k: usize,
         deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Vec<CloudDocument>, CloudError>> + Send;
+
+    /// The documents of `ids` the cloud holds, with texts and vectors (score 0): what an
+    /// edge holding a fraction of the corpus needs to serve entries other edges learned.
+    fn documents(
+        &self,
+        ids: &[DocId],
     ) -> impl Future<Output = Result<Vec<CloudDocument>, CloudError>> + Send;
 }
 

@@ -7,11 +7,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hasten_core::DocId;
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, read_frame, write_frame};
 use hasten_proto::v1::quic_error::Code;
 use hasten_proto::v1::{
-    InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest, SearchResponse,
-    quic_request, quic_response,
+    DocumentsRequest, InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest,
+    SearchResponse, quic_request, quic_response,
 };
 use parking_lot::Mutex;
 
@@ -36,15 +37,7 @@ pub fn fallback_request(query: &[f32], k: usize, timeout: Duration) -> SearchReq
 /// The documents of a fallback's reply (its one query's hits).
 pub fn fallback_documents(mut response: SearchResponse) -> Vec<CloudDocument> {
     let hits = response.results.pop().map(|r| r.hits).unwrap_or_default();
-    hits.into_iter()
-        .map(|h| CloudDocument {
-            id: h.id,
-            score: h.score,
-            title: h.title,
-            text: h.text,
-            vector: h.vector,
-        })
-        .collect()
+    hits.into_iter().map(CloudDocument::from).collect()
 }
 
 /// Where and how to reach the cloud.
@@ -274,12 +267,51 @@ impl QuicCloudClient {
         })?;
         match response.body {
             Some(quic_response::Body::Search(search)) => Ok(fallback_documents(search)),
-            Some(quic_response::Body::Error(e)) if e.code() == Code::ResourceExhausted => {
-                Err(CloudError::Overloaded(e.message))
-            }
-            Some(quic_response::Body::Error(e)) => Err(CloudError::Refused(e.message)),
+            Some(quic_response::Body::Error(e)) => Err(refusal(e)),
             _ => Err(CloudError::UnexpectedReply("search results")),
         }
+    }
+
+    async fn documents_within(
+        &self,
+        ids: &[DocId],
+        budget: Duration,
+    ) -> Result<Vec<CloudDocument>, CloudError> {
+        let connection = self.connection().await?;
+        let request = QuicRequest {
+            body: Some(quic_request::Body::Documents(DocumentsRequest {
+                ids: ids.to_vec(),
+                include_vectors: true,
+                include_texts: true,
+                timeout_ms: hasten_proto::wire_timeout_ms(budget),
+            })),
+        };
+        match exchange(&connection, request).await?.body {
+            Some(quic_response::Body::Documents(answer)) => {
+                if !answer.missing_ids.is_empty() {
+                    tracing::warn!(
+                        missing = answer.missing_ids.len(),
+                        "the cloud holds no document under some cached ids"
+                    );
+                }
+                Ok(answer
+                    .documents
+                    .into_iter()
+                    .map(CloudDocument::from)
+                    .collect())
+            }
+            Some(quic_response::Body::Error(e)) => Err(refusal(e)),
+            _ => Err(CloudError::UnexpectedReply("documents")),
+        }
+    }
+}
+
+/// The cloud's refusal as the edge reports it: overload apart from the rest.
+fn refusal(error: hasten_proto::v1::QuicError) -> CloudError {
+    if error.code() == Code::ResourceExhausted {
+        CloudError::Overloaded(error.message)
+    } else {
+        CloudError::Refused(error.message)
     }
 }
 
@@ -333,6 +365,13 @@ impl CloudSearch for QuicCloudClient {
                 Err(CloudError::Timeout(budget))
             }
         }
+    }
+
+    async fn documents(&self, ids: &[DocId]) -> Result<Vec<CloudDocument>, CloudError> {
+        let budget = self.target.timeout;
+        tokio::time::timeout(budget, self.documents_within(ids, budget))
+            .await
+            .map_err(|_| CloudError::Timeout(budget))?
     }
 }
 

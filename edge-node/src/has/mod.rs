@@ -6,6 +6,6 @@ pub mod channels;
 pub mod hot_cache;
 pub mod validator;
 
-pub use channels::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel};
+pub use channels::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, in_edge_share};
 pub use hot_cache::{CacheChange, CachedQuery, HotCache, QueryId};
 pub use validator::{HomologyValidator, Verdict};
