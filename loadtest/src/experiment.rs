@@ -70,14 +70,54 @@ pub struct AblationSettings {
 pub const SYSTEM_NAMES: &str = "cloud-only, edge-ivf, exact-cache, semantic-cache, has, \
      has-replicated, has-no-fuzzy, has-no-fuzzy-validation, has-no-fuzzy-draft";
 
-/// The systems to compare, in report order: each name in `names`, the threshold sweeps
-/// expanded.
+/// The sweeps of an evaluation: HaS's tau at each corpus fraction, the semantic cache's
+/// theta.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sweeps {
+    pub taus: Vec<f64>,
+    pub thetas: Vec<f64>,
+    /// Shares of the corpus HaS's edges hold (`corpus_fraction`); 1.0 alone by default.
+    pub corpus_fractions: Vec<f64>,
+}
+
+/// HaS at every (corpus fraction, tau) of `sweeps`: the fraction named in the parameters
+/// and flags only when below 1.
+fn has_specs(name: &str, sweeps: &Sweeps, replicated: bool) -> Vec<SystemSpec> {
+    let mut specs = Vec::new();
+    for &fraction in &sweeps.corpus_fractions {
+        for &tau in &sweeps.taus {
+            let t = tau.to_string();
+            let f = fraction.to_string();
+            let mut args = vec!["--policy", "has", "--tau", &t];
+            let mut params = serde_json::json!({ "tau": tau });
+            if fraction < 1.0 {
+                args.extend(["--corpus-fraction", &f]);
+                params["corpus_fraction"] = serde_json::json!(fraction);
+            }
+            specs.push(SystemSpec {
+                replicated,
+                ..SystemSpec::new(name, params, &args)
+            });
+        }
+    }
+    specs
+}
+
+/// The systems to compare, in report order: each name in `names`, the sweeps expanded.
 pub fn system_specs(
     names: &[String],
-    taus: &[f64],
-    thetas: &[f64],
+    sweeps: &Sweeps,
     ablation: &AblationSettings,
 ) -> Result<Vec<SystemSpec>, EvalError> {
+    if let Some(bad) = sweeps
+        .corpus_fractions
+        .iter()
+        .find(|f| !(**f > 0.0 && **f <= 1.0))
+    {
+        return Err(EvalError::Invalid(format!(
+            "corpus fractions must be in (0, 1], got {bad}"
+        )));
+    }
     let no_fuzzy_tau = ablation.tau;
     let mut specs = Vec::new();
     for name in names {
@@ -98,7 +138,7 @@ pub fn system_specs(
                 &["--policy", "exact-cache"],
             )),
             "semantic-cache" => {
-                for theta in thetas {
+                for theta in &sweeps.thetas {
                     let t = theta.to_string();
                     specs.push(SystemSpec::new(
                         "semantic-cache",
@@ -107,29 +147,8 @@ pub fn system_specs(
                     ));
                 }
             }
-            "has" => {
-                for tau in taus {
-                    let t = tau.to_string();
-                    specs.push(SystemSpec::new(
-                        "has",
-                        serde_json::json!({"tau": tau}),
-                        &["--policy", "has", "--tau", &t],
-                    ));
-                }
-            }
-            "has-replicated" => {
-                for tau in taus {
-                    let t = tau.to_string();
-                    specs.push(SystemSpec {
-                        replicated: true,
-                        ..SystemSpec::new(
-                            "has-replicated",
-                            serde_json::json!({"tau": tau}),
-                            &["--policy", "has", "--tau", &t],
-                        )
-                    });
-                }
-            }
+            "has" => specs.extend(has_specs("has", sweeps, false)),
+            "has-replicated" => specs.extend(has_specs("has-replicated", sweeps, true)),
             "has-no-fuzzy" => {
                 let t = no_fuzzy_tau.to_string();
                 specs.push(SystemSpec::new(
@@ -470,7 +489,12 @@ mod tests {
             warm_queries: "out/warm.txt".into(),
             warm_count: 7,
         };
-        let specs = system_specs(&names, &[0.1, 0.2], &[0.9], &ablation).unwrap();
+        let sweeps = Sweeps {
+            taus: vec![0.1, 0.2],
+            thetas: vec![0.9],
+            corpus_fractions: vec![1.0],
+        };
+        let specs = system_specs(&names, &sweeps, &ablation).unwrap();
         let labels: Vec<(String, String)> = specs
             .iter()
             .map(|s| (s.name.clone(), s.params.to_string()))
@@ -495,10 +519,53 @@ mod tests {
         assert!(
             flags(6).contains("--fuzzy-in-draft false") && !flags(6).contains("--warm-queries")
         );
-        let unknown = system_specs(&["hnsw".into()], &[], &[], &ablation).unwrap_err();
+        let unknown = system_specs(&["hnsw".into()], &sweeps, &ablation).unwrap_err();
         assert!(
             unknown.to_string().contains("has-no-fuzzy-draft"),
             "{unknown}"
         );
+    }
+
+    #[test]
+    fn has_is_swept_over_tau_at_each_corpus_fraction() {
+        let ablation = AblationSettings {
+            tau: 0.2,
+            warm_queries: "w.txt".into(),
+            warm_count: 0,
+        };
+        let sweeps = Sweeps {
+            taus: vec![0.3, 0.6],
+            thetas: vec![],
+            corpus_fractions: vec![0.01, 1.0],
+        };
+        let specs =
+            system_specs(&["has".into(), "has-replicated".into()], &sweeps, &ablation).unwrap();
+        let params: Vec<String> = specs.iter().map(|s| s.params.to_string()).collect();
+        assert_eq!(
+            params[..4],
+            [
+                r#"{"corpus_fraction":0.01,"tau":0.3}"#,
+                r#"{"corpus_fraction":0.01,"tau":0.6}"#,
+                r#"{"tau":0.3}"#,
+                r#"{"tau":0.6}"#,
+            ]
+        );
+        assert!(
+            specs[1]
+                .edge_args
+                .join(" ")
+                .ends_with("--tau 0.6 --corpus-fraction 0.01")
+        );
+        assert!(
+            !specs[2]
+                .edge_args
+                .contains(&"--corpus-fraction".to_string())
+        );
+        assert!(specs[4..].iter().all(|s| s.replicated) && specs.len() == 8);
+        let out_of_range = Sweeps {
+            corpus_fractions: vec![0.0],
+            ..sweeps
+        };
+        assert!(system_specs(&["has".into()], &out_of_range, &ablation).is_err());
     }
 }

@@ -12,7 +12,7 @@ use hasten_proto::tls::DevAuthority;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::experiment::{
-    AblationSettings, ClusterSettings, run_system, start_cloud, system_specs,
+    AblationSettings, ClusterSettings, Sweeps, run_system, start_cloud, system_specs,
 };
 use loadtest::popularity::{DailyPopularity, ZipfModel, read_topviews, views_then_model};
 use loadtest::process::binary;
@@ -184,6 +184,10 @@ struct EvalArgs {
     /// Semantic-cache cosine thresholds to sweep.
     #[arg(long, value_delimiter = ',', default_value = "0.8,0.85,0.9,0.95")]
     thetas: Vec<f64>,
+    /// Shares of the corpus HaS's edges hold (their `corpus_fraction`), each swept over
+    /// --taus: the paper's experiment is 0.01,0.1,0.5,1.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    corpus_fractions: Vec<f64>,
     /// tau of the fuzzy-channel ablations.
     #[arg(long, default_value_t = 0.2)]
     no_fuzzy_tau: f64,
@@ -403,21 +407,34 @@ async fn eval(args: EvalArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let warm_queries = absolute(&args.out.join("random-prefill.txt"))?;
-    let prefill = workload::random_questions(
-        &questions,
-        &workload,
-        args.random_prefill,
-        args.workload.seed,
-    );
-    let prefill_texts: Vec<&str> = prefill.iter().map(|q| q.question.trim()).collect();
-    std::fs::write(&warm_queries, prefill_texts.join("\n"))
-        .with_context(|| format!("writing {}", warm_queries.display()))?;
+    // Only the ablation that starts from a pre-filled cache needs the random questions.
+    let prefilled = args.systems.iter().any(|s| s == "has-no-fuzzy-validation");
+    let prefill = if prefilled {
+        workload::random_questions(
+            &questions,
+            &workload,
+            args.random_prefill,
+            args.workload.seed,
+        )
+    } else {
+        Vec::new()
+    };
+    if prefilled {
+        let prefill_texts: Vec<&str> = prefill.iter().map(|q| q.question.trim()).collect();
+        std::fs::write(&warm_queries, prefill_texts.join("\n"))
+            .with_context(|| format!("writing {}", warm_queries.display()))?;
+    }
     let ablation = AblationSettings {
         tau: args.no_fuzzy_tau,
         warm_queries,
         warm_count: prefill.len(),
     };
-    let specs = system_specs(&args.systems, &args.taus, &args.thetas, &ablation)?;
+    let sweeps = Sweeps {
+        taus: args.taus.clone(),
+        thetas: args.thetas.clone(),
+        corpus_fractions: args.corpus_fractions.clone(),
+    };
+    let specs = system_specs(&args.systems, &sweeps, &ablation)?;
     let work = args.out.join("logs");
     std::fs::create_dir_all(&work)?;
     let (client_delay, cloud_delay) = match args.mode {
@@ -459,10 +476,10 @@ async fn eval(args: EvalArgs) -> Result<()> {
     eprintln!("workload: {}", serde_json::to_string(&workload_report)?);
     let mut workload_index = WorkloadIndex::new(&workload);
     // Drafts validated by a pre-filled question are judged by its entity too (CAR).
-    for (text, question) in prefill_texts.iter().zip(&prefill) {
+    for question in &prefill {
         workload_index
             .entity_of_question
-            .entry(text.to_string())
+            .entry(question.question.trim().to_string())
             .or_insert_with(|| question.entity.clone());
     }
     let cloud = start_cloud(&settings)?;
