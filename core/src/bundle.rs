@@ -262,6 +262,25 @@ impl CorpusBundle {
         })
     }
 
+    /// Vectors evenly spaced through the whole bundle, at most `max_rows` of them, loaded or not,
+    /// skipping any that is not finite and of unit length: a sample of the corpus's
+    /// distribution for training an index over documents from anywhere in it (an edge's
+    /// cache channel), when only a share is loaded.
+    pub fn vector_sample(dir: &Path, max_rows: usize) -> Result<Vec<f32>, BundleError> {
+        let manifest = readable_manifest(dir)?;
+        let dimension = manifest.dimension;
+        let path = dir.join(VECTORS);
+        let vectors = read_vectors(&path, manifest.documents * dimension)?;
+        let step = manifest.documents.div_ceil(max_rows.max(1)).max(1);
+        Ok(vectors
+            .chunks_exact(dimension.max(1))
+            .step_by(step)
+            .filter(|row| verify::defect(row).is_none())
+            .flatten()
+            .copied()
+            .collect())
+    }
+
     /// The largest document id in the whole bundle, loaded or not.
     pub fn max_document_id(&self) -> u64 {
         self.max_document_id
@@ -610,6 +629,19 @@ mod tests {
             CorpusBundle::load_share(&out, |id| id != 1),
             Err(BundleError::ContentMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn a_vector_sample_spans_the_whole_bundle() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("bundle");
+        let docs: Vec<Document> = (0..10).map(|i| doc(i, "T", &format!("text {i}"))).collect();
+        let vectors: Vec<f32> = (0..10).flat_map(|i| unit_at(i as f32)).collect();
+        write_bundle(&out, vec!["test".into()], &docs, &vectors, 2, &[]).unwrap();
+        let sample = CorpusBundle::vector_sample(&out, 4).unwrap();
+        let expected: Vec<f32> = [0, 3, 6, 9].iter().flat_map(|&i| unit_at(i as f32)).collect();
+        assert_eq!(sample, expected);
+        assert_eq!(CorpusBundle::vector_sample(&out, 100).unwrap(), vectors);
     }
 
     #[test]

@@ -249,18 +249,16 @@ async fn main() -> Result<()> {
 /// of points).
 const CACHE_TRAINING_ROWS: usize = 100_000;
 
-fn cache_channel(bundle: &CorpusBundle, config: &EdgeConfig) -> Result<CacheChannel> {
-    let step = bundle.len().div_ceil(CACHE_TRAINING_ROWS).max(1);
-    let mut sample = Vec::new();
-    for row in (0..bundle.len()).step_by(step) {
-        sample.extend_from_slice(bundle.vector(row));
-    }
-    let channel = CacheChannel::train(
-        bundle.dimension(),
-        &sample,
-        config.cache_nlist,
-        config.cache_nprobe,
-    )?;
+/// The cache channel, trained on a sample of the whole corpus: cached results hold
+/// documents from anywhere in it, also outside the edge's share.
+fn cache_channel(
+    bundle_dir: &std::path::Path,
+    dimension: usize,
+    config: &EdgeConfig,
+) -> Result<CacheChannel> {
+    let sample = CorpusBundle::vector_sample(bundle_dir, CACHE_TRAINING_ROWS)
+        .with_context(|| format!("sampling the bundle {}", bundle_dir.display()))?;
+    let channel = CacheChannel::train(dimension, &sample, config.cache_nlist, config.cache_nprobe)?;
     let shape = channel.shape();
     tracing::info!(
         nlist = shape.nlist,
@@ -293,6 +291,7 @@ fn cloud_tls(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<quinn::C
 
 fn build_engine(
     config: &EdgeConfig,
+    bundle_dir: &std::path::Path,
     bundle: &CorpusBundle,
     tenants: &TenantDirectory,
     mutual: Option<&MutualTls>,
@@ -341,7 +340,7 @@ fn build_engine(
         config.policy.lookup(),
         tenants.tenants(),
         eviction,
-        &cache_channel(bundle, config)?,
+        &cache_channel(bundle_dir, bundle.dimension(), config)?,
         documents,
         corpus_version,
         config.validation_depth,
@@ -498,7 +497,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             bundle.dimension()
         );
     }
-    let mut engine = build_engine(&config, &bundle, &tenants, mutual.as_ref())?;
+    let mut engine = build_engine(&config, &bundle_dir, &bundle, &tenants, mutual.as_ref())?;
     let link = (!config.control_plane.is_empty()).then(|| {
         let corpus = CorpusIdentity {
             version: bundle.manifest.corpus_version.clone(),
