@@ -6,7 +6,7 @@
 //!   coalescing concurrent searches into one faiss call; [`documents`]: documents by id,
 //!   for edges that hold a fraction of the corpus;
 //! - [`router`]: scatter-gather over one live replica of every shard, merge by score,
-//!   failover within the request's deadline; [`replica`] keeps one replica's client and
+//!   failover within the request's deadline ([`shard_call`]: what one attempt is); [`replica`] keeps one replica's client and
 //!   health, [`replica_set`] those of the whole shard map and their checks, [`shard_map`]
 //!   which replicas serve which shard, followed from the control plane when there is one;
 //! - [`response_limit`]: the largest answer either kind of server builds, checked before
@@ -29,6 +29,7 @@ pub mod replica_set;
 pub mod response_limit;
 pub mod router;
 pub mod searcher;
+pub mod shard_call;
 pub mod shard_map;
 
 pub use backend::SearchBackend;

@@ -17,10 +17,11 @@
 //! ([`crate::response_limit`], with the largest hit any shard holds), and a batch whose
 //! combined request could is sent as several requests.
 //!
+//! Documents by id go the same way to the shard holding each id ([`crate::shard_call`]).
+//!
 //! The shard map comes from a `watch` channel ([`crate::shard_map`]): the configured map,
 //! replaced by the control plane's when the router follows one.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -41,6 +42,7 @@ use crate::replica::{AttemptError, Replica};
 use crate::replica_set::ReplicaSet;
 use crate::response_limit::{ResponseLimit, SearchShape};
 use crate::searcher::validated_queries;
+use crate::shard_call::ShardCall;
 use crate::shard_map::ShardMap;
 
 /// Timing of the router.
@@ -351,88 +353,6 @@ impl RouterState {
             });
         let answers = futures::future::try_join_all(asks).await?;
         Ok(merge_shard_documents(&ids, answers))
-    }
-}
-
-/// A request the router sends to one replica of a shard at a time, failing over to the
-/// next: a search, or documents by id.
-trait ShardCall: Sync {
-    type Reply: Send;
-
-    /// The time the caller gave the request, for errors.
-    fn timeout_ms(&self) -> u32;
-
-    /// One attempt on `replica` within `attempt`.
-    fn attempt(
-        &self,
-        replica: &Replica,
-        attempt: Duration,
-    ) -> impl Future<Output = Result<Self::Reply, AttemptError>> + Send;
-
-    /// Why `reply` is no answer to this request, when it is not.
-    fn check(&self, reply: &Self::Reply) -> Result<(), String>;
-}
-
-impl ShardCall for SearchRequest {
-    type Reply = SearchResponse;
-
-    fn timeout_ms(&self) -> u32 {
-        self.timeout_ms
-    }
-
-    async fn attempt(
-        &self,
-        replica: &Replica,
-        attempt: Duration,
-    ) -> Result<SearchResponse, AttemptError> {
-        let request = SearchRequest {
-            timeout_ms: hasten_proto::wire_timeout_ms(attempt),
-            allow_partial: false,
-            ..self.clone()
-        };
-        replica.search(request, attempt).await
-    }
-
-    fn check(&self, reply: &SearchResponse) -> Result<(), String> {
-        let queries = self.queries.len();
-        if reply.results.len() == queries {
-            return Ok(());
-        }
-        Err(format!(
-            "answered {} result lists for {queries} queries",
-            reply.results.len()
-        ))
-    }
-}
-
-impl ShardCall for DocumentsRequest {
-    type Reply = DocumentsResponse;
-
-    fn timeout_ms(&self) -> u32 {
-        self.timeout_ms
-    }
-
-    async fn attempt(
-        &self,
-        replica: &Replica,
-        attempt: Duration,
-    ) -> Result<DocumentsResponse, AttemptError> {
-        let request = DocumentsRequest {
-            timeout_ms: hasten_proto::wire_timeout_ms(attempt),
-            ..self.clone()
-        };
-        replica.documents(request, attempt).await
-    }
-
-    fn check(&self, reply: &DocumentsResponse) -> Result<(), String> {
-        let answered = reply.documents.len() + reply.missing_ids.len();
-        if answered == self.ids.len() {
-            return Ok(());
-        }
-        Err(format!(
-            "answered {answered} documents and missing ids for {} ids",
-            self.ids.len()
-        ))
     }
 }
 

@@ -15,10 +15,12 @@
 //! A write goes into a sibling directory renamed into place, so a crash never leaves a
 //! half-written bundle under the final name; `build` encodes a corpus into one. Loading
 //! checks the contents against the manifest (`verify`): a bundle edited or damaged since
-//! its build is refused.
+//! its build is refused. An edge holding a fraction of the corpus loads only its share
+//! (`share`), checked the same way.
 
 mod build;
 mod import;
+mod share;
 mod verify;
 
 use std::io::{BufRead, BufWriter, Read, Write};
@@ -175,110 +177,6 @@ impl CorpusBundle {
         };
         bundle.check_contents(dir)?;
         Ok(bundle)
-    }
-
-    /// Loads only the documents whose id `keep` accepts, with their vectors, streaming the
-    /// files: what an edge holding a fraction of the corpus keeps in memory. The checks are
-    /// [`CorpusBundle::load`]'s: the content hash over every document, loaded or not, and
-    /// every kept vector finite and of unit length.
-    pub fn load_share(dir: &Path, keep: impl Fn(u64) -> bool) -> Result<Self, BundleError> {
-        let manifest = readable_manifest(dir)?;
-        let recorded = verify::recorded_content_hash(dir, &manifest)?.to_string();
-        let dimension = manifest.dimension;
-        let vectors_path = dir.join(VECTORS);
-        let vectors_file = std::fs::File::open(&vectors_path).map_err(io_error(&vectors_path))?;
-        let expected = (manifest.documents * dimension * 4) as u64;
-        let len = vectors_file
-            .metadata()
-            .map_err(io_error(&vectors_path))?
-            .len();
-        if len != expected {
-            return Err(BundleError::Invalid {
-                path: vectors_path,
-                message: format!("{len} bytes, expected {expected} (documents x dimension x 4)"),
-            });
-        }
-        let mut vectors_in = std::io::BufReader::new(vectors_file);
-        let documents_path = dir.join(DOCUMENTS);
-        let documents_file =
-            std::fs::File::open(&documents_path).map_err(io_error(&documents_path))?;
-        let mut hasher = ContentHasher::default();
-        let mut row_vector = vec![0f32; dimension];
-        let (mut documents, mut vectors) = (Vec::new(), Vec::new());
-        let (mut rows, mut max_document_id) = (0usize, 0u64);
-        for (i, line) in std::io::BufReader::new(documents_file).lines().enumerate() {
-            let line = line.map_err(io_error(&documents_path))?;
-            if line.is_empty() {
-                continue;
-            }
-            let document: Document =
-                serde_json::from_str(&line).map_err(|source| BundleError::Json {
-                    path: documents_path.clone(),
-                    line: i + 1,
-                    source,
-                })?;
-            if rows == manifest.documents {
-                return Err(BundleError::Invalid {
-                    path: documents_path,
-                    message: format!("more documents than the manifest's {}", manifest.documents),
-                });
-            }
-            hasher.update(&document);
-            vectors_in
-                .read_exact(bytemuck::cast_slice_mut(&mut row_vector))
-                .map_err(io_error(&vectors_path))?;
-            max_document_id = max_document_id.max(document.id);
-            if keep(document.id) {
-                if let Some(defect) = verify::defect(&row_vector) {
-                    return Err(BundleError::BadVector {
-                        path: vectors_path,
-                        row: rows,
-                        id: document.id,
-                        defect,
-                        rebuild: verify::rebuild_command(&manifest),
-                    });
-                }
-                vectors.extend_from_slice(&row_vector);
-                documents.push(document);
-            }
-            rows += 1;
-        }
-        if rows != manifest.documents {
-            return Err(BundleError::Invalid {
-                path: documents_path,
-                message: format!("{rows} documents, the manifest says {}", manifest.documents),
-            });
-        }
-        verify::check_content_hash(&documents_path, hasher.finish(), &recorded, || {
-            verify::rebuild_command(&manifest)
-        })?;
-        let questions: Vec<Question> = read_jsonl(&dir.join(QUESTIONS))?;
-        Ok(Self {
-            manifest,
-            documents,
-            questions,
-            vectors,
-            max_document_id,
-        })
-    }
-
-    /// Vectors evenly spaced through the whole bundle, at most `max_rows` of them, loaded or not,
-    /// skipping any that is not finite and of unit length: a sample of the corpus's
-    /// distribution for training an index over documents from anywhere in it (an edge's
-    /// cache channel), when only a share is loaded.
-    pub fn vector_sample(dir: &Path, max_rows: usize) -> Result<Vec<f32>, BundleError> {
-        let manifest = readable_manifest(dir)?;
-        let dimension = manifest.dimension;
-        let path = dir.join(VECTORS);
-        let vectors = read_vectors(&path, manifest.documents * dimension)?;
-        let step = manifest.documents.div_ceil(max_rows.max(1)).max(1);
-        Ok(vectors
-            .chunks_exact(dimension.max(1))
-            .step_by(step)
-            .filter(|row| verify::defect(row).is_none())
-            .flatten()
-            .copied()
-            .collect())
     }
 
     /// The largest document id in the whole bundle, loaded or not.
@@ -639,7 +537,10 @@ mod tests {
         let vectors: Vec<f32> = (0..10).flat_map(|i| unit_at(i as f32)).collect();
         write_bundle(&out, vec!["test".into()], &docs, &vectors, 2, &[]).unwrap();
         let sample = CorpusBundle::vector_sample(&out, 4).unwrap();
-        let expected: Vec<f32> = [0, 3, 6, 9].iter().flat_map(|&i| unit_at(i as f32)).collect();
+        let expected: Vec<f32> = [0, 3, 6, 9]
+            .iter()
+            .flat_map(|&i| unit_at(i as f32))
+            .collect();
         assert_eq!(sample, expected);
         assert_eq!(CorpusBundle::vector_sample(&out, 100).unwrap(), vectors);
     }
