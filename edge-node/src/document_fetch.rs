@@ -80,7 +80,7 @@ fn usable(found: Vec<CloudDocument>, dimension: usize) -> Vec<Arc<EdgeDocument>>
 mod tests {
     use super::*;
     use crate::caches::{Eviction, ReplicatedEntry};
-    use crate::fixture::{CORPUS_VERSION, Setup, fixture, topics};
+    use crate::fixture::{CORPUS_VERSION, Fixture, Setup, fixture, topics};
     use crate::has::in_edge_share;
     use crate::retrieval::Outcome;
     use crate::tenants::Tenant;
@@ -88,18 +88,21 @@ mod tests {
 
     const FRACTION: f64 = 0.5;
 
+    /// An edge following a control plane that holds `FRACTION` of 8 topics of 12 documents;
+    /// returns it, the topic centres and the corpus size.
+    fn edge_holding_a_share() -> (Fixture, Vec<Vec<f32>>, usize) {
+        let (vectors, titles, centres) = topics(8, 12, 16);
+        let setup = Setup {
+            eviction: Eviction::FromLog,
+            corpus_fraction: FRACTION,
+            ..Setup::default()
+        };
+        (fixture(&vectors, &titles, setup), centres, vectors.len())
+    }
+
     #[tokio::test]
     async fn an_entry_naming_documents_outside_the_share_serves_them_once_fetched() {
-        let (vectors, titles, centres) = topics(8, 12, 16);
-        let edge = fixture(
-            &vectors,
-            &titles,
-            Setup {
-                eviction: Eviction::FromLog,
-                corpus_fraction: FRACTION,
-                ..Setup::default()
-            },
-        );
+        let (edge, centres, corpus) = edge_holding_a_share();
         let ids: Vec<DocId> = (24..34).collect();
         let outside: Vec<DocId> = ids
             .iter()
@@ -107,7 +110,7 @@ mod tests {
             .filter(|&id| !in_edge_share(id, FRACTION))
             .collect();
         assert!(!outside.is_empty() && outside.len() < ids.len());
-        assert!(edge.caches.documents().len() < vectors.len());
+        assert!(edge.caches.documents().len() < corpus);
         edge.caches.insert_replicated(ReplicatedEntry {
             id: 1 << 16,
             tenant: Tenant::default_tenant(),
@@ -149,16 +152,7 @@ mod tests {
 
     #[tokio::test]
     async fn documents_of_an_entry_evicted_before_the_fetch_are_not_kept() {
-        let (vectors, titles, centres) = topics(8, 12, 16);
-        let edge = fixture(
-            &vectors,
-            &titles,
-            Setup {
-                eviction: Eviction::FromLog,
-                corpus_fraction: FRACTION,
-                ..Setup::default()
-            },
-        );
+        let (edge, centres, _) = edge_holding_a_share();
         edge.caches.insert_replicated(ReplicatedEntry {
             id: 1 << 16,
             tenant: Tenant::default_tenant(),
