@@ -102,7 +102,7 @@ pub struct EdgeConfig {
     /// IVF lists of the fuzzy channel; scaled to the corpus when absent (4 x sqrt(n)).
     pub fuzzy_nlist: Option<usize>,
     /// Lists probed by the fuzzy channel; when absent the reference's fraction 64/8192,
-    /// but at least ~1,024 codes scanned.
+    /// but at least ~8,192 codes scanned.
     pub fuzzy_nprobe: Option<usize>,
     /// IVF lists of the cache channel; scaled to the corpus when absent.
     pub cache_nlist: Option<usize>,

@@ -173,7 +173,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_nlist: Option<usize>,
-    /// Fuzzy-channel probes [default: nlist x 64 / 8192, at least ~1,024 codes].
+    /// Fuzzy-channel probes [default: nlist x 64 / 8192, at least ~8,192 codes].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_nprobe: Option<usize>,
