@@ -525,12 +525,20 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     drop(bundle);
     let engine = Arc::new(engine);
-    if let Some(path) = &config.warm_queries {
-        warm_before_serving(&engine, &encoder, path).await?;
+    match &config.warm_queries {
+        // Warming verifies the link before it asks the cloud.
+        Some(path) => warm_before_serving(&engine, &encoder, path).await?,
+        None => {
+            tokio::spawn(verify_cloud_link(Arc::clone(&engine)));
+        }
     }
-    tokio::spawn(verify_cloud_link(Arc::clone(&engine)));
-    let fetcher = Arc::clone(&engine);
-    tokio::spawn(async move { fetch_missing_documents(fetcher.caches(), fetcher.cloud()).await });
+    // Only an edge holding a share meets cached documents it lacks.
+    if fraction < 1.0 {
+        let fetcher = Arc::clone(&engine);
+        tokio::spawn(
+            async move { fetch_missing_documents(fetcher.caches(), fetcher.cloud()).await },
+        );
+    }
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(EdgeMetrics::register(&registry)?);
     let service = EdgeService::new(

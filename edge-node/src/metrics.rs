@@ -1,7 +1,7 @@
 //! The edge's Prometheus metrics: requests by outcome and error kind, latency end to end and
 //! per stage, the homology score, the cache's size, the draft acceptance rate over a
-//! sliding window, the cloud link, and the control-plane link with the replicated entries
-//! this edge could not use.
+//! sliding window, the cloud link, the control-plane link with the replicated entries
+//! this edge could not use, and the documents an edge holding a share fetches by id.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -76,6 +76,22 @@ pub struct EdgeMetrics {
     /// Skip counts already added to `skipped`, by reason.
     skipped_seen: Mutex<[u64; 3]>,
     connections_refused: IntCounterVec,
+    documents_held: IntGauge,
+    documents_fetched: IntCounter,
+    /// The caches' fetch count already added to `documents_fetched`.
+    documents_fetched_seen: Mutex<u64>,
+    documents_pending: IntGauge,
+}
+
+/// The documents of an edge's share and those its cached entries name outside it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DocumentCounts {
+    /// Documents of the edge's share in its store.
+    pub held: usize,
+    /// Documents of cached entries fetched from the cloud by id since start.
+    pub fetched: u64,
+    /// Such documents waiting to be fetched.
+    pub pending: usize,
 }
 
 impl EdgeMetrics {
@@ -219,6 +235,28 @@ impl EdgeMetrics {
                     &["listener"],
                 )?,
             )?,
+            documents_held: register(
+                registry,
+                gauge(
+                    "hasten_edge_documents_held",
+                    "Documents of the edge's share of the corpus (corpus_fraction) in its store",
+                )?,
+            )?,
+            documents_fetched: register(
+                registry,
+                IntCounter::new(
+                    "hasten_edge_documents_fetched_total",
+                    "Documents of cached entries outside the edge's share, fetched from the cloud by id",
+                )?,
+            )?,
+            documents_fetched_seen: Mutex::new(0),
+            documents_pending: register(
+                registry,
+                gauge(
+                    "hasten_edge_documents_pending",
+                    "Documents of cached entries outside the edge's share waiting to be fetched from the cloud",
+                )?,
+            )?,
         })
     }
 
@@ -270,15 +308,25 @@ impl EdgeMetrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Scrape-time values: each tenant's cache size, the cloud link, replicated entries
-    /// skipped (counts since start, by reason) and the control-plane link's state.
+    /// Scrape-time values: each tenant's cache size, the documents held and fetched
+    /// (counts since start), the cloud link, replicated entries skipped (counts since start,
+    /// by reason) and the control-plane link's state.
     pub fn refresh(
         &self,
         caches: &[(Tenant, CacheStats)],
+        documents: DocumentCounts,
         link: Option<LinkReport>,
         cloud: &CloudLink,
         skipped: &[(SkipReason, u64)],
     ) {
+        self.documents_held.set(documents.held as i64);
+        self.documents_pending.set(documents.pending as i64);
+        {
+            let mut seen = self.documents_fetched_seen.lock();
+            self.documents_fetched
+                .inc_by(documents.fetched.saturating_sub(*seen));
+            *seen = (*seen).max(documents.fetched);
+        }
         let current = cloud.label();
         for state in CloudLink::LABELS {
             self.cloud_link

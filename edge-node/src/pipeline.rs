@@ -13,7 +13,7 @@ use crate::api::conversions::ReplyOptions;
 use crate::api::{EdgeError, InvalidArgument, RequestLimits, RetrieveInput};
 use crate::caches::{CacheStats, Eviction, SkipReason};
 use crate::fallback::quic::{CloudLink, CloudLinkStatus, QuicCloudClient};
-use crate::metrics::EdgeMetrics;
+use crate::metrics::{DocumentCounts, EdgeMetrics};
 use crate::replication::{LinkReport, LinkStatus};
 use crate::retrieval::{
     LocalAnswer, Outcome, Retrieval, RetrievalEngine, RetrievalPolicy, RetrievalRequest,
@@ -45,11 +45,9 @@ pub struct EdgeStatus {
     pub cloud: CloudLink,
     pub link: Option<LinkReport>,
     pub skipped: Vec<(SkipReason, u64)>,
-    /// Corpus documents this edge holds (its share).
-    pub held_documents: usize,
-    /// Documents of cached entries fetched from the cloud since start, and those waiting.
-    pub fetched_documents: u64,
-    pub pending_documents: usize,
+    /// The share this edge holds, and the documents of cached entries fetched from the
+    /// cloud since start and waiting.
+    pub documents: DocumentCounts,
 }
 
 #[derive(Clone)]
@@ -125,10 +123,20 @@ impl EdgeService {
             .collect();
         self.metrics.refresh(
             &caches.stats(),
+            self.document_counts(),
             self.link.as_deref().map(LinkStatus::report),
             &self.cloud_link.current(),
             &skipped,
         );
+    }
+
+    fn document_counts(&self) -> DocumentCounts {
+        let caches = self.engine.caches();
+        DocumentCounts {
+            held: caches.documents().len(),
+            fetched: caches.attached(),
+            pending: caches.missing_len(),
+        }
     }
 
     pub fn status(&self) -> EdgeStatus {
@@ -153,9 +161,7 @@ impl EdgeService {
                 .iter()
                 .map(|reason| (*reason, caches.skipped(*reason)))
                 .collect(),
-            held_documents: caches.documents().len(),
-            fetched_documents: caches.attached(),
-            pending_documents: caches.missing_len(),
+            documents: self.document_counts(),
         }
     }
 

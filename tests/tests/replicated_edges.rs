@@ -325,6 +325,17 @@ async fn edges_holding_a_fraction_fetch_the_documents_of_replicated_entries() {
         },
     )
     .await;
+    // Its metrics say what its status says.
+    let scrape = Scrape::of(&b).await.unwrap();
+    let fetched = status(&http, &b).await["fetched_documents"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(scrape.value("hasten_edge_documents_held", &[]), held as f64);
+    assert_eq!(
+        scrape.value("hasten_edge_documents_fetched_total", &[]),
+        fetched
+    );
+    assert_eq!(scrape.value("hasten_edge_documents_pending", &[]), 0.0);
 
     let reply = ask(&http, &b, &sibling.question).await;
     assert_eq!(reply["outcome"], "accepted", "{reply}");

@@ -202,9 +202,9 @@ pub fn status_json(status: EdgeStatus) -> StatusJson {
             .into_iter()
             .map(|(reason, count)| (reason.label(), count))
             .collect::<BTreeMap<_, _>>(),
-        held_documents: status.held_documents,
-        fetched_documents: status.fetched_documents,
-        pending_documents: status.pending_documents,
+        held_documents: status.documents.held,
+        fetched_documents: status.documents.fetched,
+        pending_documents: status.documents.pending,
     }
 }
 
