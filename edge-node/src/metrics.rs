@@ -321,12 +321,11 @@ impl EdgeMetrics {
     ) {
         self.documents_held.set(documents.held as i64);
         self.documents_pending.set(documents.pending as i64);
-        {
-            let mut seen = self.documents_fetched_seen.lock();
-            self.documents_fetched
-                .inc_by(documents.fetched.saturating_sub(*seen));
-            *seen = (*seen).max(documents.fetched);
-        }
+        follow_count(
+            &self.documents_fetched,
+            &mut self.documents_fetched_seen.lock(),
+            documents.fetched,
+        );
         let current = cloud.label();
         for state in CloudLink::LABELS {
             self.cloud_link
@@ -336,11 +335,11 @@ impl EdgeMetrics {
         {
             let mut seen = self.skipped_seen.lock();
             for (reason, count) in skipped {
-                let before = &mut seen[*reason as usize];
-                self.skipped
-                    .with_label_values(&[reason.label()])
-                    .inc_by(count.saturating_sub(*before));
-                *before = (*before).max(*count);
+                follow_count(
+                    &self.skipped.with_label_values(&[reason.label()]),
+                    &mut seen[*reason as usize],
+                    *count,
+                );
             }
         }
         for (tenant, cache) in caches {
@@ -361,19 +360,41 @@ impl EdgeMetrics {
         self.subscribed.set(i64::from(link.subscribed));
         self.applied_index.set(link.applied_index as i64);
         let mut seen = self.proposals_seen.lock();
-        self.proposals
-            .with_label_values(&["sent"])
-            .inc_by(link.proposed.saturating_sub(seen.0));
-        self.proposals
-            .with_label_values(&["dropped"])
-            .inc_by(link.dropped.saturating_sub(seen.1));
-        *seen = (link.proposed.max(seen.0), link.dropped.max(seen.1));
+        follow_count(
+            &self.proposals.with_label_values(&["sent"]),
+            &mut seen.0,
+            link.proposed,
+        );
+        follow_count(
+            &self.proposals.with_label_values(&["dropped"]),
+            &mut seen.1,
+            link.dropped,
+        );
     }
+}
+
+/// Brings `counter` up to `count`, a count since start kept elsewhere, of which `seen` was
+/// already added: a counter never goes back, even if the count does.
+fn follow_count(counter: &IntCounter, seen: &mut u64, count: u64) {
+    counter.inc_by(count.saturating_sub(*seen));
+    *seen = (*seen).max(count);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_followed_count_is_added_once_and_never_goes_back() {
+        let counter = IntCounter::new("followed", "test").unwrap();
+        let mut seen = 0;
+        follow_count(&counter, &mut seen, 3);
+        follow_count(&counter, &mut seen, 3);
+        assert_eq!(counter.get(), 3);
+        follow_count(&counter, &mut seen, 1);
+        follow_count(&counter, &mut seen, 5);
+        assert_eq!(counter.get(), 5);
+    }
 
     #[test]
     fn the_acceptance_window_forgets_what_slid_out() {
