@@ -58,6 +58,11 @@ impl ChatTemplate {
         }
     }
 
+    /// The token that opens a turn.
+    pub fn start_of_turn(&self) -> u32 {
+        self.start
+    }
+
     /// The token that ends a turn; generation stops on it.
     pub fn end_of_turn(&self) -> u32 {
         self.end

@@ -66,6 +66,9 @@ pub struct ForwardRequest<'a> {
     pub mask: AttentionMask,
     pub logits: Logits,
     pub attention: bool,
+    /// Runs only the first this many layers (`None`: all); their KV is what comes back, and
+    /// the last of them is the one whose attention is returned. No logits then.
+    pub layers: Option<usize>,
 }
 
 impl<'a> ForwardRequest<'a> {
@@ -78,6 +81,7 @@ impl<'a> ForwardRequest<'a> {
             mask: AttentionMask::Causal,
             logits: Logits::Last,
             attention: false,
+            layers: None,
         }
     }
 
@@ -103,6 +107,12 @@ impl<'a> ForwardRequest<'a> {
 
     pub fn with_attention(mut self) -> Self {
         self.attention = true;
+        self
+    }
+
+    /// Runs the first `layers` layers only (CacheBlend's deviation needs two).
+    pub fn first_layers(mut self, layers: usize) -> Self {
+        self.layers = Some(layers);
         self
     }
 }
@@ -248,6 +258,7 @@ impl Decoder {
         let (batch, t) = self.validate(request)?;
         let chunkable = matches!(request.mask, AttentionMask::Causal)
             && !request.attention
+            && request.layers.is_none()
             && request.logits != Logits::All;
         if chunkable && t > self.prefill_chunk {
             return self.forward_in_chunks(request, t);
@@ -284,6 +295,7 @@ impl Decoder {
                     Logits::None
                 },
                 attention: false,
+                layers: None,
             };
             let out = self.forward_once(&chunk, tokens.len(), end - start)?;
             seen.append(out.kv.clone())?;
@@ -341,10 +353,11 @@ impl Decoder {
             .index_select(&token_ids.flatten_all()?, 0)?
             .reshape((batch, t, self.config.hidden))?;
 
-        let last = self.layers.len().saturating_sub(1);
-        let mut new_layers = Vec::with_capacity(self.layers.len());
+        let depth = request.layers.unwrap_or(self.layers.len());
+        let last = depth.saturating_sub(1);
+        let mut new_layers = Vec::with_capacity(depth);
         let mut attention = None;
-        for (index, layer) in self.layers.iter().enumerate() {
+        for (index, layer) in self.layers.iter().take(depth).enumerate() {
             let past_layer = past.layers().get(index);
             let residual = &x;
             let normed =
@@ -500,6 +513,14 @@ impl Decoder {
             )));
         }
         self.rope.check(request.positions)?;
+        if let Some(layers) = request.layers
+            && (layers == 0 || layers > self.layers.len() || request.logits != Logits::None)
+        {
+            return Err(LmError::InvalidInput(format!(
+                "a pass over the first {layers} layers needs 1 to {} layers and no logits",
+                self.layers.len()
+            )));
+        }
         if let Some(past) = request.past
             && !past.is_empty()
             && (past.batch() != batch || past.layers().len() != self.layers.len())

@@ -112,7 +112,7 @@ pub fn generate(
     decoder: &Decoder,
     prompts: &[Vec<u32>],
     options: &GenerationOptions,
-    mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+    on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<(Vec<Generated>, GenerationTimings)> {
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(LmError::InvalidInput(
@@ -139,27 +139,66 @@ pub fn generate(
             .valid(&valid)
             .logits(Logits::Last),
     )?;
-    let mut cache = out.kv;
-    let mut logits = out
+    let logits = out
         .logits
         .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
     let prefill = started.elapsed();
+    let next_positions = prompts.iter().map(|p| p.len() as u32).collect();
+    let decoded = decode_from(decoder, out.kv, logits, next_positions, options, on_token)?;
+    let total = started.elapsed();
+    let timings = GenerationTimings {
+        prefill,
+        first_token: decoded
+            .first_token_at
+            .map_or(total, |at| at.duration_since(started)),
+        decode: total.saturating_sub(prefill),
+        prompt_tokens: prompts.iter().map(Vec::len).sum(),
+        generated_tokens: decoded.results.iter().map(|r| r.tokens.len()).sum(),
+    };
+    Ok((decoded.results, timings))
+}
 
+/// What [`decode_from`] produced.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    pub results: Vec<Generated>,
+    /// When every row had its first token (`None` if no step ran).
+    pub first_token_at: Option<Instant>,
+}
+
+/// Decodes after a prefill that the caller ran however it wanted (a plain pass, or a cache
+/// assembled from reused chunks): `cache` holds the prompt's entries, `logits` (batch,
+/// vocab) are the last prompt token's, and `next_positions` where each row goes on.
+pub fn decode_from(
+    decoder: &Decoder,
+    mut cache: KvCache,
+    mut logits: Tensor,
+    mut next_positions: Vec<u32>,
+    options: &GenerationOptions,
+    mut on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+) -> Result<Decoded> {
+    let rows = next_positions.len();
+    if rows == 0 || logits.dim(0)? != rows || cache.batch() != rows {
+        return Err(LmError::InvalidInput(format!(
+            "decoding needs one cache row and one logits row per sequence ({rows} positions, \
+             {} logits rows, {} cache rows)",
+            logits.dim(0)?,
+            cache.batch()
+        )));
+    }
     let mut rng = StdRng::seed_from_u64(options.sampling.seed);
-    let mut results: Vec<Generated> = prompts
-        .iter()
+    let mut results: Vec<Generated> = (0..rows)
         .map(|_| Generated {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             finish: FinishReason::Length,
         })
         .collect();
-    let mut done = vec![false; prompts.len()];
-    // The prompts still being decoded, by batch row: a finished sequence leaves the batch,
+    let mut done = vec![false; rows];
+    // The sequences still being decoded, by batch row: a finished sequence leaves the batch,
     // so the steps after it cost only what the unfinished ones need.
-    let mut active: Vec<usize> = (0..prompts.len()).collect();
-    let mut next_positions: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
-    let mut first_token = None;
+    let mut active: Vec<usize> = (0..rows).collect();
+    let mut first_token_at = None;
     for step in 0..options.max_new_tokens {
         let chosen = choose(&logits, options.sampling, &mut rng)?;
         let chosen_logprobs = logprobs_of(&logits, &chosen)?;
@@ -178,7 +217,7 @@ pub fn generate(
             }
         }
         if step == 0 {
-            first_token = Some(started.elapsed());
+            first_token_at = Some(Instant::now());
         }
         if done.iter().all(|d| *d) || step + 1 == options.max_new_tokens {
             break;
@@ -209,15 +248,10 @@ pub fn generate(
             *p += 1;
         }
     }
-    let total = started.elapsed();
-    let timings = GenerationTimings {
-        prefill,
-        first_token: first_token.unwrap_or(total),
-        decode: total.saturating_sub(prefill),
-        prompt_tokens: prompts.iter().map(Vec::len).sum(),
-        generated_tokens: results.iter().map(|r| r.tokens.len()).sum(),
-    };
-    Ok((results, timings))
+    Ok(Decoded {
+        results,
+        first_token_at,
+    })
 }
 
 /// log P(chosen[row]) under each row of (batch, vocab) logits.

@@ -289,6 +289,24 @@ impl KvCache {
         Ok(())
     }
 
+    /// Marks entries of one row as never to be attended to again (by a causal pass), as
+    /// padding is: what chunk reuse does with an entry once it has been recomputed. Only the
+    /// flags change, so the tensors (perhaps shared) are untouched.
+    pub fn hide(&mut self, row: usize, entries: &[usize]) -> Result<()> {
+        self.check_row(row)?;
+        let flags = &mut self.valid[row];
+        if let Some(&bad) = entries.iter().find(|&&e| e >= flags.len()) {
+            return Err(LmError::InvalidInput(format!(
+                "entry {bad} of a cache row with {} entries",
+                flags.len()
+            )));
+        }
+        for &entry in entries {
+            flags[entry] = false;
+        }
+        Ok(())
+    }
+
     /// One batch row as a cache of its own (a fork of that sequence).
     pub fn row(&self, index: usize) -> Result<KvCache> {
         self.check_row(index)?;
@@ -475,5 +493,18 @@ mod tests {
         let seen: Vec<f32> = before.flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(seen, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
         assert_eq!(values(&cache), [0.0, 1.0, 2.0, 50.0, 51.0, 52.0]);
+    }
+
+    #[test]
+    fn hiding_entries_flags_them_in_that_cache_only() {
+        let original = entries(0.0, 4, 10);
+        let mut copy = original.clone();
+        copy.hide(0, &[1, 3]).unwrap();
+        assert_eq!(copy.valid(), &[vec![true, false, true, false]]);
+        assert_eq!(original.valid(), &[vec![true; 4]]);
+        assert_eq!(copy.next_positions(), [13]);
+        assert_eq!(values(&copy), values(&original));
+        assert!(copy.hide(0, &[4]).is_err());
+        assert!(copy.hide(1, &[0]).is_err());
     }
 }

@@ -15,6 +15,8 @@ pub mod kv;
 pub mod mask;
 pub mod model;
 pub mod rope;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 
@@ -25,8 +27,8 @@ pub use decoder::{
 pub use device::DeviceKind;
 pub use error::{LmError, Result};
 pub use generate::{
-    FinishReason, Generated, GenerationOptions, GenerationTimings, PaddedBatch, Sampling, generate,
-    left_pad, score, score_incrementally,
+    Decoded, FinishReason, Generated, GenerationOptions, GenerationTimings, PaddedBatch, Sampling,
+    decode_from, generate, left_pad, score, score_incrementally,
 };
 pub use gguf::{Architecture, GgufFile, ModelConfig, RopeStyle};
 pub use kv::{KvCache, LayerKv};

@@ -428,3 +428,36 @@ fn a_prompt_read_in_chunks_equals_one_read_at_once() {
         assert!(max_abs_diff(x.values(), y.values()) < TOLERANCE);
     }
 }
+
+#[test]
+fn a_pass_over_the_first_layers_equals_those_layers_of_a_full_pass() {
+    let (_dir, _path, decoder) = tiny(TinyArch::Qwen2, 19);
+    let prompt = tokens(51, 12);
+    let rows = [prompt.clone()];
+    let full = decoder
+        .forward(&ForwardRequest::new(&rows, &positions(0, 12)).logits(Logits::None))
+        .expect("full");
+    let first = decoder
+        .forward(
+            &ForwardRequest::new(&rows, &positions(0, 12))
+                .logits(Logits::None)
+                .first_layers(1),
+        )
+        .expect("first layer");
+    assert_eq!(first.kv.layers().len(), 1);
+    assert_eq!(
+        max_abs_diff(first.kv.layers()[0].values(), full.kv.layers()[0].values()),
+        0.0
+    );
+    for bad in [
+        ForwardRequest::new(&rows, &positions(0, 12)).first_layers(1),
+        ForwardRequest::new(&rows, &positions(0, 12))
+            .logits(Logits::None)
+            .first_layers(0),
+        ForwardRequest::new(&rows, &positions(0, 12))
+            .logits(Logits::None)
+            .first_layers(3),
+    ] {
+        assert!(decoder.forward(&bad).is_err());
+    }
+}

@@ -1,0 +1,275 @@
+//! Prefill over reused chunk KV: assemble the stored entries at the request's positions,
+//! choose the chunk tokens to recompute, recompute them with the question, and hand back a
+//! cache that decoding continues from.
+//!
+//! Modes, as the FusionRAG paper compares them:
+//! - `FullPrefill`: every chunk token computed for this request (the baseline; the system
+//!   prompt's entries are reused, as any server with a prefix cache does, which makes the
+//!   baseline faster, not slower);
+//! - `FullReuse`: the stored entries as they are, only the question computed;
+//! - `CacheBlend`: recompute the tokens whose reused entries deviate most from a full
+//!   prefill's at layer 1, which costs a two-layer pass over the chunks;
+//! - `FusionRag`: recompute the tokens the question attends to most in the last layer.
+
+mod assemble;
+mod mask;
+mod segment;
+pub mod select;
+
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits};
+
+pub use assemble::{Assembled, assemble};
+pub use mask::recompute_mask;
+pub use segment::SegmentKv;
+
+use crate::error::{KvError, Result};
+
+/// The layer whose deviation CacheBlend selects by (its paper's choice: the second layer).
+pub const CACHEBLEND_LAYER: usize = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FusionMode {
+    FullPrefill,
+    FullReuse,
+    CacheBlend,
+    #[default]
+    FusionRag,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FusionSettings {
+    pub mode: FusionMode,
+    /// Share of the chunk tokens recomputed (CacheBlend, FusionRAG).
+    pub ratio: f64,
+}
+
+impl Default for FusionSettings {
+    /// FusionRAG at the paper's 15%.
+    fn default() -> Self {
+        Self {
+            mode: FusionMode::FusionRag,
+            ratio: 0.15,
+        }
+    }
+}
+
+/// Where a fused prefill spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PrefillTimings {
+    pub assemble: Duration,
+    /// FusionRAG's question pass or CacheBlend's two-layer pass.
+    pub select: Duration,
+    /// The pass over the recomputed tokens and the question (the whole prompt for full
+    /// prefill).
+    pub recompute: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct FusedPrefill {
+    /// (1, vocab): the distribution of the first answer token.
+    pub logits: Tensor,
+    /// The prompt's entries; stale copies of recomputed tokens are hidden, not removed.
+    pub cache: KvCache,
+    /// Where decoding goes on.
+    pub next_position: u32,
+    pub context_tokens: usize,
+    /// The context entries (equal to their positions) computed for this request.
+    pub recomputed: Vec<usize>,
+    pub timings: PrefillTimings,
+}
+
+/// Prefills `system + chunks + question` in `settings.mode`, leaving room in the model's
+/// window for `max_new_tokens`.
+pub fn prefill(
+    decoder: &Decoder,
+    system: &SegmentKv,
+    chunks: &[&SegmentKv],
+    question: &[u32],
+    settings: FusionSettings,
+    max_new_tokens: usize,
+) -> Result<FusedPrefill> {
+    check_window(decoder, system, chunks, question, max_new_tokens)?;
+    if question.is_empty() {
+        return Err(KvError::InvalidInput("the question has no tokens".into()));
+    }
+    if settings.mode == FusionMode::FullPrefill {
+        return full_prefill(decoder, system, chunks, question);
+    }
+    let started = Instant::now();
+    let assembled = assemble(decoder.rope(), system, chunks)?;
+    let assembled_at = Instant::now();
+    let chunk_columns = assembled.system_len..assembled.tokens.len();
+    let budget = match settings.mode {
+        FusionMode::FullReuse | FusionMode::FullPrefill => 0,
+        FusionMode::CacheBlend | FusionMode::FusionRag => {
+            select::recompute_count(settings.ratio, assembled.chunk_tokens())?
+        }
+    };
+    let scores = match settings.mode {
+        _ if budget == 0 => Vec::new(),
+        FusionMode::FusionRag => question_attention(decoder, &assembled, question)?,
+        FusionMode::CacheBlend => deviation(decoder, system, &assembled)?,
+        FusionMode::FullReuse | FusionMode::FullPrefill => Vec::new(),
+    };
+    let recomputed: Vec<usize> = select::top_tokens(&scores, budget)
+        .into_iter()
+        .map(|i| i + chunk_columns.start)
+        .collect();
+    let selected_at = Instant::now();
+    let Assembled {
+        mut cache, tokens, ..
+    } = assembled;
+    let context = tokens.len();
+    let mut new_tokens: Vec<u32> = recomputed.iter().map(|&i| tokens[i]).collect();
+    new_tokens.extend_from_slice(question);
+    let mut new_positions: Vec<u32> = recomputed.iter().map(|&i| i as u32).collect();
+    new_positions.extend(context as u32..(context + question.len()) as u32);
+    cache.hide(0, &recomputed)?;
+    let mask = recompute_mask(
+        &cache.positions()[0],
+        &cache.valid()[0],
+        &new_positions,
+        decoder.device(),
+    )?;
+    let rows = [new_tokens];
+    let positions = [new_positions];
+    let out = decoder.forward(
+        &ForwardRequest::new(&rows, &positions)
+            .past(&cache)
+            .mask(AttentionMask::Custom(mask))
+            .logits(Logits::Last),
+    )?;
+    cache.append(out.kv)?;
+    let logits = out
+        .logits
+        .ok_or_else(|| KvError::InvalidInput("the model returned no logits".into()))?;
+    Ok(FusedPrefill {
+        logits,
+        cache,
+        next_position: (context + question.len()) as u32,
+        context_tokens: context,
+        recomputed,
+        timings: PrefillTimings {
+            assemble: assembled_at - started,
+            select: selected_at - assembled_at,
+            recompute: selected_at.elapsed(),
+        },
+    })
+}
+
+fn check_window(
+    decoder: &Decoder,
+    system: &SegmentKv,
+    chunks: &[&SegmentKv],
+    question: &[u32],
+    max_new_tokens: usize,
+) -> Result<()> {
+    let chunk_tokens: usize = chunks.iter().map(|c| c.len()).sum();
+    let context = system.len() + chunk_tokens;
+    let window = decoder.rope().max_positions();
+    if context + question.len() + max_new_tokens > window {
+        return Err(KvError::ContextTooLong {
+            context,
+            system: system.len(),
+            chunks: chunk_tokens,
+            question: question.len(),
+            new_tokens: max_new_tokens,
+            window,
+        });
+    }
+    Ok(())
+}
+
+/// The baseline: every chunk token and the question prefilled causally after the system
+/// prompt's entries.
+fn full_prefill(
+    decoder: &Decoder,
+    system: &SegmentKv,
+    chunks: &[&SegmentKv],
+    question: &[u32],
+) -> Result<FusedPrefill> {
+    let started = Instant::now();
+    let mut cache = system.kv().clone();
+    cache.relocate(decoder.rope(), vec![(0..system.len() as u32).collect()])?;
+    let mut tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens()).copied().collect();
+    let context = system.len() + tokens.len();
+    tokens.extend_from_slice(question);
+    let positions = [(system.len() as u32..(context + question.len()) as u32).collect()];
+    let rows = [tokens];
+    let out = decoder.forward(
+        &ForwardRequest::new(&rows, &positions)
+            .past(&cache)
+            .logits(Logits::Last),
+    )?;
+    cache.append(out.kv)?;
+    let logits = out
+        .logits
+        .ok_or_else(|| KvError::InvalidInput("the model returned no logits".into()))?;
+    Ok(FusedPrefill {
+        logits,
+        cache,
+        next_position: (context + question.len()) as u32,
+        context_tokens: context,
+        recomputed: (system.len()..context).collect(),
+        timings: PrefillTimings {
+            recompute: started.elapsed(),
+            ..PrefillTimings::default()
+        },
+    })
+}
+
+/// FusionRAG's selection pass: the question over the assembled context, and the attention
+/// its tokens pay each chunk token in the last layer.
+fn question_attention(
+    decoder: &Decoder,
+    assembled: &Assembled,
+    question: &[u32],
+) -> Result<Vec<f32>> {
+    let context = assembled.tokens.len() as u32;
+    let rows = [question.to_vec()];
+    let positions = [(context..context + question.len() as u32).collect()];
+    let out = decoder.forward(
+        &ForwardRequest::new(&rows, &positions)
+            .past(&assembled.cache)
+            .logits(Logits::None)
+            .with_attention(),
+    )?;
+    let attention = out
+        .attention
+        .ok_or_else(|| KvError::InvalidInput("the model returned no attention".into()))?;
+    select::query_guided_scores(
+        &attention.weights,
+        assembled.system_len..assembled.tokens.len(),
+    )
+}
+
+/// CacheBlend's selection pass: the chunk tokens prefilled through the first layers after
+/// the system prompt, and each reused entry's distance from that at [`CACHEBLEND_LAYER`].
+fn deviation(decoder: &Decoder, system: &SegmentKv, assembled: &Assembled) -> Result<Vec<f32>> {
+    let mut past = system.kv().clone();
+    past.relocate(decoder.rope(), vec![(0..system.len() as u32).collect()])?;
+    let columns = assembled.system_len..assembled.tokens.len();
+    let rows = [assembled.tokens[columns.clone()].to_vec()];
+    let positions = [(columns.start as u32..columns.end as u32).collect()];
+    let fresh = decoder
+        .forward(
+            &ForwardRequest::new(&rows, &positions)
+                .past(&past)
+                .logits(Logits::None)
+                .first_layers(CACHEBLEND_LAYER + 1),
+        )?
+        .kv;
+    let layer = |cache: &KvCache| {
+        cache
+            .layers()
+            .get(CACHEBLEND_LAYER)
+            .cloned()
+            .ok_or_else(|| {
+                KvError::InvalidInput(format!("the model has no layer {CACHEBLEND_LAYER}"))
+            })
+    };
+    select::deviation_scores(&layer(&assembled.cache)?, columns.start, &layer(&fresh)?)
+}

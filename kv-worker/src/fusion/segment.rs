@@ -1,0 +1,61 @@
+//! A segment of the prompt (the system prompt, one chunk) with the KV cache computed for it
+//! once and only ever read afterwards.
+
+use hasten_lm::{Decoder, ForwardRequest, KvCache, Logits};
+
+use crate::error::{KvError, Result};
+
+#[derive(Debug, Clone)]
+pub struct SegmentKv {
+    tokens: Vec<u32>,
+    /// One row, one entry per token, at whatever positions it was computed: assembly moves
+    /// it to the request's.
+    kv: KvCache,
+}
+
+impl SegmentKv {
+    pub fn new(tokens: Vec<u32>, kv: KvCache) -> Result<Self> {
+        if kv.batch() != 1 || kv.len() != tokens.len() || tokens.is_empty() {
+            return Err(KvError::InvalidInput(format!(
+                "a segment needs one cache row with one entry per token ({} tokens, {} rows of \
+                 {} entries)",
+                tokens.len(),
+                kv.batch(),
+                kv.len()
+            )));
+        }
+        Ok(Self { tokens, kv })
+    }
+
+    /// Prefills `tokens` after `past` (at the positions that follow it), or alone from
+    /// position 0: a chunk's Full Reuse KV is its prefill after the system prompt.
+    pub fn prefill(decoder: &Decoder, tokens: Vec<u32>, past: Option<&KvCache>) -> Result<Self> {
+        let start = past.map_or(0, |p| p.next_positions().first().copied().unwrap_or(0));
+        let positions = vec![(start..start + tokens.len() as u32).collect::<Vec<_>>()];
+        let rows = vec![tokens];
+        let mut request = ForwardRequest::new(&rows, &positions).logits(Logits::None);
+        if let Some(past) = past {
+            request = request.past(past);
+        }
+        let kv = decoder.forward(&request)?.kv;
+        let [tokens] = <[Vec<u32>; 1]>::try_from(rows)
+            .map_err(|_| KvError::InvalidInput("one row expected".into()))?;
+        Self::new(tokens, kv)
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}

@@ -1,0 +1,16 @@
+//! Hasten's FusionRAG generation worker.
+//!
+//! A RAG prompt is a system prompt, retrieved chunks and a question. Prefilling the chunks
+//! dominates time to first token, and the same chunks come back request after request, so
+//! their KV cache is computed once and reused ([`fusion`]): placed at the request's
+//! positions by re-rotating the stored keys, with the few tokens the question attends to
+//! most recomputed so that the chunks see each other again (FusionRAG's query-guided
+//! selection; CacheBlend's deviation-based selection as the baseline).
+
+pub mod error;
+pub mod fusion;
+
+pub use error::{KvError, Result};
+pub use fusion::{
+    Assembled, FusedPrefill, FusionMode, FusionSettings, SegmentKv, assemble, prefill,
+};

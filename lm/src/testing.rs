@@ -1,0 +1,181 @@
+//! Tiny random-weight GGUF models for tests (here and in crates built on the runtime), so
+//! that equivalences can be checked on both architectures in seconds without downloads.
+// Test support panics on setup failures, like the tests that call it.
+#![allow(clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use candle_core::{Device, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TinyArch {
+    Llama,
+    Qwen2,
+}
+
+pub const VOCAB: usize = 96;
+pub const HIDDEN: usize = 64;
+pub const HEADS: usize = 4;
+pub const KV_HEADS: usize = 2;
+pub const FFN: usize = 128;
+pub const LAYERS: usize = 2;
+pub const CONTEXT: usize = 256;
+
+fn random(rng: &mut StdRng, shape: &[usize], scale: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect();
+    Tensor::from_vec(data, shape, &Device::Cpu).expect("tensor")
+}
+
+fn around_one(rng: &mut StdRng, n: usize) -> Tensor {
+    let data: Vec<f32> = (0..n)
+        .map(|_| 1.0 + rng.random_range(-0.2f32..0.2))
+        .collect();
+    Tensor::from_vec(data, n, &Device::Cpu).expect("tensor")
+}
+
+/// Writes a 2-layer model with random weights (Q8_0 matrices, f32 norms and biases) and
+/// returns its path inside `dir`.
+pub fn write_tiny_model(dir: &Path, arch: TinyArch, seed: u64) -> PathBuf {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let name = match arch {
+        TinyArch::Llama => "llama",
+        TinyArch::Qwen2 => "qwen2",
+    };
+    let head_dim = HIDDEN / HEADS;
+    let q8 = |t: Tensor| QTensor::quantize(&t, GgmlDType::Q8_0).expect("quantize");
+    let f32q = |t: Tensor| QTensor::quantize(&t, GgmlDType::F32).expect("f32");
+    let mut tensors: Vec<(String, QTensor)> = vec![
+        (
+            "token_embd.weight".into(),
+            q8(random(&mut rng, &[VOCAB, HIDDEN], 1.0)),
+        ),
+        (
+            "output_norm.weight".into(),
+            f32q(around_one(&mut rng, HIDDEN)),
+        ),
+        (
+            "output.weight".into(),
+            q8(random(&mut rng, &[VOCAB, HIDDEN], 0.6)),
+        ),
+    ];
+    let linear_scale = 1.7 / (HIDDEN as f32).sqrt();
+    for layer in 0..LAYERS {
+        let p = |n: &str| format!("blk.{layer}.{n}");
+        tensors.push((p("attn_norm.weight"), f32q(around_one(&mut rng, HIDDEN))));
+        tensors.push((p("ffn_norm.weight"), f32q(around_one(&mut rng, HIDDEN))));
+        tensors.push((
+            p("attn_q.weight"),
+            q8(random(&mut rng, &[HEADS * head_dim, HIDDEN], linear_scale)),
+        ));
+        tensors.push((
+            p("attn_k.weight"),
+            q8(random(
+                &mut rng,
+                &[KV_HEADS * head_dim, HIDDEN],
+                linear_scale,
+            )),
+        ));
+        tensors.push((
+            p("attn_v.weight"),
+            q8(random(
+                &mut rng,
+                &[KV_HEADS * head_dim, HIDDEN],
+                linear_scale,
+            )),
+        ));
+        tensors.push((
+            p("attn_output.weight"),
+            q8(random(&mut rng, &[HIDDEN, HIDDEN], linear_scale)),
+        ));
+        tensors.push((
+            p("ffn_gate.weight"),
+            q8(random(&mut rng, &[FFN, HIDDEN], linear_scale)),
+        ));
+        tensors.push((
+            p("ffn_up.weight"),
+            q8(random(&mut rng, &[FFN, HIDDEN], linear_scale)),
+        ));
+        tensors.push((
+            p("ffn_down.weight"),
+            q8(random(&mut rng, &[HIDDEN, FFN], 1.7 / (FFN as f32).sqrt())),
+        ));
+        if arch == TinyArch::Qwen2 {
+            tensors.push((
+                p("attn_q.bias"),
+                f32q(random(&mut rng, &[HEADS * head_dim], 0.3)),
+            ));
+            tensors.push((
+                p("attn_k.bias"),
+                f32q(random(&mut rng, &[KV_HEADS * head_dim], 0.3)),
+            ));
+            tensors.push((
+                p("attn_v.bias"),
+                f32q(random(&mut rng, &[KV_HEADS * head_dim], 0.3)),
+            ));
+        }
+    }
+    use gguf_file::Value;
+    let metadata: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(name.into())),
+        (format!("{name}.block_count"), Value::U32(LAYERS as u32)),
+        (
+            format!("{name}.embedding_length"),
+            Value::U32(HIDDEN as u32),
+        ),
+        (
+            format!("{name}.feed_forward_length"),
+            Value::U32(FFN as u32),
+        ),
+        (
+            format!("{name}.attention.head_count"),
+            Value::U32(HEADS as u32),
+        ),
+        (
+            format!("{name}.attention.head_count_kv"),
+            Value::U32(KV_HEADS as u32),
+        ),
+        (
+            format!("{name}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        ),
+        (
+            format!("{name}.rope.dimension_count"),
+            Value::U32(head_dim as u32),
+        ),
+        (format!("{name}.rope.freq_base"), Value::F32(10_000.0)),
+        (format!("{name}.context_length"), Value::U32(CONTEXT as u32)),
+    ];
+    let path = dir.join(format!("tiny-{name}-{seed}.gguf"));
+    let mut file = std::fs::File::create(&path).expect("create gguf");
+    let metadata_refs: Vec<(&str, &Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut file, &metadata_refs, &tensor_refs).expect("write gguf");
+    path
+}
+
+/// Random token ids in the tiny vocabulary.
+pub fn tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(0..VOCAB as u32)).collect()
+}
+
+/// Largest absolute difference between two tensors of one shape.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .expect("same shape")
+        .abs()
+        .expect("abs")
+        .flatten_all()
+        .expect("flatten")
+        .max(0)
+        .expect("max")
+        .to_scalar::<f32>()
+        .expect("scalar")
+}
