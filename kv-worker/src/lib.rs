@@ -7,10 +7,14 @@
 //! most recomputed so that the chunks see each other again (FusionRAG's query-guided
 //! selection; CacheBlend's deviation-based selection as the baseline).
 
+pub mod engine;
 pub mod error;
 pub mod fusion;
+pub mod prompt;
 
+pub use engine::{AnswerTimings, KvAnswer, KvEngine};
 pub use error::{KvError, Result};
 pub use fusion::{
-    Assembled, FusedPrefill, FusionMode, FusionSettings, SegmentKv, assemble, prefill,
+    Assembled, FusedPrefill, FusionMode, FusionSettings, PrefillTimings, SegmentKv, assemble,
+    prefill,
 };

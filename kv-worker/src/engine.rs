@@ -1,0 +1,140 @@
+//! Answers over chunks whose KV is reused: one loaded model, the system prompt's KV computed
+//! once, a fused prefill and greedy decoding from the cache it leaves.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hasten_lm::{GenerationOptions, LanguageModel, LmError, Sampling, StreamDecoder, decode_from};
+
+use crate::error::Result;
+use crate::fusion::{FusionSettings, PrefillTimings, SegmentKv, prefill};
+use crate::prompt::{question_tokens, stop_tokens, system_tokens};
+
+pub struct KvEngine {
+    model: Arc<LanguageModel>,
+    system: SegmentKv,
+}
+
+/// Where an answer spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AnswerTimings {
+    /// Tokenizing the question.
+    pub question: Duration,
+    pub prefill: PrefillTimings,
+    /// From the start (question tokenization included) to the first chosen token.
+    pub first_token: Duration,
+    pub total: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct KvAnswer {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub context_tokens: usize,
+    /// Chunk entries computed for this request (all of them for full prefill).
+    pub recomputed: Vec<usize>,
+    pub timings: AnswerTimings,
+}
+
+impl KvEngine {
+    /// Computes the system prompt's KV once for `model`.
+    pub fn new(model: Arc<LanguageModel>) -> Result<Self> {
+        let system = SegmentKv::prefill(&model.decoder, system_tokens(&model)?, None)?;
+        Ok(Self { model, system })
+    }
+
+    pub fn model(&self) -> &LanguageModel {
+        &self.model
+    }
+
+    pub fn system(&self) -> &SegmentKv {
+        &self.system
+    }
+
+    /// A chunk's Full Reuse KV: its tokens prefilled right after the system prompt.
+    pub fn full_reuse_kv(&self, tokens: Vec<u32>) -> Result<SegmentKv> {
+        SegmentKv::prefill(&self.model.decoder, tokens, Some(self.system.kv()))
+    }
+
+    /// Answers `question` over `chunks` (greedy), calling `on_text` with each piece of text.
+    pub fn answer(
+        &self,
+        question: &str,
+        chunks: &[&SegmentKv],
+        settings: FusionSettings,
+        max_new_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<KvAnswer> {
+        let started = Instant::now();
+        let _span = tracing::info_span!(
+            "kv_answer",
+            chunks = chunks.len(),
+            mode = ?settings.mode,
+            ratio = settings.ratio
+        )
+        .entered();
+        let question = question_tokens(&self.model, question)?;
+        let tokenized = started.elapsed();
+        let fused = prefill(
+            &self.model.decoder,
+            &self.system,
+            chunks,
+            &question,
+            settings,
+            max_new_tokens,
+        )?;
+        let options = GenerationOptions {
+            max_new_tokens,
+            stop_tokens: stop_tokens(&self.model),
+            sampling: Sampling::default(),
+        };
+        let mut stream = StreamDecoder::default();
+        let mut text = String::new();
+        // `on_token` cannot return an error: keep the first one and stop.
+        let mut failure: Option<LmError> = None;
+        let decoded = decode_from(
+            &self.model.decoder,
+            fused.cache,
+            fused.logits,
+            vec![fused.next_position],
+            &options,
+            |_, id| match stream.push(&self.model.tokenizer, id) {
+                Ok(Some(delta)) => {
+                    on_text(&delta);
+                    text.push_str(&delta);
+                    ControlFlow::Continue(())
+                }
+                Ok(None) => ControlFlow::Continue(()),
+                Err(error) => {
+                    failure = Some(error);
+                    ControlFlow::Break(())
+                }
+            },
+        )?;
+        if let Some(error) = failure {
+            return Err(error.into());
+        }
+        let total = started.elapsed();
+        let tokens = decoded
+            .results
+            .into_iter()
+            .next()
+            .map(|g| g.tokens)
+            .unwrap_or_default();
+        Ok(KvAnswer {
+            text,
+            tokens,
+            context_tokens: fused.context_tokens,
+            recomputed: fused.recomputed,
+            timings: AnswerTimings {
+                question: tokenized,
+                prefill: fused.timings,
+                first_token: decoded
+                    .first_token_at
+                    .map_or(total, |at| at.duration_since(started)),
+                total,
+            },
+        })
+    }
+}
