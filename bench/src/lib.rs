@@ -4,6 +4,8 @@
 // Benchmarks take no outside input; a failed set-up should abort loudly.
 #![allow(clippy::expect_used)]
 
+pub mod questions;
+
 use std::path::Path;
 use std::time::Duration;
 

@@ -5,10 +5,12 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hasten_lm::{GenerationOptions, LanguageModel, LmError, Sampling, StreamDecoder, decode_from};
+use hasten_lm::{
+    Decoded, GenerationOptions, LanguageModel, LmError, Sampling, StreamDecoder, decode_from,
+};
 
 use crate::error::Result;
-use crate::fusion::{FusionSettings, PrefillTimings, SegmentKv, prefill};
+use crate::fusion::{FusedPrefill, FusionSettings, PrefillTimings, SegmentKv, prefill};
 use crate::prompt::{question_tokens, stop_tokens, system_tokens};
 
 pub struct KvEngine {
@@ -19,8 +21,6 @@ pub struct KvEngine {
 /// Where an answer spent its time.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AnswerTimings {
-    /// Tokenizing the question.
-    pub question: Duration,
     pub prefill: PrefillTimings,
     /// From the start (question tokenization included) to the first chosen token.
     pub first_token: Duration,
@@ -57,6 +57,65 @@ impl KvEngine {
         SegmentKv::prefill(&self.model.decoder, tokens, Some(self.system.kv()))
     }
 
+    /// The prompt of `question` over `chunks` prefilled in `settings.mode`; its logits give
+    /// the first answer token.
+    pub fn prefill(
+        &self,
+        question: &str,
+        chunks: &[&SegmentKv],
+        settings: FusionSettings,
+        max_new_tokens: usize,
+    ) -> Result<FusedPrefill> {
+        let question = question_tokens(&self.model, question)?;
+        prefill(
+            &self.model.decoder,
+            &self.system,
+            chunks,
+            &question,
+            settings,
+            max_new_tokens,
+        )
+    }
+
+    /// Greedy decoding from a fused prefill, calling `on_text` with each piece of text.
+    pub fn decode(
+        &self,
+        fused: FusedPrefill,
+        max_new_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Decoded> {
+        let options = GenerationOptions {
+            max_new_tokens,
+            stop_tokens: stop_tokens(&self.model),
+            sampling: Sampling::default(),
+        };
+        let mut stream = StreamDecoder::default();
+        // `on_token` cannot return an error: keep the first one and stop.
+        let mut failure: Option<LmError> = None;
+        let decoded = decode_from(
+            &self.model.decoder,
+            fused.cache,
+            fused.logits,
+            vec![fused.next_position],
+            &options,
+            |_, id| match stream.push(&self.model.tokenizer, id) {
+                Ok(Some(delta)) => {
+                    on_text(&delta);
+                    ControlFlow::Continue(())
+                }
+                Ok(None) => ControlFlow::Continue(()),
+                Err(error) => {
+                    failure = Some(error);
+                    ControlFlow::Break(())
+                }
+            },
+        )?;
+        match failure {
+            Some(error) => Err(error.into()),
+            None => Ok(decoded),
+        }
+    }
+
     /// Answers `question` over `chunks` (greedy), calling `on_text` with each piece of text.
     pub fn answer(
         &self,
@@ -74,47 +133,17 @@ impl KvEngine {
             ratio = settings.ratio
         )
         .entered();
-        let question = question_tokens(&self.model, question)?;
-        let tokenized = started.elapsed();
-        let fused = prefill(
-            &self.model.decoder,
-            &self.system,
-            chunks,
-            &question,
-            settings,
-            max_new_tokens,
-        )?;
-        let options = GenerationOptions {
-            max_new_tokens,
-            stop_tokens: stop_tokens(&self.model),
-            sampling: Sampling::default(),
-        };
-        let mut stream = StreamDecoder::default();
+        let fused = self.prefill(question, chunks, settings, max_new_tokens)?;
+        let (context_tokens, recomputed, prefill) = (
+            fused.context_tokens,
+            fused.recomputed.clone(),
+            fused.timings,
+        );
         let mut text = String::new();
-        // `on_token` cannot return an error: keep the first one and stop.
-        let mut failure: Option<LmError> = None;
-        let decoded = decode_from(
-            &self.model.decoder,
-            fused.cache,
-            fused.logits,
-            vec![fused.next_position],
-            &options,
-            |_, id| match stream.push(&self.model.tokenizer, id) {
-                Ok(Some(delta)) => {
-                    on_text(&delta);
-                    text.push_str(&delta);
-                    ControlFlow::Continue(())
-                }
-                Ok(None) => ControlFlow::Continue(()),
-                Err(error) => {
-                    failure = Some(error);
-                    ControlFlow::Break(())
-                }
-            },
-        )?;
-        if let Some(error) = failure {
-            return Err(error.into());
-        }
+        let decoded = self.decode(fused, max_new_tokens, &mut |delta| {
+            on_text(delta);
+            text.push_str(delta);
+        })?;
         let total = started.elapsed();
         let tokens = decoded
             .results
@@ -125,11 +154,10 @@ impl KvEngine {
         Ok(KvAnswer {
             text,
             tokens,
-            context_tokens: fused.context_tokens,
-            recomputed: fused.recomputed,
+            context_tokens,
+            recomputed,
             timings: AnswerTimings {
-                question: tokenized,
-                prefill: fused.timings,
+                prefill,
                 first_token: decoded
                     .first_token_at
                     .map_or(total, |at| at.duration_since(started)),

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod fusion;
 pub mod prompt;
+pub mod quality;
 
 pub use engine::{AnswerTimings, KvAnswer, KvEngine};
 pub use error::{KvError, Result};

@@ -547,3 +547,41 @@ fn a_context_over_the_window_is_refused_with_its_counts() {
         "{error}"
     );
 }
+
+#[test]
+fn quality_measures_are_zero_against_themselves_and_grow_with_reuse() {
+    use hasten_kv_worker::quality::{first_token_kl, kv_deviation_per_layer};
+    for arch in ARCHS {
+        let (_dir, decoder) = tiny(arch, 11);
+        let prompt = Prompt::new(&decoder, 90, &[14, 11, 9]);
+        let chunks = prompt.after_system(&decoder);
+        let refs: Vec<&SegmentKv> = chunks.iter().collect();
+        let run = |mode, ratio| {
+            prefill(
+                &decoder,
+                &prompt.system,
+                &refs,
+                &prompt.question,
+                settings(mode, ratio),
+                8,
+            )
+            .unwrap()
+        };
+        let full = run(FusionMode::FullPrefill, 0.0);
+        let context = full.context_tokens;
+        let deviation = |cache| -> f64 {
+            kv_deviation_per_layer(cache, &full.cache, context)
+                .unwrap()
+                .iter()
+                .sum()
+        };
+        let recomputed = run(FusionMode::FusionRag, 1.0);
+        let reused = run(FusionMode::FullReuse, 0.0);
+        assert_eq!(deviation(&full.cache), 0.0);
+        assert!(deviation(&recomputed.cache) < 1e-5, "{arch:?}");
+        assert!(deviation(&reused.cache) > 1e-2, "{arch:?}");
+        assert_eq!(first_token_kl(&full.logits, &full.logits).unwrap(), 0.0);
+        assert!(first_token_kl(&recomputed.logits, &full.logits).unwrap() < 1e-4);
+        assert!(first_token_kl(&reused.logits, &full.logits).unwrap() > 1e-4);
+    }
+}

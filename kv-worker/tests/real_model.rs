@@ -20,7 +20,11 @@ fn engine() -> Option<KvEngine> {
         return None;
     };
     let path = Path::new(&dir).join(SMALL_MODEL);
-    assert!(path.is_file(), "{} is missing (run `make models`)", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing (run `make models`)",
+        path.display()
+    );
     let model = LanguageModel::load_with(&path, &Device::Cpu, WeightFormat::Fast).unwrap();
     Some(KvEngine::new(Arc::new(model)).unwrap())
 }
@@ -70,20 +74,37 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
     for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
         let fused = answer(mode, 1.0);
         assert_eq!(fused.recomputed.len(), full.recomputed.len());
-        assert_eq!(fused.tokens, full.tokens, "{mode:?}: {:?} vs {:?}", fused.text, full.text);
+        assert_eq!(
+            fused.tokens, full.tokens,
+            "{mode:?}: {:?} vs {:?}",
+            fused.text, full.text
+        );
     }
 
     // The first-token distributions: equal at 100%, and the check can fail: reused chunks
     // that never saw each other are measurably off.
     let question = question_tokens(model, QUESTION).unwrap();
     let logits = |mode, ratio| {
-        prefill(&model.decoder, engine.system(), &refs, &question, settings(mode, ratio), 16)
-            .unwrap()
-            .logits
+        prefill(
+            &model.decoder,
+            engine.system(),
+            &refs,
+            &question,
+            settings(mode, ratio),
+            16,
+        )
+        .unwrap()
+        .logits
     };
     let reference = logits(FusionMode::FullPrefill, 0.0);
     let recomputed = max_abs_diff(&logits(FusionMode::FusionRag, 1.0), &reference);
     let reused = max_abs_diff(&logits(FusionMode::FullReuse, 0.0), &reference);
-    assert!(recomputed < 0.05, "100% recomputation is off by {recomputed}");
-    assert!(reused > 10.0 * recomputed.max(0.01), "full reuse is off by only {reused}");
+    assert!(
+        recomputed < 0.05,
+        "100% recomputation is off by {recomputed}"
+    );
+    assert!(
+        reused > 10.0 * recomputed.max(0.01),
+        "full reuse is off by only {reused}"
+    );
 }

@@ -1,7 +1,7 @@
 //! Test support: tiny random-weight GGUF models written by the tests themselves, and the
 //! real models where `HASTEN_LM_DIR` points at them.
 // Test support panics on setup failures, like the tests themselves.
-#![allow(dead_code, clippy::expect_used)]
+#![allow(dead_code, unused_imports, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 

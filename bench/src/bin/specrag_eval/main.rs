@@ -30,7 +30,6 @@
 //! spread evenly over the systems. Accuracy is SQuAD's normalised exact match, token F1 and
 //! answer containment (`hasten_rag::eval`), each the best over the gold answer's aliases.
 
-mod questions;
 mod report;
 mod retrieval;
 
@@ -46,11 +45,11 @@ use hasten_rag::{
     WeightFormat,
 };
 
-use crate::questions::{encode_documents, read_questions};
 use crate::report::{
     Outcome, QuestionReport, SystemReport, file_name, print_table, progress_bar, summarise,
 };
 use crate::retrieval::{PassageRetriever, holds_answer};
+use hasten_bench::questions::{encode_documents, read_questions};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -1,0 +1,218 @@
+//! The chunks of an evaluation: every question's paragraphs (deduplicated), their tokens,
+//! their nearest neighbours by MiniLM cosine, and their KV computed ahead of the questions.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use hasten_bench::questions::Question;
+use hasten_core::encoder::TextEncoder;
+use hasten_kv_worker::prompt::chunk_tokens;
+use hasten_kv_worker::{KvEngine, SegmentKv, assemble};
+
+use crate::report::progress_bar;
+
+/// Which stored KV of a chunk a system reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// The chunk after the system prompt alone.
+    FullReuse,
+    /// The chunk after the system prompt and its top-n most similar chunks (FusionRAG's
+    /// offline stage).
+    Similarity,
+}
+
+impl Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FullReuse => "fr-kv",
+            Self::Similarity => "sim-kv",
+        }
+    }
+}
+
+pub struct Corpus {
+    tokens: Vec<Vec<u32>>,
+    /// Each question's chunks, in the file's order (then padding).
+    per_question: Vec<Vec<usize>>,
+    neighbours: Vec<Vec<usize>>,
+}
+
+/// Every chunk's KV, per variant (`None` where no question needs it).
+pub struct Stores {
+    full_reuse: Vec<Option<SegmentKv>>,
+    similarity: Vec<Option<SegmentKv>>,
+    seconds: [Vec<f64>; 2],
+}
+
+impl Corpus {
+    pub fn build(
+        engine: &KvEngine,
+        questions: &[Question],
+        encoder_dir: &Path,
+        top_n: usize,
+        min_context: usize,
+    ) -> Result<Self> {
+        let mut ids: HashMap<(String, String), usize> = HashMap::new();
+        let mut documents = Vec::new();
+        let mut per_question = Vec::with_capacity(questions.len());
+        for question in questions {
+            let mut own = Vec::new();
+            for document in &question.documents {
+                let key = (document.title.clone(), document.text.clone());
+                let id = *ids.entry(key).or_insert_with(|| {
+                    documents.push(document.clone());
+                    documents.len() - 1
+                });
+                own.push(id);
+            }
+            per_question.push(own);
+        }
+        let tokens = documents
+            .iter()
+            .map(|d| chunk_tokens(engine.model(), &d.title, &d.text))
+            .collect::<hasten_kv_worker::Result<Vec<_>>>()?;
+        let system = engine.system().len();
+        if min_context > 0 {
+            let originals = per_question.clone();
+            for (q, own) in per_question.iter_mut().enumerate() {
+                let mut context = system + own.iter().map(|&c| tokens[c].len()).sum::<usize>();
+                let later = originals
+                    .iter()
+                    .cycle()
+                    .skip(q + 1)
+                    .take(originals.len() - 1);
+                for &chunk in later.flatten() {
+                    if context >= min_context {
+                        break;
+                    }
+                    if !own.contains(&chunk) {
+                        own.push(chunk);
+                        context += tokens[chunk].len();
+                    }
+                }
+            }
+        }
+        eprintln!("encoding {} chunks for their neighbours", documents.len());
+        let encoder = TextEncoder::load(encoder_dir)
+            .with_context(|| format!("loading the encoder from {}", encoder_dir.display()))?;
+        let texts: Vec<String> = documents
+            .iter()
+            .map(|d| {
+                hasten_core::Document {
+                    id: 0,
+                    title: d.title.clone(),
+                    text: d.text.clone(),
+                }
+                .embedding_text()
+            })
+            .collect();
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let vectors = encoder.encode(&texts).context("encoding the chunks")?;
+        let neighbours = (0..documents.len())
+            .map(|i| nearest(&vectors, i, top_n))
+            .collect();
+        Ok(Self {
+            tokens,
+            per_question,
+            neighbours,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Full Reuse KV of every chunk a question or a neighbour list needs, then the
+    /// similarity-guided KV of every chunk a question reads; seconds per chunk recorded.
+    pub fn preprocess(&self, engine: &KvEngine) -> Result<Stores> {
+        let mut used = vec![false; self.len()];
+        for &chunk in self.per_question.iter().flatten() {
+            used[chunk] = true;
+        }
+        let mut needed = used.clone();
+        for (chunk, _) in used.iter().enumerate().filter(|(_, u)| **u) {
+            for &n in &self.neighbours[chunk] {
+                needed[n] = true;
+            }
+        }
+        let mut stores = Stores {
+            full_reuse: vec![None; self.len()],
+            similarity: vec![None; self.len()],
+            seconds: [Vec::new(), Vec::new()],
+        };
+        eprintln!("preprocessing: Full Reuse KV");
+        let bar = progress_bar(needed.iter().filter(|n| **n).count());
+        for (chunk, _) in needed.iter().enumerate().filter(|(_, n)| **n) {
+            let started = Instant::now();
+            stores.full_reuse[chunk] = Some(engine.full_reuse_kv(self.tokens[chunk].clone())?);
+            stores.seconds[0].push(started.elapsed().as_secs_f64());
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        eprintln!("preprocessing: similarity-guided KV");
+        let bar = progress_bar(used.iter().filter(|u| **u).count());
+        let decoder = &engine.model().decoder;
+        for (chunk, _) in used.iter().enumerate().filter(|(_, u)| **u) {
+            let started = Instant::now();
+            let neighbours: Vec<&SegmentKv> = self.neighbours[chunk]
+                .iter()
+                .filter_map(|&n| stores.full_reuse[n].as_ref())
+                .collect();
+            let before = assemble(decoder.rope(), engine.system(), &neighbours)?;
+            let kv = SegmentKv::prefill(decoder, self.tokens[chunk].clone(), Some(&before.cache))?;
+            stores.similarity[chunk] = Some(kv);
+            stores.seconds[1].push(started.elapsed().as_secs_f64());
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok(stores)
+    }
+
+    /// Question `q`'s chunks in `variant`.
+    pub fn chunks_of<'a>(
+        &self,
+        q: usize,
+        variant: Variant,
+        stores: &'a Stores,
+    ) -> Vec<&'a SegmentKv> {
+        let store = match variant {
+            Variant::FullReuse => &stores.full_reuse,
+            Variant::Similarity => &stores.similarity,
+        };
+        self.per_question[q]
+            .iter()
+            .filter_map(|&c| store[c].as_ref())
+            .collect()
+    }
+}
+
+impl Stores {
+    pub fn report(&self) -> serde_json::Value {
+        let summary = |seconds: &[f64]| {
+            serde_json::json!({
+                "chunks": seconds.len(),
+                "seconds_per_chunk": seconds.iter().sum::<f64>() / seconds.len().max(1) as f64,
+            })
+        };
+        serde_json::json!({
+            "full_reuse": summary(&self.seconds[0]),
+            "similarity": summary(&self.seconds[1]),
+        })
+    }
+}
+
+/// The `n` chunks most similar to chunk `i` (cosine of unit vectors), most similar first;
+/// the chunk itself and exact duplicates of its vector left out.
+fn nearest(vectors: &[Vec<f32>], i: usize, n: usize) -> Vec<usize> {
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let mut scored: Vec<(f32, usize)> = vectors
+        .iter()
+        .enumerate()
+        .filter(|&(j, v)| j != i && v != &vectors[i])
+        .map(|(j, v)| (dot(&vectors[i], v), j))
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    scored.into_iter().take(n).map(|(_, j)| j).collect()
+}
