@@ -109,3 +109,16 @@ pub fn write_report(work: &Path, report: &serde_json::Value) -> anyhow::Result<(
     println!("{text}");
     Ok(())
 }
+
+/// A bar over `len` items of work named `what` (hidden when stderr is not a terminal).
+pub fn progress_bar(what: &str, len: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{what} [{{bar:30}}] {{pos}}/{{len}} {{elapsed_precise}} eta {{eta}} {{msg}}"
+        ))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}

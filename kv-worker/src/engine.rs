@@ -1,13 +1,10 @@
 //! Answers over chunks whose KV is reused: one loaded model, the system prompt's KV computed
 //! once, a fused prefill and greedy decoding from the cache it leaves.
 
-use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hasten_lm::{
-    Decoded, GenerationOptions, LanguageModel, LmError, Sampling, StreamDecoder, decode_from,
-};
+use hasten_lm::{Decoded, GenerationOptions, LanguageModel, Sampling, TextStream, decode_from};
 
 use crate::error::Result;
 use crate::fusion::{FusedPrefill, FusionSettings, PrefillTimings, SegmentKv, prefill};
@@ -89,31 +86,17 @@ impl KvEngine {
             stop_tokens: stop_tokens(&self.model),
             sampling: Sampling::default(),
         };
-        let mut stream = StreamDecoder::default();
-        // `on_token` cannot return an error: keep the first one and stop.
-        let mut failure: Option<LmError> = None;
+        let mut stream = TextStream::new(&self.model.tokenizer, on_text);
         let decoded = decode_from(
             &self.model.decoder,
             fused.cache,
             fused.logits,
             vec![fused.next_position],
             &options,
-            |_, id| match stream.push(&self.model.tokenizer, id) {
-                Ok(Some(delta)) => {
-                    on_text(&delta);
-                    ControlFlow::Continue(())
-                }
-                Ok(None) => ControlFlow::Continue(()),
-                Err(error) => {
-                    failure = Some(error);
-                    ControlFlow::Break(())
-                }
-            },
+            |_, id| stream.push(id),
         )?;
-        match failure {
-            Some(error) => Err(error.into()),
-            None => Ok(decoded),
-        }
+        stream.finish()?;
+        Ok(decoded)
     }
 
     /// Answers `question` over `chunks` (greedy), calling `on_text` with each piece of text.

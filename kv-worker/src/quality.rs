@@ -1,7 +1,7 @@
 //! How far a fused prefill is from a full one: the measures of the FusionRAG paper's
 //! quality figures.
 
-use candle_core::{D, Device, Tensor};
+use candle_core::Tensor;
 use hasten_lm::{KvCache, log_softmax};
 
 use crate::error::{KvError, Result};
@@ -29,7 +29,7 @@ pub fn effective_context(cache: &KvCache, context: usize) -> Result<Vec<(Tensor,
             })
         })
         .collect::<Result<_>>()?;
-    let index = Tensor::new(ids.as_slice(), &Device::Cpu)?.to_device(cache_device(cache))?;
+    let index = Tensor::new(ids.as_slice(), cache.device())?;
     cache
         .layers()
         .iter()
@@ -40,13 +40,6 @@ pub fn effective_context(cache: &KvCache, context: usize) -> Result<Vec<(Tensor,
             ))
         })
         .collect()
-}
-
-fn cache_device(cache: &KvCache) -> &Device {
-    cache
-        .layers()
-        .first()
-        .map_or(&Device::Cpu, |l| l.values().device())
 }
 
 /// Per layer, the mean over context tokens of the squared distance (keys and values, summed
@@ -72,6 +65,6 @@ pub fn kv_deviation_per_layer(
 pub fn first_token_kl(logits: &Tensor, reference: &Tensor) -> Result<f64> {
     let log_p = log_softmax(reference)?;
     let log_q = log_softmax(logits)?;
-    let kl = (log_p.exp()? * (&log_p - &log_q)?)?.sum(D::Minus1)?;
-    Ok(f64::from(kl.flatten_all()?.to_vec1::<f32>()?[0]))
+    let kl = (log_p.exp()? * (&log_p - &log_q)?)?.sum_all()?;
+    Ok(f64::from(kl.to_scalar::<f32>()?))
 }

@@ -6,7 +6,7 @@
 use candle_core::{Device, Tensor};
 use hasten_kv_worker::fusion::select::{recompute_count, top_tokens};
 use hasten_kv_worker::fusion::{CACHEBLEND_LAYER, recompute_mask};
-use hasten_kv_worker::{FusionMode, FusionSettings, SegmentKv, assemble, prefill};
+use hasten_kv_worker::{FusedPrefill, FusionMode, FusionSettings, SegmentKv, assemble, prefill};
 use hasten_lm::testing::{TinyArch, max_abs_diff, tokens, write_tiny_model};
 use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits, RopeStyle, RotaryTables};
 
@@ -85,11 +85,18 @@ impl Prompt {
         all
     }
 
-    fn fused(&self, decoder: &Decoder, chunks: &[SegmentKv], settings: FusionSettings) -> Tensor {
+    fn run(
+        &self,
+        decoder: &Decoder,
+        chunks: &[SegmentKv],
+        settings: FusionSettings,
+    ) -> FusedPrefill {
         let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        prefill(decoder, &self.system, &refs, &self.question, settings, 8)
-            .expect("fused prefill")
-            .logits
+        prefill(decoder, &self.system, &refs, &self.question, settings, 8).expect("fused prefill")
+    }
+
+    fn fused(&self, decoder: &Decoder, chunks: &[SegmentKv], settings: FusionSettings) -> Tensor {
+        self.run(decoder, chunks, settings).logits
     }
 }
 
@@ -138,16 +145,7 @@ fn recomputing_every_chunk_token_equals_full_prefill() {
         let chunks = prompt.after_system(&decoder);
         let (expected, expected_kv) = plain(&decoder, &prompt.whole(), None);
         for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
-            let refs: Vec<&SegmentKv> = chunks.iter().collect();
-            let fused = prefill(
-                &decoder,
-                &prompt.system,
-                &refs,
-                &prompt.question,
-                settings(mode, 1.0),
-                8,
-            )
-            .unwrap();
+            let fused = prompt.run(&decoder, &chunks, settings(mode, 1.0));
             assert_eq!(fused.recomputed.len(), 31);
             let diff = max_abs_diff(&fused.logits, &expected);
             assert!(
@@ -374,7 +372,6 @@ fn the_selected_token_count_is_the_ceiling_of_ratio_times_chunk_tokens() {
     for n in [7, 13, 50] {
         let prompt = Prompt::new(&decoder, 50, &[n]);
         let chunks = prompt.after_system(&decoder);
-        let refs: Vec<&SegmentKv> = chunks.iter().collect();
         for (ratio, expected) in [(0.05, [1, 1, 3]), (0.15, [2, 2, 8]), (1.0, [7, 13, 50])] {
             let expected = expected[[7, 13, 50].iter().position(|&m| m == n).unwrap()];
             // Twin: flooring would pick fewer wherever ratio * n is not whole.
@@ -383,19 +380,16 @@ fn the_selected_token_count_is_the_ceiling_of_ratio_times_chunk_tokens() {
             }
             assert_eq!(recompute_count(ratio, n).unwrap(), expected);
             for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
-                let fused = prefill(
-                    &decoder,
-                    &prompt.system,
-                    &refs,
-                    &prompt.question,
-                    settings(mode, ratio),
-                    8,
-                )
-                .unwrap();
+                let fused = prompt.run(&decoder, &chunks, settings(mode, ratio));
                 assert_eq!(fused.recomputed.len(), expected, "{mode:?} {ratio} of {n}");
             }
         }
     }
+}
+
+/// Chunk-relative picks as context entries.
+fn shifted(picks: Vec<usize>, by: usize) -> Vec<usize> {
+    picks.into_iter().map(|i| i + by).collect()
 }
 
 /// The reference selection: `k` highest scores by plain loops and a plain sort.
@@ -441,19 +435,8 @@ fn query_guided_selection_equals_a_naive_reference() {
         };
         let system = assembled.system_len;
         let k = 9;
-        let expected: Vec<usize> = naive_top(&column_scores(system), k)
-            .iter()
-            .map(|i| i + system)
-            .collect();
-        let fused = prefill(
-            &decoder,
-            &prompt.system,
-            &refs,
-            &prompt.question,
-            settings(FusionMode::FusionRag, 0.15),
-            8,
-        )
-        .unwrap();
+        let expected: Vec<usize> = shifted(naive_top(&column_scores(system), k), system);
+        let fused = prompt.run(&decoder, &chunks, settings(FusionMode::FusionRag, 0.15));
         assert_eq!(fused.recomputed, expected, "{arch:?}");
         // Twin: ranking the system prompt's columns too chooses other tokens.
         let with_system = naive_top(&column_scores(0), k);
@@ -503,25 +486,11 @@ fn cacheblend_selection_equals_a_naive_reference() {
                 .collect()
         };
         let k = 9;
-        let expected: Vec<usize> = naive_top(&deviation(CACHEBLEND_LAYER), k)
-            .iter()
-            .map(|i| i + system)
-            .collect();
-        let fused = prefill(
-            &decoder,
-            &prompt.system,
-            &refs,
-            &prompt.question,
-            settings(FusionMode::CacheBlend, 0.15),
-            8,
-        )
-        .unwrap();
+        let expected: Vec<usize> = shifted(naive_top(&deviation(CACHEBLEND_LAYER), k), system);
+        let fused = prompt.run(&decoder, &chunks, settings(FusionMode::CacheBlend, 0.15));
         assert_eq!(fused.recomputed, expected, "{arch:?}");
         // Twin: the first layer's deviation ranks other tokens.
-        let first: Vec<usize> = naive_top(&deviation(0), k)
-            .iter()
-            .map(|i| i + system)
-            .collect();
+        let first: Vec<usize> = shifted(naive_top(&deviation(0), k), system);
         assert_ne!(first, expected, "{arch:?}: the layer made no difference");
     }
 }
@@ -555,18 +524,7 @@ fn quality_measures_are_zero_against_themselves_and_grow_with_reuse() {
         let (_dir, decoder) = tiny(arch, 11);
         let prompt = Prompt::new(&decoder, 90, &[14, 11, 9]);
         let chunks = prompt.after_system(&decoder);
-        let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        let run = |mode, ratio| {
-            prefill(
-                &decoder,
-                &prompt.system,
-                &refs,
-                &prompt.question,
-                settings(mode, ratio),
-                8,
-            )
-            .unwrap()
-        };
+        let run = |mode, ratio| prompt.run(&decoder, &chunks, settings(mode, ratio));
         let full = run(FusionMode::FullPrefill, 0.0);
         let context = full.context_tokens;
         let deviation = |cache| -> f64 {

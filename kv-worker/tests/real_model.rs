@@ -3,28 +3,16 @@
 //! unset; `make test` sets it.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::Device;
 use hasten_kv_worker::prompt::{chunk_tokens, question_tokens};
 use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv, prefill};
-use hasten_lm::testing::max_abs_diff;
+use hasten_lm::testing::{SMALL_MODEL, max_abs_diff, real_model};
 use hasten_lm::{LanguageModel, WeightFormat};
 
-const SMALL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
 fn engine() -> Option<KvEngine> {
-    let Some(dir) = std::env::var_os("HASTEN_LM_DIR") else {
-        eprintln!("HASTEN_LM_DIR is unset: skipping the test on {SMALL_MODEL}");
-        return None;
-    };
-    let path = Path::new(&dir).join(SMALL_MODEL);
-    assert!(
-        path.is_file(),
-        "{} is missing (run `make models`)",
-        path.display()
-    );
+    let path = real_model(SMALL_MODEL)?;
     let model = LanguageModel::load_with(&path, &Device::Cpu, WeightFormat::Fast).unwrap();
     Some(KvEngine::new(Arc::new(model)).unwrap())
 }

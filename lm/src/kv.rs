@@ -373,7 +373,8 @@ impl KvCache {
         Ok(())
     }
 
-    fn device(&self) -> &Device {
+    /// Where the entries live (the CPU for an empty cache).
+    pub fn device(&self) -> &Device {
         self.layers
             .first()
             .map_or(&Device::Cpu, |l| l.values().device())

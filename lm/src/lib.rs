@@ -35,5 +35,5 @@ pub use kv::{KvCache, LayerKv};
 pub use mask::AttentionMask;
 pub use model::LanguageModel;
 pub use rope::{RotaryTables, Rotation};
-pub use tokenizer::{GgufTokenizer, StreamDecoder};
+pub use tokenizer::{GgufTokenizer, StreamDecoder, TextStream};
 pub use weights::WeightFormat;

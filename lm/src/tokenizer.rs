@@ -5,6 +5,7 @@
 //! looked up by name, so a question that contains `<|im_end|>` cannot forge a turn.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -211,5 +212,46 @@ impl StreamDecoder {
         let delta = text.get(self.emitted..).map(str::to_string);
         self.emitted = text.len();
         Ok(delta)
+    }
+}
+
+/// Generated ids as text for a callback, in whole-character pieces: what a generation's
+/// `on_token` streams through. A token callback cannot return an error, so the first
+/// tokenizer error stops the row and waits for [`TextStream::finish`].
+pub struct TextStream<'a> {
+    tokenizer: &'a GgufTokenizer,
+    decoder: StreamDecoder,
+    on_text: &'a mut dyn FnMut(&str),
+    failure: Option<LmError>,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tokenizer: &'a GgufTokenizer, on_text: &'a mut dyn FnMut(&str)) -> Self {
+        Self {
+            tokenizer,
+            decoder: StreamDecoder::default(),
+            on_text,
+            failure: None,
+        }
+    }
+
+    /// Takes the next id; breaks on a tokenizer error.
+    pub fn push(&mut self, id: u32) -> ControlFlow<()> {
+        match self.decoder.push(self.tokenizer, id) {
+            Ok(Some(delta)) => {
+                (self.on_text)(&delta);
+                ControlFlow::Continue(())
+            }
+            Ok(None) => ControlFlow::Continue(()),
+            Err(error) => {
+                self.failure = Some(error);
+                ControlFlow::Break(())
+            }
+        }
+    }
+
+    /// The error that stopped the stream, if any.
+    pub fn finish(self) -> Result<()> {
+        self.failure.map_or(Ok(()), Err)
     }
 }

@@ -1,10 +1,9 @@
 //! Standard RAG: the verifier (the larger model) reads every document and writes the answer,
 //! streaming it as it is generated.
 
-use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use hasten_lm::{GenerationOptions, LanguageModel, LmError, Sampling, StreamDecoder, generate};
+use hasten_lm::{GenerationOptions, LanguageModel, Sampling, TextStream, generate};
 
 use crate::answer::{Answer, AnswerTimings};
 use crate::error::Result;
@@ -30,30 +29,19 @@ pub fn answer_standard(
         stop_tokens: vec![model.chat.end_of_turn(), model.tokenizer.eos()],
         sampling: Sampling::default(),
     };
-    let mut stream = StreamDecoder::default();
     let mut first_text: Option<Duration> = None;
-    // `on_token` cannot return an error: keep the first one and stop the row.
-    let mut failure: Option<LmError> = None;
+    let mut on_delta = |delta: &str| {
+        first_text.get_or_insert_with(|| started.elapsed());
+        on_text(delta);
+    };
+    let mut stream = TextStream::new(&model.tokenizer, &mut on_delta);
     let (generated, timings) = generate(
         &model.decoder,
         std::slice::from_ref(&prompt),
         &options,
-        |_, id| match stream.push(&model.tokenizer, id) {
-            Ok(Some(delta)) => {
-                first_text.get_or_insert_with(|| started.elapsed());
-                on_text(&delta);
-                ControlFlow::Continue(())
-            }
-            Ok(None) => ControlFlow::Continue(()),
-            Err(error) => {
-                failure = Some(error);
-                ControlFlow::Break(())
-            }
-        },
+        |_, id| stream.push(id),
     )?;
-    if let Some(error) = failure {
-        return Err(error.into());
-    }
+    stream.finish()?;
     let tokens = generated.first().map_or(&[][..], |g| g.tokens.as_slice());
     let text = model.tokenizer.decode(tokens)?.trim().to_string();
     let total = started.elapsed();

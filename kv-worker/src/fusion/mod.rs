@@ -111,7 +111,7 @@ pub fn prefill(
     let scores = match settings.mode {
         _ if budget == 0 => Vec::new(),
         FusionMode::FusionRag => question_attention(decoder, &assembled, question)?,
-        FusionMode::CacheBlend => deviation(decoder, system, &assembled)?,
+        FusionMode::CacheBlend => deviation(decoder, &assembled)?,
         FusionMode::FullReuse | FusionMode::FullPrefill => Vec::new(),
     };
     let recomputed: Vec<usize> = select::top_tokens(&scores, budget)
@@ -134,18 +134,13 @@ pub fn prefill(
         &new_positions,
         decoder.device(),
     )?;
-    let rows = [new_tokens];
-    let positions = [new_positions];
-    let out = decoder.forward(
-        &ForwardRequest::new(&rows, &positions)
-            .past(&cache)
-            .mask(AttentionMask::Custom(mask))
-            .logits(Logits::Last),
+    let logits = extend(
+        decoder,
+        &mut cache,
+        new_tokens,
+        new_positions,
+        AttentionMask::Custom(mask),
     )?;
-    cache.append(out.kv)?;
-    let logits = out
-        .logits
-        .ok_or_else(|| KvError::InvalidInput("the model returned no logits".into()))?;
     Ok(FusedPrefill {
         logits,
         cache,
@@ -192,22 +187,18 @@ fn full_prefill(
     question: &[u32],
 ) -> Result<FusedPrefill> {
     let started = Instant::now();
-    let mut cache = system.kv().clone();
-    cache.relocate(decoder.rope(), vec![(0..system.len() as u32).collect()])?;
+    let mut cache = assemble(decoder.rope(), system, &[])?.cache;
     let mut tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens()).copied().collect();
     let context = system.len() + tokens.len();
     tokens.extend_from_slice(question);
-    let positions = [(system.len() as u32..(context + question.len()) as u32).collect()];
-    let rows = [tokens];
-    let out = decoder.forward(
-        &ForwardRequest::new(&rows, &positions)
-            .past(&cache)
-            .logits(Logits::Last),
+    let positions = (system.len() as u32..(context + question.len()) as u32).collect();
+    let logits = extend(
+        decoder,
+        &mut cache,
+        tokens,
+        positions,
+        AttentionMask::Causal,
     )?;
-    cache.append(out.kv)?;
-    let logits = out
-        .logits
-        .ok_or_else(|| KvError::InvalidInput("the model returned no logits".into()))?;
     Ok(FusedPrefill {
         logits,
         cache,
@@ -219,6 +210,28 @@ fn full_prefill(
             ..PrefillTimings::default()
         },
     })
+}
+
+/// Runs `tokens` at `positions` after `cache` under `mask`, appends their entries to it and
+/// returns the last token's logits.
+fn extend(
+    decoder: &Decoder,
+    cache: &mut KvCache,
+    tokens: Vec<u32>,
+    positions: Vec<u32>,
+    mask: AttentionMask,
+) -> Result<Tensor> {
+    let rows = [tokens];
+    let positions = [positions];
+    let out = decoder.forward(
+        &ForwardRequest::new(&rows, &positions)
+            .past(cache)
+            .mask(mask)
+            .logits(Logits::Last),
+    )?;
+    cache.append(out.kv)?;
+    out.logits
+        .ok_or_else(|| KvError::InvalidInput("the model returned no logits".into()))
 }
 
 /// FusionRAG's selection pass: the question over the assembled context, and the attention
@@ -248,9 +261,10 @@ fn question_attention(
 
 /// CacheBlend's selection pass: the chunk tokens prefilled through the first layers after
 /// the system prompt, and each reused entry's distance from that at [`CACHEBLEND_LAYER`].
-fn deviation(decoder: &Decoder, system: &SegmentKv, assembled: &Assembled) -> Result<Vec<f32>> {
-    let mut past = system.kv().clone();
-    past.relocate(decoder.rope(), vec![(0..system.len() as u32).collect()])?;
+fn deviation(decoder: &Decoder, assembled: &Assembled) -> Result<Vec<f32>> {
+    // The system prompt's entries lead the assembled cache; a truncated copy shares them.
+    let mut past = assembled.cache.clone();
+    past.truncate(assembled.system_len)?;
     let columns = assembled.system_len..assembled.tokens.len();
     let rows = [assembled.tokens[columns.clone()].to_vec()];
     let positions = [(columns.start as u32..columns.end as u32).collect()];

@@ -32,14 +32,13 @@ impl SegmentKv {
     pub fn prefill(decoder: &Decoder, tokens: Vec<u32>, past: Option<&KvCache>) -> Result<Self> {
         let start = past.map_or(0, |p| p.next_positions().first().copied().unwrap_or(0));
         let positions = vec![(start..start + tokens.len() as u32).collect::<Vec<_>>()];
-        let rows = vec![tokens];
+        let rows = [tokens];
         let mut request = ForwardRequest::new(&rows, &positions).logits(Logits::None);
         if let Some(past) = past {
             request = request.past(past);
         }
         let kv = decoder.forward(&request)?.kv;
-        let [tokens] = <[Vec<u32>; 1]>::try_from(rows)
-            .map_err(|_| KvError::InvalidInput("one row expected".into()))?;
+        let [tokens] = rows;
         Self::new(tokens, kv)
     }
 

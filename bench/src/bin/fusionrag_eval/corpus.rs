@@ -6,12 +6,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use hasten_bench::questions::Question;
+use hasten_bench::progress_bar;
+use hasten_bench::questions::{Question, encode_documents};
 use hasten_core::encoder::TextEncoder;
+use hasten_core::index::ExactIndex;
 use hasten_kv_worker::prompt::chunk_tokens;
 use hasten_kv_worker::{KvEngine, SegmentKv, assemble};
-
-use crate::report::progress_bar;
 
 /// Which stored KV of a chunk a system reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,22 +97,12 @@ impl Corpus {
         eprintln!("encoding {} chunks for their neighbours", documents.len());
         let encoder = TextEncoder::load(encoder_dir)
             .with_context(|| format!("loading the encoder from {}", encoder_dir.display()))?;
-        let texts: Vec<String> = documents
+        encode_documents(&encoder, &mut documents)?;
+        let vectors: Vec<f32> = documents
             .iter()
-            .map(|d| {
-                hasten_core::Document {
-                    id: 0,
-                    title: d.title.clone(),
-                    text: d.text.clone(),
-                }
-                .embedding_text()
-            })
+            .flat_map(|d| d.vector.iter().flatten().copied())
             .collect();
-        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let vectors = encoder.encode(&texts).context("encoding the chunks")?;
-        let neighbours = (0..documents.len())
-            .map(|i| nearest(&vectors, i, top_n))
-            .collect();
+        let neighbours = nearest(&vectors, encoder.dimension(), top_n)?;
         Ok(Self {
             tokens,
             per_question,
@@ -143,7 +133,7 @@ impl Corpus {
             seconds: [Vec::new(), Vec::new()],
         };
         eprintln!("preprocessing: Full Reuse KV");
-        let bar = progress_bar(needed.iter().filter(|n| **n).count());
+        let bar = progress_bar("Full Reuse KV", needed.iter().filter(|n| **n).count());
         for (chunk, _) in needed.iter().enumerate().filter(|(_, n)| **n) {
             let started = Instant::now();
             stores.full_reuse[chunk] = Some(engine.full_reuse_kv(self.tokens[chunk].clone())?);
@@ -152,7 +142,7 @@ impl Corpus {
         }
         bar.finish_and_clear();
         eprintln!("preprocessing: similarity-guided KV");
-        let bar = progress_bar(used.iter().filter(|u| **u).count());
+        let bar = progress_bar("similarity KV", used.iter().filter(|u| **u).count());
         let decoder = &engine.model().decoder;
         for (chunk, _) in used.iter().enumerate().filter(|(_, u)| **u) {
             let started = Instant::now();
@@ -203,16 +193,24 @@ impl Stores {
     }
 }
 
-/// The `n` chunks most similar to chunk `i` (cosine of unit vectors), most similar first;
-/// the chunk itself and exact duplicates of its vector left out.
-fn nearest(vectors: &[Vec<f32>], i: usize, n: usize) -> Vec<usize> {
-    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
-    let mut scored: Vec<(f32, usize)> = vectors
-        .iter()
+/// Each chunk's `n` most similar chunks (exact inner product of unit vectors, faiss), most
+/// similar first; the chunk itself and exact duplicates of its vector left out.
+fn nearest(vectors: &[f32], dimension: usize, n: usize) -> Result<Vec<Vec<usize>>> {
+    let index = ExactIndex::build(dimension, vectors).context("indexing the chunks")?;
+    // Room for the chunk itself and a few duplicates.
+    let hits = index
+        .search(vectors, n + 4)
+        .context("searching the chunks")?;
+    let row = |i: usize| &vectors[i * dimension..(i + 1) * dimension];
+    Ok(hits
+        .into_iter()
         .enumerate()
-        .filter(|&(j, v)| j != i && v != &vectors[i])
-        .map(|(j, v)| (dot(&vectors[i], v), j))
-        .collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    scored.into_iter().take(n).map(|(_, j)| j).collect()
+        .map(|(i, hits)| {
+            hits.into_iter()
+                .map(|hit| hit.id as usize)
+                .filter(|&j| j != i && row(j) != row(i))
+                .take(n)
+                .collect()
+        })
+        .collect())
 }

@@ -24,7 +24,7 @@ use hasten_lm::{LanguageModel, WeightFormat};
 use hasten_rag::eval::{best_of, exact_match, f1, normalize};
 
 use crate::corpus::{Corpus, Variant};
-use crate::report::{Outcome, Summary, print_table, progress_bar};
+use crate::report::{Outcome, Summary, print_table};
 
 #[derive(Parser, Debug)]
 #[command(about = "FusionRAG KV reuse against full prefill: time to first token and quality")]
@@ -150,7 +150,7 @@ fn main() -> Result<()> {
     )?;
 
     let mut outcomes: Vec<Vec<Outcome>> = systems.iter().map(|_| Vec::new()).collect();
-    let bar = progress_bar(questions.len());
+    let bar = hasten_bench::progress_bar("questions", questions.len());
     for (q, question) in questions.iter().enumerate() {
         // Full prefill first (every other system is compared with it), the rest in an order
         // that rotates from question to question.

@@ -1,7 +1,6 @@
 //! Per-system outcomes, their summary against full prefill, and the printed table.
 
 use hasten_kv_worker::FusionSettings;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 pub struct Outcome {
@@ -139,14 +138,4 @@ pub fn print_table(summaries: &[Summary]) {
             s.recomputed_tokens
         );
     }
-}
-
-pub fn progress_bar(len: usize) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar
 }

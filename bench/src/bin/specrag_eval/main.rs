@@ -45,9 +45,7 @@ use hasten_rag::{
     WeightFormat,
 };
 
-use crate::report::{
-    Outcome, QuestionReport, SystemReport, file_name, print_table, progress_bar, summarise,
-};
+use crate::report::{Outcome, QuestionReport, SystemReport, file_name, print_table, summarise};
 use crate::retrieval::{PassageRetriever, holds_answer};
 use hasten_bench::questions::{encode_documents, read_questions};
 
@@ -210,7 +208,7 @@ fn main() -> Result<()> {
             .join(", ")
     );
 
-    let bar = progress_bar(questions.len());
+    let bar = hasten_bench::progress_bar("questions", questions.len());
     let mut reports = Vec::with_capacity(questions.len());
     let mut encoding_total = 0.0;
     let mut retrieval_total = 0.0;

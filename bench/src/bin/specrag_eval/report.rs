@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use hasten_rag::{Answer, eval};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -102,18 +101,6 @@ pub fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
-}
-
-pub fn progress_bar(len: usize) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "questions [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar
 }
 
 pub fn print_table(systems: &[SystemReport], ratios: &BTreeMap<&'static str, f64>) {
