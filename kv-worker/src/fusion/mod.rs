@@ -108,11 +108,12 @@ pub fn prefill(
             select::recompute_count(settings.ratio, assembled.chunk_tokens())?
         }
     };
-    let scores = match settings.mode {
-        _ if budget == 0 => Vec::new(),
-        FusionMode::FusionRag => question_attention(decoder, &assembled, question)?,
-        FusionMode::CacheBlend => deviation(decoder, &assembled)?,
-        FusionMode::FullReuse | FusionMode::FullPrefill => Vec::new(),
+    let scores = if budget == 0 {
+        Vec::new()
+    } else if settings.mode == FusionMode::FusionRag {
+        question_attention(decoder, &assembled, question)?
+    } else {
+        deviation(decoder, &assembled)?
     };
     let recomputed: Vec<usize> = select::top_tokens(&scores, budget)
         .into_iter()
