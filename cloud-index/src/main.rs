@@ -23,7 +23,7 @@ use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
-use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
+use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
 use hasten_proto::auth::AccessToken;
@@ -113,6 +113,25 @@ struct BuildArgs {
     /// Directory holding all-MiniLM-L6-v2 (config.json, tokenizer.json, model.safetensors).
     #[arg(long, env = "HASTEN_MODEL_DIR", default_value = DEFAULT_MODEL_DIR)]
     model_dir: PathBuf,
+    /// Where passages are encoded: `cpu` (ONNX Runtime when the model directory has it,
+    /// else candle) or `cuda` (candle on the first GPU; needs a build with the `cuda` feature).
+    #[arg(long, value_enum, default_value_t = EncodeDevice::Cpu)]
+    device: EncodeDevice,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum EncodeDevice {
+    Cpu,
+    Cuda,
+}
+
+impl EncodeDevice {
+    fn runtime(self) -> EncoderRuntime {
+        match self {
+            Self::Cpu => EncoderRuntime::Auto,
+            Self::Cuda => EncoderRuntime::Cuda,
+        }
+    }
 }
 
 #[derive(Args, Serialize)]
@@ -307,8 +326,9 @@ fn build(args: BuildArgs) -> Result<()> {
             seed: args.synthetic_seed,
         }),
     };
-    let encoder = TextEncoder::load(&args.model_dir)
+    let encoder = TextEncoder::load_with(&args.model_dir, args.device.runtime())
         .with_context(|| format!("loading the encoder from {}", args.model_dir.display()))?;
+    tracing::info!(runtime = encoder.runtime().name(), "encoder loaded");
     let imports = read_imports(
         &args.import_vectors,
         &args.import_passages,

@@ -1,5 +1,6 @@
-//! The encoder against an independent implementation and on real sentence pairs, in both
-//! runtimes: ONNX Runtime and candle.
+//! The encoder against an independent implementation and on real sentence pairs, in every
+//! runtime: ONNX Runtime and candle, and candle on CUDA in a build with the `cuda` feature
+//! (run on a GPU machine; see bench/README.md, encoder).
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -19,10 +20,12 @@ fn model_dir() -> PathBuf {
         })
 }
 
-/// One encoder per runtime; `make models` installs what both need.
+/// One encoder per runtime; `make models` installs what the CPU runtimes need.
 fn encoders() -> Vec<TextEncoder> {
+    let cuda = cfg!(feature = "cuda").then_some(EncoderRuntime::Cuda);
     [EncoderRuntime::Onnx, EncoderRuntime::Candle]
         .into_iter()
+        .chain(cuda)
         .map(|runtime| {
             let encoder = TextEncoder::load_with(&model_dir(), runtime)
                 .expect("model missing: run `make models`");
@@ -30,6 +33,19 @@ fn encoders() -> Vec<TextEncoder> {
             encoder
         })
         .collect()
+}
+
+/// Without the `cuda` feature the `cuda` runtime is refused with an error that says why,
+/// never silently replaced by the CPU.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_runtime_without_the_feature_is_refused() {
+    let err = TextEncoder::load_with(&model_dir(), EncoderRuntime::Cuda).unwrap_err();
+    assert!(
+        matches!(err, hasten_core::encoder::EncoderError::Cuda(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("`cuda` feature"), "{err}");
 }
 
 /// Golden values come from `tests/golden/minilm_reference.py`: a numpy implementation of the

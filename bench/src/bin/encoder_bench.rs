@@ -1,15 +1,16 @@
-//! hasten-encoder-bench: the text encoder's two runtimes, ONNX Runtime and candle, side by
-//! side on the same real text in one process: corpus encoding rate (passages/s, DPR passages
-//! of Wikipedia articles as `cloud-index build` encodes them), query encoding latency (one
-//! EntityQuestions question at a time, as an edge encodes them), and how closely the two
-//! runtimes' vectors agree (cosine per passage).
+//! hasten-encoder-bench: the text encoder's runtimes (ONNX Runtime, candle on the CPU, candle
+//! on a CUDA GPU) side by side on the same real text in one process: corpus encoding rate
+//! (passages/s, DPR passages of Wikipedia articles or HotpotQA paragraphs, as `cloud-index
+//! build` encodes them), query encoding latency (one EntityQuestions question at a time, as an
+//! edge encodes them), and how closely each runtime's vectors agree with the first's (cosine
+//! per passage).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use hasten_core::corpus::{ArticleFilter, load_entity_questions, load_wiki_articles};
+use hasten_core::corpus::{ArticleFilter, load_entity_questions, load_hotpot, load_wiki_articles};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::vector::dot;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,6 +25,9 @@ struct Args {
     /// Wikipedia articles (JSON lines, gzip or not), split into DPR passages.
     #[arg(long, default_value = "../shared/data/wiki-entity-articles.jsonl.gz")]
     articles: PathBuf,
+    /// Take the passages from this HotpotQA JSON-lines file's paragraphs instead of --articles.
+    #[arg(long)]
+    hotpot: Option<PathBuf>,
     /// Questions to encode one at a time (EntityQuestions JSON lines).
     #[arg(
         long,
@@ -39,9 +43,9 @@ struct Args {
     /// Questions encoded one at a time per runtime.
     #[arg(long, default_value_t = 200)]
     queries: usize,
-    /// Run only this runtime (no agreement figure then).
-    #[arg(long, value_parser = ["onnx", "candle"])]
-    only: Option<String>,
+    /// Runtimes to run, in order; each one's vectors are compared with the first's.
+    #[arg(long, value_delimiter = ',', default_value = "onnx,candle", value_parser = parse_runtime)]
+    runtimes: Vec<EncoderRuntime>,
     #[arg(long, env = "HASTEN_MODEL_DIR", default_value = DEFAULT_MODEL_DIR)]
     model_dir: PathBuf,
     /// Where to write the JSON report.
@@ -54,6 +58,17 @@ struct RuntimeRun {
     vectors: Vec<Vec<f32>>,
     passages_per_s: f64,
     query_ms: Vec<f64>,
+}
+
+fn parse_runtime(name: &str) -> Result<EncoderRuntime, String> {
+    match name {
+        "onnx" => Ok(EncoderRuntime::Onnx),
+        "candle" => Ok(EncoderRuntime::Candle),
+        "cuda" => Ok(EncoderRuntime::Cuda),
+        other => Err(format!(
+            "unknown runtime `{other}`: expected onnx, candle or cuda"
+        )),
+    }
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -118,8 +133,17 @@ fn main() -> Result<()> {
     if args.passages == 0 || args.queries == 0 {
         bail!("--passages and --queries must be at least 1");
     }
-    let corpus = load_wiki_articles(&args.articles, Some(args.max_passages_per_article))
-        .with_context(|| format!("reading {}", args.articles.display()))?;
+    let (source, corpus) = match &args.hotpot {
+        Some(path) => (
+            path,
+            load_hotpot(path).with_context(|| format!("reading {}", path.display()))?,
+        ),
+        None => (
+            &args.articles,
+            load_wiki_articles(&args.articles, Some(args.max_passages_per_article))
+                .with_context(|| format!("reading {}", args.articles.display()))?,
+        ),
+    };
     let stride = (corpus.passages.len() / args.passages).max(1);
     let passages: Vec<String> = corpus
         .passages
@@ -140,35 +164,50 @@ fn main() -> Result<()> {
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     eprintln!(
-        "{} passages (of {} from {} articles), {} questions, {threads} cores",
+        "{} passages (of {} from {}), {} questions, {threads} cores",
         passages.len(),
         corpus.passages.len(),
-        args.articles.display(),
+        source.display(),
         questions.len()
     );
-    let runs = [EncoderRuntime::Onnx, EncoderRuntime::Candle]
-        .into_iter()
-        .filter(|r| args.only.as_deref().is_none_or(|only| only == r.name()))
-        .map(|runtime| run(runtime, &args, &passages, &questions))
+    if args.runtimes.is_empty() {
+        bail!("--runtimes names no runtime");
+    }
+    let runs = args
+        .runtimes
+        .iter()
+        .map(|&runtime| run(runtime, &args, &passages, &questions))
         .collect::<Result<Vec<_>>>()?;
     print_table(&runs);
-    let [onnx, candle] = &runs[..] else {
-        return Ok(());
-    };
-    let mut cosines: Vec<f64> = onnx
-        .vectors
+    let reference = &runs[0];
+    let comparisons: Vec<_> = runs[1..]
         .iter()
-        .zip(&candle.vectors)
-        .map(|(a, b)| f64::from(dot(a, b)))
+        .map(|other| {
+            let mut cosines: Vec<f64> = reference
+                .vectors
+                .iter()
+                .zip(&other.vectors)
+                .map(|(a, b)| f64::from(dot(a, b)))
+                .collect();
+            cosines.sort_by(f64::total_cmp);
+            let cosine_mean = cosines.iter().sum::<f64>() / cosines.len() as f64;
+            let speedup = reference.passages_per_s / other.passages_per_s;
+            println!(
+                "{} / {}: {speedup:.2}x passages/s; cosine between the runtimes: min {:.6}, mean {:.6}",
+                reference.runtime.name(),
+                other.runtime.name(),
+                cosines[0],
+                cosine_mean
+            );
+            json!({
+                "reference": reference.runtime.name(),
+                "runtime": other.runtime.name(),
+                "reference_over_runtime": speedup,
+                "cosine_min": cosines[0],
+                "cosine_mean": cosine_mean,
+            })
+        })
         .collect();
-    cosines.sort_by(f64::total_cmp);
-    let cosine_mean = cosines.iter().sum::<f64>() / cosines.len() as f64;
-
-    let speedup = onnx.passages_per_s / candle.passages_per_s;
-    println!(
-        "onnx / candle: {speedup:.2}x passages/s; cosine between the runtimes: min {:.6}, mean {:.6}",
-        cosines[0], cosine_mean
-    );
     let report = json!({
         "passages": passages.len(),
         "queries": questions.len(),
@@ -179,9 +218,7 @@ fn main() -> Result<()> {
             "query_p50_ms": percentile(&r.query_ms, 0.5),
             "query_p99_ms": percentile(&r.query_ms, 0.99),
         })).collect::<Vec<_>>(),
-        "onnx_over_candle": speedup,
-        "cosine_min": cosines[0],
-        "cosine_mean": cosine_mean,
+        "comparisons": comparisons,
     });
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_vec_pretty(&report)?)

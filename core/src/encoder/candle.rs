@@ -13,9 +13,13 @@ pub(super) struct CandleBert {
 }
 
 impl CandleBert {
-    pub(super) fn load(model_dir: &Path, config: &BertConfig) -> Result<Self, EncoderError> {
+    pub(super) fn load(
+        model_dir: &Path,
+        config: &BertConfig,
+        device: &Device,
+    ) -> Result<Self, EncoderError> {
         let weights = read(&model_dir.join("model.safetensors"))?;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)?;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, device)?;
         Ok(Self {
             model: BertModel::load(vb, config)?,
         })

@@ -5,7 +5,8 @@
 //! (Transformer -> Pooling(mean) -> Normalize). Two runtimes compute the hidden states from
 //! the same weights: ONNX Runtime (`model.onnx` and `libonnxruntime.so` in the model
 //! directory, written by `scripts/fetch-model.sh`), about 4x faster on CPU, and candle,
-//! which needs nothing beyond the safetensors. Tokenising, batching and pooling are shared.
+//! which needs nothing beyond the safetensors and also runs on a CUDA GPU in a build with the
+//! `cuda` feature. Tokenising, batching and pooling are shared.
 
 mod candle;
 mod onnx;
@@ -55,6 +56,10 @@ pub enum EncoderError {
     },
     #[error("cannot load ONNX Runtime from {path}: {message}")]
     OnnxRuntimeLibrary { path: PathBuf, message: String },
+    #[error(
+        "cannot open the CUDA device: the `cuda` runtime needs a build with the `cuda` feature and a GPU"
+    )]
+    Cuda(#[source] ::candle_core::Error),
 }
 
 /// Which runtime computes the hidden states.
@@ -65,6 +70,8 @@ pub enum EncoderRuntime {
     Auto,
     Onnx,
     Candle,
+    /// candle on the first CUDA device.
+    Cuda,
 }
 
 impl EncoderRuntime {
@@ -73,6 +80,7 @@ impl EncoderRuntime {
             Self::Auto => "auto",
             Self::Onnx => "onnx",
             Self::Candle => "candle",
+            Self::Cuda => "cuda",
         }
     }
 }
@@ -159,10 +167,24 @@ impl TextEncoder {
             .map_err(|e| EncoderError::Tokenizer(e.to_string()))?;
         // Texts per forward pass. candle amortises its per-call matmul overhead over ~32
         // texts; ONNX Runtime is fastest at a few (bench/README.md, encoder), where the
-        // padding of texts sorted by length is near zero.
+        // padding of texts sorted by length is near zero. A GPU needs large batches to fill.
         let (model, batch_size): (Box<dyn HiddenStates>, usize) = match runtime {
             EncoderRuntime::Onnx => (Box::new(OnnxBert::load(model_dir)?), 2),
-            _ => (Box::new(CandleBert::load(model_dir, &config)?), 32),
+            EncoderRuntime::Cuda => {
+                let device = ::candle_core::Device::new_cuda(0).map_err(EncoderError::Cuda)?;
+                (
+                    Box::new(CandleBert::load(model_dir, &config, &device)?),
+                    256,
+                )
+            }
+            _ => (
+                Box::new(CandleBert::load(
+                    model_dir,
+                    &config,
+                    &::candle_core::Device::Cpu,
+                )?),
+                32,
+            ),
         };
         tracing::debug!(runtime = runtime.name(), "text encoder loaded");
         Ok(Self {

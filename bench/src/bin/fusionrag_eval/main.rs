@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use candle_core::{D, Device};
+use candle_core::D;
 use clap::Parser;
 use hasten_bench::questions::read_questions;
 use hasten_kv_worker::quality::{first_token_kl, kv_deviation_per_layer};
 use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv};
-use hasten_lm::{LanguageModel, WeightFormat};
+use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use hasten_rag::eval::{best_of, exact_match, f1, normalize};
 
 use crate::corpus::{Corpus, Variant};
@@ -58,6 +58,10 @@ struct Args {
     min_context: usize,
     #[arg(long, default_value_t = 32)]
     max_new_tokens: usize,
+    /// Where the model runs: cpu, or cuda in a build with `--features cuda`. On cpu the
+    /// weights take the `Fast` layout (Q8_0 decoding, f32 prefill), on cuda plain f32.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceKind,
 }
 
 /// One system of the comparison.
@@ -125,7 +129,11 @@ fn main() -> Result<()> {
         )?)
         .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
-    let model = LanguageModel::load_with(&model_path, &Device::Cpu, WeightFormat::Fast)
+    let weights = match args.device {
+        DeviceKind::Cpu => WeightFormat::Fast,
+        DeviceKind::Cuda => WeightFormat::F32,
+    };
+    let model = LanguageModel::load_with(&model_path, &args.device.open()?, weights)
         .with_context(|| format!("loading {}", model_path.display()))?;
     let engine = KvEngine::new(Arc::new(model))?;
     let questions = read_questions(&args.file, Some(args.limit), true)?;
