@@ -5,13 +5,15 @@
 //! their KV cache is computed once and reused ([`fusion`]): placed at the request's
 //! positions by re-rotating the stored keys, with the few tokens the question attends to
 //! most recomputed so that the chunks see each other again (FusionRAG's query-guided
-//! selection; CacheBlend's deviation-based selection as the baseline).
+//! selection; CacheBlend's deviation-based selection as the baseline). The [`store`] keeps
+//! each chunk's KV once, on disk and in memory tiers by heat.
 
 pub mod engine;
 pub mod error;
 pub mod fusion;
 pub mod prompt;
 pub mod quality;
+pub mod store;
 
 pub use engine::{AnswerTimings, KvAnswer, KvEngine};
 pub use error::{KvError, Result};

@@ -183,6 +183,42 @@ impl KvCache {
         }
     }
 
+    /// One row rebuilt from stored parts: per layer the keys before RoPE and the values, each
+    /// (1, kv_heads, tokens, head_dim), with the keys rotated to `positions` (one per token).
+    /// What a KV store writes is `layers()`' `raw_keys` and `values`; this is the way back.
+    pub fn from_stored(
+        layers: Vec<(Tensor, Tensor)>,
+        positions: Vec<u32>,
+        rope: &RotaryTables,
+    ) -> Result<Self> {
+        let positions = vec![positions];
+        rope.check(&positions)?;
+        let shape = layers.first().map(|(k, _)| k.dims().to_vec());
+        let mut rebuilt = Vec::with_capacity(layers.len());
+        for (index, (raw_keys, values)) in layers.into_iter().enumerate() {
+            let (batch, _, tokens, _) = raw_keys.dims4()?;
+            if Some(raw_keys.dims().to_vec()) != shape
+                || values.dims() != raw_keys.dims()
+                || batch != 1
+                || tokens != positions[0].len()
+            {
+                return Err(LmError::InvalidInput(format!(
+                    "stored layer {index}: keys {:?} and values {:?} do not make one row of {} \
+                     entries shaped like layer 0's {:?}",
+                    raw_keys.dims(),
+                    values.dims(),
+                    positions[0].len(),
+                    shape.clone().unwrap_or_default()
+                )));
+            }
+            let grid = position_tensor(&positions, raw_keys.device())?;
+            let keys = rope.apply(&raw_keys, &grid)?;
+            rebuilt.push(LayerKv::new(raw_keys, keys, values)?);
+        }
+        let valid = vec![vec![true; positions[0].len()]];
+        Ok(Self::from_parts(rebuilt, positions, valid))
+    }
+
     /// Entries per row (padding included).
     pub fn len(&self) -> usize {
         self.positions.first().map_or(0, Vec::len)
@@ -371,6 +407,26 @@ impl KvCache {
         }
         self.positions = positions;
         Ok(())
+    }
+
+    /// A copy of this cache on `device` (a KV store moving an entry between GPU and RAM).
+    pub fn to_device(&self, device: &Device) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                LayerKv::new(
+                    l.raw_keys.to_device(device)?,
+                    l.keys.to_device(device)?,
+                    l.values.to_device(device)?,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_parts(
+            layers,
+            self.positions.clone(),
+            self.valid.clone(),
+        ))
     }
 
     /// Where the entries live (the CPU for an empty cache).

@@ -461,3 +461,50 @@ fn a_pass_over_the_first_layers_equals_those_layers_of_a_full_pass() {
         assert!(decoder.forward(&bad).is_err());
     }
 }
+
+#[test]
+fn a_cache_rebuilt_from_stored_parts_equals_the_prefill_it_came_from() {
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let (_dir, _path, decoder) = tiny(arch, 17);
+        let chunk = tokens(37, 11);
+        let prefill = decoder
+            .forward(
+                &ForwardRequest::new(std::slice::from_ref(&chunk), &positions(40, chunk.len()))
+                    .logits(Logits::None),
+            )
+            .expect("prefill")
+            .kv;
+        let parts = || -> Vec<(Tensor, Tensor)> {
+            prefill
+                .layers()
+                .iter()
+                .map(|l| (l.raw_keys().clone(), l.values().clone()))
+                .collect()
+        };
+        let rebuilt = KvCache::from_stored(
+            parts(),
+            positions(40, chunk.len()).remove(0),
+            decoder.rope(),
+        )
+        .expect("rebuild");
+        assert_eq!(rebuilt.positions(), prefill.positions());
+        assert_eq!(rebuilt.valid(), prefill.valid());
+        for (x, y) in prefill.layers().iter().zip(rebuilt.layers()) {
+            assert_eq!(max_abs_diff(x.keys(), y.keys()), 0.0);
+            assert_eq!(max_abs_diff(x.values(), y.values()), 0.0);
+        }
+        // Rebuilt at other positions, the keys are rotated there, not copied.
+        let elsewhere =
+            KvCache::from_stored(parts(), positions(0, chunk.len()).remove(0), decoder.rope())
+                .expect("rebuild at 0");
+        assert!(max_abs_diff(prefill.layers()[0].keys(), elsewhere.layers()[0].keys()) > 0.1);
+        // A position per token, and layers of one shape.
+        assert!(KvCache::from_stored(parts(), positions(40, 3).remove(0), decoder.rope()).is_err());
+        let mut ragged = parts();
+        ragged[1].1 = ragged[1].1.narrow(2, 0, 5).expect("narrow");
+        assert!(
+            KvCache::from_stored(ragged, positions(40, chunk.len()).remove(0), decoder.rope())
+                .is_err()
+        );
+    }
+}

@@ -42,6 +42,14 @@ impl SegmentKv {
         Self::new(tokens, kv)
     }
 
+    /// A copy on `device`.
+    pub fn to_device(&self, device: &candle_core::Device) -> hasten_lm::Result<Self> {
+        Ok(Self {
+            tokens: self.tokens.clone(),
+            kv: self.kv.to_device(device)?,
+        })
+    }
+
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
