@@ -11,6 +11,7 @@
 pub mod engine;
 pub mod error;
 pub mod fusion;
+pub mod preprocess;
 pub mod prompt;
 pub mod quality;
 pub mod store;

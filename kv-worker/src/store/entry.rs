@@ -161,6 +161,35 @@ pub fn read_header(bytes: &[u8]) -> Result<(EntryHeader, &[u8]), StoreError> {
     Ok((header, &bytes[8 + len..]))
 }
 
+/// `bytes` (an entry of `from`) filed under `to` instead: the header renamed, the payload
+/// and its checksum as they were.
+pub fn rekey(bytes: &[u8], from: &KvKey, to: &KvKey) -> Result<Vec<u8>, StoreError> {
+    let (mut header, payload) = read_header(bytes)?;
+    let stored = (&header.model, &header.corpus, &header.chunk, header.variant);
+    if stored != (&from.model, &from.corpus, &from.chunk, from.variant) {
+        return Err(StoreError::Mismatch {
+            key: from.to_string(),
+            field: "key",
+            expected: from.to_string(),
+            found: format!(
+                "{} ({}) of corpus {} for model {}",
+                header.chunk, header.variant, header.corpus, header.model
+            ),
+        });
+    }
+    header.model = to.model.clone();
+    header.corpus = to.corpus.clone();
+    header.chunk = to.chunk.clone();
+    header.variant = to.variant;
+    let header = serde_json::to_vec(&header).map_err(StoreError::Header)?;
+    let mut out = Vec::with_capacity(8 + header.len() + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
 /// Checks that the file holds what `key` names, intact, and rebuilds the segment on
 /// `device` with its keys rotated at the positions it was computed at.
 pub fn decode(

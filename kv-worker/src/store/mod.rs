@@ -228,6 +228,34 @@ impl ChunkKvStore {
         });
     }
 
+    /// Files `from`'s entry under `to` as well (a corpus version carrying over what stays
+    /// valid). False when `from` has no entry; true when `to` has one after the call.
+    pub fn copy_entry(&self, from: &KvKey, to: &KvKey) -> Result<bool, StoreError> {
+        let target = self.path_of(to);
+        if target.is_file() {
+            return Ok(true);
+        }
+        let source = self.path_of(from);
+        let bytes = match std::fs::read(&source) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source_error) => {
+                return Err(StoreError::Io {
+                    path: source,
+                    source: source_error,
+                });
+            }
+        };
+        let bytes = entry::rekey(&bytes, from, to)?;
+        hasten_core::lifecycle::write_atomically(&target, &bytes).map_err(|source| {
+            StoreError::Io {
+                path: target,
+                source,
+            }
+        })?;
+        Ok(true)
+    }
+
     /// Deletes `key`'s entry from disk and memory (a corpus update invalidated it).
     pub fn remove(&self, key: &KvKey) -> Result<(), StoreError> {
         let path = self.path_of(key);

@@ -10,25 +10,16 @@ use hasten_bench::progress_bar;
 use hasten_bench::questions::{Question, encode_documents};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::index::ExactIndex;
+use hasten_kv_worker::preprocess::similarity_kv;
 use hasten_kv_worker::prompt::chunk_tokens;
-use hasten_kv_worker::{KvEngine, SegmentKv, assemble};
+use hasten_kv_worker::store::Variant;
+use hasten_kv_worker::{KvEngine, SegmentKv};
 
-/// Which stored KV of a chunk a system reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Variant {
-    /// The chunk after the system prompt alone.
-    FullReuse,
-    /// The chunk after the system prompt and its top-n most similar chunks (FusionRAG's
-    /// offline stage).
-    Similarity,
-}
-
-impl Variant {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::FullReuse => "fr-kv",
-            Self::Similarity => "sim-kv",
-        }
+/// The short name a report gives a stored KV variant.
+pub fn variant_name(variant: Variant) -> &'static str {
+    match variant {
+        Variant::FullReuse => "fr-kv",
+        Variant::Similarity => "sim-kv",
     }
 }
 
@@ -150,8 +141,12 @@ impl Corpus {
                 .iter()
                 .filter_map(|&n| stores.full_reuse[n].as_ref())
                 .collect();
-            let before = assemble(decoder.rope(), engine.system(), &neighbours)?;
-            let kv = SegmentKv::prefill(decoder, self.tokens[chunk].clone(), Some(&before.cache))?;
+            let kv = similarity_kv(
+                decoder,
+                engine.system(),
+                &neighbours,
+                self.tokens[chunk].clone(),
+            )?;
             stores.similarity[chunk] = Some(kv);
             stores.seconds[1].push(started.elapsed().as_secs_f64());
             bar.inc(1);

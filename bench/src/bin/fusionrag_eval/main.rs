@@ -23,7 +23,9 @@ use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use hasten_rag::eval::{best_of, exact_match, f1, normalize};
 
-use crate::corpus::{Corpus, Variant};
+use hasten_kv_worker::store::Variant;
+
+use crate::corpus::{Corpus, variant_name};
 use crate::report::{Outcome, Summary, print_table};
 
 #[derive(Parser, Debug)]
@@ -75,11 +77,13 @@ fn systems(args: &Args) -> Vec<System> {
     let system = |mode, ratio: f64, variant: Variant| {
         let name = match mode {
             FusionMode::FullPrefill => "full-prefill".to_string(),
-            FusionMode::FullReuse => format!("full-reuse/{}", variant.name()),
+            FusionMode::FullReuse => format!("full-reuse/{}", variant_name(variant)),
             FusionMode::CacheBlend => {
-                format!("cacheblend-{:.0}%/{}", ratio * 100.0, variant.name())
+                format!("cacheblend-{:.0}%/{}", ratio * 100.0, variant_name(variant))
             }
-            FusionMode::FusionRag => format!("fusionrag-{:.0}%/{}", ratio * 100.0, variant.name()),
+            FusionMode::FusionRag => {
+                format!("fusionrag-{:.0}%/{}", ratio * 100.0, variant_name(variant))
+            }
         };
         System {
             name,

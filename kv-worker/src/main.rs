@@ -1,0 +1,389 @@
+//! `kv-worker`: FusionRAG's offline stage over a corpus bundle, and the store's upkeep.
+//!
+//! `preprocess` computes every chunk's Full Reuse and similarity-guided KV into the store
+//! (resumable: run it again after an interruption), `update` carries a corpus version's
+//! still-valid entries over to a new bundle's version, `status` shows what a store holds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use hasten_core::bundle::CorpusBundle;
+use hasten_kv_worker::KvEngine;
+use hasten_kv_worker::preprocess::{Catalog, Phase, PlannedChunk, carry_over, run};
+use hasten_kv_worker::prompt::chunk_tokens;
+use hasten_kv_worker::store::{
+    ChunkKvStore, KvDtype, MemoryTier, ModelId, StoreSettings, content_hash,
+};
+use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(
+    name = "kv-worker",
+    version,
+    about = "Hasten's FusionRAG KV worker: chunk KV preprocessing and store upkeep"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compute the chunks' Full Reuse and similarity-guided KV of a corpus bundle into the
+    /// store (skips what the store holds, so a rerun resumes).
+    Preprocess(PreprocessArgs),
+    /// Start a new bundle's corpus version from an old one's entries that stay valid (a
+    /// changed chunk and every chunk whose similarity-guided KV read it are left out).
+    Update(UpdateArgs),
+    /// Show each corpus version's preprocessing progress in a store.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// The GGUF model whose KV is stored.
+    #[arg(long, env = "HASTEN_KV_MODEL")]
+    model: PathBuf,
+    /// Weight layout: as-stored, q8_0, f32 or fast (entries of one layout are not
+    /// another's) [default: fast on cpu, f32 on cuda].
+    #[arg(long, env = "HASTEN_KV_WEIGHTS")]
+    weights: Option<WeightFormat>,
+    /// cpu, or cuda in a build with the `cuda` feature.
+    #[arg(long, env = "HASTEN_KV_DEVICE", default_value = "cpu")]
+    device: DeviceKind,
+}
+
+#[derive(Args)]
+struct StoreArgs {
+    /// The store's directory.
+    #[arg(long, env = "HASTEN_KV_STORE", default_value = "kv-store")]
+    store: PathBuf,
+    /// How entries are written: f16 (half the bytes) or f32 (exact).
+    #[arg(long, env = "HASTEN_KV_DTYPE", default_value = "f16")]
+    dtype: KvDtype,
+    /// Bytes of chunk KV kept in RAM (the rest is read from disk when needed).
+    #[arg(long, env = "HASTEN_KV_RAM_BUDGET", default_value_t = 1 << 30)]
+    ram_budget: u64,
+}
+
+#[derive(Args)]
+struct PreprocessArgs {
+    /// The corpus bundle (`cloud-index build --out`); its documents are the chunks.
+    #[arg(long)]
+    bundle: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Neighbours each chunk's similarity-guided KV attends to (the paper's n).
+    #[arg(long, default_value_t = 10)]
+    top_n: usize,
+    /// Only these chunk ids (one per line) and the Full Reuse KV of their neighbours.
+    #[arg(long)]
+    only: Option<PathBuf>,
+    /// Only the bundle's first N chunks (and their neighbours' Full Reuse KV).
+    #[arg(long)]
+    limit: Option<usize>,
+}
+
+#[derive(Args)]
+struct UpdateArgs {
+    /// The new corpus bundle.
+    #[arg(long)]
+    bundle: PathBuf,
+    /// The corpus version whose entries are carried over.
+    #[arg(long)]
+    from: String,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Neighbours per chunk [default: the old version's].
+    #[arg(long)]
+    top_n: Option<usize>,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// The store's directory.
+    #[arg(long, env = "HASTEN_KV_STORE", default_value = "kv-store")]
+    store: PathBuf,
+}
+
+/// A loaded model with its system prompt's KV and the id its entries are stored under.
+struct Loaded {
+    engine: KvEngine,
+    model_id: ModelId,
+}
+
+fn load_model(args: &ModelArgs) -> Result<Loaded> {
+    let weights = args.weights.unwrap_or(match args.device {
+        DeviceKind::Cpu => WeightFormat::Fast,
+        DeviceKind::Cuda => WeightFormat::F32,
+    });
+    let device = args.device.open()?;
+    let model = LanguageModel::load_with(&args.model, &device, weights)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let engine = KvEngine::new(Arc::new(model))?;
+    let model_id = ModelId::compute(&args.model, &weights.to_string(), engine.system().tokens())?;
+    Ok(Loaded { engine, model_id })
+}
+
+fn open_store(args: &StoreArgs, loaded: &Loaded) -> Result<ChunkKvStore> {
+    let decoder = &loaded.engine.model().decoder;
+    let device = loaded.engine.system().kv().device().clone();
+    let mut tiers = Vec::new();
+    if device.is_cuda() {
+        // Entries read on a GPU stay there while they are the hottest of what fits.
+        tiers.push(MemoryTier {
+            name: "gpu",
+            device: device.clone(),
+            budget: args.ram_budget,
+        });
+    }
+    tiers.push(MemoryTier {
+        name: "ram",
+        device: candle_core::Device::Cpu,
+        budget: args.ram_budget,
+    });
+    Ok(ChunkKvStore::open(
+        StoreSettings {
+            root: args.store.clone(),
+            tiers,
+            dtype: args.dtype,
+            half_life: 1000.0,
+        },
+        device,
+        decoder.rope().clone(),
+    )?)
+}
+
+/// The bundle's documents as chunks (tokenized as prompts place them) and their vectors.
+fn plan(loaded: &Loaded, bundle: &CorpusBundle) -> Result<Vec<PlannedChunk>> {
+    let bar = bar("tokenizing", bundle.documents.len());
+    let chunks = bundle
+        .documents
+        .iter()
+        .map(|d| {
+            bar.inc(1);
+            Ok(PlannedChunk {
+                id: d.id,
+                hash: content_hash(&format!("{}\n{}", d.title, d.text)),
+                tokens: chunk_tokens(loaded.engine.model(), &d.title, &d.text)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>();
+    bar.finish_and_clear();
+    chunks
+}
+
+fn bar(what: &str, len: usize) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what:>22} [{{bar:30}}] {{pos}}/{{len}} {{per_sec}} eta {{eta}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+fn load_bundle(dir: &Path) -> Result<CorpusBundle> {
+    CorpusBundle::load(dir).with_context(|| format!("loading the bundle {}", dir.display()))
+}
+
+fn preprocess(args: PreprocessArgs) -> Result<()> {
+    let bundle = load_bundle(&args.bundle)?;
+    let loaded = load_model(&args.model)?;
+    let store = open_store(&args.store, &loaded)?;
+    let corpus = bundle.manifest.corpus_version.clone();
+    let chunks = plan(&loaded, &bundle)?;
+    let built = Catalog::build(
+        loaded.model_id.clone(),
+        &corpus,
+        &chunks,
+        bundle.vectors(),
+        bundle.dimension(),
+        args.top_n,
+    )?;
+    let path = Catalog::path(&args.store.store, &loaded.model_id, &corpus);
+    match Catalog::load(&path)? {
+        Some(existing) if existing != built => bail!(
+            "{} was written for other settings (top_n {} here, {} there) or other texts; \
+             use another --store, or remove that corpus version's directory",
+            path.display(),
+            args.top_n,
+            existing.top_n
+        ),
+        Some(_) => {}
+        None => built.save(&args.store.store)?,
+    }
+    let mut only: Option<BTreeSet<u64>> = match &args.only {
+        Some(file) => Some(read_ids(file)?),
+        None => None,
+    };
+    if let Some(limit) = args.limit {
+        let first: BTreeSet<u64> = chunks.iter().take(limit).map(|c| c.id).collect();
+        only = Some(match only {
+            Some(ids) => ids.intersection(&first).copied().collect(),
+            None => first,
+        });
+    }
+    let texts: BTreeMap<u64, PlannedChunk> = chunks.into_iter().map(|c| (c.id, c)).collect();
+    let started = Instant::now();
+    let mut current: Option<(Phase, ProgressBar)> = None;
+    let report = run(
+        &loaded.engine.model().decoder,
+        loaded.engine.system(),
+        &store,
+        &built,
+        &texts,
+        only.as_ref(),
+        |phase, done, total| {
+            if current.as_ref().is_none_or(|(p, _)| *p != phase) {
+                if let Some((_, old)) = current.take() {
+                    old.finish();
+                }
+                let name = match phase {
+                    Phase::FullReuse => "Full Reuse KV",
+                    Phase::Similarity => "similarity-guided KV",
+                };
+                current = Some((phase, bar(name, total)));
+            }
+            if let Some((_, bar)) = &current {
+                bar.set_position(done as u64);
+            }
+            true
+        },
+    )?;
+    if let Some((_, bar)) = current {
+        bar.finish();
+    }
+    let progress = built.progress(&args.store.store)?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "store": args.store.store,
+            "model_id": loaded.model_id,
+            "corpus_version": corpus,
+            "seconds": started.elapsed().as_secs_f64(),
+            "full_reuse": {
+                "computed": report.full_reuse.computed,
+                "skipped": report.full_reuse.skipped,
+                "seconds_per_chunk": report.full_reuse.seconds_per_chunk(),
+            },
+            "similarity": {
+                "computed": report.similarity.computed,
+                "skipped": report.similarity.skipped,
+                "seconds_per_chunk": report.similarity.seconds_per_chunk(),
+            },
+            "progress": progress,
+        }))?
+    );
+    Ok(())
+}
+
+fn read_ids(file: &Path) -> Result<BTreeSet<u64>> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading chunk ids from {}", file.display()))?;
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .enumerate()
+        .map(|(n, line)| {
+            line.parse::<u64>().with_context(|| {
+                format!(
+                    "{} line {}: `{line}` is not a chunk id",
+                    file.display(),
+                    n + 1
+                )
+            })
+        })
+        .collect()
+}
+
+fn update(args: UpdateArgs) -> Result<()> {
+    let bundle = load_bundle(&args.bundle)?;
+    let loaded = load_model(&args.model)?;
+    let store = open_store(&args.store, &loaded)?;
+    let old_path = Catalog::path(&args.store.store, &loaded.model_id, &args.from);
+    let old = Catalog::load(&old_path)?.with_context(|| {
+        format!(
+            "no catalog of corpus version {} for this model at {}",
+            args.from,
+            old_path.display()
+        )
+    })?;
+    let corpus = bundle.manifest.corpus_version.clone();
+    if corpus == old.corpus {
+        bail!("the bundle is corpus version {corpus} already");
+    }
+    let chunks = plan(&loaded, &bundle)?;
+    let new = Catalog::build(
+        loaded.model_id.clone(),
+        &corpus,
+        &chunks,
+        bundle.vectors(),
+        bundle.dimension(),
+        args.top_n.unwrap_or(old.top_n),
+    )?;
+    new.save(&args.store.store)?;
+    let invalidation = carry_over(&store, &old, &new)?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "from": old.corpus,
+            "to": corpus,
+            "changed": invalidation.changed.len(),
+            "removed": invalidation.removed.len(),
+            "dependents": invalidation.dependents.len(),
+            "carried": invalidation.carried,
+            "progress": new.progress(&args.store.store)?,
+        }))?
+    );
+    eprintln!(
+        "run `kv-worker preprocess --bundle {}` to compute the rest",
+        args.bundle.display()
+    );
+    Ok(())
+}
+
+fn status(args: StatusArgs) -> Result<()> {
+    let mut rows = Vec::new();
+    let models = std::fs::read_dir(&args.store)
+        .with_context(|| format!("reading the store {}", args.store.display()))?;
+    for model in models {
+        let model = model?.path();
+        if !model.is_dir() {
+            continue;
+        }
+        for version in std::fs::read_dir(&model)? {
+            let catalog = version?.path().join("catalog.json");
+            if let Some(catalog) = Catalog::load(&catalog)? {
+                rows.push(serde_json::json!({
+                    "model_id": catalog.model,
+                    "corpus_version": catalog.corpus,
+                    "top_n": catalog.top_n,
+                    "progress": catalog.progress(&args.store)?,
+                }));
+            }
+        }
+    }
+    println!("{}", serde_json::to_string_pretty(&rows)?);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    hasten_core::logging::init();
+    match Cli::parse().command {
+        Command::Preprocess(args) => preprocess(args),
+        Command::Update(args) => update(args),
+        Command::Status(args) => status(args),
+    }
+}
