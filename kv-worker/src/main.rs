@@ -69,6 +69,9 @@ struct StoreArgs {
     /// Bytes of chunk KV kept in RAM (the rest is read from disk when needed).
     #[arg(long, env = "HASTEN_KV_RAM_BUDGET", default_value_t = 1 << 30)]
     ram_budget: u64,
+    /// Bytes of chunk KV kept in GPU memory on a CUDA device (the hottest entries).
+    #[arg(long, env = "HASTEN_KV_GPU_BUDGET", default_value_t = 2 << 30)]
+    gpu_budget: u64,
 }
 
 #[derive(Args)]
@@ -143,7 +146,7 @@ fn open_store(args: &StoreArgs, loaded: &Loaded) -> Result<ChunkKvStore> {
         tiers.push(MemoryTier {
             name: "gpu",
             device: device.clone(),
-            budget: args.ram_budget,
+            budget: args.gpu_budget,
         });
     }
     tiers.push(MemoryTier {
