@@ -21,10 +21,13 @@ impl DeviceKind {
         match self {
             Self::Cpu => Ok(Device::Cpu),
             Self::Cuda => Device::new_cuda(0).map_err(|e| {
-                LmError::Device(
-                    "cuda".into(),
-                    format!("{e} (build with `--features cuda` on a machine with CUDA)"),
-                )
+                let hint = if cfg!(feature = "cuda") {
+                    "no usable GPU or driver: check nvidia-smi and that libcuda.so.1 and the \
+                     CUDA 13 libraries are on the library path"
+                } else {
+                    "build with `--features cuda` on a machine with CUDA"
+                };
+                LmError::Device("cuda".into(), format!("{e} ({hint})"))
             }),
         }
     }

@@ -235,6 +235,7 @@ fn main() -> Result<()> {
         "chunks": corpus.len(),
         "preprocess": stores.report(),
         "threads": std::env::var("RAYON_NUM_THREADS").ok(),
+        "device": args.device.to_string(),
         "systems": summaries,
     });
     hasten_bench::write_report(&args.work, &report)
