@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/hasten/v1/cloud.proto",
         "proto/hasten/v1/generation.proto",
+        "proto/hasten/v1/kv.proto",
         "proto/hasten/v1/edge.proto",
         "proto/hasten/v1/control.proto",
     ];

@@ -8,13 +8,18 @@
 //! selection; CacheBlend's deviation-based selection as the baseline). The [`store`] keeps
 //! each chunk's KV once, on disk and in memory tiers by heat.
 
+pub mod config;
+pub mod conversions;
 pub mod engine;
 pub mod error;
 pub mod fusion;
+pub mod metrics;
 pub mod preprocess;
 pub mod prompt;
 pub mod quality;
+pub mod service;
 pub mod store;
+pub mod worker;
 
 pub use engine::{AnswerTimings, KvAnswer, KvEngine};
 pub use error::{KvError, Result};

@@ -1,6 +1,7 @@
-//! `kv-worker`: FusionRAG's offline stage over a corpus bundle, and the store's upkeep.
+//! `kv-worker`: FusionRAG generation over stored chunk KV, its offline stage over a corpus
+//! bundle, and the store's upkeep.
 //!
-//! `preprocess` computes every chunk's Full Reuse and similarity-guided KV into the store
+//! `serve` answers `KvGeneration` requests over gRPC, `preprocess` computes every chunk's Full Reuse and similarity-guided KV into the store
 //! (resumable: run it again after an interruption), `update` carries a corpus version's
 //! still-valid entries over to a new bundle's version, `status` shows what a store holds.
 
@@ -9,23 +10,34 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use std::net::SocketAddr;
+
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::bundle::CorpusBundle;
+use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_kv_worker::KvEngine;
+use hasten_kv_worker::config::KvWorkerConfig;
+use hasten_kv_worker::metrics::KvMetrics;
 use hasten_kv_worker::preprocess::{Catalog, Phase, PlannedChunk, carry_over, run};
 use hasten_kv_worker::prompt::chunk_tokens;
+use hasten_kv_worker::service::KvGenerationService;
 use hasten_kv_worker::store::{
     ChunkKvStore, KvDtype, MemoryTier, ModelId, StoreSettings, content_hash,
 };
+use hasten_kv_worker::worker::KvWorker;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
+use hasten_proto::tls::MutualTls;
+use hasten_proto::v1::kv_generation_server::KvGenerationServer;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
 
 #[derive(Parser)]
 #[command(
     name = "kv-worker",
     version,
-    about = "Hasten's FusionRAG KV worker: chunk KV preprocessing and store upkeep"
+    about = "Hasten's FusionRAG KV worker: generation over reused chunk KV, preprocessing, store upkeep"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -34,6 +46,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the `KvGeneration` gRPC service over a preprocessed store.
+    Serve(ServeArgs),
     /// Compute the chunks' Full Reuse and similarity-guided KV of a corpus bundle into the
     /// store (skips what the store holds, so a rerun resumes).
     Preprocess(PreprocessArgs),
@@ -111,6 +125,64 @@ struct UpdateArgs {
     top_n: Option<usize>,
 }
 
+#[derive(Args, Serialize)]
+struct ServeArgs {
+    #[command(flatten)]
+    #[serde(skip)]
+    source: ConfigSource,
+    /// gRPC address [default: 127.0.0.1:7510].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc_addr: Option<SocketAddr>,
+    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7512].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_addr: Option<SocketAddr>,
+    /// The GGUF model whose chunk KV the store holds (required).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<PathBuf>,
+    /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device: Option<DeviceKind>,
+    /// as-stored, q8_0, f32 or fast [default: fast on cpu, f32 on cuda].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weights: Option<WeightFormat>,
+    /// The store's directory [default: kv-store].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<PathBuf>,
+    /// f16 or f32, for text chunks' entries written while serving [default: f16].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dtype: Option<KvDtype>,
+    /// Bytes of chunk KV kept in RAM [default: 1 GiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ram_budget: Option<u64>,
+    /// Bytes of chunk KV kept in GPU memory [default: 2 GiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_budget: Option<u64>,
+    /// Answers waiting behind the one generating [default: 16].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<usize>,
+    /// New tokens when a request asks for 0 [default: 64].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_new_tokens: Option<usize>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    tls: TlsArgs,
+    /// Write the bound addresses as JSON to this file once serving.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready_file: Option<PathBuf>,
+}
+
 #[derive(Args)]
 struct StatusArgs {
     /// The store's directory.
@@ -129,11 +201,23 @@ fn load_model(args: &ModelArgs) -> Result<Loaded> {
         DeviceKind::Cpu => WeightFormat::Fast,
         DeviceKind::Cuda => WeightFormat::F32,
     });
-    let device = args.device.open()?;
-    let model = LanguageModel::load_with(&args.model, &device, weights)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    load(&args.model, args.device, weights)
+}
+
+fn load(path: &Path, device: DeviceKind, weights: WeightFormat) -> Result<Loaded> {
+    let started = Instant::now();
+    let model = LanguageModel::load_with(path, &device.open()?, weights)
+        .with_context(|| format!("loading {}", path.display()))?;
     let engine = KvEngine::new(Arc::new(model))?;
-    let model_id = ModelId::compute(&args.model, &weights.to_string(), engine.system().tokens())?;
+    let model_id = ModelId::compute(path, &weights.to_string(), engine.system().tokens())?;
+    tracing::info!(
+        model = %path.display(),
+        %model_id,
+        %device,
+        %weights,
+        took_ms = started.elapsed().as_millis() as u64,
+        "model loaded"
+    );
     Ok(Loaded { engine, model_id })
 }
 
@@ -382,9 +466,101 @@ fn status(args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
-fn main() -> Result<()> {
+async fn serve(args: ServeArgs) -> Result<()> {
+    let config: KvWorkerConfig = load_config(args.source.config.as_deref(), "HASTEN_KV_", &args)?;
+    config.validate()?;
+    if args.source.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    let mutual = config
+        .mutual_tls()?
+        .map(|paths| MutualTls::load(&paths))
+        .transpose()
+        .context("loading the mutual-TLS files")?;
+    let model_path = config
+        .model
+        .clone()
+        .context("configuration: `model` is required")?;
+    let loaded = load(&model_path, config.device, config.weights())?;
+    let store = open_store(
+        &StoreArgs {
+            store: config.store.clone(),
+            dtype: config.dtype,
+            ram_budget: config.ram_budget,
+            gpu_budget: config.gpu_budget,
+        },
+        &loaded,
+    )?;
+    let worker = KvWorker::new(loaded.engine, Arc::new(store), loaded.model_id, model_path)?;
+    let info = worker.info()?;
+    if info.corpora.is_empty() {
+        tracing::warn!(
+            store = %config.store.display(),
+            "the store holds no corpus version for this model: only text chunks can be answered \
+             until `kv-worker preprocess` runs"
+        );
+    }
+    for (version, progress) in &info.corpora {
+        tracing::info!(corpus_version = %version, ?progress, "corpus version held");
+    }
+
+    let registry = hasten_core::metrics::registry()?;
+    let metrics = Arc::new(KvMetrics::register(&registry)?);
+    metrics.observe_info(&info);
+    let metrics_addr = hasten_core::metrics::serve(
+        config.metrics_addr,
+        registry,
+        Arc::new(|| {}),
+        // Ready once serving: the model and the catalogs are loaded before the listener opens.
+        Arc::new(|| Ok(())),
+    )
+    .await
+    .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+
+    let listener = tokio::net::TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC on {}", config.grpc_addr))?;
+    let grpc_addr = listener.local_addr()?;
+    let service = KvGenerationService::new(
+        Arc::new(worker),
+        config.queue,
+        config.max_new_tokens,
+        metrics,
+    );
+    let mut server = tonic::transport::Server::builder();
+    if let Some(mutual) = &mutual {
+        server = server
+            .tls_config(mutual.grpc_server())
+            .context("configuring gRPC TLS")?;
+    } else {
+        tracing::warn!("mutual TLS is off (no `tls_ca`): any client may generate, in plaintext");
+    }
+    let serving = server
+        .add_service(KvGenerationServer::new(service).max_decoding_message_size(16 * 1024 * 1024))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown_signal(),
+        );
+    tracing::info!(%grpc_addr, %metrics_addr, "serving");
+    if let Some(path) = &config.ready_file {
+        let ready = serde_json::json!({
+            "grpc_addr": grpc_addr.to_string(),
+            "metrics_addr": metrics_addr.to_string(),
+        });
+        write_atomically(path, ready.to_string().as_bytes())
+            .with_context(|| format!("writing the ready file {}", path.display()))?;
+    }
+    serving.await.context("gRPC server failed")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
     hasten_core::logging::init();
     match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
         Command::Preprocess(args) => preprocess(args),
         Command::Update(args) => update(args),
         Command::Status(args) => status(args),

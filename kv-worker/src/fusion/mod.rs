@@ -39,6 +39,17 @@ pub enum FusionMode {
     FusionRag,
 }
 
+impl FusionMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FullPrefill => "full-prefill",
+            Self::FullReuse => "full-reuse",
+            Self::CacheBlend => "cacheblend",
+            Self::FusionRag => "fusionrag",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FusionSettings {
     pub mode: FusionMode,

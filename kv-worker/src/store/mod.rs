@@ -309,6 +309,11 @@ impl ChunkKvStore {
         self.apply(&mut state, moves)
     }
 
+    /// Each memory tier's budget now, in the settings' order.
+    pub fn budgets(&self) -> Vec<u64> {
+        self.lock_state().heat.budgets().to_vec()
+    }
+
     pub fn tier_names(&self) -> Vec<&'static str> {
         self.tiers.iter().map(|t| t.name).collect()
     }

@@ -1,0 +1,151 @@
+//! `kv-worker serve`'s configuration: defaults, then a TOML file, then `HASTEN_KV_*`
+//! variables, then flags; validated at start with a message naming the key.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use hasten_core::config::ConfigError;
+use hasten_lm::{DeviceKind, WeightFormat};
+use hasten_proto::tls::TlsPaths;
+use serde::{Deserialize, Serialize};
+
+use crate::store::KvDtype;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvWorkerConfig {
+    /// gRPC address of the `KvGeneration` service.
+    pub grpc_addr: SocketAddr,
+    /// Address of `/metrics`, `/readyz` and `/healthz`.
+    pub metrics_addr: SocketAddr,
+    /// GGUF model (llama or qwen2); the store's entries are this model's. Required.
+    pub model: Option<PathBuf>,
+    /// `cpu`, or `cuda` in a build with the `cuda` feature.
+    pub device: DeviceKind,
+    /// Weight layout; entries computed under one layout are not another's [default: fast on
+    /// cpu, f32 on cuda].
+    pub weights: Option<WeightFormat>,
+    /// The chunk KV store (`kv-worker preprocess --store`).
+    pub store: PathBuf,
+    /// How entries are written: `f16` or `f32`.
+    pub dtype: KvDtype,
+    /// Bytes of chunk KV kept in RAM.
+    pub ram_budget: u64,
+    /// Bytes of chunk KV kept in GPU memory (CUDA only).
+    pub gpu_budget: u64,
+    /// Answers waiting behind the one generating; beyond it RESOURCE_EXHAUSTED.
+    pub queue: usize,
+    /// New tokens when a request asks for 0.
+    pub max_new_tokens: usize,
+    /// Mutual TLS: the deployment's CA, and this worker's certificate and key (all three or
+    /// none).
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// When set, a JSON file with the bound addresses is written here once serving.
+    pub ready_file: Option<PathBuf>,
+}
+
+impl Default for KvWorkerConfig {
+    fn default() -> Self {
+        Self {
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7510)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7512)),
+            model: None,
+            device: DeviceKind::Cpu,
+            weights: None,
+            store: PathBuf::from("kv-store"),
+            dtype: KvDtype::F16,
+            ram_budget: 1 << 30,
+            gpu_budget: 2 << 30,
+            queue: 16,
+            max_new_tokens: 64,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            ready_file: None,
+        }
+    }
+}
+
+impl KvWorkerConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.model.is_none() {
+            return Err(ConfigError::invalid(
+                "model",
+                "is required: the GGUF model whose chunk KV the store holds",
+            ));
+        }
+        if self.queue == 0 {
+            return Err(ConfigError::invalid("queue", "must be at least 1"));
+        }
+        if self.max_new_tokens == 0 {
+            return Err(ConfigError::invalid("max_new_tokens", "must be at least 1"));
+        }
+        if self.store.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("store", "must name a directory"));
+        }
+        self.mutual_tls()?;
+        Ok(())
+    }
+
+    /// The weight layout in use.
+    pub fn weights(&self) -> WeightFormat {
+        self.weights.unwrap_or(match self.device {
+            DeviceKind::Cpu => WeightFormat::Fast,
+            DeviceKind::Cuda => WeightFormat::F32,
+        })
+    }
+
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
+            .map_err(|message| ConfigError::invalid("tls_ca", message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_model_is_required_and_bad_values_name_their_key() {
+        let key = |config: KvWorkerConfig| match config.validate().unwrap_err() {
+            ConfigError::Invalid { key, .. } => key,
+            other => panic!("{other}"),
+        };
+        assert_eq!(key(KvWorkerConfig::default()), "model");
+        let good = KvWorkerConfig {
+            model: Some("m.gguf".into()),
+            ..KvWorkerConfig::default()
+        };
+        good.validate().unwrap();
+        for (bad, expected) in [
+            (
+                KvWorkerConfig {
+                    queue: 0,
+                    ..good.clone()
+                },
+                "queue",
+            ),
+            (
+                KvWorkerConfig {
+                    max_new_tokens: 0,
+                    ..good.clone()
+                },
+                "max_new_tokens",
+            ),
+            (
+                KvWorkerConfig {
+                    tls_ca: Some("ca.pem".into()),
+                    ..good.clone()
+                },
+                "tls_ca",
+            ),
+        ] {
+            assert_eq!(key(bad), expected);
+        }
+        assert_eq!(good.weights(), WeightFormat::Fast);
+    }
+}
