@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use hasten_kv_worker::fusion::FusionMode;
+use hasten_kv_worker::store::Variant;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
@@ -144,6 +146,16 @@ pub struct EdgeConfig {
     /// `host:port` of a generation worker (`lm-worker`) to answer with instead of models in
     /// this process; dialled over mutual TLS when the edge has it (`tls_ca`).
     pub lm_worker: Option<String>,
+    /// `host:port` of FusionRAG KV workers (`kv-worker serve`) to answer with, over the
+    /// chunk KV they precomputed for this edge's corpus version; dialled over mutual TLS
+    /// when the edge has it. Exclusive with `lm_model` and `lm_worker`.
+    pub kv_workers: Vec<String>,
+    /// How KV workers prefill: `fusionrag`, `cacheblend`, `full-reuse` or `full-prefill`.
+    pub kv_mode: FusionMode,
+    /// Share of the chunk tokens a KV worker recomputes (`fusionrag`, `cacheblend`).
+    pub kv_recompute_ratio: f64,
+    /// Which stored chunk KV the workers read: `similarity` or `full-reuse`.
+    pub kv_variant: Variant,
     /// `cpu`, or `cuda` in a build with the `cuda` feature.
     pub lm_device: DeviceKind,
     /// How the models' weights are held: `fast` (Q8_0 for decoding, f32 for prompts; the
@@ -216,6 +228,11 @@ impl Default for EdgeConfig {
             lm_model: None,
             lm_drafter: None,
             lm_worker: None,
+            kv_workers: Vec::new(),
+            kv_mode: FusionMode::FusionRag,
+            // FusionRAG's r.
+            kv_recompute_ratio: 0.15,
+            kv_variant: Variant::Similarity,
             lm_device: DeviceKind::Cpu,
             lm_weights: WeightFormat::Fast,
             answer_default_tokens: 64,
@@ -380,6 +397,30 @@ impl EdgeConfig {
                     format!("`{worker}` is not `host:port`"),
                 ));
             }
+        }
+        if !self.kv_workers.is_empty() {
+            if self.lm_model.is_some() || self.lm_worker.is_some() {
+                return Err(ConfigError::invalid(
+                    "kv_workers",
+                    "and `lm_model` or `lm_worker` are both set: answer with one of them",
+                ));
+            }
+            if let Some(bad) = self
+                .kv_workers
+                .iter()
+                .find(|w| w.contains("://") || w.rsplit_once(':').is_none())
+            {
+                return Err(ConfigError::invalid(
+                    "kv_workers",
+                    format!("`{bad}` is not `host:port`"),
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.kv_recompute_ratio) {
+            return Err(ConfigError::invalid(
+                "kv_recompute_ratio",
+                format!("{} is outside [0, 1]", self.kv_recompute_ratio),
+            ));
         }
         if self.lm_drafter.is_some() && self.lm_model.is_none() {
             return Err(ConfigError::invalid(

@@ -25,10 +25,14 @@ use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
 use edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy};
 use edge_node::tenants::{Tenant, TenantDirectory};
 use edge_node::warmup::{read_warm_queries, warm_cache};
-use hasten_core::bundle::CorpusBundle;
+use hasten_core::bundle::{CorpusBundle, read_manifest};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_kv_worker::FusionSettings;
+use hasten_kv_worker::client::KvPool;
+use hasten_kv_worker::fusion::FusionMode;
+use hasten_kv_worker::store::Variant;
 use hasten_lm_worker::RemoteLm;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
@@ -226,6 +230,23 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_worker: Option<String>,
+    /// A FusionRAG KV worker's gRPC address (repeat for each) to answer with instead of
+    /// lm_model: retrieved documents go to it as chunk ids.
+    #[arg(long = "kv-worker", value_name = "HOST:PORT")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    kv_workers: Vec<String>,
+    /// fusionrag, cacheblend, full-reuse or full-prefill [default: fusionrag].
+    #[arg(long, value_parser = parse_fusion_mode)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_mode: Option<FusionMode>,
+    /// Share of chunk tokens the KV worker recomputes [default: 0.15].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_recompute_ratio: Option<f64>,
+    /// similarity or full-reuse: which stored chunk KV the workers read [default: similarity].
+    #[arg(long, value_parser = parse_variant)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_variant: Option<Variant>,
     /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -404,10 +425,40 @@ async fn warm_before_serving(
 }
 
 /// The `/v1/answer` backend, when configured: a generation worker, or models loaded here.
+fn parse_fusion_mode(value: &str) -> Result<FusionMode, String> {
+    serde_json::from_value(serde_json::Value::String(value.into())).map_err(|_| {
+        format!("`{value}`: expected fusionrag, cacheblend, full-reuse or full-prefill")
+    })
+}
+
+fn parse_variant(value: &str) -> Result<Variant, String> {
+    serde_json::from_value(serde_json::Value::String(value.into()))
+        .map_err(|_| format!("`{value}`: expected similarity or full-reuse"))
+}
+
 fn language_backend(
     config: &EdgeConfig,
     mutual: Option<&MutualTls>,
 ) -> Result<Option<Arc<dyn LmBackend>>> {
+    if !config.kv_workers.is_empty() {
+        let bundle_dir = config.bundle.clone().unwrap_or_default();
+        let corpus_version = read_manifest(&bundle_dir)
+            .with_context(|| format!("reading the bundle manifest in {}", bundle_dir.display()))?
+            .corpus_version;
+        let pool = KvPool::connect_lazy(
+            &config.kv_workers,
+            mutual.map(MutualTls::grpc_client),
+            corpus_version,
+            FusionSettings {
+                mode: config.kv_mode,
+                ratio: config.kv_recompute_ratio,
+            },
+            config.kv_variant,
+        )
+        .context("configuration: `kv_workers`")?;
+        tracing::info!(backend = ?pool, "answering with KV workers");
+        return Ok(Some(Arc::new(pool)));
+    }
     if let Some(worker) = &config.lm_worker {
         let remote = RemoteLm::connect_lazy(worker, mutual.map(MutualTls::grpc_client))
             .context("configuration: `lm_worker`")?;

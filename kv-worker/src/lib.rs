@@ -8,6 +8,7 @@
 //! selection; CacheBlend's deviation-based selection as the baseline). The [`store`] keeps
 //! each chunk's KV once, on disk and in memory tiers by heat.
 
+pub mod client;
 pub mod config;
 pub mod conversions;
 pub mod engine;

@@ -96,6 +96,7 @@ pub fn request_from_proto(request: pb::GenerateRequest) -> Result<AnswerRequest,
                 title: d.title,
                 text: d.text,
                 vector: (!d.vector.is_empty()).then_some(d.vector),
+                id: None,
             })
             .collect(),
         mode: mode_from_proto(request.mode)?,

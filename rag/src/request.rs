@@ -17,6 +17,10 @@ pub struct Document {
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vector: Option<Vec<f32>>,
+    /// The corpus document id when the document came from retrieval: a KV worker finds the
+    /// document's stored KV by it instead of tokenizing the text again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
 }
 
 impl Document {
@@ -25,11 +29,17 @@ impl Document {
             title: title.into(),
             text: text.into(),
             vector: None,
+            id: None,
         }
     }
 
     pub fn with_vector(mut self, vector: Vec<f32>) -> Self {
         self.vector = Some(vector);
+        self
+    }
+
+    pub fn with_id(mut self, id: u64) -> Self {
+        self.id = Some(id);
         self
     }
 }

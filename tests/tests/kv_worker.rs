@@ -1,9 +1,10 @@
 //! The FusionRAG KV worker as real processes on loopback: `kv-worker preprocess` over a real
 //! bundle (resuming to nothing left on a second run), `kv-worker serve` answering over gRPC
-//! with the real small model. FusionRAG recomputing 100% of the chunk tokens must answer
-//! exactly as full prefill (greedy decoding), chunks sent as text must answer as the same
-//! chunks by id, and bad requests get their status with the value named, never an answer.
-//! Skipped, saying so, when HASTEN_LM_DIR is unset.
+//! with the real small model, and an edge answering `/v1/answer` through it (`--kv-worker`).
+//! FusionRAG recomputing 100% of the chunk tokens must answer exactly as full prefill (greedy
+//! decoding), chunks sent as text must answer as the same chunks by id, the edge must answer
+//! as the worker does over the ids it retrieved, and bad requests get their status with the
+//! value named, never an answer. Skipped, saying so, when HASTEN_LM_DIR is unset.
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,8 +15,9 @@ use std::process::Command;
 use hasten_core::bundle::CorpusBundle;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
-use hasten_tests::answering::{START_TIMEOUT, small_model};
-use hasten_tests::{build_small_bundle, persistent_work_dir};
+use hasten_tests::answering::{START_TIMEOUT, small_model, start_edge};
+use hasten_tests::edge::post_json;
+use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index};
 use loadtest::process::{ManagedProcess, binary};
 use loadtest::scrape::Scrape;
 use serde_json::Value;
@@ -30,14 +32,7 @@ fn preprocess(bundle: &Path, model: &Path, store: &Path) -> Value {
         .arg(model)
         .arg("--store")
         .arg(store)
-        .args([
-            "--limit",
-            &CHUNKS.to_string(),
-            "--top-n",
-            "2",
-            "--dtype",
-            "f32",
-        ])
+        .args(["--top-n", "2", "--dtype", "f32"])
         .output()
         .unwrap();
     assert!(
@@ -82,14 +77,15 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
     let store = work.join("store");
     let _ = std::fs::remove_dir_all(&store);
 
+    let documents = bundle.documents.len();
     let first = preprocess(&bundle_dir, &model, &store);
-    assert_eq!(first["similarity"]["computed"], CHUNKS);
-    assert!(first["full_reuse"]["computed"].as_u64().unwrap() >= CHUNKS as u64);
+    assert_eq!(first["similarity"]["computed"], documents);
+    assert_eq!(first["full_reuse"]["computed"], documents);
     assert!(first["similarity"]["seconds_per_chunk"].as_f64().unwrap() > 0.0);
     let again = preprocess(&bundle_dir, &model, &store);
     assert_eq!(again["full_reuse"]["computed"], 0, "{again}");
     assert_eq!(again["similarity"]["computed"], 0, "{again}");
-    assert_eq!(again["similarity"]["skipped"], CHUNKS);
+    assert_eq!(again["similarity"]["skipped"], documents);
 
     let mut worker = ManagedProcess::start(
         "kv-worker",
@@ -125,8 +121,8 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         .iter()
         .find(|c| c.corpus_version == version)
         .expect("the preprocessed corpus version is held");
-    assert_eq!(held.similarity, CHUNKS as u64);
-    assert_eq!(held.chunks, bundle.documents.len() as u64);
+    assert_eq!(held.similarity, documents as u64);
+    assert_eq!(held.chunks, documents as u64);
 
     let chunk_ids: Vec<u64> = bundle.documents.iter().take(CHUNKS).map(|d| d.id).collect();
     let question = bundle.questions[0].question.clone();
@@ -231,23 +227,48 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         .await
         .unwrap_err(),
     );
-    // A chunk preprocessed for Full Reuse only (a neighbour) has no similarity-guided KV.
-    let unprocessed = bundle
-        .documents
-        .iter()
-        .map(|d| d.id)
-        .find(|id| !chunk_ids.contains(id))
-        .unwrap();
+    // An entry missing from the store: refused, naming the chunk.
+    let gone = chunk_ids[0];
+    std::fs::remove_file(
+        store
+            .join(&info.model_id)
+            .join(&version)
+            .join(format!("id-{gone}.similarity.kv")),
+    )
+    .unwrap();
+    let mut fresh_worker = ManagedProcess::start(
+        "kv-worker-fresh",
+        &binary("kv-worker").unwrap(),
+        [
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--model",
+            &model.display().to_string(),
+            "--store",
+            &store.display().to_string(),
+        ],
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+    let mut fresh =
+        KvGenerationClient::connect(format!("http://{}", fresh_worker.addr("grpc_addr")))
+            .await
+            .unwrap();
     refused(
         tonic::Code::NotFound,
-        &unprocessed.to_string(),
+        &gone.to_string(),
         generate(
-            &mut client,
-            request(pb::FusionMode::Fusionrag, None, ids(&[unprocessed])),
+            &mut fresh,
+            request(pb::FusionMode::Fusionrag, None, ids(&[gone])),
         )
         .await
         .unwrap_err(),
     );
+    fresh_worker.stop();
     let mut too_long = request(pb::FusionMode::Fusionrag, None, ids(&chunk_ids));
     too_long.max_new_tokens = 100_000;
     refused(
@@ -267,11 +288,47 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
     assert_eq!(first_tokens("fusionrag"), 2.0);
     assert_eq!(
         scrape.value("hasten_kv_errors_total", &[("reason", "not_found")]),
-        2.0
+        1.0
     );
     assert_eq!(
         scrape.value("hasten_kv_chunks_total", &[("from", "computed")]),
         CHUNKS as f64
     );
+
+    // An edge over the same bundle answers through the worker: the documents it retrieved go
+    // as ids, and the answer is the worker's over those ids in the edge's mode (FusionRAG 15%).
+    let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();
+    let mut edge = start_edge(
+        &work,
+        "kv-edge",
+        &bundle_dir,
+        &cloud,
+        &["--kv-worker".into(), worker.addr("grpc_addr")],
+    );
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({"question": question, "k": 3, "max_tokens": 16});
+    let (status, reply) = post_json(&http, &edge.addr("http_addr"), "/v1/answer", &body).await;
+    assert_eq!(status, 200, "{reply}");
+    let retrieved: Vec<u64> = reply["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(retrieved.len(), 3);
+    let (_, direct) = generate(
+        &mut client,
+        request(pb::FusionMode::Unspecified, None, ids(&retrieved)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply["answer"].as_str().unwrap(), direct.text, "{reply}");
+    let speculative = serde_json::json!({"question": question, "k": 3, "mode": "speculative"});
+    let (status, refusal) =
+        post_json(&http, &edge.addr("http_addr"), "/v1/answer", &speculative).await;
+    assert_eq!(status, 400, "{refusal}");
+    assert!(refusal.to_string().contains("mode"), "{refusal}");
+    edge.stop();
+    cloud.stop();
     worker.stop();
 }

@@ -213,6 +213,7 @@ impl AnswerService {
                 title: doc.title.clone(),
                 text: doc.text.clone(),
                 vector: self.retrieval.document_vector(doc.id),
+                id: Some(doc.id),
             })
             .collect();
         Ok(Prepared {

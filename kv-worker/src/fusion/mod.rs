@@ -30,12 +30,16 @@ use crate::error::{KvError, Result};
 /// The layer whose deviation CacheBlend selects by (its paper's choice: the second layer).
 pub const CACHEBLEND_LAYER: usize = 1;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum FusionMode {
+    #[serde(rename = "full-prefill")]
     FullPrefill,
+    #[serde(rename = "full-reuse")]
     FullReuse,
+    #[serde(rename = "cacheblend")]
     CacheBlend,
     #[default]
+    #[serde(rename = "fusionrag")]
     FusionRag,
 }
 

@@ -97,7 +97,7 @@ impl fmt::Display for ChunkRef {
 
 /// How a chunk's KV was computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum Variant {
     /// Prefilled right after the system prompt.
     FullReuse,
