@@ -524,6 +524,30 @@ mod tests {
     }
 
     #[test]
+    fn kv_workers_are_exclusive_with_other_generation_and_checked() {
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        let mut config = EdgeConfig {
+            bundle: Some("b".into()),
+            kv_workers: vec!["127.0.0.1:7510".into(), "worker-1:7510".into()],
+            ..EdgeConfig::default()
+        };
+        assert_eq!(
+            (config.kv_mode, config.kv_recompute_ratio, config.kv_variant),
+            (FusionMode::FusionRag, 0.15, Variant::Similarity),
+            "FusionRAG's defaults"
+        );
+        config.validate().unwrap();
+        config.lm_worker = Some("127.0.0.1:7500".into());
+        assert!(error(&config).contains("`kv_workers`"));
+        config.lm_worker = None;
+        config.kv_workers.push("http://w:1".into());
+        assert!(error(&config).contains("http://w:1"));
+        config.kv_workers.pop();
+        config.kv_recompute_ratio = 1.5;
+        assert!(error(&config).contains("`kv_recompute_ratio`"));
+    }
+
+    #[test]
     fn the_fuzzy_ablations_and_warm_queries_refuse_what_cannot_work() {
         let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
         let mut config = EdgeConfig {
