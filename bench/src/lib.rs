@@ -5,6 +5,7 @@
 #![allow(clippy::expect_used)]
 
 pub mod questions;
+pub mod retrieval;
 
 use std::path::Path;
 use std::time::Duration;

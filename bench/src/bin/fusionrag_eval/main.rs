@@ -18,6 +18,8 @@ use anyhow::{Context, Result, bail};
 use candle_core::D;
 use clap::Parser;
 use hasten_bench::questions::read_questions;
+use hasten_bench::retrieval::{PassageRetriever, holds_answer};
+use hasten_core::encoder::TextEncoder;
 use hasten_kv_worker::quality::{first_token_kl, kv_deviation_per_layer};
 use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
@@ -31,9 +33,17 @@ use crate::report::{Outcome, Summary, print_table};
 #[derive(Parser, Debug)]
 #[command(about = "FusionRAG KV reuse against full prefill: time to first token and quality")]
 struct Args {
-    /// Questions in the HotpotQA distractor JSONL format (`question`, `answer`, `context`).
+    /// Questions in the HotpotQA distractor JSONL format (`question`, `answer`, `context`;
+    /// `context` may be left out with --retrieve-from).
     #[arg(default_value = "../shared/data/hotpotqa-distractor-100.jsonl")]
     file: PathBuf,
+    /// Corpus bundle (`cloud-index build`) to retrieve each question's chunks from, by exact
+    /// search (the cloud's); the file's own `context` is then not used.
+    #[arg(long)]
+    retrieve_from: Option<PathBuf>,
+    /// Chunks retrieved per question with --retrieve-from.
+    #[arg(long, default_value_t = 5)]
+    passages: usize,
     /// The GGUF model (default: SmolLM2-135M-Instruct under $HASTEN_LM_DIR).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -140,7 +150,26 @@ fn main() -> Result<()> {
     let model = LanguageModel::load_with(&model_path, &args.device.open()?, weights)
         .with_context(|| format!("loading {}", model_path.display()))?;
     let engine = KvEngine::new(Arc::new(model))?;
-    let questions = read_questions(&args.file, Some(args.limit), true)?;
+    let mut questions = read_questions(&args.file, Some(args.limit), args.retrieve_from.is_none())?;
+    if let Some(dir) = &args.retrieve_from {
+        let retriever = PassageRetriever::load(dir)?;
+        let encoder = TextEncoder::load(&args.encoder)
+            .with_context(|| format!("loading the encoder from {}", args.encoder.display()))?;
+        let mut answerable = 0;
+        for (index, question) in questions.iter_mut().enumerate() {
+            question.documents = retriever
+                .retrieve(&encoder, &question.question, args.passages)
+                .with_context(|| format!("question {index}: retrieving its chunks"))?;
+            answerable += usize::from(holds_answer(&question.documents, &question.golds));
+        }
+        eprintln!(
+            "{} chunks per question retrieved from {} ({} passages); {answerable} of {} questions have a gold answer in them",
+            args.passages,
+            dir.display(),
+            retriever.passages(),
+            questions.len()
+        );
+    }
     let corpus = Corpus::build(
         &engine,
         &questions,
@@ -227,6 +256,8 @@ fn main() -> Result<()> {
     print_table(&summaries);
     let report = serde_json::json!({
         "file": args.file.display().to_string(),
+        "retrieved_from": args.retrieve_from,
+        "passages_per_question": args.retrieve_from.as_ref().map(|_| args.passages),
         "model": model_path.display().to_string(),
         "questions": questions.len(),
         "min_context": args.min_context,

@@ -31,7 +31,6 @@
 //! answer containment (`hasten_rag::eval`), each the best over the gold answer's aliases.
 
 mod report;
-mod retrieval;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -46,8 +45,8 @@ use hasten_rag::{
 };
 
 use crate::report::{Outcome, QuestionReport, SystemReport, file_name, print_table, summarise};
-use crate::retrieval::{PassageRetriever, holds_answer};
 use hasten_bench::questions::{encode_documents, read_questions};
+use hasten_bench::retrieval::{PassageRetriever, holds_answer};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -177,7 +176,7 @@ fn main() -> Result<()> {
                 "retrieving {} passages per question from {} ({} passages)",
                 args.passages,
                 dir.display(),
-                retriever.len()
+                retriever.passages()
             );
             Some(retriever)
         }

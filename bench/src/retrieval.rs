@@ -29,7 +29,8 @@ impl PassageRetriever {
         Ok(Self { bundle, index })
     }
 
-    pub fn len(&self) -> usize {
+    /// Passages it retrieves from.
+    pub fn passages(&self) -> usize {
         self.bundle.len()
     }
 
@@ -64,9 +65,9 @@ impl PassageRetriever {
                     .documents
                     .get(row)
                     .with_context(|| format!("hit row {row} outside the bundle"))?;
-                let mut document = Document::new(passage.title.clone(), passage.text.clone());
-                document.vector = Some(self.bundle.vector(row).to_vec());
-                Ok(document)
+                Ok(Document::new(passage.title.clone(), passage.text.clone())
+                    .with_vector(self.bundle.vector(row).to_vec())
+                    .with_id(passage.id))
             })
             .collect()
     }
