@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_kv_worker::fusion::FusionMode;
+use hasten_kv_worker::routing::KvRouting;
 use hasten_kv_worker::store::Variant;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
@@ -156,6 +157,10 @@ pub struct EdgeConfig {
     pub kv_recompute_ratio: f64,
     /// Which stored chunk KV the workers read: `similarity` or `full-reuse`.
     pub kv_variant: Variant,
+    /// Which worker a request goes to: `kv-aware` (the one owning most of its chunks, by
+    /// rendezvous hashing of chunk ids over `kv_workers`, so every edge given the same list
+    /// agrees) or `round-robin`.
+    pub kv_routing: KvRouting,
     /// `cpu`, or `cuda` in a build with the `cuda` feature.
     pub lm_device: DeviceKind,
     /// How the models' weights are held: `fast` (Q8_0 for decoding, f32 for prompts; the
@@ -233,6 +238,7 @@ impl Default for EdgeConfig {
             // FusionRAG's r.
             kv_recompute_ratio: 0.15,
             kv_variant: Variant::Similarity,
+            kv_routing: KvRouting::KvAware,
             lm_device: DeviceKind::Cpu,
             lm_weights: WeightFormat::Fast,
             answer_default_tokens: 64,
@@ -532,9 +538,19 @@ mod tests {
             ..EdgeConfig::default()
         };
         assert_eq!(
-            (config.kv_mode, config.kv_recompute_ratio, config.kv_variant),
-            (FusionMode::FusionRag, 0.15, Variant::Similarity),
-            "FusionRAG's defaults"
+            (
+                config.kv_mode,
+                config.kv_recompute_ratio,
+                config.kv_variant,
+                config.kv_routing
+            ),
+            (
+                FusionMode::FusionRag,
+                0.15,
+                Variant::Similarity,
+                KvRouting::KvAware
+            ),
+            "FusionRAG's defaults, KV-aware routing"
         );
         config.validate().unwrap();
         config.lm_worker = Some("127.0.0.1:7500".into());

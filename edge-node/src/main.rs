@@ -32,6 +32,7 @@ use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_kv_worker::FusionSettings;
 use hasten_kv_worker::client::KvPool;
 use hasten_kv_worker::fusion::FusionMode;
+use hasten_kv_worker::routing::KvRouting;
 use hasten_kv_worker::store::Variant;
 use hasten_lm_worker::RemoteLm;
 use hasten_proto::auth::AccessToken;
@@ -247,6 +248,10 @@ struct ServeArgs {
     #[arg(long, value_parser = parse_variant)]
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_variant: Option<Variant>,
+    /// kv-aware or round-robin: which KV worker a request goes to [default: kv-aware].
+    #[arg(long, value_parser = parse_routing)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_routing: Option<KvRouting>,
     /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -431,6 +436,11 @@ fn parse_fusion_mode(value: &str) -> Result<FusionMode, String> {
     })
 }
 
+fn parse_routing(value: &str) -> Result<KvRouting, String> {
+    serde_json::from_value(serde_json::Value::String(value.into()))
+        .map_err(|_| format!("`{value}`: expected kv-aware or round-robin"))
+}
+
 fn parse_variant(value: &str) -> Result<Variant, String> {
     serde_json::from_value(serde_json::Value::String(value.into()))
         .map_err(|_| format!("`{value}`: expected similarity or full-reuse"))
@@ -454,6 +464,7 @@ fn language_backend(
                 ratio: config.kv_recompute_ratio,
             },
             config.kv_variant,
+            config.kv_routing,
         )
         .context("configuration: `kv_workers`")?;
         tracing::info!(backend = ?pool, "answering with KV workers");

@@ -1,8 +1,10 @@
 //! [`KvPool`]: an [`LmBackend`] that sends generation to a pool of KV workers over gRPC.
 //! Retrieved documents go as chunk ids of the edge's corpus version (the worker reads their
 //! stored KV and tokens, never tokenizing the text again); documents without an id go as
-//! text. A worker that is down or full is skipped for the next one; a refusal (unknown
-//! chunk, corpus version not held, context too long) is the answer's error, not retried.
+//! text. The worker tried first is the one that owns most of the request's chunks
+//! ([`crate::routing`], so their KV is in its memory) or, round robin, the next in turn. A
+//! worker that is down or full is skipped for the next one; a refusal (unknown chunk, corpus
+//! version not held, context too long) is the answer's error, not retried.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,6 +20,7 @@ use tonic::{Code, Status};
 
 use crate::conversions::{mode_proto, variant_proto};
 use crate::fusion::FusionSettings;
+use crate::routing::{KvRouting, route};
 use crate::store::Variant;
 
 /// How long a connection attempt to a worker may take.
@@ -30,6 +33,10 @@ struct Worker {
 
 pub struct KvPool {
     workers: Vec<Worker>,
+    /// The workers as configured (`host:port`): the names chunks are assigned by, the same on
+    /// every edge given the same list.
+    names: Vec<String>,
+    routing: KvRouting,
     corpus_version: String,
     settings: FusionSettings,
     variant: Variant,
@@ -73,6 +80,7 @@ impl KvPool {
         corpus_version: String,
         settings: FusionSettings,
         variant: Variant,
+        routing: KvRouting,
     ) -> Result<Self, RagError> {
         let scheme = if tls.is_some() { "https" } else { "http" };
         let workers = authorities
@@ -105,6 +113,8 @@ impl KvPool {
         }
         Ok(Self {
             workers,
+            names: authorities.to_vec(),
+            routing,
             corpus_version,
             settings,
             variant,
@@ -207,10 +217,19 @@ impl LmBackend for KvPool {
             });
         }
         let wire = self.request_proto(request);
-        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let ids: Vec<u64> = request.documents.iter().filter_map(|d| d.id).collect();
+        let order: Vec<usize> = match self.routing {
+            KvRouting::KvAware if !ids.is_empty() => route(&self.names, &ids),
+            _ => {
+                let first = self.next.fetch_add(1, Ordering::Relaxed);
+                (0..self.workers.len())
+                    .map(|i| (first + i) % self.workers.len())
+                    .collect()
+            }
+        };
         let mut last = None;
-        for attempt in 0..self.workers.len() {
-            let worker = &self.workers[(first + attempt) % self.workers.len()];
+        for index in order {
+            let worker = &self.workers[index];
             let _span = tracing::info_span!("kv_generate", endpoint = %worker.endpoint).entered();
             let mut sent_text = false;
             match self.runtime.block_on(self.call(
@@ -238,12 +257,13 @@ impl LmBackend for KvPool {
         BackendInfo {
             drafter: "none (KV workers answer in standard mode)".into(),
             verifier: format!(
-                "KV workers ({}), {} at {:.0}%, corpus version {}",
+                "KV workers ({}, {:?}), {} at {:.0}%, corpus version {}",
                 self.workers
                     .iter()
                     .map(|w| w.endpoint.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
+                self.routing,
                 self.settings.mode.name(),
                 self.settings.ratio * 100.0,
                 self.corpus_version

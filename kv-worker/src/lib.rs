@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod preprocess;
 pub mod prompt;
 pub mod quality;
+pub mod routing;
 pub mod service;
 pub mod store;
 pub mod worker;

@@ -2,7 +2,6 @@
 //! their nearest neighbours by MiniLM cosine, and their KV computed ahead of the questions.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -41,7 +40,7 @@ impl Corpus {
     pub fn build(
         engine: &KvEngine,
         questions: &[Question],
-        encoder_dir: &Path,
+        encoder: &TextEncoder,
         top_n: usize,
         min_context: usize,
     ) -> Result<Self> {
@@ -86,9 +85,7 @@ impl Corpus {
             }
         }
         eprintln!("encoding {} chunks for their neighbours", documents.len());
-        let encoder = TextEncoder::load(encoder_dir)
-            .with_context(|| format!("loading the encoder from {}", encoder_dir.display()))?;
-        encode_documents(&encoder, &mut documents)?;
+        encode_documents(encoder, &mut documents)?;
         let vectors: Vec<f32> = documents
             .iter()
             .flat_map(|d| d.vector.iter().flatten().copied())

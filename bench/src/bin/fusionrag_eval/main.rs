@@ -19,7 +19,7 @@ use candle_core::D;
 use clap::Parser;
 use hasten_bench::questions::read_questions;
 use hasten_bench::retrieval::{PassageRetriever, holds_answer};
-use hasten_core::encoder::TextEncoder;
+use hasten_core::encoder::{EncoderRuntime, TextEncoder};
 use hasten_kv_worker::quality::{first_token_kl, kv_deviation_per_layer};
 use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
@@ -151,10 +151,15 @@ fn main() -> Result<()> {
         .with_context(|| format!("loading {}", model_path.display()))?;
     let engine = KvEngine::new(Arc::new(model))?;
     let mut questions = read_questions(&args.file, Some(args.limit), args.retrieve_from.is_none())?;
+    // The encoder runs where the model does (neighbours and retrieval are preprocessing).
+    let runtime = match args.device {
+        DeviceKind::Cpu => EncoderRuntime::Auto,
+        DeviceKind::Cuda => EncoderRuntime::Cuda,
+    };
+    let encoder = TextEncoder::load_with(&args.encoder, runtime)
+        .with_context(|| format!("loading the encoder from {}", args.encoder.display()))?;
     if let Some(dir) = &args.retrieve_from {
         let retriever = PassageRetriever::load(dir)?;
-        let encoder = TextEncoder::load(&args.encoder)
-            .with_context(|| format!("loading the encoder from {}", args.encoder.display()))?;
         let mut answerable = 0;
         for (index, question) in questions.iter_mut().enumerate() {
             question.documents = retriever
@@ -170,13 +175,7 @@ fn main() -> Result<()> {
             questions.len()
         );
     }
-    let corpus = Corpus::build(
-        &engine,
-        &questions,
-        &args.encoder,
-        args.top_n,
-        args.min_context,
-    )?;
+    let corpus = Corpus::build(&engine, &questions, &encoder, args.top_n, args.min_context)?;
     let stores = corpus.preprocess(&engine)?;
     let systems = systems(&args);
 
