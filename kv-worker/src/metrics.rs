@@ -8,7 +8,7 @@ use hasten_core::metrics::prometheus::{
 };
 use hasten_core::metrics::{GENERATION_BUCKETS, LATENCY_BUCKETS, register};
 
-use crate::worker::{Generated, WorkerInfo};
+use crate::worker::{Generated, TierUsage, WorkerInfo};
 
 #[derive(Debug)]
 pub struct KvMetrics {
@@ -139,13 +139,18 @@ impl KvMetrics {
             .observe(generated.load.as_secs_f64());
     }
 
-    /// Tier usage and preprocessing progress, as `Info` reports them.
-    pub fn observe_info(&self, info: &WorkerInfo) {
-        for tier in &info.tiers {
+    /// Bytes held per memory tier.
+    pub fn observe_tiers(&self, tiers: &[TierUsage]) {
+        for tier in tiers {
             self.tier_bytes
                 .with_label_values(&[tier.name])
                 .set(tier.used as i64);
         }
+    }
+
+    /// Tier usage and preprocessing progress, as `Info` reports them.
+    pub fn observe_info(&self, info: &WorkerInfo) {
+        self.observe_tiers(&info.tiers);
         for (version, progress) in &info.corpora {
             let done = progress.full_reuse.min(progress.similarity);
             self.preprocessed

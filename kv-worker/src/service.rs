@@ -144,9 +144,7 @@ impl KvGeneration for KvGenerationService {
                         &generated,
                         queued + generated.answer.timings.first_token,
                     );
-                    if let Ok(info) = worker.info() {
-                        metrics.observe_info(&info);
-                    }
+                    metrics.observe_tiers(&worker.tiers());
                     let answer = generated_proto(generated, queued, worker.model_id().as_str());
                     Ok(pb::KvGenerateEvent {
                         event: Some(pb::kv_generate_event::Event::Answer(answer)),

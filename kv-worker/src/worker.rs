@@ -278,15 +278,10 @@ impl KvWorker {
         })
     }
 
-    pub fn info(&self) -> Result<WorkerInfo, WorkerError> {
-        let catalogs = self.catalogs.read().unwrap_or_else(|p| p.into_inner());
-        let corpora = catalogs
-            .iter()
-            .map(|(version, catalog)| Ok((version.clone(), catalog.progress(self.store.root())?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
+    /// Each memory tier's budget, bytes held and hits (cheap: no file is read).
+    pub fn tiers(&self) -> Vec<TierUsage> {
         let stats = self.store.stats();
-        let tiers = self
-            .store
+        self.store
             .tier_names()
             .into_iter()
             .zip(self.store.budgets())
@@ -297,7 +292,17 @@ impl KvWorker {
                 used: stats.memory_bytes.get(i).copied().unwrap_or(0),
                 hits: stats.memory_hits.get(i).copied().unwrap_or(0),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Everything `Info` reports; preprocessing progress looks for every catalog entry's
+    /// file, so this is for status calls, not for every request.
+    pub fn info(&self) -> Result<WorkerInfo, WorkerError> {
+        let catalogs = self.catalogs.read().unwrap_or_else(|p| p.into_inner());
+        let corpora = catalogs
+            .iter()
+            .map(|(version, catalog)| Ok((version.clone(), catalog.progress(self.store.root())?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(WorkerInfo {
             model_id: self.model_id.clone(),
             model: self.model_path.clone(),
@@ -307,8 +312,8 @@ impl KvWorker {
                 "cpu".into()
             },
             corpora,
-            tiers,
-            disk_hits: stats.disk_hits,
+            tiers: self.tiers(),
+            disk_hits: self.store.stats().disk_hits,
         })
     }
 }
