@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use hasten_bench::kv_workload::{chunk_ids, draw_stream, model_path, percentile};
 use hasten_bench::questions::read_questions;
 use hasten_core::bundle::CorpusBundle;
 use hasten_kv_worker::FusionSettings;
@@ -22,9 +23,6 @@ use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_rag::{AnswerRequest, Document, LmBackend};
 use loadtest::popularity::ZipfModel;
 use loadtest::process::{ManagedProcess, binary};
-use rand::SeedableRng;
-use rand::distr::Distribution;
-use rand::distr::weighted::WeightedIndex;
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -57,13 +55,6 @@ struct Args {
     work: PathBuf,
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    sorted
-        .get(((sorted.len().max(1) - 1) as f64 * q).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.workers == 0 || args.requests == 0 {
@@ -73,49 +64,25 @@ fn main() -> Result<()> {
     let questions = read_questions(&args.questions, Some(args.limit), true)?;
     let bundle = CorpusBundle::load(&args.bundle)
         .with_context(|| format!("loading {}", args.bundle.display()))?;
-    let by_title: std::collections::HashMap<&str, u64> = bundle
-        .documents
-        .iter()
-        .map(|d| (d.title.as_str(), d.id))
-        .collect();
+    let chunks = chunk_ids(&questions, &bundle)?;
     let requests: Vec<AnswerRequest> = questions
         .iter()
-        .map(|q| {
-            let documents =
-                q.documents
-                    .iter()
-                    .map(|d| {
-                        let id = by_title.get(d.title.as_str()).copied().with_context(|| {
-                            format!("paragraph `{}` is not in the bundle", d.title)
-                        })?;
-                        Ok(Document::new(d.title.clone(), d.text.clone()).with_id(id))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+        .zip(&chunks)
+        .map(|(q, ids)| {
+            let documents = q
+                .documents
+                .iter()
+                .zip(ids)
+                .map(|(d, &id)| Document::new(d.title.clone(), d.text.clone()).with_id(id))
+                .collect();
             let mut request = AnswerRequest::new(q.question.clone(), documents);
             request.max_new_tokens = 1;
-            Ok(request)
+            request
         })
-        .collect::<Result<_>>()?;
+        .collect();
     let popularity = ZipfModel::default().daily(requests.len())?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let per_day = args.requests.div_ceil(popularity.days.len());
-    let mut stream = Vec::with_capacity(args.requests);
-    for day in &popularity.days {
-        let weights = WeightedIndex::new(day.iter().map(|(_, w)| *w))?;
-        for _ in 0..per_day {
-            if stream.len() < args.requests {
-                stream.push(day[weights.sample(&mut rng)].0);
-            }
-        }
-    }
-    let model = match &args.model {
-        Some(path) => path.clone(),
-        None => PathBuf::from(
-            std::env::var_os("HASTEN_LM_DIR")
-                .context("--model not given and HASTEN_LM_DIR unset")?,
-        )
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
+    let stream = draw_stream(&popularity, args.requests, args.seed)?;
+    let model = model_path(args.model.as_deref())?;
     let runtime = tokio::runtime::Runtime::new()?;
     let corpus = bundle.manifest.corpus_version.clone();
     let mut rows = Vec::new();

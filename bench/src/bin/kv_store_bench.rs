@@ -8,13 +8,13 @@
 //! file, not the device), and every `--ttft-every`-th request is answered by the worker
 //! (FusionRAG, 15%) for its time to first token.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use hasten_bench::kv_workload::{chunk_ids, draw_stream, model_path, percentile};
 use hasten_bench::questions::read_questions;
 use hasten_core::bundle::CorpusBundle;
 use hasten_kv_worker::store::{
@@ -24,9 +24,6 @@ use hasten_kv_worker::worker::{ChunkInput, GenerateRequest, KvWorker};
 use hasten_kv_worker::{FusionSettings, KvEngine};
 use hasten_lm::{LanguageModel, WeightFormat};
 use loadtest::popularity::{ZipfModel, read_topviews, views_then_model};
-use rand::SeedableRng;
-use rand::distr::Distribution;
-use rand::distr::weighted::WeightedIndex;
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -65,13 +62,6 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.requests == 0 || args.ttft_every == 0 {
@@ -80,25 +70,7 @@ fn main() -> Result<()> {
     let questions = read_questions(&args.questions, Some(args.limit), true)?;
     let bundle = CorpusBundle::load(&args.bundle)
         .with_context(|| format!("loading {}", args.bundle.display()))?;
-    let by_title: HashMap<&str, u64> = bundle
-        .documents
-        .iter()
-        .map(|d| (d.title.as_str(), d.id))
-        .collect();
-    let chunks: Vec<Vec<u64>> = questions
-        .iter()
-        .map(|q| {
-            q.documents
-                .iter()
-                .map(|d| {
-                    by_title
-                        .get(d.title.as_str())
-                        .copied()
-                        .with_context(|| format!("paragraph `{}` is not in the bundle", d.title))
-                })
-                .collect()
-        })
-        .collect::<Result<_>>()?;
+    let chunks = chunk_ids(&questions, &bundle)?;
     let entities: Vec<String> = questions
         .iter()
         .map(|q| {
@@ -117,17 +89,7 @@ fn main() -> Result<()> {
         }
     };
     let observed = popularity.observed.iter().filter(|d| !d.is_empty()).count();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let per_day = args.requests.div_ceil(popularity.days.len());
-    let mut stream = Vec::with_capacity(args.requests);
-    for day in &popularity.days {
-        let weights = WeightedIndex::new(day.iter().map(|(_, w)| *w))?;
-        for _ in 0..per_day {
-            if stream.len() < args.requests {
-                stream.push(day[weights.sample(&mut rng)].0);
-            }
-        }
-    }
+    let stream = draw_stream(&popularity, args.requests, args.seed)?;
     let distinct = {
         let mut seen: Vec<usize> = stream.clone();
         seen.sort_unstable();
@@ -141,27 +103,23 @@ fn main() -> Result<()> {
         observed
     );
 
-    let model_path = match &args.model {
-        Some(path) => path.clone(),
-        None => PathBuf::from(
-            std::env::var_os("HASTEN_LM_DIR")
-                .context("--model not given and HASTEN_LM_DIR unset")?,
-        )
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
+    let model_path = model_path(args.model.as_deref())?;
     let weights = WeightFormat::Fast;
     let language_model = Arc::new(
         LanguageModel::load_with(&model_path, &candle_core::Device::Cpu, weights)
             .with_context(|| format!("loading {}", model_path.display()))?,
     );
     let corpus = bundle.manifest.corpus_version.clone();
+    let system = KvEngine::new(Arc::clone(&language_model))?
+        .system()
+        .tokens()
+        .to_vec();
+    let model_id = ModelId::compute(&model_path, &weights.to_string(), &system)?;
     let mut rows = Vec::new();
     println!("| RAM budget | memory hits | load p50 | load p99 | TTFT p50 | TTFT p90 | held |");
     println!("|---|---|---|---|---|---|---|");
     for &mib in &args.budgets_mib {
         let engine = KvEngine::new(Arc::clone(&language_model))?;
-        let model_id =
-            ModelId::compute(&model_path, &weights.to_string(), engine.system().tokens())?;
         let store = Arc::new(ChunkKvStore::open(
             StoreSettings {
                 root: args.store.clone(),

@@ -17,6 +17,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::D;
 use clap::Parser;
+use hasten_bench::kv_workload::model_path;
 use hasten_bench::questions::read_questions;
 use hasten_bench::retrieval::{PassageRetriever, holds_answer};
 use hasten_core::encoder::{EncoderRuntime, TextEncoder};
@@ -136,13 +137,7 @@ fn main() -> Result<()> {
     }
     std::fs::create_dir_all(&args.work)
         .with_context(|| format!("creating {}", args.work.display()))?;
-    let model_path = match &args.model {
-        Some(path) => path.clone(),
-        None => PathBuf::from(std::env::var_os("HASTEN_LM_DIR").context(
-            "--model not given and HASTEN_LM_DIR unset: point either at the GGUF model",
-        )?)
-        .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
+    let model_path = model_path(args.model.as_deref())?;
     let weights = match args.device {
         DeviceKind::Cpu => WeightFormat::Fast,
         DeviceKind::Cuda => WeightFormat::F32,
