@@ -24,7 +24,7 @@ use hasten_kv_worker::preprocess::{Catalog, Phase, PlannedChunk, carry_over, run
 use hasten_kv_worker::prompt::chunk_tokens;
 use hasten_kv_worker::service::KvGenerationService;
 use hasten_kv_worker::store::{
-    ChunkKvStore, KvDtype, MemoryTier, ModelId, StoreSettings, content_hash,
+    ChunkKvStore, KvDtype, MemoryTier, ModelId, StoreSettings, chunk_content, content_hash,
 };
 use hasten_kv_worker::worker::KvWorker;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
@@ -260,7 +260,7 @@ fn plan(loaded: &Loaded, bundle: &CorpusBundle) -> Result<Vec<PlannedChunk>> {
             bar.inc(1);
             Ok(PlannedChunk {
                 id: d.id,
-                hash: content_hash(&format!("{}\n{}", d.title, d.text)),
+                hash: content_hash(&chunk_content(&d.title, &d.text)),
                 tokens: chunk_tokens(loaded.engine.model(), &d.title, &d.text)?,
             })
         })

@@ -100,17 +100,7 @@ impl KvGeneration for KvGenerationService {
             corpus = request.corpus_version.as_deref().unwrap_or("-"),
         );
         // Loads start now, while the request waits for the model.
-        if let Some(version) = &request.corpus_version {
-            let ids: Vec<u64> = request
-                .chunks
-                .iter()
-                .filter_map(|c| match c {
-                    crate::worker::ChunkInput::Id(id) => Some(*id),
-                    crate::worker::ChunkInput::Text { .. } => None,
-                })
-                .collect();
-            self.worker.prefetch(version, &ids, request.variant);
-        }
+        self.worker.prefetch_for(&request);
         let permit = self
             .queue
             .enter()

@@ -12,7 +12,10 @@ use crate::error::KvError;
 use crate::fusion::{FusionSettings, SegmentKv};
 use crate::preprocess::{Catalog, Progress};
 use crate::prompt::chunk_tokens;
-use crate::store::{ChunkKvStore, EntryMeta, Found, KvKey, ModelId, StoreError, Variant};
+use crate::store::{
+    ChunkKvStore, EntryMeta, Found, KvKey, ModelId, StoreError, Variant, chunk_content,
+    content_hash,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -56,6 +59,19 @@ pub struct GenerateRequest {
     /// The stored KV id chunks use; text chunks always use their Full Reuse KV.
     pub variant: Variant,
     pub max_new_tokens: usize,
+}
+
+impl GenerateRequest {
+    /// The ids of the chunks given by id, in order.
+    pub fn ids(&self) -> Vec<u64> {
+        self.chunks
+            .iter()
+            .filter_map(|c| match c {
+                ChunkInput::Id(id) => Some(*id),
+                ChunkInput::Text { .. } => None,
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -158,14 +174,7 @@ impl KvWorker {
                 format!("{ratio} is outside [0, 1]"),
             ));
         }
-        let ids: Vec<u64> = request
-            .chunks
-            .iter()
-            .filter_map(|c| match c {
-                ChunkInput::Id(id) => Some(*id),
-                ChunkInput::Text { .. } => None,
-            })
-            .collect();
+        let ids = request.ids();
         if ids.is_empty() {
             return Ok(());
         }
@@ -203,6 +212,14 @@ impl KvWorker {
         started
     }
 
+    /// Starts loading `request`'s id chunks (the service does it before the request queues).
+    pub fn prefetch_for(&self, request: &GenerateRequest) -> usize {
+        match &request.corpus_version {
+            Some(version) => self.prefetch(version, &request.ids(), request.variant),
+            None => 0,
+        }
+    }
+
     /// Answers `request`, calling `on_text` with each piece of the answer as it is decoded.
     pub fn generate(
         &self,
@@ -211,17 +228,6 @@ impl KvWorker {
     ) -> Result<Generated, WorkerError> {
         self.validate(request)?;
         let started = Instant::now();
-        if let Some(version) = &request.corpus_version {
-            let ids: Vec<u64> = request
-                .chunks
-                .iter()
-                .filter_map(|c| match c {
-                    ChunkInput::Id(id) => Some(*id),
-                    ChunkInput::Text { .. } => None,
-                })
-                .collect();
-            self.prefetch(version, &ids, request.variant);
-        }
         let (mut memory_hits, mut disk_hits, mut computed_chunks) = (0, 0, 0);
         let mut chunks: Vec<Arc<SegmentKv>> = Vec::with_capacity(request.chunks.len());
         for chunk in &request.chunks {
@@ -233,7 +239,8 @@ impl KvWorker {
                     self.store.get(&key)?
                 }
                 ChunkInput::Text { title, text } => {
-                    let key = KvKey::text_chunk(self.model_id.clone(), &format!("{title}\n{text}"));
+                    let content = chunk_content(title, text);
+                    let key = KvKey::text_chunk(self.model_id.clone(), &content);
                     match self.store.get(&key) {
                         Ok(hit) => hit,
                         Err(StoreError::NotFound(_)) => {
@@ -241,7 +248,7 @@ impl KvWorker {
                             let tokens = chunk_tokens(self.engine.model(), title, text)?;
                             let segment = self.engine.full_reuse_kv(tokens)?;
                             let meta = EntryMeta {
-                                chunk_hash: crate::store::content_hash(&format!("{title}\n{text}")),
+                                chunk_hash: content_hash(&content),
                                 neighbours: Vec::new(),
                             };
                             chunks.push(self.store.put(&key, &meta, segment)?);

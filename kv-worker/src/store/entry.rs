@@ -116,12 +116,17 @@ pub fn encode(
         head_dim,
         payload_sha256: hex::encode(Sha256::digest(&payload)),
     };
-    let header = serde_json::to_vec(&header).map_err(StoreError::Header)?;
+    frame(&header, &payload)
+}
+
+/// `MAGIC`, the header's length, the header as JSON, the payload.
+fn frame(header: &EntryHeader, payload: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let header = serde_json::to_vec(header).map_err(StoreError::Header)?;
     let mut bytes = Vec::with_capacity(8 + header.len() + payload.len());
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&(header.len() as u32).to_le_bytes());
     bytes.extend_from_slice(&header);
-    bytes.extend_from_slice(&payload);
+    bytes.extend_from_slice(payload);
     Ok(bytes)
 }
 
@@ -181,13 +186,7 @@ pub fn rekey(bytes: &[u8], from: &KvKey, to: &KvKey) -> Result<Vec<u8>, StoreErr
     header.corpus = to.corpus.clone();
     header.chunk = to.chunk.clone();
     header.variant = to.variant;
-    let header = serde_json::to_vec(&header).map_err(StoreError::Header)?;
-    let mut out = Vec::with_capacity(8 + header.len() + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-    out.extend_from_slice(&header);
-    out.extend_from_slice(payload);
-    Ok(out)
+    frame(&header, payload)
 }
 
 /// Checks that the file holds what `key` names, intact, and rebuilds the segment on

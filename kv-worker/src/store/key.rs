@@ -191,6 +191,11 @@ impl fmt::Display for KvKey {
     }
 }
 
+/// What a chunk's content hash covers: its title and text, as a prompt shows them.
+pub fn chunk_content(title: &str, text: &str) -> String {
+    format!("{title}\n{text}")
+}
+
 /// The first 64 bits of a text's SHA-256, in hex: a chunk's content hash.
 pub fn content_hash(text: &str) -> String {
     short_hex(&Sha256::digest(text.as_bytes()))

@@ -21,7 +21,7 @@ use candle_core::Device;
 use hasten_lm::RotaryTables;
 
 pub use entry::{EntryHeader, EntryMeta, KvDtype, read_header};
-pub use key::{ChunkRef, KvKey, ModelId, TEXT_CORPUS, Variant, content_hash};
+pub use key::{ChunkRef, KvKey, ModelId, TEXT_CORPUS, Variant, chunk_content, content_hash};
 pub use tiers::{HeatTiers, Move};
 
 use crate::fusion::SegmentKv;
