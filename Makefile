@@ -14,7 +14,7 @@ export HASTEN_MODEL_DIR ?= $(abspath $(MODEL_DIR))
 export HASTEN_LM_DIR ?= $(abspath $(LM_DIR))
 export HASTEN_OPENAI_PYTHON ?= $(abspath $(TOOLS_DIR))/openai-venv/bin/python
 
-.PHONY: help deps models models-large clients build demo test lint fmt
+.PHONY: help deps models models-large clients build demo test lint fmt crd
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -56,3 +56,8 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+# The KvWorkerPool CRD in the chart, regenerated from its Rust type (a test fails when they
+# differ).
+crd:
+	$(CARGO) run --quiet -p hasten-kv-operator --bin kv-operator -- crd > helm/hasten/crds/kvworkerpools.hasten.dev.yaml

@@ -20,6 +20,8 @@ pub struct KvWorkerConfig {
     pub metrics_addr: SocketAddr,
     /// GGUF model (llama or qwen2); the store's entries are this model's. Required.
     pub model: Option<PathBuf>,
+    /// The model file's SHA-256 (64 hex digits): the worker refuses to serve another file.
+    pub model_sha256: Option<String>,
     /// `cpu`, or `cuda` in a build with the `cuda` feature.
     pub device: DeviceKind,
     /// Weight layout; entries computed under one layout are not another's [default: fast on
@@ -52,6 +54,7 @@ impl Default for KvWorkerConfig {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7510)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7512)),
             model: None,
+            model_sha256: None,
             device: DeviceKind::Cpu,
             weights: None,
             store: PathBuf::from("kv-store"),
@@ -74,6 +77,14 @@ impl KvWorkerConfig {
             return Err(ConfigError::invalid(
                 "model",
                 "is required: the GGUF model whose chunk KV the store holds",
+            ));
+        }
+        if let Some(sha) = &self.model_sha256
+            && !(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(ConfigError::invalid(
+                "model_sha256",
+                format!("{sha:?} is not 64 hex digits"),
             ));
         }
         if self.queue == 0 {
@@ -135,6 +146,13 @@ mod tests {
                     ..good.clone()
                 },
                 "max_new_tokens",
+            ),
+            (
+                KvWorkerConfig {
+                    model_sha256: Some("abc".into()),
+                    ..good.clone()
+                },
+                "model_sha256",
             ),
             (
                 KvWorkerConfig {

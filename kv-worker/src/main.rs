@@ -24,7 +24,8 @@ use hasten_kv_worker::preprocess::{Catalog, Phase, PlannedChunk, carry_over, run
 use hasten_kv_worker::prompt::chunk_tokens;
 use hasten_kv_worker::service::KvGenerationService;
 use hasten_kv_worker::store::{
-    ChunkKvStore, KvDtype, MemoryTier, ModelId, StoreSettings, chunk_content, content_hash,
+    ChunkKvStore, KvDtype, MemoryTier, ModelId, ModelIdentity, StoreSettings, chunk_content,
+    content_hash, sync_version,
 };
 use hasten_kv_worker::worker::KvWorker;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
@@ -56,6 +57,9 @@ enum Command {
     Update(UpdateArgs),
     /// Show each corpus version's preprocessing progress in a store.
     Status(StatusArgs),
+    /// Copy a corpus version from a shared origin store into this worker's store (resumable;
+    /// what a pool's workers run before serving a newly preprocessed version).
+    Sync(SyncArgs),
 }
 
 #[derive(Args)]
@@ -70,6 +74,9 @@ struct ModelArgs {
     /// cpu, or cuda in a build with the `cuda` feature.
     #[arg(long, env = "HASTEN_KV_DEVICE", default_value = "cpu")]
     device: DeviceKind,
+    /// Refuse a model file whose SHA-256 is not this (64 hex digits).
+    #[arg(long, env = "HASTEN_KV_MODEL_SHA256")]
+    model_sha256: Option<String>,
 }
 
 #[derive(Args)]
@@ -106,6 +113,13 @@ struct PreprocessArgs {
     /// Only the bundle's first N chunks (and their neighbours' Full Reuse KV).
     #[arg(long)]
     limit: Option<usize>,
+    /// Refuse a bundle of another corpus version.
+    #[arg(long)]
+    expect_version: Option<String>,
+    /// Also write the outcome as one line of JSON (`done`, `total` chunks) to this file
+    /// (a Job's termination message: /dev/termination-log).
+    #[arg(long)]
+    summary_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -158,6 +172,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     dtype: Option<KvDtype>,
+    /// Refuse a model file whose SHA-256 is not this.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_sha256: Option<String>,
     /// Bytes of chunk KV kept in RAM [default: 1 GiB].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -184,6 +202,19 @@ struct ServeArgs {
 }
 
 #[derive(Args)]
+struct SyncArgs {
+    /// The shared origin store (written by `kv-worker preprocess`).
+    #[arg(long)]
+    from: PathBuf,
+    /// This worker's store.
+    #[arg(long, env = "HASTEN_KV_STORE", default_value = "kv-store")]
+    store: PathBuf,
+    /// The corpus version to copy.
+    #[arg(long)]
+    version: String,
+}
+
+#[derive(Args)]
 struct StatusArgs {
     /// The store's directory.
     #[arg(long, env = "HASTEN_KV_STORE", default_value = "kv-store")]
@@ -201,15 +232,35 @@ fn load_model(args: &ModelArgs) -> Result<Loaded> {
         DeviceKind::Cpu => WeightFormat::Fast,
         DeviceKind::Cuda => WeightFormat::F32,
     });
-    load(&args.model, args.device, weights)
+    load(
+        &args.model,
+        args.device,
+        weights,
+        args.model_sha256.as_deref(),
+    )
 }
 
-fn load(path: &Path, device: DeviceKind, weights: WeightFormat) -> Result<Loaded> {
+fn load(
+    path: &Path,
+    device: DeviceKind,
+    weights: WeightFormat,
+    expected_sha256: Option<&str>,
+) -> Result<Loaded> {
     let started = Instant::now();
     let model = LanguageModel::load_with(path, &device.open()?, weights)
         .with_context(|| format!("loading {}", path.display()))?;
     let engine = KvEngine::new(Arc::new(model))?;
-    let model_id = ModelId::compute(path, &weights.to_string(), engine.system().tokens())?;
+    let identity = ModelIdentity::compute(path, &weights.to_string(), engine.system().tokens())?;
+    if let Some(expected) = expected_sha256
+        && !identity.file_sha256.eq_ignore_ascii_case(expected)
+    {
+        bail!(
+            "model_sha256: {} has SHA-256 {}, the configuration pins {expected}",
+            path.display(),
+            identity.file_sha256
+        );
+    }
+    let model_id = identity.id;
     tracing::info!(
         model = %path.display(),
         %model_id,
@@ -287,9 +338,17 @@ fn load_bundle(dir: &Path) -> Result<CorpusBundle> {
 
 fn preprocess(args: PreprocessArgs) -> Result<()> {
     let bundle = load_bundle(&args.bundle)?;
+    let corpus = bundle.manifest.corpus_version.clone();
+    if let Some(expected) = &args.expect_version
+        && *expected != corpus
+    {
+        bail!(
+            "{} is corpus version {corpus}, not the expected {expected}",
+            args.bundle.display()
+        );
+    }
     let loaded = load_model(&args.model)?;
     let store = open_store(&args.store, &loaded)?;
-    let corpus = bundle.manifest.corpus_version.clone();
     let chunks = plan(&loaded, &bundle)?;
     let built = Catalog::build(
         loaded.model_id.clone(),
@@ -353,6 +412,15 @@ fn preprocess(args: PreprocessArgs) -> Result<()> {
         bar.finish();
     }
     let progress = built.progress(&args.store.store)?;
+    if let Some(path) = &args.summary_file {
+        let summary = serde_json::json!({
+            "corpus_version": corpus,
+            "done": progress.full_reuse.min(progress.similarity),
+            "total": progress.chunks,
+        });
+        std::fs::write(path, format!("{summary}\n"))
+            .with_context(|| format!("writing the summary to {}", path.display()))?;
+    }
     println!(
         "{}",
         serde_json::to_string_pretty(&serde_json::json!({
@@ -466,6 +534,25 @@ fn status(args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
+fn sync(args: SyncArgs) -> Result<()> {
+    let bar = bar("syncing", 0);
+    let report = sync_version(&args.from, &args.store, &args.version, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| {
+        format!(
+            "copying corpus version {} from {} into {}",
+            args.version,
+            args.from.display(),
+            args.store.display()
+        )
+    })?;
+    bar.finish_and_clear();
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
 async fn serve(args: ServeArgs) -> Result<()> {
     let config: KvWorkerConfig = load_config(args.source.config.as_deref(), "HASTEN_KV_", &args)?;
     config.validate()?;
@@ -482,7 +569,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .model
         .clone()
         .context("configuration: `model` is required")?;
-    let loaded = load(&model_path, config.device, config.weights())?;
+    let loaded = load(
+        &model_path,
+        config.device,
+        config.weights(),
+        config.model_sha256.as_deref(),
+    )?;
     let store = open_store(
         &StoreArgs {
             store: config.store.clone(),
@@ -564,5 +656,6 @@ async fn main() -> Result<()> {
         Command::Preprocess(args) => preprocess(args),
         Command::Update(args) => update(args),
         Command::Status(args) => status(args),
+        Command::Sync(args) => sync(args),
     }
 }

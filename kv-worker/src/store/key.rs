@@ -18,14 +18,15 @@ const SHORT_HASH: usize = 16;
 /// Changes whenever what a stored entry means changes (prompt layout, entry format).
 const LAYOUT_VERSION: &str = "hasten-kv-layout-1";
 
-/// The model a KV was computed with: a hash of the weights file, the weight layout the
-/// runtime computed with (a re-quantised layout gives other numbers) and the system prompt's
-/// tokens (every chunk's Full Reuse KV is computed after them).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ModelId(String);
+/// A model file's store id and its own SHA-256 (what a deployment pins), from one read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelIdentity {
+    pub id: ModelId,
+    /// The file's SHA-256, 64 lowercase hex digits.
+    pub file_sha256: String,
+}
 
-impl ModelId {
+impl ModelIdentity {
     pub fn compute(
         model_file: &Path,
         weights: &str,
@@ -45,12 +46,33 @@ impl ModelId {
             }
             hasher.update(&buffer[..read]);
         }
+        let file_sha256 = hex::encode(hasher.clone().finalize());
         hasher.update(LAYOUT_VERSION.as_bytes());
         hasher.update(weights.as_bytes());
         for token in system_tokens {
             hasher.update(token.to_le_bytes());
         }
-        Ok(Self(short_hex(&hasher.finalize())))
+        Ok(Self {
+            id: ModelId(short_hex(&hasher.finalize())),
+            file_sha256,
+        })
+    }
+}
+
+/// The model a KV was computed with: a hash of the weights file, the weight layout the
+/// runtime computed with (a re-quantised layout gives other numbers) and the system prompt's
+/// tokens (every chunk's Full Reuse KV is computed after them).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ModelId(String);
+
+impl ModelId {
+    pub fn compute(
+        model_file: &Path,
+        weights: &str,
+        system_tokens: &[u32],
+    ) -> Result<Self, StoreError> {
+        Ok(ModelIdentity::compute(model_file, weights, system_tokens)?.id)
     }
 
     pub fn as_str(&self) -> &str {

@@ -9,6 +9,7 @@
 
 mod entry;
 mod key;
+mod sync;
 mod tiers;
 
 use std::collections::HashMap;
@@ -21,7 +22,10 @@ use candle_core::Device;
 use hasten_lm::RotaryTables;
 
 pub use entry::{EntryHeader, EntryMeta, KvDtype, read_header};
-pub use key::{ChunkRef, KvKey, ModelId, TEXT_CORPUS, Variant, chunk_content, content_hash};
+pub use key::{
+    ChunkRef, KvKey, ModelId, ModelIdentity, TEXT_CORPUS, Variant, chunk_content, content_hash,
+};
+pub use sync::{SyncReport, sync_version};
 pub use tiers::{HeatTiers, Move};
 
 use crate::fusion::SegmentKv;
@@ -43,6 +47,8 @@ pub enum StoreError {
     Header(#[source] serde_json::Error),
     #[error("invalid KV key: {0}")]
     InvalidKey(String),
+    #[error("sync: {0}")]
+    Sync(String),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -1,0 +1,119 @@
+//! `kv-operator run`'s configuration: defaults, then a TOML file, then
+//! `HASTEN_KV_OPERATOR_*` variables, then flags; validated at start with a message naming the
+//! key.
+
+use std::net::SocketAddr;
+
+use hasten_core::config::ConfigError;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// Namespace whose pools are reconciled [default: the client's, i.e. the pod's own].
+    pub namespace: Option<String>,
+    /// Image holding `kv-worker`, for pools that name none.
+    pub worker_image: String,
+    /// Cluster DNS domain, for the workers' stable addresses.
+    pub cluster_domain: String,
+    /// Address of `/metrics`, `/readyz` and `/healthz`.
+    pub metrics_addr: SocketAddr,
+    /// Take part in leader election (off only for a single replica run by hand).
+    pub leader_election: bool,
+    /// The Lease that elects the acting replica (in `namespace`).
+    pub lease_name: String,
+    /// This replica's identity in the lease [default: the host name, i.e. the pod's name].
+    pub identity: Option<String>,
+    /// Seconds a holder keeps the lease without renewing it.
+    pub lease_duration_s: u64,
+    /// Seconds between renewals.
+    pub lease_renew_s: u64,
+    /// Seconds without a renewal after which the holder stops acting (below
+    /// `lease_duration_s`, so it stops before anyone may take over).
+    pub lease_deadline_s: u64,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            worker_image: "ghcr.io/hasten-rag/hasten:0.1.0".into(),
+            cluster_domain: "cluster.local".into(),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7600)),
+            leader_election: true,
+            lease_name: "hasten-kv-operator".into(),
+            identity: None,
+            lease_duration_s: 15,
+            lease_renew_s: 5,
+            lease_deadline_s: 10,
+        }
+    }
+}
+
+impl OperatorConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.worker_image.trim().is_empty() {
+            return Err(ConfigError::invalid("worker_image", "must name an image"));
+        }
+        if self.cluster_domain.trim().is_empty() {
+            return Err(ConfigError::invalid("cluster_domain", "must not be empty"));
+        }
+        if self.lease_name.trim().is_empty() {
+            return Err(ConfigError::invalid("lease_name", "must not be empty"));
+        }
+        if self.lease_renew_s == 0 {
+            return Err(ConfigError::invalid("lease_renew_s", "must be at least 1"));
+        }
+        if !(self.lease_renew_s < self.lease_deadline_s
+            && self.lease_deadline_s < self.lease_duration_s)
+        {
+            return Err(ConfigError::invalid(
+                "lease_deadline_s",
+                format!(
+                    "{}: renewals ({} s) < deadline < duration ({} s) keeps a replica that \
+                     cannot renew from acting after another may take over",
+                    self.lease_deadline_s, self.lease_renew_s, self.lease_duration_s
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_values_name_their_key() {
+        OperatorConfig::default().validate().unwrap();
+        let key = |config: OperatorConfig| match config.validate().unwrap_err() {
+            ConfigError::Invalid { key, .. } => key,
+            other => panic!("{other}"),
+        };
+        let good = OperatorConfig::default();
+        assert_eq!(
+            key(OperatorConfig {
+                worker_image: " ".into(),
+                ..good.clone()
+            }),
+            "worker_image"
+        );
+        assert_eq!(
+            key(OperatorConfig {
+                lease_deadline_s: 20,
+                ..good.clone()
+            }),
+            "lease_deadline_s"
+        );
+        assert_eq!(
+            key(OperatorConfig {
+                lease_renew_s: 0,
+                ..good
+            }),
+            "lease_renew_s"
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! `kv-operator`: runs the `KvWorkerPool` controller (`run`), or prints the CRD (`crd`).
+//!
+//! Its own binary rather than a subcommand of `kv-worker`: it runs under its own service
+//! account with RBAC for the objects it manages, as a small Deployment that holds a leader
+//! lease, and needs neither the model runtime nor a GPU.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use hasten_core::config::{ConfigSource, load_config};
+use hasten_kv_operator::config::OperatorConfig;
+use hasten_kv_operator::controller;
+use hasten_kv_operator::crd::KvWorkerPool;
+use hasten_kv_operator::lease::{LeaderLease, LeaseSettings};
+use hasten_kv_operator::metrics::OperatorMetrics;
+use hasten_kv_operator::reconcile::Context;
+use hasten_kv_operator::resources::RenderSettings;
+use kube::CustomResourceExt;
+use kube::runtime::events::{Recorder, Reporter};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(
+    name = "kv-operator",
+    version,
+    about = "Kubernetes operator for Hasten's FusionRAG KV workers (KvWorkerPool, hasten.dev/v1alpha1)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reconcile the KvWorkerPools of a namespace (holding the leader lease first).
+    Run(RunArgs),
+    /// Print the CustomResourceDefinition, as YAML (the chart's crds/ holds the same).
+    Crd,
+}
+
+#[derive(Args, Serialize)]
+struct RunArgs {
+    #[command(flatten)]
+    #[serde(skip)]
+    source: ConfigSource,
+    /// Namespace whose pools are reconciled [default: the pod's own].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<String>,
+    /// Image holding kv-worker, for pools that name none.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker_image: Option<String>,
+    /// Cluster DNS domain [default: cluster.local].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster_domain: Option<String>,
+    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7600].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_addr: Option<SocketAddr>,
+    /// Take part in leader election [default: true].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leader_election: Option<bool>,
+    /// The Lease electing the acting replica [default: hasten-kv-operator].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_name: Option<String>,
+    /// This replica's identity in the lease [default: the host name].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    identity: Option<String>,
+}
+
+fn print_crd() -> Result<()> {
+    let yaml = serde_saphyr::to_string(&KvWorkerPool::crd()).context("rendering the CRD")?;
+    print!("{yaml}");
+    Ok(())
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let config: OperatorConfig =
+        load_config(args.source.config.as_deref(), "HASTEN_KV_OPERATOR_", &args)?;
+    config.validate()?;
+    if args.source.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster or kubeconfig)")?;
+    let namespace = config
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = config
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("kv-operator-{}", std::process::id()));
+
+    let registry = hasten_core::metrics::registry()?;
+    let metrics = OperatorMetrics::register(&registry)?;
+    let bound = hasten_core::metrics::serve(
+        config.metrics_addr,
+        registry,
+        Arc::new(|| {}),
+        Arc::new(|| Ok(())),
+    )
+    .await
+    .with_context(|| format!("binding metrics_addr {}", config.metrics_addr))?;
+    tracing::info!(%bound, %namespace, %identity, "kv-operator metrics");
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "hasten-kv-operator".into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        RenderSettings {
+            worker_image: config.worker_image.clone(),
+            cluster_domain: config.cluster_domain.clone(),
+        },
+        metrics.clone(),
+        recorder,
+    ));
+    if !config.leader_election {
+        metrics.leader.set(1);
+        controller::run(client, &namespace, ctx).await;
+        return Ok(());
+    }
+    let lease = LeaderLease::new(
+        client.clone(),
+        LeaseSettings {
+            name: config.lease_name.clone(),
+            namespace: namespace.clone(),
+            identity,
+            duration: Duration::from_secs(config.lease_duration_s),
+            renew_every: Duration::from_secs(config.lease_renew_s),
+            renew_deadline: Duration::from_secs(config.lease_deadline_s),
+        },
+    );
+    tracing::info!(lease = %config.lease_name, "waiting for the leader lease");
+    lease.acquire().await?;
+    metrics.leader.set(1);
+    tracing::info!(lease = %config.lease_name, "leading");
+    tokio::select! {
+        () = controller::run(client, &namespace, ctx) => Ok(()),
+        lost = lease.keep() => {
+            metrics.leader.set(0);
+            // Exiting hands the work to whichever replica takes the lease next; a restart
+            // makes this one a candidate again.
+            bail!(lost)
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    hasten_core::logging::init();
+    match Cli::parse().command {
+        Command::Run(args) => run(args).await,
+        Command::Crd => print_crd(),
+    }
+}

@@ -1,0 +1,660 @@
+//! One reconcile of a `KvWorkerPool`: validate, apply the desired objects by server-side
+//! apply, run the corpus version's preprocessing Job and switch the workers to it once it
+//! succeeded, report status; on deletion, delete what owner references cannot (the workers'
+//! volume claims) before the finalizer goes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::finalizer::{Event, finalizer};
+use kube::{Api, Client, Resource, ResourceExt};
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::crd::{KvWorkerPool, KvWorkerPoolStatus, PreprocessingStatus};
+use crate::error::Error;
+use crate::metrics::OperatorMetrics;
+use crate::resources::{
+    self, FIELD_MANAGER, POOL_LABEL, RenderSettings, SERVING_ANNOTATION, job_name,
+};
+use crate::validate::{InvalidSpec, validate};
+
+/// The finalizer the operator puts on every pool.
+pub const FINALIZER: &str = "hasten.dev/kv-worker-pool";
+/// Requeue while something moves (a Job runs, workers roll), and when all is steady.
+const REQUEUE_PROGRESSING: Duration = Duration::from_secs(15);
+const REQUEUE_STEADY: Duration = Duration::from_secs(300);
+/// Requeue after a conflict (another writer changed the object first): soon, no backoff.
+pub const REQUEUE_CONFLICT: Duration = Duration::from_secs(1);
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub settings: RenderSettings,
+    pub metrics: OperatorMetrics,
+    pub recorder: Recorder,
+    /// Consecutive failures per pool (namespace/name), for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: RenderSettings,
+        metrics: OperatorMetrics,
+        recorder: Recorder,
+    ) -> Self {
+        Self {
+            client,
+            settings,
+            metrics,
+            recorder,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+fn pool_key(pool: &KvWorkerPool) -> String {
+    format!(
+        "{}/{}",
+        pool.namespace().unwrap_or_default(),
+        pool.name_any()
+    )
+}
+
+/// Reconciles one pool (the controller's reconcile function).
+#[tracing::instrument(skip_all, fields(pool = %pool_key(&pool)))]
+pub async fn reconcile(pool: Arc<KvWorkerPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let key = pool_key(&pool);
+    let namespace = pool
+        .namespace()
+        .ok_or(Error::MissingObjectKey("metadata.namespace"))?;
+    let api: Api<KvWorkerPool> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&api, FINALIZER, pool, |event| async {
+        match event {
+            Event::Apply(pool) => apply(&pool, &ctx).await,
+            Event::Cleanup(pool) => cleanup(&pool, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics
+        .reconciled(started.elapsed(), result.as_ref().err().map(Error::reason));
+    if result.is_ok() {
+        ctx.failures.lock().remove(&key);
+    }
+    result
+}
+
+/// What the controller does after a failed reconcile: retry a conflict at once, anything else
+/// with exponential backoff per pool.
+pub fn error_policy(pool: Arc<KvWorkerPool>, error: &Error, ctx: Arc<Context>) -> Action {
+    if error.is_conflict() {
+        tracing::debug!(pool = %pool_key(&pool), %error, "conflict; requeued");
+        return Action::requeue(REQUEUE_CONFLICT);
+    }
+    let failures = {
+        let mut failures = ctx.failures.lock();
+        let count = failures.entry(pool_key(&pool)).or_insert(0);
+        *count += 1;
+        *count
+    };
+    let delay = backoff(failures);
+    tracing::warn!(pool = %pool_key(&pool), %error, failures, ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// 5 s after the first failure, doubling, at most 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let exponent = failures.saturating_sub(1).min(6);
+    Duration::from_secs(5 << exponent).min(Duration::from_secs(300))
+}
+
+async fn publish(ctx: &Context, pool: &KvWorkerPool, type_: EventType, reason: &str, note: String) {
+    let event = KubeEvent {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    // Events are for people; failing to record one must not fail the reconcile.
+    if let Err(err) = ctx.recorder.publish(&event, &pool.object_ref(&())).await {
+        tracing::warn!(%err, reason, "event not recorded");
+    }
+}
+
+async fn apply_object<K>(client: &Client, namespace: &str, object: &K) -> Result<K, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let name = object
+        .meta()
+        .name
+        .clone()
+        .ok_or(Error::MissingObjectKey("metadata.name"))?;
+    Ok(api
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(object),
+        )
+        .await?)
+}
+
+async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
+    let name = pool.name_any();
+    let namespace = pool
+        .namespace()
+        .ok_or(Error::MissingObjectKey("metadata.namespace"))?;
+    let budgets = match validate(&name, &pool.spec) {
+        Ok(budgets) => budgets,
+        Err(invalid) => return refuse(pool, ctx, invalid).await,
+    };
+    let client = &ctx.client;
+    let workers_api: Api<StatefulSet> = Api::namespaced(client.clone(), &namespace);
+    let serving = workers_api
+        .get_opt(&name)
+        .await?
+        .and_then(|set| set.metadata.annotations)
+        .and_then(|annotations| annotations.get(SERVING_ANNOTATION).cloned());
+    let target = pool.spec.corpus.version.clone();
+
+    // What does not depend on the served version first: the Job writes into the origin claim.
+    let desired = resources::desired(pool, budgets, serving.as_deref(), &ctx.settings)?;
+    apply_object::<ConfigMap>(client, &namespace, &desired.config_map).await?;
+    apply_object::<Service>(client, &namespace, &desired.service).await?;
+    apply_object::<PodDisruptionBudget>(client, &namespace, &desired.pod_disruption_budget).await?;
+    apply_object::<PersistentVolumeClaim>(client, &namespace, &desired.origin).await?;
+
+    let mut preprocessing = pool
+        .status
+        .as_ref()
+        .and_then(|status| status.preprocessing.clone())
+        .filter(|preprocessing| preprocessing.version == target);
+    let mut now_serving = serving.clone();
+    if serving.as_deref() != Some(target.as_str()) {
+        let job = preprocess(pool, ctx, &namespace, &target).await?;
+        if job.phase == JobPhase::Succeeded {
+            now_serving = Some(target.clone());
+        }
+        preprocessing = Some(job.status);
+    }
+    let stateful_set = if now_serving == serving {
+        desired.stateful_set
+    } else {
+        resources::desired(pool, budgets, now_serving.as_deref(), &ctx.settings)?.stateful_set
+    };
+    let applied = apply_object::<StatefulSet>(client, &namespace, &stateful_set).await?;
+    if now_serving != serving {
+        publish(
+            ctx,
+            pool,
+            EventType::Normal,
+            "Switched",
+            format!(
+                "workers switch to corpus version {target} (from {})",
+                serving.as_deref().unwrap_or("none")
+            ),
+        )
+        .await;
+        if let Some(previous) = &serving {
+            delete_job(client, &namespace, &job_name(&name, previous)).await?;
+        }
+    }
+
+    let ready_workers = ready_workers(pool, ctx, &namespace).await?;
+    let replicas = applied
+        .status
+        .as_ref()
+        .map(|status| status.replicas)
+        .unwrap_or(0);
+    let ready = i32::try_from(ready_workers.len()).unwrap_or(i32::MAX);
+    let workers: Vec<String> = ready_workers
+        .iter()
+        .map(|ordinal| resources::worker_address(pool, *ordinal, &ctx.settings))
+        .collect();
+    let previous = pool.status.clone().unwrap_or_default();
+    let running = preprocessing
+        .as_ref()
+        .is_some_and(|job| job.phase == JobPhase::Running.as_str());
+    let failed = preprocessing
+        .as_ref()
+        .is_some_and(|job| job.phase == JobPhase::Failed.as_str());
+    let progressing = running || ready < pool.spec.replicas || replicas != pool.spec.replicas;
+    let now = Time(Timestamp::now());
+    let conditions = vec![
+        ready_condition(pool, now_serving.as_deref(), ready, &previous, &now),
+        if running {
+            condition(
+                "Progressing",
+                true,
+                "Preprocessing",
+                format!("preprocessing corpus version {target}"),
+                &previous,
+                &now,
+            )
+        } else if progressing {
+            condition(
+                "Progressing",
+                true,
+                "RollingOut",
+                format!("{ready} of {} workers ready", pool.spec.replicas),
+                &previous,
+                &now,
+            )
+        } else {
+            condition(
+                "Progressing",
+                false,
+                "Stable",
+                "workers ready on the spec's corpus version".into(),
+                &previous,
+                &now,
+            )
+        },
+        if failed {
+            condition(
+                "Degraded",
+                true,
+                "PreprocessingFailed",
+                format!(
+                    "the preprocessing Job of corpus version {target} failed; serving {}",
+                    now_serving.as_deref().unwrap_or("nothing")
+                ),
+                &previous,
+                &now,
+            )
+        } else {
+            condition(
+                "Degraded",
+                false,
+                "AsExpected",
+                String::new(),
+                &previous,
+                &now,
+            )
+        },
+    ];
+    let status = KvWorkerPoolStatus {
+        observed_generation: pool.metadata.generation,
+        replicas,
+        ready_replicas: ready,
+        selector: Some(resources::selector_string(&name)),
+        serving_version: now_serving.clone(),
+        preprocessing: preprocessing.clone(),
+        assignment_version: Some(resources::assignment_version(&workers)),
+        workers,
+        conditions,
+    };
+    patch_status(ctx, pool, &status).await?;
+    let age = preprocessing
+        .as_ref()
+        .filter(|_| running)
+        .and_then(|job| job.start_time.as_ref())
+        .map(|started| (Timestamp::now().as_second() - started.0.as_second()).max(0) as f64)
+        .unwrap_or(0.0);
+    ctx.metrics
+        .pool(&namespace, &name, pool.spec.replicas, ready, age);
+    Ok(Action::requeue(if progressing {
+        REQUEUE_PROGRESSING
+    } else {
+        REQUEUE_STEADY
+    }))
+}
+
+/// Reports an invalid spec in the conditions and changes nothing else.
+async fn refuse(pool: &KvWorkerPool, ctx: &Context, invalid: InvalidSpec) -> Result<Action, Error> {
+    let previous = pool.status.clone().unwrap_or_default();
+    let now = Time(Timestamp::now());
+    let message = invalid.to_string();
+    let status = KvWorkerPoolStatus {
+        observed_generation: pool.metadata.generation,
+        conditions: vec![
+            condition(
+                "Ready",
+                false,
+                "InvalidSpec",
+                message.clone(),
+                &previous,
+                &now,
+            ),
+            condition(
+                "Progressing",
+                false,
+                "InvalidSpec",
+                "nothing applied".into(),
+                &previous,
+                &now,
+            ),
+            condition(
+                "Degraded",
+                true,
+                "InvalidSpec",
+                message.clone(),
+                &previous,
+                &now,
+            ),
+        ],
+        ..previous.clone()
+    };
+    patch_status(ctx, pool, &status).await?;
+    publish(ctx, pool, EventType::Warning, "InvalidSpec", message).await;
+    Ok(Action::await_change())
+}
+
+async fn patch_status(
+    ctx: &Context,
+    pool: &KvWorkerPool,
+    status: &KvWorkerPoolStatus,
+) -> Result<(), Error> {
+    let api: Api<KvWorkerPool> =
+        Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
+    api.patch_status(
+        &pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": status })),
+    )
+    .await?;
+    Ok(())
+}
+
+fn ready_condition(
+    pool: &KvWorkerPool,
+    serving: Option<&str>,
+    ready: i32,
+    previous: &KvWorkerPoolStatus,
+    now: &Time,
+) -> Condition {
+    let wanted = pool.spec.replicas;
+    match serving {
+        None => condition(
+            "Ready",
+            false,
+            "NoVersionServed",
+            format!(
+                "no workers until corpus version {} is preprocessed",
+                pool.spec.corpus.version
+            ),
+            previous,
+            now,
+        ),
+        Some(_) if wanted == 0 => condition(
+            "Ready",
+            false,
+            "ScaledToZero",
+            "replicas is 0".into(),
+            previous,
+            now,
+        ),
+        Some(version) if ready >= wanted => condition(
+            "Ready",
+            true,
+            "WorkersReady",
+            format!("{ready} workers serve corpus version {version}"),
+            previous,
+            now,
+        ),
+        Some(_) => condition(
+            "Ready",
+            false,
+            "WorkersNotReady",
+            format!("{ready} of {wanted} workers ready"),
+            previous,
+            now,
+        ),
+    }
+}
+
+/// A condition, keeping the previous transition time when its status did not change.
+fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    previous: &KvWorkerPoolStatus,
+    now: &Time,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_string();
+    let last_transition_time = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.into(),
+        status,
+        reason: reason.into(),
+        message,
+        observed_generation: None,
+        last_transition_time,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobPhase {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl JobPhase {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "Running",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+        }
+    }
+
+    fn of(job: &Job) -> Self {
+        let conditions = job
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref());
+        let has = |type_: &str| {
+            conditions.is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == type_ && c.status == "True")
+            })
+        };
+        if has("Complete") {
+            Self::Succeeded
+        } else if has("Failed") {
+            Self::Failed
+        } else {
+            Self::Running
+        }
+    }
+}
+
+struct JobOutcome {
+    phase: JobPhase,
+    status: PreprocessingStatus,
+}
+
+/// What `kv-worker preprocess --summary-file` writes as the Job's termination message.
+#[derive(Deserialize)]
+struct PreprocessSummary {
+    done: u64,
+    total: u64,
+}
+
+/// Creates the version's preprocessing Job unless it exists, and reads how it went.
+async fn preprocess(
+    pool: &KvWorkerPool,
+    ctx: &Context,
+    namespace: &str,
+    version: &str,
+) -> Result<JobOutcome, Error> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = job_name(&pool.name_any(), version);
+    let job = match jobs.get_opt(&name).await? {
+        Some(job) => job,
+        None => {
+            let job = resources::preprocess_job(pool, version, &ctx.settings)?;
+            let created = apply_object::<Job>(&ctx.client, namespace, &job).await?;
+            publish(
+                ctx,
+                pool,
+                EventType::Normal,
+                "PreprocessingStarted",
+                format!("Job {name} preprocesses corpus version {version}"),
+            )
+            .await;
+            created
+        }
+    };
+    let phase = JobPhase::of(&job);
+    let summary = if phase == JobPhase::Running {
+        None
+    } else {
+        job_summary(&ctx.client, namespace, &name).await?
+    };
+    if phase == JobPhase::Failed {
+        publish(
+            ctx,
+            pool,
+            EventType::Warning,
+            "PreprocessingFailed",
+            format!("Job {name} of corpus version {version} failed"),
+        )
+        .await;
+    }
+    Ok(JobOutcome {
+        phase,
+        status: PreprocessingStatus {
+            version: version.into(),
+            job: name,
+            phase: phase.as_str().into(),
+            start_time: job
+                .status
+                .as_ref()
+                .and_then(|status| status.start_time.clone()),
+            preprocessed_chunks: summary.as_ref().map(|s| s.done),
+            total_chunks: summary.as_ref().map(|s| s.total),
+        },
+    })
+}
+
+/// The summary in the termination message of the Job's last finished pod.
+async fn job_summary(
+    client: &Client,
+    namespace: &str,
+    job: &str,
+) -> Result<Option<PreprocessSummary>, Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter_map(|status| {
+            status
+                .state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .message
+                .as_deref()
+        })
+        .filter_map(|message| serde_json::from_str::<PreprocessSummary>(message).ok())
+        .max_by_key(|summary| summary.done))
+}
+
+async fn delete_job(client: &Client, namespace: &str, name: &str) -> Result<(), Error> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+    match jobs.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Ordinals of the pool's worker pods that are Ready, ascending.
+async fn ready_workers(
+    pool: &KvWorkerPool,
+    ctx: &Context,
+    namespace: &str,
+) -> Result<Vec<i32>, Error> {
+    let name = pool.name_any();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&resources::selector_string(&name)))
+        .await?;
+    let prefix = format!("{name}-");
+    let mut ordinals: Vec<i32> = list
+        .items
+        .iter()
+        .filter(|pod| {
+            pod.status
+                .as_ref()
+                .and_then(|status| status.conditions.as_ref())
+                .is_some_and(|conditions| {
+                    conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+        })
+        .filter_map(|pod| {
+            pod.metadata
+                .name
+                .as_deref()?
+                .strip_prefix(&prefix)?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ordinals.sort_unstable();
+    Ok(ordinals)
+}
+
+/// Deletes the workers' volume claims (StatefulSets leave them behind on purpose; owner
+/// references do not reach them), then lets the finalizer go.
+async fn cleanup(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
+    let name = pool.name_any();
+    let namespace = pool
+        .namespace()
+        .ok_or(Error::MissingObjectKey("metadata.namespace"))?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    claims
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{POOL_LABEL}={name}")),
+        )
+        .await?;
+    publish(
+        ctx,
+        pool,
+        EventType::Normal,
+        "CleanedUp",
+        "deleted the workers' volume claims".into(),
+    )
+    .await;
+    ctx.metrics.forget(&namespace, &name);
+    Ok(Action::await_change())
+}

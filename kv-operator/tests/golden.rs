@@ -1,0 +1,121 @@
+//! Golden tests of the pure function from a pool to its objects: the rendered YAML of two
+//! pools (CPU before its first version is preprocessed; GPU serving one version while the
+//! next one's Job runs) must equal the files in `tests/golden/`. After an intended change,
+//! regenerate them with `HASTEN_UPDATE_GOLDEN=1 cargo test -p hasten-kv-operator --test
+//! golden` and review the diff. `scripts/check-helm.sh` validates the same files with
+//! kubernetes-validate.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+
+use hasten_kv_operator::crd::KvWorkerPool;
+use hasten_kv_operator::resources::{Desired, desired, preprocess_job};
+use hasten_kv_operator::validate::validate;
+
+fn render(pool: &KvWorkerPool, serving: Option<&str>, job_version: &str) -> String {
+    let budgets = validate("wiki", &pool.spec).expect("valid spec");
+    let Desired {
+        config_map,
+        service,
+        pod_disruption_budget,
+        origin,
+        stateful_set,
+    } = desired(pool, budgets, serving, &common::settings()).expect("renders");
+    let job = preprocess_job(pool, job_version, &common::settings()).expect("renders");
+    let documents = [
+        serde_saphyr::to_string(&config_map),
+        serde_saphyr::to_string(&service),
+        serde_saphyr::to_string(&pod_disruption_budget),
+        serde_saphyr::to_string(&origin),
+        serde_saphyr::to_string(&stateful_set),
+        serde_saphyr::to_string(&job),
+    ];
+    documents
+        .into_iter()
+        .map(|document| document.expect("serialises"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+fn check(name: &str, rendered: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("HASTEN_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, rendered).expect("writing the golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).expect("reading the golden file");
+    assert!(
+        expected == rendered,
+        "{} differs from the rendering; regenerate with HASTEN_UPDATE_GOLDEN=1 if intended\n--- rendered ---\n{rendered}",
+        path.display()
+    );
+}
+
+#[test]
+fn a_cpu_pool_before_its_first_version_renders_as_pinned() {
+    let pool = common::pool(common::cpu_spec());
+    check(
+        "cpu-pool-first-version.yaml",
+        &render(&pool, None, "wiki-2026-11"),
+    );
+}
+
+#[test]
+fn a_gpu_pool_serving_a_version_while_the_next_preprocesses_renders_as_pinned() {
+    let pool = common::pool(common::gpu_spec());
+    check(
+        "gpu-pool-next-version.yaml",
+        &render(&pool, Some("wiki-2026-11"), "wiki-2026-12"),
+    );
+}
+
+#[test]
+fn the_rendering_follows_the_spec() {
+    // Not a golden: properties that must hold whatever the layout, so that a golden file
+    // regenerated in haste cannot hide them.
+    let pool = common::pool(common::gpu_spec());
+    let budgets = validate("wiki", &pool.spec).expect("valid");
+    let none = desired(&pool, budgets, None, &common::settings()).expect("renders");
+    let serving = desired(&pool, budgets, Some("v1"), &common::settings()).expect("renders");
+    let spec = |d: &Desired| d.stateful_set.spec.clone().expect("spec");
+    assert_eq!(
+        spec(&none).replicas,
+        Some(0),
+        "no workers before a version is served"
+    );
+    assert_eq!(spec(&serving).replicas, Some(4));
+    let template = spec(&serving).template.spec.expect("pod spec");
+    let init = template.init_containers.expect("sync init container");
+    assert!(
+        init[0]
+            .command
+            .as_ref()
+            .expect("command")
+            .contains(&"v1".to_string())
+    );
+    let worker = &template.containers[0];
+    let limits = worker
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .expect("limits");
+    assert_eq!(limits["nvidia.com/gpu"].0, "1");
+    assert_eq!(template.runtime_class_name.as_deref(), Some("nvidia"));
+    let toml = &none.config_map.data.as_ref().expect("data")["kv-worker.toml"];
+    assert!(
+        toml.contains(&format!("ram_budget = {}", 32u64 << 30)),
+        "{toml}"
+    );
+    assert!(toml.contains("device = \"cuda\""), "{toml}");
+    let edge = &none.config_map.data.as_ref().expect("data")["edge-kv.toml"];
+    assert!(
+        edge.contains("wiki-3.wiki.rag.svc.cluster.local:7510"),
+        "{edge}"
+    );
+    assert!(!edge.contains("wiki-4."), "{edge}");
+}
