@@ -23,10 +23,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins -p edge-node -p cloud-index -p control-plane \
-        -p hasten-lm-worker \
+        -p hasten-lm-worker -p hasten-kv-worker -p hasten-kv-operator \
     && mkdir -p /out \
     && cp target/release/edge-node target/release/cloud-index target/release/control-plane \
-        target/release/lm-worker /out/
+        target/release/lm-worker target/release/kv-worker target/release/kv-operator /out/
 
 FROM debian:bookworm-slim
 RUN apt-get update \
@@ -43,6 +43,7 @@ COPY --from=builder /opt/hasten/models /opt/hasten/models
 ENV HASTEN_MODEL_DIR=/opt/hasten/models/all-MiniLM-L6-v2
 WORKDIR /var/lib/hasten
 USER 10001:10001
-# edge HTTP/gRPC, cloud QUIC (udp)/gRPC/metrics, control-plane gRPC/metrics
-EXPOSE 7200 7201 7100/udp 7101 7102 7400 7402
+# edge HTTP/gRPC, cloud QUIC (udp)/gRPC/metrics, control-plane gRPC/metrics, kv-worker
+# gRPC/metrics, kv-operator metrics
+EXPOSE 7200 7201 7100/udp 7101 7102 7400 7402 7510 7512 7600
 CMD ["edge-node", "--help"]

@@ -145,8 +145,9 @@ def split(rendered, outdir):
     import yaml
 
     docs = load_docs(rendered)
-    core = [d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com/")]
-    crds = [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    custom = ("monitoring.coreos.com/", "hasten.dev/")
+    core = [d for d in docs if not d["apiVersion"].startswith(custom)]
+    crds = [d for d in docs if d["apiVersion"].startswith(custom)]
     out = pathlib.Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "core.yaml").write_text(yaml.safe_dump_all(core, sort_keys=False))
@@ -202,6 +203,20 @@ def parse_promql(expr, where):
     return []
 
 
+def own_crd_schema(path):
+    """The openAPIV3Schema of one of the chart's own CRDs (crds/), made strict."""
+    import yaml
+
+    crd = yaml.safe_load(pathlib.Path(path).read_text())
+    version = crd["spec"]["versions"][0]
+    schema = strict(version["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = METADATA
+    schema["properties"]["apiVersion"] = {"const": f"{crd['spec']['group']}/{version['name']}"}
+    schema["properties"]["kind"] = {"const": crd["spec"]["names"]["kind"]}
+    schema["required"] = sorted(set(schema.get("required", [])) | {"spec"})
+    return crd["spec"]["names"]["kind"], schema
+
+
 def validate_crds(schemadir, files):
     import jsonschema
 
@@ -209,6 +224,9 @@ def validate_crds(schemadir, files):
     for kind in ("ServiceMonitor", "PrometheusRule"):
         schema = strict(json.loads((pathlib.Path(schemadir) / f"{kind.lower()}.json").read_text()))
         schema["properties"]["metadata"] = METADATA
+        schemas[kind] = schema
+    for path in sorted(pathlib.Path(__file__).resolve().parent.parent.glob("helm/hasten/crds/*.yaml")):
+        kind, schema = own_crd_schema(path)
         schemas[kind] = schema
     errors = []
     count = 0
@@ -239,7 +257,7 @@ def validate_crds(schemadir, files):
                             if text.count("{{") != text.count("}}"):
                                 errors.append(f"{where}: {name}: unbalanced template braces in an annotation")
     exit_on(errors)
-    print(f"{count} monitoring.coreos.com objects valid")
+    print(f"{count} custom resources valid")
 
 
 def dashboard_exprs(node):
@@ -287,6 +305,8 @@ def config_commands(key):
         return ["cloud-index", "serve"]
     if key == "control-plane.toml":
         return ["control-plane"]
+    if key == "kv-operator.toml":
+        return ["kv-operator", "run"]
     return None
 
 
@@ -457,6 +477,9 @@ def check_files(mutual, tenants, rendered):
             for value in toml_strings(config):
                 if value.startswith("/etc/hasten/") and value not in present:
                     errors.append(f"{where}: {key} names {value}, which is not mounted")
+            if key == "kv-operator.toml":
+                # The operator speaks only to the Kubernetes API, with its service account.
+                continue
             # Edges and control-plane nodes take all three or none; cloud servers also serve
             # QUIC with tls_cert/tls_key alone (server-only TLS), and tls_ca needs both.
             tls = [k for k in TLS_KEYS if k in config]

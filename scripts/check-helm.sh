@@ -6,7 +6,9 @@
 #     mutual TLS with tenants;
 #   - `helm template` of several layouts, each validated with kubernetes-validate --strict
 #     (Kubernetes' own kinds) and jsonschema against the prometheus-operator CRD schemas
-#     (ServiceMonitor, PrometheusRule; their PromQL must parse too);
+#     (ServiceMonitor, PrometheusRule; their PromQL must parse too) and the chart's own CRD
+#     (KvWorkerPool: the example pools against the CRD's schema);
+#   - the chart's CRDs and the KV operator's golden renderings with kubernetes-validate;
 #   - in every layout, each file a TOML configuration names under /etc/hasten (TLS material,
 #     the tenants file) is mounted into the pod that reads it, and mutual TLS and tenants are
 #     on or off everywhere as the layout asks;
@@ -144,6 +146,9 @@ check render-monitoring render monitoring "${monitoring_on[@]}" --set monitoring
   --set controlPlane.enabled=false --set networkPolicy.enabled=false
 check render-devcerts render devcerts --set tls.cloud.generate=false --set tls.allowDevCerts=true
 check render-mtls render mtls "${mtls_on[@]}"
+# The KV operator with the example pool, monitored.
+check render-kv-pools render kv-pools --set kvOperator.enabled=true --set kvPools.enabled=true \
+  "${monitoring_on[@]}" --set monitoring.forceCRDs=true
 
 # What each layout's configurations name is mounted; mutual TLS (all of tls_ca, tls_cert,
 # tls_key) and tenants_file as the layout asks.
@@ -180,8 +185,9 @@ refuses() { # refuses NAME MESSAGE-PATTERN HELM-ARGS...: the chart stops with th
   grep -q -- "$pattern" "$out/refused-$name.err" || { cat "$out/refused-$name.err"; return 1; }
   echo "$name refused: $(head -c 100 "$out/refused-$name.err")..."
 }
-check crds-production crd_objects production ServiceMonitor PrometheusRule
+check crds-production crd_objects production ServiceMonitor PrometheusRule KvWorkerPool
 check crds-forced crd_objects monitoring ServiceMonitor PrometheusRule
+check crds-kv-pools crd_objects kv-pools ServiceMonitor PrometheusRule KvWorkerPool
 check crds-absent no_crd_objects
 check refuses-dev-certs refuses dev-certs 'tls.cloud.secretName' --set tls.cloud.generate=false
 check refuses-tenants-without-key refuses tenants-without-key 'edge.tenants.key' \
@@ -197,7 +203,7 @@ validator_rejects_unknown_fields() {
   echo "kubernetes-validate rejects unknown fields"
 }
 check validator-self-test validator_rejects_unknown_fields
-for name in default production monitoring devcerts mtls; do
+for name in default production monitoring devcerts mtls kv-pools; do
   for version in "${KUBERNETES_VERSIONS[@]}"; do
     if [ -f "$out/$name/core.yaml" ]; then
       check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
@@ -205,14 +211,37 @@ for name in default production monitoring devcerts mtls; do
     fi
   done
 done
-check crd-schemas "$py" "$helper" validate-crds "$schemas" "$out/production/crds.yaml" "$out/monitoring/crds.yaml"
+check crd-schemas "$py" "$helper" validate-crds "$schemas" "$out/production/crds.yaml" "$out/monitoring/crds.yaml" \
+  "$out/kv-pools/crds.yaml"
+# The schema of a KvWorkerPool must refuse a bad pool, or the pass above means nothing.
+pool_schema_rejects_bad_pools() {
+  sed 's/replicas: 2$/replicas: -1/' "$out/kv-pools/crds.yaml" >"$out/bad-pool.yaml"
+  grep -q 'replicas: -1' "$out/bad-pool.yaml" || { echo "no replicas to break"; return 1; }
+  if "$py" "$helper" validate-crds "$schemas" "$out/bad-pool.yaml" >/dev/null 2>&1; then
+    echo "the KvWorkerPool schema accepted replicas: -1"
+    return 1
+  fi
+  echo "the KvWorkerPool schema rejects replicas: -1"
+}
+check crd-schema-self-test pool_schema_rejects_bad_pools
+# The chart's CRDs, and the operator's golden renderings (what it applies for a CPU and a GPU
+# pool), as the API server's own schemas see them. The GPU pool's model is an image volume
+# (Kubernetes 1.31 on), so it is checked against the newest schemas only.
+for version in "${KUBERNETES_VERSIONS[@]}"; do
+  check "kubernetes-validate-crds-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
+    --quiet "$chart"/crds/*.yaml
+  check "kubernetes-validate-kv-golden-cpu-$version" "$venv/bin/kubernetes-validate" --strict \
+    -k "$version" --quiet kv-operator/tests/golden/cpu-pool-first-version.yaml
+done
+check "kubernetes-validate-kv-golden-gpu" "$venv/bin/kubernetes-validate" --strict \
+  -k "${KUBERNETES_VERSIONS[-1]}" --quiet kv-operator/tests/golden/gpu-pool-next-version.yaml
 
 if [ "${HASTEN_SKIP_CONFIG_CHECK:-0}" = 1 ]; then
   results+=("SKIP  config-check  (HASTEN_SKIP_CONFIG_CHECK=1)")
 else
   binaries_present() {
     local b
-    for b in edge-node cloud-index control-plane; do
+    for b in edge-node cloud-index control-plane kv-operator; do
       [ -x "$bindir/$b" ] || { echo "$bindir/$b is missing: run cargo build --workspace --bins first"; return 1; }
     done
     echo "binaries in $bindir"

@@ -819,12 +819,120 @@ def control_plane():
     )
 
 
+def kv_workers():
+    s = 'namespace="$namespace", pod=~"$pod"'
+    ns = 'namespace="$namespace"'
+    layout = Layout()
+    layout.row("Pools (KV operator)")
+    layout.add(
+        timeseries(
+            "Workers ready of asked, by pool",
+            [
+                (f"sum by (pool) (hasten_kv_pool_ready_replicas{{{ns}}})", "{{pool}} ready"),
+                (f"sum by (pool) (hasten_kv_pool_replicas{{{ns}}})", "{{pool}} asked"),
+            ],
+            minimum=0,
+            description="Ready worker pods against the pool's replicas (KvWorkerPool spec, as the operator last reconciled it).",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Preprocessing Job age, by pool",
+            [(f"max by (pool) (hasten_kv_pool_preprocessing_seconds{{{ns}}})", "{{pool}}")],
+            unit="s",
+            minimum=0,
+            description="How long a new corpus version's preprocessing Job has run (0: none runs); workers serve the previous version meanwhile.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Operator reconciles",
+            [
+                (f"sum by (result) (rate(hasten_kv_operator_reconciles_total{{{ns}}}[{RATE}]))", "{{result}}"),
+                (f"sum by (reason) (rate(hasten_kv_operator_reconcile_errors_total{{{ns}}}[{RATE}]))", "error: {{reason}}"),
+                (f"max(hasten_kv_operator_leader{{{ns}}})", "leading"),
+            ],
+            unit="reqps",
+            minimum=0,
+            description="Reconciles per second by result, failures by reason (conflicts are retried at once), and whether a replica holds the Lease.",
+        ),
+        w=8,
+    )
+    layout.row("Generation")
+    layout.add(
+        timeseries(
+            "Time to first token",
+            quantiles("hasten_kv_time_to_first_token_seconds", s, by="mode"),
+            unit="s",
+            description="From receiving a request to its first token (queue and KV loads included), by fusion mode.",
+        ),
+        w=12,
+    )
+    layout.add(
+        timeseries(
+            "Recomputed share of context tokens",
+            [
+                (
+                    f"sum by (mode) (rate(hasten_kv_recomputed_tokens_total{{{s}}}[{RATE}])) / sum by (mode) (rate(hasten_kv_context_tokens_total{{{s}}}[{RATE}]))",
+                    "{{mode}}",
+                )
+            ],
+            unit="percentunit",
+            minimum=0,
+            maximum=1,
+            description="Context tokens computed per request over all context tokens (1 in full-prefill; about the recompute ratio in fusionrag).",
+        ),
+        w=12,
+    )
+    layout.add(
+        timeseries(
+            "Chunk KV by source",
+            [(f"sum by (from) (rate(hasten_kv_chunks_total{{{s}}}[{RATE}]))", "{{from}}")],
+            unit="ops",
+            stack=True,
+            minimum=0,
+            description="Chunks whose KV came from a memory tier, from disk, or was computed; KV-aware routing raises the memory share.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "KV load time",
+            quantiles("hasten_kv_load_seconds", s),
+            unit="s",
+            description="Seconds to read a chunk's entry from disk into memory.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Queue and tier bytes",
+            [
+                (f"sum by (pod) (hasten_kv_queue{{{s}}})", "queue {{pod}}"),
+                (f"sum by (tier) (hasten_kv_tier_bytes{{{s}}})", "bytes {{tier}}"),
+            ],
+            description="Requests waiting per worker, and chunk KV bytes held per tier.",
+        ),
+        w=8,
+    )
+    use_panels(layout, s)
+    return dashboard(
+        "hasten-kv-workers",
+        "Hasten / KV workers",
+        "FusionRAG KV worker pools: the operator's view of each pool, time to first token, where chunk KV comes from.",
+        layout,
+        variables("hasten_kv_queue"),
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail when a file is stale instead of writing")
     args = parser.parse_args()
     stale = []
-    for name, build in (("hasten-edge", edge), ("hasten-cloud", cloud), ("hasten-control-plane", control_plane)):
+    for name, build in (("hasten-edge", edge), ("hasten-cloud", cloud), ("hasten-control-plane", control_plane), ("hasten-kv-workers", kv_workers)):
         text = json.dumps(build(), indent=2) + "\n"
         path = OUT / f"{name}.json"
         if args.check:

@@ -49,6 +49,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "hasten.controlPlane.headless" -}}{{ include "hasten.fullname" . }}-control-plane-headless{{- end }}
 {{- define "hasten.router.name" -}}{{ include "hasten.fullname" . }}-router{{- end }}
 {{- define "hasten.edge.name" -}}{{ include "hasten.fullname" . }}-edge{{- end }}
+{{- define "hasten.kvOperator.name" -}}{{ include "hasten.fullname" . }}-kv-operator{{- end }}
 {{/* (dict "root" $ "shard" 0) */}}
 {{- define "hasten.shard.name" -}}{{ include "hasten.fullname" .root }}-shard-{{ .shard }}{{- end }}
 
