@@ -477,8 +477,8 @@ def check_files(mutual, tenants, rendered):
             for value in toml_strings(config):
                 if value.startswith("/etc/hasten/") and value not in present:
                     errors.append(f"{where}: {key} names {value}, which is not mounted")
-            if key == "kv-operator.toml":
-                # The operator speaks only to the Kubernetes API, with its service account.
+            if key == "kv-operator.toml" and "control_plane" not in config:
+                # Not publishing, the operator speaks only to the Kubernetes API.
                 continue
             # Edges and control-plane nodes take all three or none; cloud servers also serve
             # QUIC with tls_cert/tls_key alone (server-only TLS), and tls_ca needs both.

@@ -151,6 +151,10 @@ pub struct EdgeConfig {
     /// chunk KV they precomputed for this edge's corpus version; dialled over mutual TLS
     /// when the edge has it. Exclusive with `lm_model` and `lm_worker`.
     pub kv_workers: Vec<String>,
+    /// `<namespace>/<name>` of the KvWorkerPool whose assignment the control plane publishes
+    /// (its operator's): the KV workers follow it, `kv_workers` serving until the first one
+    /// arrives. Needs `kv_workers` and `control_plane`.
+    pub kv_pool: Option<String>,
     /// How KV workers prefill: `fusionrag`, `cacheblend`, `full-reuse` or `full-prefill`.
     pub kv_mode: FusionMode,
     /// Share of the chunk tokens a KV worker recomputes (`fusionrag`, `cacheblend`).
@@ -234,6 +238,7 @@ impl Default for EdgeConfig {
             lm_drafter: None,
             lm_worker: None,
             kv_workers: Vec::new(),
+            kv_pool: None,
             kv_mode: FusionMode::FusionRag,
             // FusionRAG's r.
             kv_recompute_ratio: 0.15,
@@ -422,6 +427,21 @@ impl EdgeConfig {
                 ));
             }
         }
+        if let Some(pool) = &self.kv_pool
+            && (self.kv_workers.is_empty()
+                || self.control_plane.is_empty()
+                || pool
+                    .split_once('/')
+                    .is_none_or(|(ns, name)| ns.is_empty() || name.is_empty()))
+        {
+            return Err(ConfigError::invalid(
+                "kv_pool",
+                format!(
+                    "`{pool}` needs the form namespace/name, `kv_workers` to start with and \
+                     `control_plane` to follow"
+                ),
+            ));
+        }
         if !(0.0..=1.0).contains(&self.kv_recompute_ratio) {
             return Err(ConfigError::invalid(
                 "kv_recompute_ratio",
@@ -561,6 +581,16 @@ mod tests {
         config.kv_workers.pop();
         config.kv_recompute_ratio = 1.5;
         assert!(error(&config).contains("`kv_recompute_ratio`"));
+        config.kv_recompute_ratio = 0.15;
+        config.kv_pool = Some("rag/wiki".into());
+        assert!(
+            error(&config).contains("`kv_pool`"),
+            "no control plane to follow"
+        );
+        config.control_plane = vec!["127.0.0.1:7400".into()];
+        config.validate().unwrap();
+        config.kv_pool = Some("wiki".into());
+        assert!(error(&config).contains("`kv_pool`"), "no namespace");
     }
 
     #[test]

@@ -236,6 +236,11 @@ struct ServeArgs {
     #[arg(long = "kv-worker", value_name = "HOST:PORT")]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     kv_workers: Vec<String>,
+    /// namespace/name of the KvWorkerPool whose assignment (through the control plane) the
+    /// KV workers follow.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kv_pool: Option<String>,
     /// fusionrag, cacheblend, full-reuse or full-prefill [default: fusionrag].
     #[arg(long, value_parser = parse_fusion_mode)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -446,10 +451,11 @@ fn parse_variant(value: &str) -> Result<Variant, String> {
         .map_err(|_| format!("`{value}`: expected similarity or full-reuse"))
 }
 
-fn language_backend(
-    config: &EdgeConfig,
-    mutual: Option<&MutualTls>,
-) -> Result<Option<Arc<dyn LmBackend>>> {
+/// The `/v1/answer` backend, and the KV workers' pool when that is the backend (it follows
+/// the pool's assignment with `kv_pool`).
+type Backends = (Option<Arc<dyn LmBackend>>, Option<Arc<KvPool>>);
+
+fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<Backends> {
     if !config.kv_workers.is_empty() {
         let bundle_dir = config.bundle.clone().unwrap_or_default();
         let corpus_version = read_manifest(&bundle_dir)
@@ -468,7 +474,8 @@ fn language_backend(
         )
         .context("configuration: `kv_workers`")?;
         tracing::info!(backend = ?pool, "answering with KV workers");
-        return Ok(Some(Arc::new(pool)));
+        let pool = Arc::new(pool);
+        return Ok((Some(Arc::clone(&pool) as Arc<dyn LmBackend>), Some(pool)));
     }
     if let Some(worker) = &config.lm_worker {
         let remote = RemoteLm::connect_lazy(worker, mutual.map(MutualTls::grpc_client))
@@ -488,11 +495,11 @@ fn language_backend(
                 Err(error) => tracing::warn!(%error, "generation worker not reachable yet"),
             }
         });
-        return Ok(Some(remote));
+        return Ok((Some(remote), None));
     }
     let Some(model) = &config.lm_model else {
         tracing::info!("no `lm_model` nor `lm_worker`: /v1/answer answers 503");
-        return Ok(None);
+        return Ok((None, None));
     };
     let drafter = config.lm_drafter.as_ref().unwrap_or(model);
     let started = std::time::Instant::now();
@@ -506,7 +513,7 @@ fn language_backend(
         took_ms = started.elapsed().as_millis() as u64,
         "language models loaded"
     );
-    Ok(Some(Arc::new(backend)))
+    Ok((Some(Arc::new(backend)), None))
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
@@ -538,7 +545,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .context("loading the mutual-TLS files")?;
     // The language models load before the bundle: a bad file stops the start at once, naming
     // the file and why.
-    let backend = language_backend(&config, mutual.as_ref())?;
+    let (backend, kv_pool) = language_backend(&config, mutual.as_ref())?;
     let bundle_dir = config.bundle.clone().unwrap_or_default();
     // With a fraction, only the edge's share stays in memory; the rest comes from the cloud.
     let fraction = config.corpus_fraction;
@@ -616,7 +623,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         link.as_ref().map(|link| link.status()),
     );
     if let Some(link) = &link {
-        link.follow(engine);
+        let kv_follow = config.kv_pool.clone().zip(kv_pool);
+        if let Some((name, _)) = &kv_follow {
+            tracing::info!(pool = %name, "KV workers follow the pool's assignment");
+        }
+        link.follow(engine, kv_follow);
         tracing::info!(control_plane = ?config.control_plane, "hot cache replicated through the control plane; evictions follow its log");
     }
 

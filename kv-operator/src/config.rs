@@ -3,8 +3,10 @@
 //! key.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
+use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,6 +33,16 @@ pub struct OperatorConfig {
     /// Seconds without a renewal after which the holder stops acting (below
     /// `lease_duration_s`, so it stops before anyone may take over).
     pub lease_deadline_s: u64,
+    /// Control-plane nodes (gRPC host:port) that receive each pool's chunk-to-worker
+    /// assignment; none: assignments are not published.
+    pub control_plane: Vec<String>,
+    /// File holding the control plane's shared token.
+    pub control_plane_token_file: Option<PathBuf>,
+    /// Mutual TLS to the control plane: the deployment's CA, and the operator's certificate
+    /// and key (all three or none).
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for OperatorConfig {
@@ -46,6 +58,11 @@ impl Default for OperatorConfig {
             lease_duration_s: 15,
             lease_renew_s: 5,
             lease_deadline_s: 10,
+            control_plane: Vec::new(),
+            control_plane_token_file: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -76,7 +93,26 @@ impl OperatorConfig {
                 ),
             ));
         }
+        if self.control_plane.is_empty()
+            && (self.control_plane_token_file.is_some() || self.tls_ca.is_some())
+        {
+            return Err(ConfigError::invalid(
+                if self.tls_ca.is_some() {
+                    "tls_ca"
+                } else {
+                    "control_plane_token_file"
+                },
+                "is given but `control_plane` names no node",
+            ));
+        }
+        self.mutual_tls()?;
         Ok(())
+    }
+
+    /// The mutual-TLS files to the control plane, when all three are set.
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
+            .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 
@@ -111,9 +147,24 @@ mod tests {
         assert_eq!(
             key(OperatorConfig {
                 lease_renew_s: 0,
-                ..good
+                ..good.clone()
             }),
             "lease_renew_s"
+        );
+        assert_eq!(
+            key(OperatorConfig {
+                control_plane_token_file: Some("token".into()),
+                ..good.clone()
+            }),
+            "control_plane_token_file"
+        );
+        assert_eq!(
+            key(OperatorConfig {
+                control_plane: vec!["cp-0:7400".into()],
+                tls_ca: Some("ca.pem".into()),
+                ..good
+            }),
+            "tls_ca"
         );
     }
 }

@@ -302,6 +302,10 @@ pub struct KvWorkerPoolStatus {
     /// (rendezvous hashing over them decides each chunk's owner).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignment_version: Option<String>,
+    /// The assignment version the control plane last committed for this pool (edges with
+    /// `kv_pool` route by it); behind `assignmentVersion` until the next publication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_assignment_version: Option<String>,
     /// The ready workers' gRPC addresses, in ordinal order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<String>,

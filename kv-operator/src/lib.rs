@@ -8,6 +8,7 @@ pub mod crd;
 pub mod error;
 pub mod lease;
 pub mod metrics;
+pub mod publish;
 pub mod reconcile;
 pub mod resources;
 pub mod validate;

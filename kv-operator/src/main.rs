@@ -10,14 +10,18 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use hasten_core::config::{ConfigSource, load_config};
+use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_kv_operator::config::OperatorConfig;
 use hasten_kv_operator::controller;
 use hasten_kv_operator::crd::KvWorkerPool;
 use hasten_kv_operator::lease::{LeaderLease, LeaseSettings};
 use hasten_kv_operator::metrics::OperatorMetrics;
+use hasten_kv_operator::publish::ControlPlanePublisher;
 use hasten_kv_operator::reconcile::Context;
 use hasten_kv_operator::resources::RenderSettings;
+use hasten_proto::auth::AccessToken;
+use hasten_proto::control::ControlAccess;
+use hasten_proto::tls::MutualTls;
 use kube::CustomResourceExt;
 use kube::runtime::events::{Recorder, Reporter};
 use serde::Serialize;
@@ -36,7 +40,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Reconcile the KvWorkerPools of a namespace (holding the leader lease first).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinition, as YAML (the chart's crds/ holds the same).
     Crd,
 }
@@ -74,6 +78,17 @@ struct RunArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     identity: Option<String>,
+    /// Control-plane node (gRPC host:port) to publish assignments to; repeatable.
+    #[arg(long = "control-plane")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    control_plane: Vec<String>,
+    /// File holding the control plane's shared token.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    control_plane_token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    tls: TlsArgs,
 }
 
 fn print_crd() -> Result<()> {
@@ -122,7 +137,7 @@ async fn run(args: RunArgs) -> Result<()> {
             instance: Some(identity.clone()),
         },
     );
-    let ctx = Arc::new(Context::new(
+    let mut context = Context::new(
         client.clone(),
         RenderSettings {
             worker_image: config.worker_image.clone(),
@@ -130,7 +145,26 @@ async fn run(args: RunArgs) -> Result<()> {
         },
         metrics.clone(),
         recorder,
-    ));
+    );
+    if !config.control_plane.is_empty() {
+        let tls = config
+            .mutual_tls()?
+            .map(|paths| MutualTls::load(&paths))
+            .transpose()
+            .context("loading the mutual-TLS files")?;
+        let token = config
+            .control_plane_token_file
+            .as_deref()
+            .map(AccessToken::load)
+            .transpose()
+            .context("reading control_plane_token_file")?;
+        tracing::info!(nodes = ?config.control_plane, "publishing assignments to the control plane");
+        context = context.with_publisher(Arc::new(ControlPlanePublisher::new(
+            config.control_plane.clone(),
+            ControlAccess { tls, token },
+        )));
+    }
+    let ctx = Arc::new(context);
     if !config.leader_election {
         metrics.leader.set(1);
         controller::run(client, &namespace, ctx).await;
@@ -166,7 +200,7 @@ async fn run(args: RunArgs) -> Result<()> {
 async fn main() -> Result<()> {
     hasten_core::logging::init();
     match Cli::parse().command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
         Command::Crd => print_crd(),
     }
 }

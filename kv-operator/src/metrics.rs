@@ -15,6 +15,7 @@ pub struct OperatorMetrics {
     failures: IntCounterVec,
     duration: HistogramVec,
     pub leader: IntGauge,
+    publications: IntCounterVec,
     pool_replicas: IntGaugeVec,
     pool_ready: IntGaugeVec,
     preprocessing_age: GaugeVec,
@@ -62,6 +63,16 @@ impl OperatorMetrics {
                     "1 while this replica holds the leader lease and reconciles, else 0",
                 )?,
             )?,
+            publications: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "hasten_kv_operator_assignment_publications_total",
+                        "Assignments proposed to the control plane, by result (committed, refused, unreachable)",
+                    ),
+                    &["result"],
+                )?,
+            )?,
             pool_replicas: register(
                 registry,
                 IntGaugeVec::new(
@@ -101,6 +112,15 @@ impl OperatorMetrics {
         if let Some(reason) = failure {
             self.failures.with_label_values(&[reason]).inc();
         }
+    }
+
+    pub fn published(&self, failure: Option<&crate::publish::PublishError>) {
+        let result = match failure {
+            None => "committed",
+            Some(crate::publish::PublishError::Refused(_)) => "refused",
+            Some(crate::publish::PublishError::Unreachable(_)) => "unreachable",
+        };
+        self.publications.with_label_values(&[result]).inc();
     }
 
     pub fn pool(&self, namespace: &str, pool: &str, replicas: i32, ready: i32, preprocessing: f64) {

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hasten_proto::v1::KvPoolAssignment;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
@@ -26,6 +27,7 @@ use serde_json::json;
 use crate::crd::{KvWorkerPool, KvWorkerPoolStatus, PreprocessingStatus};
 use crate::error::Error;
 use crate::metrics::OperatorMetrics;
+use crate::publish::AssignmentPublisher;
 use crate::resources::{
     self, FIELD_MANAGER, POOL_LABEL, RenderSettings, SERVING_ANNOTATION, job_name,
 };
@@ -45,6 +47,8 @@ pub struct Context {
     pub settings: RenderSettings,
     pub metrics: OperatorMetrics,
     pub recorder: Recorder,
+    /// Where the assignments go, when a control plane is configured.
+    publisher: Option<Arc<dyn AssignmentPublisher>>,
     /// Consecutive failures per pool (namespace/name), for the backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -61,8 +65,15 @@ impl Context {
             settings,
             metrics,
             recorder,
+            publisher: None,
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Publishes every pool's assignment through `publisher` when it changes.
+    pub fn with_publisher(mut self, publisher: Arc<dyn AssignmentPublisher>) -> Self {
+        self.publisher = Some(publisher);
+        self
     }
 }
 
@@ -123,7 +134,13 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(5 << exponent).min(Duration::from_secs(300))
 }
 
-async fn publish(ctx: &Context, pool: &KvWorkerPool, type_: EventType, reason: &str, note: String) {
+async fn publish_event(
+    ctx: &Context,
+    pool: &KvWorkerPool,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let event = KubeEvent {
         type_,
         reason: reason.into(),
@@ -206,7 +223,7 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
     };
     let applied = apply_object::<StatefulSet>(client, &namespace, &stateful_set).await?;
     if now_serving != serving {
-        publish(
+        publish_event(
             ctx,
             pool,
             EventType::Normal,
@@ -295,6 +312,8 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
             )
         },
     ];
+    let assignment = resources::assignment_version(&workers);
+    let published = publish(ctx, pool, &namespace, &workers, &assignment, &previous).await;
     let status = KvWorkerPoolStatus {
         observed_generation: pool.metadata.generation,
         replicas,
@@ -302,7 +321,8 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
         selector: Some(resources::selector_string(&name)),
         serving_version: now_serving.clone(),
         preprocessing: preprocessing.clone(),
-        assignment_version: Some(resources::assignment_version(&workers)),
+        assignment_version: Some(assignment),
+        published_assignment_version: published,
         workers,
         conditions,
     };
@@ -320,6 +340,56 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
     } else {
         REQUEUE_STEADY
     }))
+}
+
+/// Publishes the pool's assignment unless the control plane has it already; returns the
+/// version the control plane holds as far as this operator knows. A failure is logged and
+/// retried at the next reconcile: the workers serve meanwhile, edges route by the previous
+/// assignment (a worker that left is skipped as down).
+async fn publish(
+    ctx: &Context,
+    pool: &KvWorkerPool,
+    namespace: &str,
+    workers: &[String],
+    assignment: &str,
+    previous: &KvWorkerPoolStatus,
+) -> Option<String> {
+    let known = previous.published_assignment_version.clone();
+    let Some(publisher) = &ctx.publisher else {
+        return known;
+    };
+    if known.as_deref() == Some(assignment) {
+        return known;
+    }
+    let published = publisher
+        .publish(KvPoolAssignment {
+            pool: format!("{namespace}/{}", pool.name_any()),
+            workers: workers.to_vec(),
+            assignment_version: assignment.to_string(),
+        })
+        .await;
+    match published {
+        Ok(()) => {
+            ctx.metrics.published(None);
+            publish_event(
+                ctx,
+                pool,
+                EventType::Normal,
+                "AssignmentPublished",
+                format!(
+                    "assignment {assignment} over {} workers committed by the control plane",
+                    workers.len()
+                ),
+            )
+            .await;
+            Some(assignment.to_string())
+        }
+        Err(err) => {
+            ctx.metrics.published(Some(&err));
+            tracing::warn!(%err, assignment, "assignment not published; retried at the next reconcile");
+            known
+        }
+    }
 }
 
 /// Reports an invalid spec in the conditions and changes nothing else.
@@ -358,7 +428,7 @@ async fn refuse(pool: &KvWorkerPool, ctx: &Context, invalid: InvalidSpec) -> Res
         ..previous.clone()
     };
     patch_status(ctx, pool, &status).await?;
-    publish(ctx, pool, EventType::Warning, "InvalidSpec", message).await;
+    publish_event(ctx, pool, EventType::Warning, "InvalidSpec", message).await;
     Ok(Action::await_change())
 }
 
@@ -515,7 +585,7 @@ async fn preprocess(
         None => {
             let job = resources::preprocess_job(pool, version, &ctx.settings)?;
             let created = apply_object::<Job>(&ctx.client, namespace, &job).await?;
-            publish(
+            publish_event(
                 ctx,
                 pool,
                 EventType::Normal,
@@ -533,7 +603,7 @@ async fn preprocess(
         job_summary(&ctx.client, namespace, &name).await?
     };
     if phase == JobPhase::Failed {
-        publish(
+        publish_event(
             ctx,
             pool,
             EventType::Warning,
@@ -647,7 +717,7 @@ async fn cleanup(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
             &ListParams::default().labels(&format!("{POOL_LABEL}={name}")),
         )
         .await?;
-    publish(
+    publish_event(
         ctx,
         pool,
         EventType::Normal,

@@ -10,8 +10,12 @@
 mod common;
 mod fake_api;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::future::BoxFuture;
+use hasten_kv_operator::publish::{AssignmentPublisher, PublishError};
+use hasten_proto::v1::KvPoolAssignment;
 
 use fake_api::{Recorded, Reply, conflict, echo, empty_list, not_found, status};
 use hasten_core::metrics::prometheus::Registry;
@@ -137,6 +141,33 @@ struct Outcome {
 }
 
 async fn run(pool: Value, world: World) -> Outcome {
+    run_publishing(pool, world, None).await
+}
+
+/// Records what would have been proposed to the control plane; fails when told to.
+#[derive(Default)]
+struct RecordingPublisher {
+    published: Mutex<Vec<KvPoolAssignment>>,
+    unreachable: bool,
+}
+
+impl AssignmentPublisher for RecordingPublisher {
+    fn publish(&self, assignment: KvPoolAssignment) -> BoxFuture<'_, Result<(), PublishError>> {
+        self.published.lock().expect("lock").push(assignment);
+        let outcome = if self.unreachable {
+            Err(PublishError::Unreachable("no node answered".into()))
+        } else {
+            Ok(())
+        };
+        Box::pin(async move { outcome })
+    }
+}
+
+async fn run_publishing(
+    pool: Value,
+    world: World,
+    publisher: Option<Arc<RecordingPublisher>>,
+) -> Outcome {
     let served = pool.clone();
     let (client, requests) = fake_api::client(move |request| respond(&world, &served, request));
     let metrics = OperatorMetrics::register(&Registry::new()).expect("metrics");
@@ -147,7 +178,11 @@ async fn run(pool: Value, world: World) -> Outcome {
             instance: Some("test".into()),
         },
     );
-    let ctx = Arc::new(Context::new(client, common::settings(), metrics, recorder));
+    let mut ctx = Context::new(client, common::settings(), metrics, recorder);
+    if let Some(publisher) = publisher {
+        ctx = ctx.with_publisher(publisher);
+    }
+    let ctx = Arc::new(ctx);
     let pool: Arc<KvWorkerPool> = Arc::new(serde_json::from_value(pool).expect("a pool"));
     let result = reconcile(pool.clone(), ctx.clone()).await;
     let action_after_error = result
@@ -426,4 +461,65 @@ async fn deletion_removes_the_volume_claims_then_the_finalizer() {
     );
     let removal = outcome.requests[2].body.to_string();
     assert!(removal.contains("remove"), "{removal}");
+}
+
+#[tokio::test]
+async fn a_changed_assignment_is_published_once_and_a_failed_publication_retried() {
+    let serving = || World {
+        workers: Some(workers_serving("v1")),
+        ready: vec![0, 1],
+        ..World::default()
+    };
+    let publisher = Arc::new(RecordingPublisher::default());
+    let outcome = run_publishing(pool_json("v1", true), serving(), Some(publisher.clone())).await;
+    outcome.result.expect("reconciled");
+    let published = publisher.published.lock().expect("lock").clone();
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].pool, "rag/wiki");
+    assert_eq!(
+        published[0].workers,
+        vec![
+            "wiki-0.wiki.rag.svc.cluster.local:7510",
+            "wiki-1.wiki.rag.svc.cluster.local:7510"
+        ]
+    );
+    let status = status_patch(&outcome.requests);
+    assert_eq!(
+        status["publishedAssignmentVersion"],
+        status["assignmentVersion"]
+    );
+    let version = published[0].assignment_version.clone();
+
+    // Already published: nothing proposed.
+    let mut pool = pool_json("v1", true);
+    pool["status"] = json!({"publishedAssignmentVersion": version});
+    let publisher = Arc::new(RecordingPublisher::default());
+    run_publishing(pool.clone(), serving(), Some(publisher.clone()))
+        .await
+        .result
+        .expect("reconciled");
+    assert!(publisher.published.lock().expect("lock").is_empty());
+
+    // A worker left: the new assignment is proposed; the control plane is down, so the
+    // status keeps the version it has.
+    let publisher = Arc::new(RecordingPublisher {
+        unreachable: true,
+        ..RecordingPublisher::default()
+    });
+    let one_left = World {
+        ready: vec![1],
+        ..serving()
+    };
+    let outcome = run_publishing(pool, one_left, Some(publisher.clone())).await;
+    outcome
+        .result
+        .expect("a failed publication does not fail the reconcile");
+    let tried = publisher.published.lock().expect("lock").clone();
+    assert_eq!(
+        tried[0].workers,
+        vec!["wiki-1.wiki.rag.svc.cluster.local:7510"]
+    );
+    let status = status_patch(&outcome.requests);
+    assert_eq!(status["publishedAssignmentVersion"], json!(version));
+    assert_ne!(status["assignmentVersion"], json!(version));
 }

@@ -4,8 +4,11 @@
 //! text. The worker tried first is the one that owns most of the request's chunks
 //! ([`crate::routing`], so their KV is in its memory) or, round robin, the next in turn. A
 //! worker that is down or full is skipped for the next one; a refusal (unknown chunk, corpus
-//! version not held, context too long) is the answer's error, not retried.
+//! version not held, context too long) is the answer's error, not retried. The members can
+//! change while serving ([`KvPool::set_workers`]: an operator's assignment through the
+//! control plane); a request keeps the members it started with.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -14,6 +17,7 @@ use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_rag::{
     Answer, AnswerMode, AnswerRequest, AnswerTimings, BackendInfo, LmBackend, RagError,
 };
+use parking_lot::RwLock;
 use tokio::runtime::Handle;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
@@ -31,11 +35,17 @@ struct Worker {
     client: KvGenerationClient<Channel>,
 }
 
-pub struct KvPool {
+/// The workers a request is sent among.
+struct Members {
     workers: Vec<Worker>,
-    /// The workers as configured (`host:port`): the names chunks are assigned by, the same on
+    /// The workers as given (`host:port`): the names chunks are assigned by, the same on
     /// every edge given the same list.
     names: Vec<String>,
+}
+
+pub struct KvPool {
+    members: RwLock<Arc<Members>>,
+    tls: Option<ClientTlsConfig>,
     routing: KvRouting,
     corpus_version: String,
     settings: FusionSettings,
@@ -50,13 +60,57 @@ pub struct KvPool {
 impl std::fmt::Debug for KvPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KvPool")
-            .field(
-                "workers",
-                &self.workers.iter().map(|w| &w.endpoint).collect::<Vec<_>>(),
-            )
+            .field("workers", &self.workers())
             .field("corpus_version", &self.corpus_version)
             .finish()
     }
+}
+
+/// Clients of the workers at `authorities`, reusing those of `known` with the same address.
+fn connect_members(
+    authorities: &[String],
+    tls: Option<&ClientTlsConfig>,
+    known: &[Worker],
+) -> Result<Members, RagError> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let workers = authorities
+        .iter()
+        .map(|authority| {
+            let endpoint = format!("{scheme}://{authority}");
+            if let Some(worker) = known.iter().find(|w| w.endpoint == endpoint) {
+                return Ok(Worker {
+                    endpoint,
+                    client: worker.client.clone(),
+                });
+            }
+            let invalid = |source: tonic::transport::Error| RagError::Worker {
+                endpoint: endpoint.clone(),
+                retryable: false,
+                source: Box::new(source),
+            };
+            let mut channel = Endpoint::from_shared(endpoint.clone())
+                .map_err(invalid)?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true);
+            if let Some(tls) = tls {
+                channel = channel.tls_config(tls.clone()).map_err(invalid)?;
+            }
+            Ok(Worker {
+                client: KvGenerationClient::new(channel.connect_lazy()),
+                endpoint,
+            })
+        })
+        .collect::<Result<Vec<_>, RagError>>()?;
+    if workers.is_empty() {
+        return Err(RagError::InvalidRequest {
+            field: "kv_workers",
+            message: "names no worker".into(),
+        });
+    }
+    Ok(Members {
+        workers,
+        names: authorities.to_vec(),
+    })
 }
 
 fn failure(endpoint: &str, status: Status) -> RagError {
@@ -82,38 +136,10 @@ impl KvPool {
         variant: Variant,
         routing: KvRouting,
     ) -> Result<Self, RagError> {
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let workers = authorities
-            .iter()
-            .map(|authority| {
-                let endpoint = format!("{scheme}://{authority}");
-                let invalid = |source: tonic::transport::Error| RagError::Worker {
-                    endpoint: endpoint.clone(),
-                    retryable: false,
-                    source: Box::new(source),
-                };
-                let mut channel = Endpoint::from_shared(endpoint.clone())
-                    .map_err(invalid)?
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .tcp_nodelay(true);
-                if let Some(tls) = &tls {
-                    channel = channel.tls_config(tls.clone()).map_err(invalid)?;
-                }
-                Ok(Worker {
-                    client: KvGenerationClient::new(channel.connect_lazy()),
-                    endpoint,
-                })
-            })
-            .collect::<Result<Vec<_>, RagError>>()?;
-        if workers.is_empty() {
-            return Err(RagError::InvalidRequest {
-                field: "kv_workers",
-                message: "names no worker".into(),
-            });
-        }
+        let members = connect_members(authorities, tls.as_ref(), &[])?;
         Ok(Self {
-            workers,
-            names: authorities.to_vec(),
+            members: RwLock::new(Arc::new(members)),
+            tls,
             routing,
             corpus_version,
             settings,
@@ -121,6 +147,24 @@ impl KvPool {
             next: AtomicUsize::new(0),
             runtime: Handle::current(),
         })
+    }
+
+    /// The workers' addresses, in the order chunks are assigned over them.
+    pub fn workers(&self) -> Vec<String> {
+        self.members.read().names.clone()
+    }
+
+    /// Replaces the members with the workers at `authorities` (keeping the connections of
+    /// those that stay); returns whether anything changed. An empty list is refused: the
+    /// pool keeps its members.
+    pub fn set_workers(&self, authorities: &[String]) -> Result<bool, RagError> {
+        let current = Arc::clone(&self.members.read());
+        if current.names == authorities {
+            return Ok(false);
+        }
+        let members = connect_members(authorities, self.tls.as_ref(), &current.workers)?;
+        *self.members.write() = Arc::new(members);
+        Ok(true)
     }
 
     fn request_proto(&self, request: &AnswerRequest) -> pb::KvGenerateRequest {
@@ -218,18 +262,19 @@ impl LmBackend for KvPool {
         }
         let wire = self.request_proto(request);
         let ids: Vec<u64> = request.documents.iter().filter_map(|d| d.id).collect();
+        let members = Arc::clone(&self.members.read());
         let order: Vec<usize> = match self.routing {
-            KvRouting::KvAware if !ids.is_empty() => route(&self.names, &ids),
+            KvRouting::KvAware if !ids.is_empty() => route(&members.names, &ids),
             _ => {
                 let first = self.next.fetch_add(1, Ordering::Relaxed);
-                (0..self.workers.len())
-                    .map(|i| (first + i) % self.workers.len())
+                (0..members.workers.len())
+                    .map(|i| (first + i) % members.workers.len())
                     .collect()
             }
         };
         let mut last = None;
         for index in order {
-            let worker = &self.workers[index];
+            let worker = &members.workers[index];
             let _span = tracing::info_span!("kv_generate", endpoint = %worker.endpoint).entered();
             let mut sent_text = false;
             match self.runtime.block_on(self.call(
@@ -258,11 +303,7 @@ impl LmBackend for KvPool {
             drafter: "none (KV workers answer in standard mode)".into(),
             verifier: format!(
                 "KV workers ({}, {:?}), {} at {:.0}%, corpus version {}",
-                self.workers
-                    .iter()
-                    .map(|w| w.endpoint.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                self.workers().join(", "),
                 self.routing,
                 self.settings.mode.name(),
                 self.settings.ratio * 100.0,
@@ -270,5 +311,50 @@ impl LmBackend for KvPool {
             ),
             device: "remote".into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::fusion::FusionMode;
+
+    fn pool(workers: &[&str]) -> KvPool {
+        let workers: Vec<String> = workers.iter().map(|w| w.to_string()).collect();
+        KvPool::connect_lazy(
+            &workers,
+            None,
+            "v1".into(),
+            FusionSettings {
+                mode: FusionMode::FusionRag,
+                ratio: 0.15,
+            },
+            Variant::Similarity,
+            KvRouting::KvAware,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn members_change_and_routing_follows_them() {
+        let pool = pool(&["w-0:7510", "w-1:7510"]);
+        let before = route(&pool.workers(), &[1, 2, 3]);
+        assert!(
+            !pool
+                .set_workers(&["w-0:7510".into(), "w-1:7510".into()])
+                .unwrap()
+        );
+        let three: Vec<String> = ["w-0:7510", "w-1:7510", "w-2:7510"]
+            .map(String::from)
+            .to_vec();
+        assert!(pool.set_workers(&three).unwrap());
+        assert_eq!(pool.workers(), three);
+        assert_eq!(pool.members.read().workers.len(), 3);
+        assert_eq!(before.len(), 2);
+        assert_eq!(route(&pool.workers(), &[1, 2, 3]).len(), 3);
+        assert!(pool.set_workers(&[]).is_err(), "an empty pool is refused");
+        assert_eq!(pool.workers(), three, "and the members stay");
     }
 }

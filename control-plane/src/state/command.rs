@@ -107,6 +107,20 @@ fn check_command(kind: &control_command::Kind) -> Result<(), String> {
                 return Err("retiring a corpus version needs its name".into());
             }
         }
+        control_command::Kind::KvPool(assignment) => {
+            if assignment.pool.is_empty() || assignment.assignment_version.is_empty() {
+                return Err("a KV pool assignment names its pool and version".into());
+            }
+            let mut seen = HashSet::new();
+            for worker in &assignment.workers {
+                if worker.is_empty() || worker.contains(char::is_whitespace) {
+                    return Err(format!("KV worker address {worker:?} is not host:port"));
+                }
+                if !seen.insert(worker) {
+                    return Err(format!("KV worker {worker} is listed twice"));
+                }
+            }
+        }
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The replicated state machine: the shared hot cache (FIFO-bounded per tenant, as in the HaS
-//! paper), the shard map and the runtime configuration.
+//! paper), the shard map, the KV worker pools' assignments and the runtime configuration.
 //!
 //! Every decision that changes what edges hold is taken here, in log order: which entries
 //! a new one evicts, which an invalidation or a corpus update removes, whether a retried
@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use hasten_proto::v1::{
     AppliedCommand, CacheEntry, CarriedEntries, CommandBatch, ControlCommand, ControlState,
-    CorpusFacts, CorpusUpdate, OriginSequence, RuntimeConfig, ShardMap, StoredEntry,
-    applied_command, control_command,
+    CorpusFacts, CorpusUpdate, KvPoolAssignment, OriginSequence, RuntimeConfig, ShardMap,
+    StoredEntry, applied_command, control_command,
 };
 
 /// Cached queries kept per tenant before FIFO eviction: the HaS paper's cache of 5,000
@@ -90,6 +90,8 @@ pub struct CacheStateMachine {
     origins: HashMap<String, u64>,
     /// Registered corpus versions.
     corpora: BTreeMap<String, CorpusFacts>,
+    /// Each KV worker pool's latest assignment, by pool.
+    kv_pools: BTreeMap<String, KvPoolAssignment>,
 }
 
 impl CacheStateMachine {
@@ -108,6 +110,11 @@ impl CacheStateMachine {
 
     pub fn shard_map(&self) -> Option<&ShardMap> {
         self.shard_map.as_ref()
+    }
+
+    /// A KV worker pool's assignment, once its operator published one.
+    pub fn kv_pool(&self, pool: &str) -> Option<&KvPoolAssignment> {
+        self.kv_pools.get(pool)
     }
 
     /// Cached entries.
@@ -225,6 +232,14 @@ impl CacheStateMachine {
                     .or_insert(facts);
                 Some(AppliedCommand {
                     kind: None,
+                    removed: Vec::new(),
+                })
+            }
+            control_command::Kind::KvPool(assignment) => {
+                self.kv_pools
+                    .insert(assignment.pool.clone(), assignment.clone());
+                Some(AppliedCommand {
+                    kind: Some(applied_command::Kind::KvPool(assignment)),
                     removed: Vec::new(),
                 })
             }
@@ -425,6 +440,7 @@ impl CacheStateMachine {
             entries,
             origins,
             corpora: self.corpora.values().cloned().collect(),
+            kv_pools: self.kv_pools.values().cloned().collect(),
         }
     }
 
@@ -446,6 +462,11 @@ impl CacheStateMachine {
             .corpora
             .into_iter()
             .map(|facts| (facts.corpus_version.clone(), facts))
+            .collect();
+        machine.kv_pools = state
+            .kv_pools
+            .into_iter()
+            .map(|assignment| (assignment.pool.clone(), assignment))
             .collect();
         for stored in state.entries {
             let Some(entry) = stored.entry else { continue };

@@ -511,3 +511,53 @@ fn a_corpus_update_drops_entries_that_do_not_fit_the_new_version() {
     assert_eq!(applied[0].removed, vec![(1 << 16) | 3]);
     assert_eq!(versions(&machine), vec![((1 << 16) | 2, "v2".to_string())]);
 }
+
+fn kv_pool(pool: &str, workers: &[&str], version: &str) -> ControlCommand {
+    command(control_command::Kind::KvPool(KvPoolAssignment {
+        pool: pool.into(),
+        workers: workers.iter().map(|w| w.to_string()).collect(),
+        assignment_version: version.into(),
+    }))
+}
+
+#[test]
+fn kv_pool_assignments_replace_per_pool_survive_snapshots_and_are_checked() {
+    let mut machine = CacheStateMachine::default();
+    let applied = machine.apply(1, 1, batch(vec![kv_pool("rag/wiki", &["w-0:7510"], "a1")]));
+    assert!(matches!(
+        &applied[0].kind,
+        Some(applied_command::Kind::KvPool(assignment)) if assignment.workers == ["w-0:7510"]
+    ));
+    machine.apply(
+        2,
+        1,
+        batch(vec![
+            kv_pool("rag/wiki", &["w-0:7510", "w-1:7510"], "a2"),
+            kv_pool("rag/news", &[], "n1"),
+        ]),
+    );
+    let wiki = machine.kv_pool("rag/wiki").expect("published");
+    assert_eq!(
+        (wiki.workers.len(), wiki.assignment_version.as_str()),
+        (2, "a2")
+    );
+    assert_eq!(
+        machine.kv_pool("rag/news").map(|p| p.workers.len()),
+        Some(0)
+    );
+    let restored = CacheStateMachine::from_state(machine.to_state());
+    assert_eq!(restored.kv_pool("rag/wiki"), machine.kv_pool("rag/wiki"));
+    assert_eq!(restored.to_state(), machine.to_state());
+
+    for bad in [
+        kv_pool("", &["w:1"], "a"),
+        kv_pool("rag/wiki", &["w:1"], ""),
+        kv_pool("rag/wiki", &["w:1", "w:1"], "a"),
+        kv_pool("rag/wiki", &["w 1"], "a"),
+    ] {
+        assert!(
+            validate(std::slice::from_ref(&bad)).is_err(),
+            "{bad:?} admitted"
+        );
+    }
+}

@@ -21,6 +21,24 @@ fn replicated(stored: StoredEntry) -> Option<ReplicatedEntry> {
     })
 }
 
+/// The workers of `pool`'s assignments an event carries, in the order they took effect: the
+/// whole state's, then those its commands set.
+pub fn kv_pool_workers(event: &CommittedEvent, pool: &str) -> Vec<Vec<String>> {
+    let from_state = event.state.iter().flat_map(|state| state.kv_pools.iter());
+    let from_commands = event
+        .applied
+        .iter()
+        .filter_map(|applied| match &applied.kind {
+            Some(applied_command::Kind::KvPool(assignment)) => Some(assignment),
+            _ => None,
+        });
+    from_state
+        .chain(from_commands)
+        .filter(|assignment| assignment.pool == pool)
+        .map(|assignment| assignment.workers.clone())
+        .collect()
+}
+
 /// Applies one committed event: the whole state when the stream had to restart from it,
 /// then each command's removals and additions, in order.
 pub fn apply<C: CloudSearch>(engine: &RetrievalEngine<C>, event: CommittedEvent) {
@@ -46,7 +64,7 @@ pub fn apply<C: CloudSearch>(engine: &RetrievalEngine<C>, event: CommittedEvent)
                 let entries = carried.entries.into_iter().filter_map(replicated).collect();
                 caches.carry_over(&carried.from_version, &carried.to_version, entries);
             }
-            Some(applied_command::Kind::ShardMap(_)) | None => {}
+            Some(applied_command::Kind::ShardMap(_) | applied_command::Kind::KvPool(_)) | None => {}
         }
     }
 }
@@ -67,4 +85,57 @@ fn install<C: CloudSearch>(engine: &RetrievalEngine<C>, state: ControlState) {
         entries,
         "installed the control plane's state"
     );
+}
+
+#[cfg(test)]
+mod kv_pool_tests {
+    use hasten_proto::v1::{AppliedCommand, ControlState, KvPoolAssignment};
+
+    use super::*;
+
+    fn assignment(pool: &str, workers: &[&str]) -> KvPoolAssignment {
+        KvPoolAssignment {
+            pool: pool.into(),
+            workers: workers.iter().map(|w| w.to_string()).collect(),
+            assignment_version: "v".into(),
+        }
+    }
+
+    #[test]
+    fn only_the_edges_pool_is_followed_state_first_then_commands() {
+        let event = CommittedEvent {
+            index: 9,
+            state: Some(ControlState {
+                kv_pools: vec![
+                    assignment("rag/wiki", &["a:1"]),
+                    assignment("rag/news", &["n:1"]),
+                ],
+                ..ControlState::default()
+            }),
+            applied: vec![
+                AppliedCommand {
+                    kind: Some(applied_command::Kind::KvPool(assignment(
+                        "rag/news",
+                        &["n:2"],
+                    ))),
+                    removed: Vec::new(),
+                },
+                AppliedCommand {
+                    kind: Some(applied_command::Kind::KvPool(assignment(
+                        "rag/wiki",
+                        &["a:1", "b:1"],
+                    ))),
+                    removed: Vec::new(),
+                },
+            ],
+        };
+        assert_eq!(
+            kv_pool_workers(&event, "rag/wiki"),
+            vec![
+                vec!["a:1".to_string()],
+                vec!["a:1".to_string(), "b:1".to_string()]
+            ]
+        );
+        assert!(kv_pool_workers(&event, "other/pool").is_empty());
+    }
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hasten_core::DocId;
+use hasten_kv_worker::client::KvPool;
 use hasten_proto::control::{self, ControlAccess, ControlClient, FollowStatus};
 use hasten_proto::v1::{CacheEntry, ControlCommand, CorpusFacts, ProposeRequest, control_command};
 use tokio::sync::mpsc;
@@ -131,15 +132,53 @@ impl ControlPlaneLink {
         Arc::clone(&self.status)
     }
 
-    /// Starts applying the committed stream to `engine`'s caches and threshold.
-    pub fn follow<C: CloudSearch>(&self, engine: Arc<RetrievalEngine<C>>) {
+    /// Starts applying the committed stream to `engine`'s caches and threshold, and, with
+    /// `kv_pool` (the pool's `namespace/name` and the edge's KV backend), its operator's
+    /// assignments to the backend's workers.
+    pub fn follow<C: CloudSearch>(
+        &self,
+        engine: Arc<RetrievalEngine<C>>,
+        kv_pool: Option<(String, Arc<KvPool>)>,
+    ) {
         tokio::spawn(control::follow(
             self.endpoints.clone(),
             self.access.clone(),
             self.origin.clone(),
             Arc::clone(&self.status.stream),
-            move |event| apply::apply(&engine, event),
+            move |event| {
+                let assignments = kv_pool
+                    .as_ref()
+                    .map(|(name, _)| apply::kv_pool_workers(&event, name))
+                    .unwrap_or_default();
+                apply::apply(&engine, event);
+                if let Some((name, pool)) = &kv_pool {
+                    for workers in assignments {
+                        follow_assignment(name, pool, &workers);
+                    }
+                }
+            },
         ));
+    }
+}
+
+/// Moves the KV backend to an assignment's workers; an assignment without any (no ready
+/// worker) keeps the current ones, which are then tried as down.
+fn follow_assignment(name: &str, pool: &KvPool, workers: &[String]) {
+    if workers.is_empty() {
+        tracing::warn!(
+            pool = name,
+            "the KV pool has no ready worker; keeping the current ones"
+        );
+        return;
+    }
+    match pool.set_workers(workers) {
+        Ok(true) => tracing::info!(
+            pool = name,
+            ?workers,
+            "KV workers changed by the pool's assignment"
+        ),
+        Ok(false) => {}
+        Err(error) => tracing::error!(pool = name, %error, "KV pool assignment refused"),
     }
 }
 
