@@ -16,7 +16,8 @@
 #     host name the rendered configurations dial;
 #   - values the chart must refuse (dev certificates not allowed, a tenants Secret without a
 #     key) make it fail;
-#   - every rendered TOML configuration is accepted by its binary
+#   - every rendered TOML configuration (and the KV workers' configurations in the operator's
+#     golden renderings) is accepted by its binary
 #     (`<binary> ... --config FILE --print-config`, built binaries from
 #     ${CARGO_TARGET_DIR:-target}/debug), and each key comes back with its value; the
 #     control-plane binary serves the generated mutual-TLS certificate and refuses clients
@@ -241,7 +242,7 @@ if [ "${HASTEN_SKIP_CONFIG_CHECK:-0}" = 1 ]; then
 else
   binaries_present() {
     local b
-    for b in edge-node cloud-index control-plane kv-operator; do
+    for b in edge-node cloud-index control-plane kv-operator kv-worker; do
       [ -x "$bindir/$b" ] || { echo "$bindir/$b is missing: run cargo build --workspace --bins first"; return 1; }
     done
     echo "binaries in $bindir"
@@ -251,6 +252,9 @@ else
     check config-check env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check "$bindir" \
       "$out/default.yaml" "$out/production.yaml" "$out/monitoring.yaml" "$out/devcerts.yaml" \
       "$out/mtls.yaml"
+    # What the KV operator renders for its workers, as its golden files pin it.
+    check config-check-kv-workers env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check \
+      "$bindir" kv-operator/tests/golden/*.yaml
     check mtls-handshake "$py" "$helper" mtls-handshake "$bindir" "$out/mtls.yaml"
   fi
 fi

@@ -18,6 +18,10 @@ pub struct OperatorConfig {
     pub worker_image: String,
     /// Cluster DNS domain, for the workers' stable addresses.
     pub cluster_domain: String,
+    /// Secret (`ca.crt`, `tls.crt`, `tls.key`, e.g. the deployment's mutual-TLS Secret) the
+    /// workers serve mutual TLS with; its certificate must name `*.<pool>.<namespace>.svc.<domain>`.
+    /// None: plaintext gRPC (edges under mutual TLS cannot reach such workers).
+    pub worker_tls_secret: Option<String>,
     /// Address of `/metrics`, `/readyz` and `/healthz`.
     pub metrics_addr: SocketAddr,
     /// Take part in leader election (off only for a single replica run by hand).
@@ -51,6 +55,7 @@ impl Default for OperatorConfig {
             namespace: None,
             worker_image: "ghcr.io/hasten-rag/hasten:0.1.0".into(),
             cluster_domain: "cluster.local".into(),
+            worker_tls_secret: None,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7600)),
             leader_election: true,
             lease_name: "hasten-kv-operator".into(),

@@ -62,6 +62,10 @@ struct RunArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cluster_domain: Option<String>,
+    /// Secret the workers serve mutual TLS with [default: none, plaintext].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker_tls_secret: Option<String>,
     /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7600].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -142,6 +146,7 @@ async fn run(args: RunArgs) -> Result<()> {
         RenderSettings {
             worker_image: config.worker_image.clone(),
             cluster_domain: config.cluster_domain.clone(),
+            worker_tls_secret: config.worker_tls_secret.clone(),
         },
         metrics.clone(),
         recorder,

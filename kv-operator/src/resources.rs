@@ -46,6 +46,9 @@ pub struct RenderSettings {
     pub worker_image: String,
     /// Cluster DNS domain, for the workers' stable addresses.
     pub cluster_domain: String,
+    /// Secret (`ca.crt`, `tls.crt`, `tls.key`) the workers serve mutual TLS with; none:
+    /// plaintext gRPC.
+    pub worker_tls_secret: Option<String>,
 }
 
 /// The objects a pool's spec asks for (the Job is separate: it exists per corpus version).
@@ -130,7 +133,7 @@ fn typed<K: DeserializeOwned>(kind: &'static str, value: Value) -> Result<K, Err
 }
 
 /// The workers' `kv-worker serve` configuration (TOML).
-pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets) -> String {
+pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets, settings: &RenderSettings) -> String {
     let spec = &pool.spec;
     let device = if spec.device.gpus > 0 { "cuda" } else { "cpu" };
     format!(
@@ -142,8 +145,17 @@ pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets) -> String {
          device = \"{device}\"\n\
          store = \"{STORE_DIR}\"\n\
          ram_budget = {ram}\n\
-         gpu_budget = {gpu}\n",
+         gpu_budget = {gpu}\n{tls}",
         name = pool.name_any(),
+        tls = if settings.worker_tls_secret.is_some() {
+            format!(
+                "tls_ca = \"{CONFIG_DIR}/tls/ca.crt\"\n\
+                 tls_cert = \"{CONFIG_DIR}/tls/tls.crt\"\n\
+                 tls_key = \"{CONFIG_DIR}/tls/tls.key\"\n"
+            )
+        } else {
+            String::new()
+        },
         model = model_file(pool),
         sha = spec.model.sha256,
         ram = budgets.ram,
@@ -282,7 +294,7 @@ pub fn desired(
             "ownerReferences": [owner],
         })
     };
-    let worker_toml = worker_config(pool, budgets);
+    let worker_toml = worker_config(pool, budgets, settings);
     let config_map = typed(
         "ConfigMap",
         json!({
@@ -333,8 +345,18 @@ pub fn desired(
         }),
     )?;
 
+    let mut config_sources = vec![json!({"configMap": {"name": config_map_name(&name)}})];
+    if let Some(secret) = &settings.worker_tls_secret {
+        config_sources.push(json!({"secret": {"name": secret, "items": [
+            {"key": "ca.crt", "path": "tls/ca.crt"},
+            {"key": "tls.crt", "path": "tls/tls.crt"},
+            {"key": "tls.key", "path": "tls/tls.key", "mode": 0o440},
+        ]}}));
+    }
     let mut volumes = vec![
-        json!({"name": "config", "configMap": {"name": config_map_name(&name)}}),
+        // The configuration and, under mutual TLS, the deployment's certificate: one
+        // projected volume, since a Secret cannot be mounted inside a ConfigMap's mount.
+        json!({"name": "config", "projected": {"defaultMode": 0o444, "sources": config_sources}}),
         json!({"name": "origin", "persistentVolumeClaim": {"claimName": origin_claim_name(&name), "readOnly": true}}),
         json!({"name": "tmp", "emptyDir": {}}),
     ];

@@ -12,10 +12,15 @@ mod common;
 use std::path::PathBuf;
 
 use hasten_kv_operator::crd::KvWorkerPool;
-use hasten_kv_operator::resources::{Desired, desired, preprocess_job};
+use hasten_kv_operator::resources::{Desired, RenderSettings, desired, preprocess_job};
 use hasten_kv_operator::validate::validate;
 
-fn render(pool: &KvWorkerPool, serving: Option<&str>, job_version: &str) -> String {
+fn render(
+    pool: &KvWorkerPool,
+    serving: Option<&str>,
+    job_version: &str,
+    settings: &RenderSettings,
+) -> String {
     let budgets = validate("wiki", &pool.spec).expect("valid spec");
     let Desired {
         config_map,
@@ -23,8 +28,8 @@ fn render(pool: &KvWorkerPool, serving: Option<&str>, job_version: &str) -> Stri
         pod_disruption_budget,
         origin,
         stateful_set,
-    } = desired(pool, budgets, serving, &common::settings()).expect("renders");
-    let job = preprocess_job(pool, job_version, &common::settings()).expect("renders");
+    } = desired(pool, budgets, serving, settings).expect("renders");
+    let job = preprocess_job(pool, job_version, settings).expect("renders");
     let documents = [
         serde_saphyr::to_string(&config_map),
         serde_saphyr::to_string(&service),
@@ -61,7 +66,7 @@ fn a_cpu_pool_before_its_first_version_renders_as_pinned() {
     let pool = common::pool(common::cpu_spec());
     check(
         "cpu-pool-first-version.yaml",
-        &render(&pool, None, "wiki-2026-11"),
+        &render(&pool, None, "wiki-2026-11", &common::settings()),
     );
 }
 
@@ -70,7 +75,12 @@ fn a_gpu_pool_serving_a_version_while_the_next_preprocesses_renders_as_pinned() 
     let pool = common::pool(common::gpu_spec());
     check(
         "gpu-pool-next-version.yaml",
-        &render(&pool, Some("wiki-2026-11"), "wiki-2026-12"),
+        &render(
+            &pool,
+            Some("wiki-2026-11"),
+            "wiki-2026-12",
+            &common::settings_with_tls(),
+        ),
     );
 }
 

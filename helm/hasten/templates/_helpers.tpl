@@ -150,6 +150,12 @@ namespaced and fully qualified forms, and wildcards for the pods of the headless
 {{- range $service := concat $services $headless }}
 {{- $names = concat $names (list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (include "hasten.svcFqdn" (dict "root" $root "service" $service))) -}}
 {{- end }}
+{{- /* The KV worker pools the chart renders: the operator names their headless Services after the pools. */}}
+{{- if and .Values.kvOperator.enabled .Values.kvPools.enabled }}
+{{- range $pool := .Values.kvPools.pools }}
+{{- $headless = append $headless $pool.name -}}
+{{- end }}
+{{- end }}
 {{- range $service := $headless }}
 {{- $names = concat $names (list (printf "*.%s.%s.svc" $service $ns) (printf "*.%s" (include "hasten.svcFqdn" (dict "root" $root "service" $service)))) -}}
 {{- end }}

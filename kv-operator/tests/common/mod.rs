@@ -8,6 +8,15 @@ pub fn settings() -> RenderSettings {
     RenderSettings {
         worker_image: "ghcr.io/hasten-rag/hasten:0.1.0".into(),
         cluster_domain: "cluster.local".into(),
+        worker_tls_secret: None,
+    }
+}
+
+/// The settings of a deployment under mutual TLS.
+pub fn settings_with_tls() -> RenderSettings {
+    RenderSettings {
+        worker_tls_secret: Some("hasten-mtls".into()),
+        ..settings()
     }
 }
 
