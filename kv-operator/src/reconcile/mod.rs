@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use hasten_proto::v1::KvPoolAssignment;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -20,11 +19,11 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, Client, Resource, ResourceExt};
 use parking_lot::Mutex;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::crd::{KvWorkerPool, KvWorkerPoolStatus, PreprocessingStatus};
+use crate::crd::{KvWorkerPool, KvWorkerPoolStatus};
 use crate::error::Error;
 use crate::metrics::OperatorMetrics;
 use crate::publish::AssignmentPublisher;
@@ -32,6 +31,12 @@ use crate::resources::{
     self, FIELD_MANAGER, POOL_LABEL, RenderSettings, SERVING_ANNOTATION, job_name,
 };
 use crate::validate::{InvalidSpec, validate};
+
+mod conditions;
+mod jobs;
+
+use conditions::{condition, ready_condition};
+use jobs::{JobPhase, delete_job, preprocess};
 
 /// The finalizer the operator puts on every pool.
 pub const FINALIZER: &str = "hasten.dev/kv-worker-pool";
@@ -446,223 +451,6 @@ async fn patch_status(
     )
     .await?;
     Ok(())
-}
-
-fn ready_condition(
-    pool: &KvWorkerPool,
-    serving: Option<&str>,
-    ready: i32,
-    previous: &KvWorkerPoolStatus,
-    now: &Time,
-) -> Condition {
-    let wanted = pool.spec.replicas;
-    match serving {
-        None => condition(
-            "Ready",
-            false,
-            "NoVersionServed",
-            format!(
-                "no workers until corpus version {} is preprocessed",
-                pool.spec.corpus.version
-            ),
-            previous,
-            now,
-        ),
-        Some(_) if wanted == 0 => condition(
-            "Ready",
-            false,
-            "ScaledToZero",
-            "replicas is 0".into(),
-            previous,
-            now,
-        ),
-        Some(version) if ready >= wanted => condition(
-            "Ready",
-            true,
-            "WorkersReady",
-            format!("{ready} workers serve corpus version {version}"),
-            previous,
-            now,
-        ),
-        Some(_) => condition(
-            "Ready",
-            false,
-            "WorkersNotReady",
-            format!("{ready} of {wanted} workers ready"),
-            previous,
-            now,
-        ),
-    }
-}
-
-/// A condition, keeping the previous transition time when its status did not change.
-fn condition(
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: String,
-    previous: &KvWorkerPoolStatus,
-    now: &Time,
-) -> Condition {
-    let status = if status { "True" } else { "False" }.to_string();
-    let last_transition_time = previous
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| now.clone());
-    Condition {
-        type_: type_.into(),
-        status,
-        reason: reason.into(),
-        message,
-        observed_generation: None,
-        last_transition_time,
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum JobPhase {
-    Running,
-    Succeeded,
-    Failed,
-}
-
-impl JobPhase {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Running => "Running",
-            Self::Succeeded => "Succeeded",
-            Self::Failed => "Failed",
-        }
-    }
-
-    fn of(job: &Job) -> Self {
-        let conditions = job
-            .status
-            .as_ref()
-            .and_then(|status| status.conditions.as_ref());
-        let has = |type_: &str| {
-            conditions.is_some_and(|conditions| {
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == type_ && c.status == "True")
-            })
-        };
-        if has("Complete") {
-            Self::Succeeded
-        } else if has("Failed") {
-            Self::Failed
-        } else {
-            Self::Running
-        }
-    }
-}
-
-struct JobOutcome {
-    phase: JobPhase,
-    status: PreprocessingStatus,
-}
-
-/// What `kv-worker preprocess --summary-file` writes as the Job's termination message.
-#[derive(Deserialize)]
-struct PreprocessSummary {
-    done: u64,
-    total: u64,
-}
-
-/// Creates the version's preprocessing Job unless it exists, and reads how it went.
-async fn preprocess(
-    pool: &KvWorkerPool,
-    ctx: &Context,
-    namespace: &str,
-    version: &str,
-) -> Result<JobOutcome, Error> {
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
-    let name = job_name(&pool.name_any(), version);
-    let job = match jobs.get_opt(&name).await? {
-        Some(job) => job,
-        None => {
-            let job = resources::preprocess_job(pool, version, &ctx.settings)?;
-            let created = apply_object::<Job>(&ctx.client, namespace, &job).await?;
-            publish_event(
-                ctx,
-                pool,
-                EventType::Normal,
-                "PreprocessingStarted",
-                format!("Job {name} preprocesses corpus version {version}"),
-            )
-            .await;
-            created
-        }
-    };
-    let phase = JobPhase::of(&job);
-    let summary = if phase == JobPhase::Running {
-        None
-    } else {
-        job_summary(&ctx.client, namespace, &name).await?
-    };
-    if phase == JobPhase::Failed {
-        publish_event(
-            ctx,
-            pool,
-            EventType::Warning,
-            "PreprocessingFailed",
-            format!("Job {name} of corpus version {version} failed"),
-        )
-        .await;
-    }
-    Ok(JobOutcome {
-        phase,
-        status: PreprocessingStatus {
-            version: version.into(),
-            job: name,
-            phase: phase.as_str().into(),
-            start_time: job
-                .status
-                .as_ref()
-                .and_then(|status| status.start_time.clone()),
-            preprocessed_chunks: summary.as_ref().map(|s| s.done),
-            total_chunks: summary.as_ref().map(|s| s.total),
-        },
-    })
-}
-
-/// The summary in the termination message of the Job's last finished pod.
-async fn job_summary(
-    client: &Client,
-    namespace: &str,
-    job: &str,
-) -> Result<Option<PreprocessSummary>, Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("job-name={job}")))
-        .await?;
-    Ok(list
-        .items
-        .iter()
-        .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
-        .flatten()
-        .filter_map(|status| {
-            status
-                .state
-                .as_ref()?
-                .terminated
-                .as_ref()?
-                .message
-                .as_deref()
-        })
-        .filter_map(|message| serde_json::from_str::<PreprocessSummary>(message).ok())
-        .max_by_key(|summary| summary.done))
-}
-
-async fn delete_job(client: &Client, namespace: &str, name: &str) -> Result<(), Error> {
-    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-    match jobs.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(err) => Err(err.into()),
-    }
 }
 
 /// Ordinals of the pool's worker pods that are Ready, ascending.
