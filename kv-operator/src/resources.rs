@@ -51,15 +51,18 @@ pub struct RenderSettings {
     pub worker_tls_secret: Option<String>,
 }
 
-/// The objects a pool's spec asks for (the Job is separate: it exists per corpus version).
+/// The objects a pool's spec asks for whatever corpus version the workers serve (their
+/// StatefulSet is [`workers`], the Job [`preprocess_job`]: both depend on the version).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Desired {
     pub config_map: ConfigMap,
     pub service: Service,
     pub pod_disruption_budget: PodDisruptionBudget,
     pub origin: PersistentVolumeClaim,
-    pub stateful_set: StatefulSet,
 }
+
+/// The ConfigMap key of the workers' configuration.
+const WORKER_CONFIG_KEY: &str = "kv-worker.toml";
 
 /// Labels that select a pool's workers.
 pub fn selector_labels(pool: &str) -> BTreeMap<String, String> {
@@ -273,12 +276,10 @@ fn pod_spec_base(pool: &KvWorkerPool) -> Value {
     spec
 }
 
-/// The objects of `pool`, its workers serving `serving` (none yet: no workers run until the
-/// first version is preprocessed).
+/// The version-independent objects of `pool`.
 pub fn desired(
     pool: &KvWorkerPool,
     budgets: Budgets,
-    serving: Option<&str>,
     settings: &RenderSettings,
 ) -> Result<Desired, Error> {
     let name = pool.name_any();
@@ -294,7 +295,6 @@ pub fn desired(
             "ownerReferences": [owner],
         })
     };
-    let worker_toml = worker_config(pool, budgets, settings);
     let config_map = typed(
         "ConfigMap",
         json!({
@@ -302,7 +302,7 @@ pub fn desired(
             "kind": "ConfigMap",
             "metadata": meta(config_map_name(&name), "config"),
             "data": {
-                "kv-worker.toml": worker_toml,
+                WORKER_CONFIG_KEY: worker_config(pool, budgets, settings),
                 "edge-kv.toml": edge_fragment(pool, settings),
             }
         }),
@@ -344,7 +344,33 @@ pub fn desired(
             "spec": claim_spec(&pool.spec.kv_store.origin, "ReadWriteMany"),
         }),
     )?;
+    Ok(Desired {
+        config_map,
+        service,
+        pod_disruption_budget,
+        origin,
+    })
+}
 
+/// The workers' StatefulSet, serving `serving` (none yet: no workers run until the first
+/// version is preprocessed); its pods roll when `desired`'s worker configuration changes.
+pub fn workers(
+    pool: &KvWorkerPool,
+    desired: &Desired,
+    serving: Option<&str>,
+    settings: &RenderSettings,
+) -> Result<StatefulSet, Error> {
+    let name = pool.name_any();
+    let namespace = pool
+        .namespace()
+        .ok_or(Error::MissingObjectKey("metadata.namespace"))?;
+    let owner = owner(pool)?;
+    let worker_toml = desired
+        .config_map
+        .data
+        .as_ref()
+        .and_then(|data| data.get(WORKER_CONFIG_KEY))
+        .ok_or(Error::MissingObjectKey("ConfigMap data kv-worker.toml"))?;
     let mut config_sources = vec![json!({"configMap": {"name": config_map_name(&name)}})];
     if let Some(secret) = &settings.worker_tls_secret {
         config_sources.push(json!({"secret": {"name": secret, "items": [
@@ -409,7 +435,7 @@ pub fn desired(
     pod_spec["volumes"] = json!(volumes);
     let mut template_labels = labels(&name, "worker");
     template_labels.remove(POOL_LABEL);
-    let stateful_set = typed(
+    typed(
         "StatefulSet",
         json!({
             "apiVersion": "apps/v1",
@@ -436,14 +462,7 @@ pub fn desired(
                 }]
             }
         }),
-    )?;
-    Ok(Desired {
-        config_map,
-        service,
-        pod_disruption_budget,
-        origin,
-        stateful_set,
-    })
+    )
 }
 
 fn claim_spec(volume: &crate::crd::VolumeSpec, access: &str) -> Value {

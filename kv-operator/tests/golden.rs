@@ -12,8 +12,9 @@ mod common;
 use std::path::PathBuf;
 
 use hasten_kv_operator::crd::KvWorkerPool;
-use hasten_kv_operator::resources::{Desired, RenderSettings, desired, preprocess_job};
+use hasten_kv_operator::resources::{Desired, RenderSettings, desired, preprocess_job, workers};
 use hasten_kv_operator::validate::validate;
+use k8s_openapi::api::apps::v1::StatefulSet;
 
 fn render(
     pool: &KvWorkerPool,
@@ -22,13 +23,14 @@ fn render(
     settings: &RenderSettings,
 ) -> String {
     let budgets = validate("wiki", &pool.spec).expect("valid spec");
+    let desired = desired(pool, budgets, settings).expect("renders");
+    let stateful_set = workers(pool, &desired, serving, settings).expect("renders");
     let Desired {
         config_map,
         service,
         pod_disruption_budget,
         origin,
-        stateful_set,
-    } = desired(pool, budgets, serving, settings).expect("renders");
+    } = desired;
     let job = preprocess_job(pool, job_version, settings).expect("renders");
     let documents = [
         serde_saphyr::to_string(&config_map),
@@ -90,11 +92,12 @@ fn the_rendering_follows_the_spec() {
     // regenerated in haste cannot hide them.
     let pool = common::pool(common::gpu_spec());
     let budgets = validate("wiki", &pool.spec).expect("valid");
-    let none = desired(&pool, budgets, None, &common::settings()).expect("renders");
-    let serving = desired(&pool, budgets, Some("v1"), &common::settings()).expect("renders");
-    let spec = |d: &Desired| d.stateful_set.spec.clone().expect("spec");
+    let none = desired(&pool, budgets, &common::settings()).expect("renders");
+    let not_serving = workers(&pool, &none, None, &common::settings()).expect("renders");
+    let serving = workers(&pool, &none, Some("v1"), &common::settings()).expect("renders");
+    let spec = |set: &StatefulSet| set.spec.clone().expect("spec");
     assert_eq!(
-        spec(&none).replicas,
+        spec(&not_serving).replicas,
         Some(0),
         "no workers before a version is served"
     );
@@ -128,4 +131,44 @@ fn the_rendering_follows_the_spec() {
         "{edge}"
     );
     assert!(!edge.contains("wiki-4."), "{edge}");
+    assert!(
+        !toml.contains("tls_ca"),
+        "plaintext without a TLS Secret: {toml}"
+    );
+
+    let tls_settings = common::settings_with_tls();
+    let tls = desired(&pool, budgets, &tls_settings).expect("renders");
+    let toml = &tls.config_map.data.as_ref().expect("data")["kv-worker.toml"];
+    assert!(
+        toml.contains("tls_key = \"/etc/hasten/tls/tls.key\""),
+        "{toml}"
+    );
+    let volumes = spec(&workers(&pool, &tls, Some("v1"), &tls_settings).expect("renders"))
+        .template
+        .spec
+        .expect("pod spec")
+        .volumes
+        .expect("volumes");
+    let sources = volumes[0]
+        .projected
+        .as_ref()
+        .and_then(|projected| projected.sources.clone())
+        .expect("projected sources");
+    assert_eq!(
+        sources[1].secret.as_ref().map(|s| s.name.as_str()),
+        Some("hasten-mtls")
+    );
+    // The pods roll when the workers' configuration changes.
+    let annotation = |set: &StatefulSet| {
+        spec(set)
+            .template
+            .metadata
+            .and_then(|m| m.annotations)
+            .expect("annotations")["hasten.dev/config-sha256"]
+            .clone()
+    };
+    assert_ne!(
+        annotation(&serving),
+        annotation(&workers(&pool, &tls, Some("v1"), &tls_settings).expect("renders"))
+    );
 }

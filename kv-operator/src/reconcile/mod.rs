@@ -202,7 +202,7 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
     let target = pool.spec.corpus.version.clone();
 
     // What does not depend on the served version first: the Job writes into the origin claim.
-    let desired = resources::desired(pool, budgets, serving.as_deref(), &ctx.settings)?;
+    let desired = resources::desired(pool, budgets, &ctx.settings)?;
     apply_object::<ConfigMap>(client, &namespace, &desired.config_map).await?;
     apply_object::<Service>(client, &namespace, &desired.service).await?;
     apply_object::<PodDisruptionBudget>(client, &namespace, &desired.pod_disruption_budget).await?;
@@ -221,11 +221,7 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
         }
         preprocessing = Some(job.status);
     }
-    let stateful_set = if now_serving == serving {
-        desired.stateful_set
-    } else {
-        resources::desired(pool, budgets, now_serving.as_deref(), &ctx.settings)?.stateful_set
-    };
+    let stateful_set = resources::workers(pool, &desired, now_serving.as_deref(), &ctx.settings)?;
     let applied = apply_object::<StatefulSet>(client, &namespace, &stateful_set).await?;
     if now_serving != serving {
         publish_event(
