@@ -14,21 +14,19 @@ use std::time::Duration;
 
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
+use hasten_proto::worker::{lazy_channel, worker_uri};
 use hasten_rag::{
     Answer, AnswerMode, AnswerRequest, AnswerTimings, BackendInfo, LmBackend, RagError,
 };
 use parking_lot::RwLock;
 use tokio::runtime::Handle;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Code, Status};
 
 use crate::conversions::{mode_proto, variant_proto};
 use crate::fusion::FusionSettings;
 use crate::routing::{KvRouting, route};
 use crate::store::Variant;
-
-/// How long a connection attempt to a worker may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Worker {
     endpoint: String,
@@ -72,31 +70,23 @@ fn connect_members(
     tls: Option<&ClientTlsConfig>,
     known: &[Worker],
 ) -> Result<Members, RagError> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
     let workers = authorities
         .iter()
         .map(|authority| {
-            let endpoint = format!("{scheme}://{authority}");
+            let endpoint = worker_uri(authority, tls.is_some());
             if let Some(worker) = known.iter().find(|w| w.endpoint == endpoint) {
                 return Ok(Worker {
                     endpoint,
                     client: worker.client.clone(),
                 });
             }
-            let invalid = |source: tonic::transport::Error| RagError::Worker {
+            let channel = lazy_channel(&endpoint, tls).map_err(|source| RagError::Worker {
                 endpoint: endpoint.clone(),
                 retryable: false,
                 source: Box::new(source),
-            };
-            let mut channel = Endpoint::from_shared(endpoint.clone())
-                .map_err(invalid)?
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true);
-            if let Some(tls) = tls {
-                channel = channel.tls_config(tls.clone()).map_err(invalid)?;
-            }
+            })?;
             Ok(Worker {
-                client: KvGenerationClient::new(channel.connect_lazy()),
+                client: KvGenerationClient::new(channel),
                 endpoint,
             })
         })

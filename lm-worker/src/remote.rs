@@ -1,19 +1,15 @@
 //! [`RemoteLm`]: an [`LmBackend`] that sends generation to a worker over gRPC, so the edge
 //! can answer with models it does not hold.
 
-use std::time::Duration;
-
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::generation_client::GenerationClient;
+use hasten_proto::worker::{lazy_channel, worker_uri};
 use hasten_rag::{Answer, AnswerRequest, BackendInfo, LmBackend, RagError};
 use tokio::runtime::Handle;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Code, Status};
 
 use crate::conversions::{WireError, answer_from_proto, info_from_proto, request_proto};
-
-/// How long a connection attempt to the worker may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct RemoteLm {
     endpoint: String,
@@ -37,22 +33,14 @@ impl RemoteLm {
     /// Connects on first use, so a worker that starts later is found then; call within a
     /// tokio runtime.
     pub fn connect_lazy(authority: &str, tls: Option<ClientTlsConfig>) -> Result<Self, RagError> {
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let endpoint = format!("{scheme}://{authority}");
-        let invalid = |source: tonic::transport::Error| RagError::Worker {
+        let endpoint = worker_uri(authority, tls.is_some());
+        let channel = lazy_channel(&endpoint, tls.as_ref()).map_err(|source| RagError::Worker {
             endpoint: endpoint.clone(),
             retryable: false,
             source: Box::new(source),
-        };
-        let mut channel = Endpoint::from_shared(endpoint.clone())
-            .map_err(invalid)?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
-        if let Some(tls) = tls {
-            channel = channel.tls_config(tls).map_err(invalid)?;
-        }
+        })?;
         Ok(Self {
-            client: GenerationClient::new(channel.connect_lazy()),
+            client: GenerationClient::new(channel),
             endpoint,
             runtime: Handle::current(),
             info: parking_lot::Mutex::new(None),

@@ -10,6 +10,7 @@ pub mod frame;
 pub mod quic;
 pub mod response_size;
 pub mod tls;
+pub mod worker;
 
 /// A remaining budget as `SearchRequest.timeout_ms`: at least 1 ms, since 0 on the wire means
 /// "the server's default", not "nothing left".
