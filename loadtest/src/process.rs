@@ -238,6 +238,21 @@ pub fn cloud_index_serve_args(bundle: &Path, grpc_addr: &str, cert: &Path) -> Ve
     ]
 }
 
+/// `kv-worker serve` flags over `store` with `model`, gRPC and metrics on any loopback port.
+pub fn kv_worker_serve_args(model: &Path, store: &Path) -> Vec<String> {
+    vec![
+        "serve".into(),
+        "--grpc-addr".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr".into(),
+        "127.0.0.1:0".into(),
+        "--model".into(),
+        model.display().to_string(),
+        "--store".into(),
+        store.display().to_string(),
+    ]
+}
+
 /// `cloud-index route` flags over `shards` (each shard's replica endpoints), writing its dev
 /// certificate to `cert`; QUIC, gRPC and metrics on any loopback port.
 pub fn cloud_index_route_args(shards: &[Vec<String>], cert: &Path) -> Vec<String> {

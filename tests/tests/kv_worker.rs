@@ -18,7 +18,7 @@ use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_tests::answering::{START_TIMEOUT, small_model, start_edge};
 use hasten_tests::edge::post_json;
 use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index};
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::process::{ManagedProcess, binary, kv_worker_serve_args};
 use loadtest::scrape::Scrape;
 use serde_json::Value;
 
@@ -91,18 +91,10 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         "kv-worker",
         &binary("kv-worker").unwrap(),
         [
-            "serve".to_string(),
-            "--grpc-addr".into(),
-            "127.0.0.1:0".into(),
-            "--metrics-addr".into(),
-            "127.0.0.1:0".into(),
-            "--model".into(),
-            model.display().to_string(),
-            "--store".into(),
-            store.display().to_string(),
-            "--dtype".into(),
-            "f32".into(),
-        ],
+            kv_worker_serve_args(&model, &store),
+            vec!["--dtype".into(), "f32".into()],
+        ]
+        .concat(),
         &work,
         START_TIMEOUT,
     )
@@ -239,17 +231,7 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
     let mut fresh_worker = ManagedProcess::start(
         "kv-worker-fresh",
         &binary("kv-worker").unwrap(),
-        [
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--model",
-            &model.display().to_string(),
-            "--store",
-            &store.display().to_string(),
-        ],
+        kv_worker_serve_args(&model, &store),
         &work,
         START_TIMEOUT,
     )

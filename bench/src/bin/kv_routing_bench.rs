@@ -22,7 +22,7 @@ use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_rag::{AnswerRequest, Document, LmBackend};
 use loadtest::popularity::ZipfModel;
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::process::{ManagedProcess, binary, kv_worker_serve_args};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
@@ -95,18 +95,13 @@ fn main() -> Result<()> {
                     &format!("kv-worker-{i}"),
                     &binary("kv-worker")?,
                     [
-                        "serve".to_string(),
-                        "--grpc-addr".into(),
-                        "127.0.0.1:0".into(),
-                        "--metrics-addr".into(),
-                        "127.0.0.1:0".into(),
-                        "--model".into(),
-                        model.display().to_string(),
-                        "--store".into(),
-                        args.store.display().to_string(),
-                        "--ram-budget".into(),
-                        (args.ram_budget_mib << 20).to_string(),
-                    ],
+                        kv_worker_serve_args(&model, &args.store),
+                        vec![
+                            "--ram-budget".into(),
+                            (args.ram_budget_mib << 20).to_string(),
+                        ],
+                    ]
+                    .concat(),
                     &args.work,
                     std::time::Duration::from_secs(300),
                 )
