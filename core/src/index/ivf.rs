@@ -1,122 +1,13 @@
-//! Vector indexes over faiss, all by inner product on L2-normalised vectors (cosine):
-//! - [`ExactIndex`]: exhaustive flat search, the cloud's exact top-k;
-//! - [`IvfPqIndex`]: IVF with product quantisation, the edge's fuzzy channel;
-//! - [`RemovableIvfIndex`]: IVF-PQ trained once, filled and emptied by id, the edge's
-//!   cache channel (faiss's HNSW cannot remove vectors; IVF lists can);
-//! - [`RemovableFlatIndex`]: exact search with add and remove by id, for small sets that
-//!   churn (the semantic cache's query vectors).
+//! IVF-PQ indexes: the edge's fuzzy channel over a fixed corpus share and its cache channel
+//! over the documents of cached queries. Both search through `&self` ([`SharedIvf`]), so
+//! concurrent requests probe lists side by side.
 
-use faiss::index::{IndexImpl, SearchWithParamsMut, TryClone};
-use faiss::search_params::SearchParametersIVF;
+use faiss::index::TryClone;
 use faiss::selector::IdSelector;
-use faiss::{ConcurrentIndex, FlatIndex, IdMap, Idx, Index, MetricType};
-use parking_lot::Mutex;
+use faiss::{Index, MetricType};
 
-#[derive(Debug, thiserror::Error)]
-pub enum IndexError {
-    #[error("faiss: {0}")]
-    Faiss(#[from] faiss::error::Error),
-    #[error("{0}")]
-    Invalid(String),
-}
-
-/// A search hit: the id the vector was added with and its inner product with the query.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Hit {
-    pub id: u64,
-    pub score: f32,
-}
-
-/// Splits faiss's flat result arrays into one hit list per query, dropping empty slots
-/// (faiss pads with -1 when fewer than k vectors exist).
-fn hits_per_query(labels: &[Idx], distances: &[f32], k: usize) -> Vec<Vec<Hit>> {
-    labels
-        .chunks(k.max(1))
-        .zip(distances.chunks(k.max(1)))
-        .map(|(labels, scores)| {
-            labels
-                .iter()
-                .zip(scores)
-                .filter_map(|(label, &score)| label.get().map(|id| Hit { id, score }))
-                .collect()
-        })
-        .collect()
-}
-
-fn check_queries(queries: &[f32], dimension: usize) -> Result<usize, IndexError> {
-    if dimension == 0 || !queries.len().is_multiple_of(dimension) {
-        return Err(IndexError::Invalid(format!(
-            "query buffer of {} values is not a whole number of {dimension}-d vectors",
-            queries.len()
-        )));
-    }
-    Ok(queries.len() / dimension)
-}
-
-fn check_ids(ids: &[u64], vectors: &[f32], dimension: usize) -> Result<Vec<Idx>, IndexError> {
-    if vectors.len() != ids.len() * dimension {
-        return Err(IndexError::Invalid(format!(
-            "{} vector values for {} ids of dimension {dimension}",
-            vectors.len(),
-            ids.len()
-        )));
-    }
-    to_faiss_ids(ids)
-}
-
-/// faiss ids are signed 64-bit; refuse the upper half instead of letting `Idx::new` panic.
-fn to_faiss_ids(ids: &[u64]) -> Result<Vec<Idx>, IndexError> {
-    ids.iter()
-        .map(|&id| {
-            i64::try_from(id)
-                .map(|_| Idx::new(id))
-                .map_err(|_| IndexError::Invalid(format!("id {id} is beyond faiss's range")))
-        })
-        .collect()
-}
-
-/// Exhaustive inner-product search. Searches take `&self` and may run concurrently.
-pub struct ExactIndex {
-    index: FlatIndex,
-    dimension: usize,
-}
-
-impl std::fmt::Debug for ExactIndex {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExactIndex")
-            .field("dimension", &self.dimension)
-            .field("len", &self.index.ntotal())
-            .finish()
-    }
-}
-
-impl ExactIndex {
-    /// Builds an index over row-major `vectors`; hit ids are row numbers.
-    pub fn build(dimension: usize, vectors: &[f32]) -> Result<Self, IndexError> {
-        check_queries(vectors, dimension)?;
-        let mut index = FlatIndex::new_ip(dimension as u32)?;
-        index.add(vectors)?;
-        Ok(Self { index, dimension })
-    }
-
-    pub fn len(&self) -> usize {
-        self.index.ntotal() as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Exact top-`k` for each row-major query in `queries`, in one faiss call.
-    pub fn search(&self, queries: &[f32], k: usize) -> Result<Vec<Vec<Hit>>, IndexError> {
-        let nq = check_queries(queries, self.dimension)?;
-        if nq == 0 || k == 0 {
-            return Ok(vec![Vec::new(); nq]);
-        }
-        let result = ConcurrentIndex::search(&self.index, queries, k)?;
-        Ok(hits_per_query(&result.labels, &result.distances, k))
-    }
-}
+use super::ivf_search::SharedIvf;
+use super::{Hit, IndexError, check_ids, check_queries, to_faiss_ids};
 
 /// Shape of an IVF index for `n` training vectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,10 +51,9 @@ impl IvfShape {
 }
 
 /// IVF-PQ over a fixed set of vectors: an approximate, compressed index (the fuzzy channel).
-/// The faiss-rs binding only offers `&mut` search for factory-built indexes, so searches are
-/// serialised by a mutex; one search probes a handful of lists and takes microseconds.
+/// Searches take `&self` and run concurrently.
 pub struct IvfPqIndex {
-    index: Mutex<IndexImpl>,
+    index: SharedIvf,
     dimension: usize,
     shape: IvfShape,
     description: String,
@@ -225,7 +115,7 @@ impl IvfPqIndex {
         index.train(vectors)?;
         index.add_with_ids(vectors, &xids)?;
         Ok(Self {
-            index: Mutex::new(index),
+            index: SharedIvf::new(index, shape.nprobe)?,
             dimension,
             shape,
             description,
@@ -248,16 +138,7 @@ impl IvfPqIndex {
     /// Approximate top-`k` for one query; scores are PQ approximations.
     pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
         check_queries(query, self.dimension)?;
-        if k == 0 {
-            return Ok(Vec::new());
-        }
-        let mut params = SearchParametersIVF::new()?;
-        params.set_nprobe(self.shape.nprobe);
-        let params = params.upcast();
-        let result = self.index.lock().search_with_params(query, k, &params)?;
-        Ok(hits_per_query(&result.labels, &result.distances, k)
-            .pop()
-            .unwrap_or_default())
+        self.index.search_one(query, k)
     }
 }
 
@@ -268,9 +149,9 @@ impl IvfPqIndex {
 /// index works from an empty cache (cold start) and needs no rebuild as the cache turns
 /// over. A code takes one byte per 6 dimensions (72 bytes with its id at 384-d, against 392
 /// for 8-bit scalar codes): scores are approximate, so callers re-rank candidates exactly.
-/// Searches are serialised like [`IvfPqIndex`]'s.
+/// Searches take `&self` and run concurrently; adding and removing take `&mut self`.
 pub struct RemovableIvfIndex {
-    index: Mutex<IndexImpl>,
+    index: SharedIvf,
     dimension: usize,
     shape: IvfShape,
     description: String,
@@ -300,7 +181,7 @@ impl RemovableIvfIndex {
             faiss::index_factory(dimension as u32, &description, MetricType::InnerProduct)?;
         index.train(sample)?;
         Ok(Self {
-            index: Mutex::new(index),
+            index: SharedIvf::new(index, shape.nprobe)?,
             dimension,
             shape,
             description,
@@ -310,10 +191,10 @@ impl RemovableIvfIndex {
     /// An empty index with the same trained centroids and codebooks: one training serves
     /// many caches (one per tenant).
     pub fn empty_copy(&self) -> Result<Self, IndexError> {
-        let mut index = self.index.lock().try_clone()?;
+        let mut index = self.index.index().try_clone()?;
         index.reset()?;
         Ok(Self {
-            index: Mutex::new(index),
+            index: SharedIvf::new(index, self.shape.nprobe)?,
             dimension: self.dimension,
             shape: self.shape,
             description: self.description.clone(),
@@ -334,7 +215,7 @@ impl RemovableIvfIndex {
     }
 
     pub fn len(&self) -> usize {
-        self.index.lock().ntotal() as usize
+        self.index.index().ntotal() as usize
     }
 
     pub fn is_empty(&self) -> bool {
@@ -345,7 +226,7 @@ impl RemovableIvfIndex {
     pub fn add(&mut self, ids: &[u64], vectors: &[f32]) -> Result<(), IndexError> {
         let xids = check_ids(ids, vectors, self.dimension)?;
         if !xids.is_empty() {
-            self.index.get_mut().add_with_ids(vectors, &xids)?;
+            self.index.index_mut().add_with_ids(vectors, &xids)?;
         }
         Ok(())
     }
@@ -356,147 +237,21 @@ impl RemovableIvfIndex {
             return Ok(0);
         }
         let selector = IdSelector::batch(&to_faiss_ids(ids)?)?;
-        Ok(self.index.get_mut().remove_ids(&selector)?)
+        Ok(self.index.index_mut().remove_ids(&selector)?)
     }
 
     /// Approximate top-`k` for one query; scores are PQ approximations.
     pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
         check_queries(query, self.dimension)?;
-        let mut index = self.index.lock();
-        if k == 0 || index.ntotal() == 0 {
-            return Ok(Vec::new());
-        }
-        let mut params = SearchParametersIVF::new()?;
-        params.set_nprobe(self.shape.nprobe);
-        let params = params.upcast();
-        let result = index.search_with_params(query, k, &params)?;
-        Ok(hits_per_query(&result.labels, &result.distances, k)
-            .pop()
-            .unwrap_or_default())
-    }
-}
-
-/// Exhaustive inner-product search over vectors added and removed by id, for small sets
-/// that churn (the semantic cache's query vectors).
-pub struct RemovableIndex<I> {
-    index: I,
-    dimension: usize,
-}
-
-/// Exhaustive inner-product search over vectors added and removed by id.
-pub type RemovableFlatIndex = RemovableIndex<IdMap<FlatIndex>>;
-
-impl<I: Index> std::fmt::Debug for RemovableIndex<I> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemovableIndex")
-            .field("dimension", &self.dimension)
-            .field("len", &self.index.ntotal())
-            .finish()
-    }
-}
-
-impl RemovableFlatIndex {
-    pub fn new(dimension: usize) -> Result<Self, IndexError> {
-        Ok(Self {
-            index: IdMap::new(FlatIndex::new_ip(dimension as u32)?)?,
-            dimension,
-        })
-    }
-}
-
-impl<I: Index + ConcurrentIndex> RemovableIndex<I> {
-    pub fn dimension(&self) -> usize {
-        self.dimension
-    }
-
-    pub fn len(&self) -> usize {
-        self.index.ntotal() as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Adds `vectors` (row-major) under `ids`. Ids must not already be present.
-    pub fn add(&mut self, ids: &[u64], vectors: &[f32]) -> Result<(), IndexError> {
-        let xids = check_ids(ids, vectors, self.dimension)?;
-        if !xids.is_empty() {
-            self.index.add_with_ids(vectors, &xids)?;
-        }
-        Ok(())
-    }
-
-    /// Removes every vector whose id is in `ids`; returns how many were removed.
-    pub fn remove(&mut self, ids: &[u64]) -> Result<usize, IndexError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let selector = IdSelector::batch(&to_faiss_ids(ids)?)?;
-        Ok(self.index.remove_ids(&selector)?)
-    }
-
-    /// Top-`k` for one query (approximate for the IVF kind, exact for the flat one).
-    pub fn search(&self, query: &[f32], k: usize) -> Result<Vec<Hit>, IndexError> {
-        check_queries(query, self.dimension)?;
-        if k == 0 || self.is_empty() {
-            return Ok(Vec::new());
-        }
-        let result = ConcurrentIndex::search(&self.index, query, k)?;
-        Ok(hits_per_query(&result.labels, &result.distances, k)
-            .pop()
-            .unwrap_or_default())
+        self.index.search_one(query, k)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_vectors::{brute_force, clustered_vectors, unit_vectors};
     use super::*;
     use crate::vector::dot;
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    fn unit_vectors(n: usize, d: usize, seed: u64) -> Vec<f32> {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let mut out = Vec::with_capacity(n * d);
-        for _ in 0..n {
-            let v: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let norm = dot(&v, &v).sqrt();
-            out.extend(v.iter().map(|x| x / norm));
-        }
-        out
-    }
-
-    fn brute_force(vectors: &[f32], d: usize, query: &[f32], k: usize) -> Vec<u64> {
-        let mut scored: Vec<(u64, f32)> = vectors
-            .chunks(d)
-            .enumerate()
-            .map(|(i, v)| (i as u64, dot(v, query)))
-            .collect();
-        scored.sort_by(|a, b| b.1.total_cmp(&a.1));
-        scored.into_iter().take(k).map(|(id, _)| id).collect()
-    }
-
-    #[test]
-    fn exact_index_equals_brute_force_for_a_batch() {
-        let d = 16;
-        let vectors = unit_vectors(500, d, 1);
-        let queries = unit_vectors(7, d, 2);
-        let index = ExactIndex::build(d, &vectors).unwrap();
-        let results = index.search(&queries, 5).unwrap();
-        assert_eq!(results.len(), 7);
-        for (q, hits) in queries.chunks(d).zip(&results) {
-            let ids: Vec<u64> = hits.iter().map(|h| h.id).collect();
-            assert_eq!(ids, brute_force(&vectors, d, q, 5));
-            assert!((hits[0].score - dot(q, &vectors[ids[0] as usize * d..][..d])).abs() < 1e-5);
-        }
-    }
-
-    #[test]
-    fn exact_index_pads_nothing_when_k_exceeds_the_corpus() {
-        let index = ExactIndex::build(4, &unit_vectors(3, 4, 3)).unwrap();
-        let hits = index.search(&unit_vectors(1, 4, 4), 10).unwrap();
-        assert_eq!(hits[0].len(), 3);
-    }
 
     #[test]
     fn ivf_shape_scales_with_the_corpus() {
@@ -525,6 +280,42 @@ mod tests {
             })
             .count();
         assert!(found >= 40, "only {found}/50 self-matches in the top 20");
+    }
+
+    /// Searches through `&self` from several threads at once return what the same searches
+    /// return one at a time: faiss's const search shares the lists without a lock.
+    #[test]
+    fn concurrent_searches_equal_serial_ones() {
+        let d = 32;
+        let n = 3000;
+        let vectors = unit_vectors(n, d, 11);
+        let ids: Vec<u64> = (0..n as u64).collect();
+        let fuzzy =
+            IvfPqIndex::build(d, &ids, &vectors, IvfShape::for_corpus(n, None, None)).unwrap();
+        let mut cache = RemovableIvfIndex::train(d, &vectors, fuzzy.shape()).unwrap();
+        cache.add(&ids[..1500], &vectors[..1500 * d]).unwrap();
+        let queries = unit_vectors(400, d, 12);
+        let serial: Vec<(Vec<Hit>, Vec<Hit>)> = queries
+            .chunks(d)
+            .map(|q| (fuzzy.search(q, 10).unwrap(), cache.search(q, 10).unwrap()))
+            .collect();
+        let concurrent: Vec<Vec<(Vec<Hit>, Vec<Hit>)>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        queries
+                            .chunks(d)
+                            .map(|q| (fuzzy.search(q, 10).unwrap(), cache.search(q, 10).unwrap()))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        assert!(serial.iter().all(|(f, c)| f.len() == 10 && c.len() == 10));
+        for run in concurrent {
+            assert_eq!(run, serial);
+        }
     }
 
     #[test]
@@ -560,24 +351,6 @@ mod tests {
         assert!(index.add(&[u64::MAX], &sample[..d]).is_err());
         let copy = index.empty_copy().unwrap();
         assert!(copy.is_empty() && index.len() == 2);
-    }
-
-    /// Unit vectors around `topics` random centres, as text embeddings cluster by topic.
-    fn clustered_vectors(n: usize, d: usize, topics: usize, seed: u64) -> Vec<f32> {
-        let centres = unit_vectors(topics, d, seed);
-        let noise = unit_vectors(n, d, seed + 1);
-        let mut out = Vec::with_capacity(n * d);
-        for (i, jitter) in noise.chunks(d).enumerate() {
-            let centre = &centres[(i % topics) * d..][..d];
-            let v: Vec<f32> = centre
-                .iter()
-                .zip(jitter)
-                .map(|(c, j)| c + 0.6 * j)
-                .collect();
-            let norm = dot(&v, &v).sqrt();
-            out.extend(v.iter().map(|x| x / norm));
-        }
-        out
     }
 
     /// The cache channel's contract: PQ candidates re-ranked exactly find the exact top 10
@@ -629,24 +402,5 @@ mod tests {
                 .count();
         }
         assert!(recalled >= 190, "recall@10 {recalled}/200");
-    }
-
-    #[test]
-    fn removable_flat_is_exact_and_forgets_removed_ids() {
-        let d = 8;
-        let vectors = unit_vectors(50, d, 8);
-        let mut index = RemovableFlatIndex::new(d).unwrap();
-        let ids: Vec<u64> = (100..150).collect();
-        index.add(&ids, &vectors).unwrap();
-        let query = &vectors[7 * d..8 * d];
-        let top = index.search(query, 3).unwrap();
-        let expected: Vec<u64> = brute_force(&vectors, d, query, 3)
-            .iter()
-            .map(|r| r + 100)
-            .collect();
-        assert_eq!(top.iter().map(|h| h.id).collect::<Vec<_>>(), expected);
-        assert_eq!(index.remove(&[107]).unwrap(), 1);
-        assert!(index.search(query, 3).unwrap().iter().all(|h| h.id != 107));
-        assert_eq!(index.len(), 49);
     }
 }
