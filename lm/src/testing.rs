@@ -6,7 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use std::sync::Arc;
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -159,6 +162,82 @@ pub fn write_tiny_model(dir: &Path, arch: TinyArch, seed: u64) -> PathBuf {
     let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     gguf_file::write(&mut file, &metadata_refs, &tensor_refs).expect("write gguf");
     path
+}
+
+/// Context of the tiny chat models ([`tiny_chat_model`]): the verifier's rows (question, draft, reflection turn)
+/// are a few hundred characters, and the vocabulary is one token per character.
+pub const TINY_CHAT_CONTEXT: u32 = 1024;
+
+/// GPT-2's byte-to-character map for the bytes the vocabulary holds: printable ASCII as
+/// itself, space as 'Ġ', newline as 'Ċ'.
+fn vocabulary() -> Vec<String> {
+    let mut tokens = vec!["<|im_start|>".to_string(), "<|im_end|>".to_string()];
+    // Two printable characters make room for the markers in the 96-token vocabulary.
+    tokens.extend(
+        ('!'..='~')
+            .filter(|c| !matches!(c, '`' | '~'))
+            .map(String::from),
+    );
+    tokens.push("\u{0120}".into());
+    tokens.push("\u{010A}".into());
+    assert_eq!(tokens.len(), VOCAB);
+    tokens
+}
+
+/// Writes lm's tiny model with a tokenizer and a longer context; returns its path.
+/// (A character-level byte-BPE vocabulary and ChatML markers, so that `LanguageModel::load`,
+/// prompts and chat templates run on the tiny model in milliseconds.)
+pub fn tiny_chat_model(dir: &Path, arch: TinyArch, seed: u64) -> PathBuf {
+    let source = write_tiny_model(dir, arch, seed);
+    let mut file = std::fs::File::open(&source).expect("open tiny model");
+    let content = gguf_file::Content::read(&mut file).expect("read tiny model");
+    let tensors: Vec<(String, _)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let tensor = content
+                .tensor(&mut file, name, &Device::Cpu)
+                .expect("tensor");
+            (name.clone(), tensor)
+        })
+        .collect();
+    let name = match arch {
+        TinyArch::Llama => "llama",
+        TinyArch::Qwen2 => "qwen2",
+    };
+    let tokens = vocabulary();
+    let types: Vec<Value> = (0..tokens.len())
+        .map(|id| Value::I32(if id < 2 { 3 } else { 1 }))
+        .collect();
+    let mut metadata = content.metadata.clone();
+    metadata.insert(
+        format!("{name}.context_length"),
+        Value::U32(TINY_CHAT_CONTEXT),
+    );
+    metadata.insert("tokenizer.ggml.model".into(), Value::String("gpt2".into()));
+    metadata.insert("tokenizer.ggml.pre".into(), Value::String("gpt2".into()));
+    metadata.insert(
+        "tokenizer.ggml.tokens".into(),
+        Value::Array(tokens.into_iter().map(Value::String).collect()),
+    );
+    metadata.insert("tokenizer.ggml.merges".into(), Value::Array(Vec::new()));
+    metadata.insert("tokenizer.ggml.token_type".into(), Value::Array(types));
+    metadata.insert("tokenizer.ggml.eos_token_id".into(), Value::U32(1));
+    let path = dir.join(format!("tiny-chat-{name}-{seed}.gguf"));
+    let mut out = std::fs::File::create(&path).expect("create");
+    let metadata_refs: Vec<(&str, &Value)> =
+        metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &_)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut out, &metadata_refs, &tensor_refs).expect("write");
+    path
+}
+
+/// [`tiny_chat_model`], loaded.
+pub fn load_tiny(dir: &Path, arch: TinyArch, seed: u64) -> Arc<crate::LanguageModel> {
+    Arc::new(
+        crate::LanguageModel::load(&tiny_chat_model(dir, arch, seed), &Device::Cpu)
+            .expect("load tiny"),
+    )
 }
 
 /// Random token ids in the tiny vocabulary.

@@ -36,7 +36,7 @@ fn speculative(drafts: usize) -> AnswerRequest {
 #[test]
 fn batched_drafting_equals_drafting_each_subset_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let drafter = common::load_tiny(dir.path(), TinyArch::Llama, 3);
+    let drafter = support::load_tiny(dir.path(), TinyArch::Llama, 3);
     let documents = common::clustered_documents();
     // Subsets of different lengths (one to three documents), so the batch is left-padded.
     let subsets = vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![1, 4]];
@@ -72,7 +72,7 @@ fn batched_drafting_equals_drafting_each_subset_alone() {
 fn one_pass_verifier_scores_equal_token_by_token_scores() {
     let dir = tempfile::tempdir().expect("tempdir");
     for arch in [TinyArch::Llama, TinyArch::Qwen2] {
-        let verifier = common::load_tiny(dir.path(), arch, 8);
+        let verifier = support::load_tiny(dir.path(), arch, 8);
         // Short drafts: the token-by-token reference costs one forward pass per token.
         let drafts = [("The Nile is long.", "The Nile"), ("", "Amazon")];
         let verification = verify(&verifier, QUESTION, &drafts).expect("verify");
@@ -201,19 +201,19 @@ fn long_documents_are_cut_to_fit_the_context() {
         ..AnswerRequest::new(QUESTION, documents)
     };
     let answer = backend.answer(&request, &mut |_| {}).expect("fits");
-    assert!(answer.prompt_tokens <= common::TINY_CONTEXT as usize);
+    assert!(answer.prompt_tokens <= support::TINY_CHAT_CONTEXT as usize);
 }
 
 #[test]
 fn one_path_loads_one_model_for_both_roles() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = common::tiny_chat_model(dir.path(), TinyArch::Llama, 3);
+    let path = support::tiny_chat_model(dir.path(), TinyArch::Llama, 3);
     let shared = LocalLm::load(&path, &path, hasten_lm::DeviceKind::Cpu).expect("load");
     assert!(Arc::ptr_eq(shared.drafter(), shared.verifier()));
     let info = shared.info();
     assert_eq!(info.drafter, info.verifier);
     assert_eq!(info.device, "cpu");
-    let other = common::tiny_chat_model(dir.path(), TinyArch::Qwen2, 4);
+    let other = support::tiny_chat_model(dir.path(), TinyArch::Qwen2, 4);
     let pair = LocalLm::load_with(
         &path,
         &other,
