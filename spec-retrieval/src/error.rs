@@ -1,0 +1,19 @@
+use crate::retriever::RetrievalError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("language model: {0}")]
+    Lm(#[from] hasten_lm::LmError),
+    #[error("exact retrieval failed: {0}")]
+    Retrieval(#[source] RetrievalError),
+    #[error("query encoding failed: {0}")]
+    Encode(#[source] RetrievalError),
+    #[error("the exact retriever answered {answered} result lists for {asked} queries")]
+    ShortAnswer { asked: usize, answered: usize },
+    #[error("the exact retriever found no document for a query")]
+    NoDocument,
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+pub type Result<T> = std::result::Result<T, SpecError>;

@@ -1,0 +1,40 @@
+//! The seams to the retrievers: the exact one (the cloud's batched search) and the query
+//! encoder both the exact and the speculative retrievals use.
+
+use std::sync::Arc;
+
+/// A retrieved document with what speculation needs: its text for the prompt and its vector,
+/// so the per-request cache can rank it with the exact retriever's own metric.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetrievedDocument {
+    pub id: u64,
+    pub score: f32,
+    pub title: Arc<str>,
+    pub text: Arc<str>,
+    pub vector: Arc<[f32]>,
+}
+
+/// A retriever's failure, whatever its transport.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RetrievalError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+impl RetrievalError {
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(error.into())
+    }
+}
+
+/// The exact retriever: top-`k` by inner product for each query, best first, in one call.
+pub trait ExactRetriever: Send + Sync {
+    fn search_batch(
+        &self,
+        queries: &[Vec<f32>],
+        k: usize,
+    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError>;
+}
+
+/// Text to a normalised query vector, the same for exact and speculative retrieval.
+pub trait QueryEncoder: Send + Sync {
+    fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError>;
+}
