@@ -46,12 +46,12 @@ const SPREAD: f32 = 0.05;
 struct NoCloud;
 
 impl CloudSearch for NoCloud {
-    async fn search(
+    async fn search_batch(
         &self,
-        _query: &[f32],
+        _queries: &[Vec<f32>],
         _k: usize,
         _deadline: Option<Instant>,
-    ) -> Result<Vec<CloudDocument>, CloudError> {
+    ) -> Result<Vec<Vec<CloudDocument>>, CloudError> {
         Err(CloudError::Refused("the benchmark has no cloud".into()))
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::index::{ExactIndex, Hit, IndexError};
 use hasten_core::ranking::best_first;
-use hasten_core::vector::normalized_query;
+use hasten_core::vector::{dot, normalized_query};
 use hasten_proto::response_size::texts_encoded_len;
 use hasten_proto::v1::{
     DocumentsRequest, DocumentsResponse, IndexInfo, QueryHits, ScoredDocument, SearchRequest,
@@ -21,6 +21,11 @@ use crate::documents::validated_ids;
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
 use crate::response_limit::{ResponseLimit, SearchShape};
+
+/// Hits searched beyond the largest k asked: faiss's own scores rank the candidates, the
+/// canonical ones rank the answer, and the two differ by rounding only, so a few spare
+/// candidates keep every document of the canonical top-k among them.
+const RESCORED_MARGIN: usize = 8;
 
 /// Largest k a caller may ask for: far beyond any RAG context (the HaS reference re-ranks 50
 /// candidates). What an answer may carry at this k is bounded by [`ResponseLimit`].
@@ -166,8 +171,9 @@ impl ExactSearcher {
         batch: &[&PreparedSearch],
     ) -> Result<Vec<SearchResponse>, SearchError> {
         hasten_core::threads::apply_openmp_threads();
-        // One hit beyond the largest k shows whether the k-th score is tied past the cut.
-        let probe = batch.iter().map(|p| p.k).max().unwrap_or(0) + 1;
+        // Hits beyond the largest k: the canonical scores may reorder faiss's last few, and
+        // one more shows whether the k-th score is tied past the cut.
+        let probe = batch.iter().map(|p| p.k).max().unwrap_or(0) + RESCORED_MARGIN;
         let queries: Vec<f32> = if let [one] = batch {
             one.queries.clone()
         } else {
@@ -204,10 +210,11 @@ impl ExactSearcher {
 
     /// The exact top-`k` of one query under [`best_first`] (score, then document id), from
     /// faiss's top-`probe` `hits` (whose ids are rows: a bundle need not hold its documents
-    /// in id order). faiss keeps an arbitrary subset of the vectors tied at its cut, so
-    /// when the k-th score is tied all the way to the last hit, the query is searched again
-    /// deeper until a lower score ends the tie (or the whole index was seen). Real
-    /// embeddings almost never tie; the one extra hit decides it in the common case.
+    /// in id order), each re-scored canonically ([`canonical_scores`]). faiss keeps an
+    /// arbitrary subset of the vectors tied at its cut, so when the k-th score is tied all
+    /// the way to the last hit, the query is searched again deeper until a lower score ends
+    /// the tie (or the whole index was seen). Real embeddings almost never tie; the extra
+    /// hits decide it in the common case.
     fn top_k_by_rank(
         &self,
         query: &[f32],
@@ -223,6 +230,7 @@ impl ExactSearcher {
             )
         };
         loop {
+            self.canonical_scores(query, &mut hits);
             hits.sort_by(by_rank);
             let settled = hits.len() < probe
                 || hits.len() <= k
@@ -240,6 +248,18 @@ impl ExactSearcher {
             );
             probe = (probe * 2).min(self.index.len());
             hits = self.index.search(query, probe)?.pop().unwrap_or_default();
+        }
+    }
+
+    /// Replaces faiss's scores with one fixed computation of the inner product. faiss
+    /// scores a batch of `blas_min_batch` (shard configuration) queries or more with a matrix
+    /// product and fewer with its own scan, and the two round differently in the last bits:
+    /// without this a query's scores (and, on a near-tie, its order) would depend on what
+    /// else the micro-batcher put in its batch, and a verification batch would not return
+    /// what the single searches it stands for return.
+    fn canonical_scores(&self, query: &[f32], hits: &mut [Hit]) {
+        for hit in hits {
+            hit.score = dot(query, self.bundle.vector(hit.id as usize));
         }
     }
 

@@ -37,18 +37,18 @@ impl LocalCloud {
 }
 
 impl CloudSearch for LocalCloud {
-    async fn search(
+    async fn search_batch(
         &self,
-        query: &[f32],
+        queries: &[Vec<f32>],
         k: usize,
         _deadline: Option<Instant>,
-    ) -> Result<Vec<CloudDocument>, CloudError> {
+    ) -> Result<Vec<Vec<CloudDocument>>, CloudError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let response = self
             .searcher
-            .search(&fallback_request(query, k, Duration::from_secs(1)))
+            .search(&fallback_request(queries, k, Duration::from_secs(1)))
             .map_err(|e| CloudError::Refused(e.to_string()))?;
-        Ok(fallback_documents(response))
+        fallback_documents(response, queries.len())
     }
 
     async fn documents(&self, ids: &[DocId]) -> Result<Vec<CloudDocument>, CloudError> {

@@ -35,14 +35,29 @@ impl From<ScoredDocument> for CloudDocument {
 
 /// The exact search the edge falls back to.
 pub trait CloudSearch: Send + Sync + 'static {
-    /// Exact top-`k` for a normalised query, with texts and vectors, best first; given up
-    /// at `deadline` (the client's), or at the client's own timeout if sooner.
+    /// Exact top-`k` for each normalised query, in one call (a speculative session's
+    /// verification batch), with texts and vectors, best first per query; given up at
+    /// `deadline` (the client's), or at the client's own timeout if sooner.
+    fn search_batch(
+        &self,
+        queries: &[Vec<f32>],
+        k: usize,
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = Result<Vec<Vec<CloudDocument>>, CloudError>> + Send;
+
+    /// Exact top-`k` for one normalised query (a fallback).
     fn search(
         &self,
         query: &[f32],
         k: usize,
         deadline: Option<Instant>,
-    ) -> impl Future<Output = Result<Vec<CloudDocument>, CloudError>> + Send;
+    ) -> impl Future<Output = Result<Vec<CloudDocument>, CloudError>> + Send {
+        let queries = vec![query.to_vec()];
+        async move {
+            let mut results = self.search_batch(&queries, k, deadline).await?;
+            Ok(results.pop().unwrap_or_default())
+        }
+    }
 
     /// The documents of `ids` the cloud holds, with texts and vectors (score 0): what an
     /// edge holding a fraction of the corpus needs to serve entries other edges learned.

@@ -18,14 +18,18 @@ use parking_lot::Mutex;
 
 use super::{CloudDocument, CloudError, CloudSearch};
 
-/// What a fallback asks the cloud for: the exact top-`k` of one query, with the texts to
-/// answer and the vectors to cache, within `timeout` (the cloud drops work past it). A
-/// partial answer is never accepted: it would be cached and served as exact.
-pub fn fallback_request(query: &[f32], k: usize, timeout: Duration) -> SearchRequest {
+/// What a fallback asks the cloud for: the exact top-`k` of each query (one for a
+/// fallback, a batch for a verification), with the texts to answer and the vectors to
+/// cache, within `timeout` (the cloud drops work past it). A partial answer is never
+/// accepted: it would be cached and served as exact.
+pub fn fallback_request(queries: &[Vec<f32>], k: usize, timeout: Duration) -> SearchRequest {
     SearchRequest {
-        queries: vec![QueryVector {
-            values: query.to_vec(),
-        }],
+        queries: queries
+            .iter()
+            .map(|query| QueryVector {
+                values: query.clone(),
+            })
+            .collect(),
         k: k as u32,
         include_vectors: true,
         include_texts: true,
@@ -34,10 +38,20 @@ pub fn fallback_request(query: &[f32], k: usize, timeout: Duration) -> SearchReq
     }
 }
 
-/// The documents of a fallback's reply (its one query's hits).
-pub fn fallback_documents(mut response: SearchResponse) -> Vec<CloudDocument> {
-    let hits = response.results.pop().map(|r| r.hits).unwrap_or_default();
-    hits.into_iter().map(CloudDocument::from).collect()
+/// The documents of a search's reply, per query in the request's order; a reply with
+/// another number of result lists than `queries` is refused.
+pub fn fallback_documents(
+    response: SearchResponse,
+    queries: usize,
+) -> Result<Vec<Vec<CloudDocument>>, CloudError> {
+    if response.results.len() != queries {
+        return Err(CloudError::UnexpectedReply("one result list per query"));
+    }
+    Ok(response
+        .results
+        .into_iter()
+        .map(|result| result.hits.into_iter().map(CloudDocument::from).collect())
+        .collect())
 }
 
 /// Where and how to reach the cloud.
@@ -247,17 +261,17 @@ impl QuicCloudClient {
 
     async fn search_within_deadline(
         &self,
-        query: &[f32],
+        queries: &[Vec<f32>],
         k: usize,
         give_up: Instant,
-    ) -> Result<Vec<CloudDocument>, CloudError> {
+    ) -> Result<Vec<Vec<CloudDocument>>, CloudError> {
         let connection = self.connection().await?;
         // The cloud is told what remains after connecting, and drops the work once it is
         // spent.
         let remaining = give_up.saturating_duration_since(Instant::now());
         let request = QuicRequest {
             body: Some(quic_request::Body::Search(fallback_request(
-                query, k, remaining,
+                queries, k, remaining,
             ))),
         };
         let response = exchange(&connection, request).await.inspect_err(|_| {
@@ -266,7 +280,7 @@ impl QuicCloudClient {
             }
         })?;
         match response.body {
-            Some(quic_response::Body::Search(search)) => Ok(fallback_documents(search)),
+            Some(quic_response::Body::Search(search)) => fallback_documents(search, queries.len()),
             Some(quic_response::Body::Error(e)) => Err(refusal(e)),
             _ => Err(CloudError::UnexpectedReply("search results")),
         }
@@ -338,12 +352,12 @@ async fn exchange(
 }
 
 impl CloudSearch for QuicCloudClient {
-    async fn search(
+    async fn search_batch(
         &self,
-        query: &[f32],
+        queries: &[Vec<f32>],
         k: usize,
         deadline: Option<Instant>,
-    ) -> Result<Vec<CloudDocument>, CloudError> {
+    ) -> Result<Vec<Vec<CloudDocument>>, CloudError> {
         let started = Instant::now();
         let client_budget = deadline.map(|d| d.saturating_duration_since(started));
         let budget = client_budget.map_or(self.target.timeout, |b| b.min(self.target.timeout));
@@ -352,7 +366,7 @@ impl CloudSearch for QuicCloudClient {
             return Err(CloudError::ClientDeadline(budget));
         }
         let give_up = started + budget;
-        let search = self.search_within_deadline(query, k, give_up);
+        let search = self.search_within_deadline(queries, k, give_up);
         match tokio::time::timeout_at(give_up.into(), search).await {
             Ok(result) => result,
             Err(_) if clients_deadline_binds => Err(CloudError::ClientDeadline(budget)),
@@ -381,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_fallback_tells_the_cloud_its_remaining_budget_and_never_zero() {
-        let budget = |timeout| fallback_request(&[1.0], 10, timeout).timeout_ms;
+        let budget = |timeout| fallback_request(&[vec![1.0]], 10, timeout).timeout_ms;
         assert_eq!(budget(Duration::from_millis(250)), 250);
         // 0 would ask for the cloud's default deadline instead of none left.
         assert_eq!(budget(Duration::ZERO), 1);
