@@ -51,23 +51,35 @@ impl PassageRetriever {
         let query = encoder
             .encode_one(question)
             .context("encoding the question")?;
+        Ok(self
+            .search(std::slice::from_ref(&query), k)?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// The exact top `k` of every query in one faiss call, best first, each passage with
+    /// its id and vector: what a cloud shard answers a batch with.
+    pub fn search(&self, queries: &[Vec<f32>], k: usize) -> Result<Vec<Vec<Document>>> {
+        let flat = queries.concat();
         let hits = self
             .index
-            .search(&query, k)
-            .context("searching the corpus")?
-            .pop()
-            .unwrap_or_default();
+            .search(&flat, k)
+            .context("searching the corpus")?;
         hits.iter()
-            .map(|hit| {
-                let row = usize::try_from(hit.id).context("hit id out of range")?;
-                let passage = self
-                    .bundle
-                    .documents
-                    .get(row)
-                    .with_context(|| format!("hit row {row} outside the bundle"))?;
-                Ok(Document::new(passage.title.clone(), passage.text.clone())
-                    .with_vector(self.bundle.vector(row).to_vec())
-                    .with_id(passage.id))
+            .map(|hits| {
+                hits.iter()
+                    .map(|hit| {
+                        let row = usize::try_from(hit.id).context("hit id out of range")?;
+                        let passage = self
+                            .bundle
+                            .documents
+                            .get(row)
+                            .with_context(|| format!("hit row {row} outside the bundle"))?;
+                        Ok(Document::new(passage.title.clone(), passage.text.clone())
+                            .with_vector(self.bundle.vector(row).to_vec())
+                            .with_id(passage.id))
+                    })
+                    .collect()
             })
             .collect()
     }

@@ -1,9 +1,21 @@
 //! One iterative-RAG generation step: the prompt for a document and the text so far, and
 //! the next few greedy tokens. Sequential and speculative runs share it, so equal documents
 //! give equal tokens.
+//!
+//! A step is a pure function of (document, generated tokens): the document's prompt is
+//! prefilled once per request and kept (its KV and last logits), and each step prefills the
+//! generated tokens on top of it and decodes. Reading the same document again, as
+//! consecutive retrievals mostly do, costs a prefill of the answer so far instead of the
+//! whole prompt, and a rollback cannot leave a cache that a sequential run would not have.
 
+use std::collections::{HashMap, VecDeque};
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use candle_core::Tensor;
 use hasten_lm::{
-    ChatMessage, FinishReason, GenerationOptions, LanguageModel, Role, Sampling, generate,
+    ChatMessage, FinishReason, ForwardRequest, GenerationOptions, KvCache, LanguageModel, LmError,
+    Logits, Role, Sampling, decode_from,
 };
 
 use super::RalmSettings;
@@ -21,11 +33,31 @@ pub(crate) struct StepTokens {
     pub finished: bool,
 }
 
+/// Documents whose prefilled prompt a request keeps: a run reads a handful, and one
+/// prompt's KV is ~20 MB on SmolLM2.
+const PROMPTS_KEPT: usize = 4;
+
+/// A document's prompt, prefilled.
+struct PromptKv {
+    kv: KvCache,
+    /// (1, vocab) at the prompt's last token.
+    logits: Tensor,
+    len: usize,
+}
+
+/// The prompts prefilled so far, oldest first out.
+#[derive(Default)]
+struct PromptCache {
+    prompts: HashMap<u64, Arc<PromptKv>>,
+    order: VecDeque<u64>,
+}
+
 /// Generates one request's answer step by step.
 pub struct RalmGenerator<'a> {
     model: &'a LanguageModel,
     question: String,
     settings: RalmSettings,
+    prompts: Mutex<PromptCache>,
 }
 
 impl<'a> RalmGenerator<'a> {
@@ -43,6 +75,7 @@ impl<'a> RalmGenerator<'a> {
             model,
             question: question.trim().to_owned(),
             settings,
+            prompts: Mutex::new(PromptCache::default()),
         })
     }
 
@@ -78,22 +111,52 @@ impl<'a> RalmGenerator<'a> {
                 finished: true,
             });
         }
-        let mut prompt = self.prompt(document)?;
-        prompt.extend_from_slice(generated);
+        let prompt = self.prompt_kv(document)?;
+        let context = self.model.decoder.rope().max_positions();
+        if prompt.len + generated.len() + count > context {
+            return Err(SpecError::InvalidRequest(format!(
+                "a prompt of {} tokens, {} generated and {count} more exceed the model's \
+                 context of {context}",
+                prompt.len,
+                generated.len()
+            )));
+        }
+        let (cache, logits) = if generated.is_empty() {
+            (prompt.kv.clone(), prompt.logits.clone())
+        } else {
+            let positions: Vec<u32> = (prompt.len..prompt.len + generated.len())
+                .map(|p| p as u32)
+                .collect();
+            let out = self.model.decoder.forward(
+                &ForwardRequest::new(&[generated.to_vec()], &[positions])
+                    .past(&prompt.kv)
+                    .logits(Logits::Last),
+            )?;
+            let mut cache = prompt.kv.clone();
+            cache.append(out.kv)?;
+            let logits = out
+                .logits
+                .ok_or_else(|| LmError::InvalidInput("the prefill returned no logits".into()))?;
+            (cache, logits)
+        };
         let options = GenerationOptions {
             max_new_tokens: count,
             stop_tokens: vec![self.model.chat.end_of_turn(), self.model.tokenizer.eos()],
             sampling: Sampling::default(),
         };
-        let (mut results, _) = generate(
+        let next = (prompt.len + generated.len()) as u32;
+        let mut decoded = decode_from(
             &self.model.decoder,
-            std::slice::from_ref(&prompt),
+            cache,
+            logits,
+            vec![next],
             &options,
-            |_, _| std::ops::ControlFlow::Continue(()),
+            |_, _| ControlFlow::Continue(()),
         )?;
-        let result = results.pop().ok_or_else(|| {
-            hasten_lm::LmError::InvalidInput("generation returned no sequence".into())
-        })?;
+        let result = decoded
+            .results
+            .pop()
+            .ok_or_else(|| LmError::InvalidInput("decoding returned no sequence".into()))?;
         let finished = result.finish == FinishReason::Stop
             || generated.len() + result.tokens.len() >= self.settings.max_new_tokens;
         Ok(StepTokens {
@@ -105,6 +168,42 @@ impl<'a> RalmGenerator<'a> {
     /// The answer's text.
     pub fn text(&self, generated: &[u32]) -> Result<String> {
         Ok(self.model.tokenizer.decode(generated)?.trim().to_owned())
+    }
+
+    /// `document`'s prompt prefilled, from this request's cache or computed now.
+    fn prompt_kv(&self, document: &RetrievedDocument) -> Result<Arc<PromptKv>> {
+        if let Some(kept) = self.lock_prompts().prompts.get(&document.id) {
+            return Ok(Arc::clone(kept));
+        }
+        let tokens = self.prompt(document)?;
+        let positions: Vec<u32> = (0..tokens.len() as u32).collect();
+        let len = tokens.len();
+        let out = self
+            .model
+            .decoder
+            .forward(&ForwardRequest::new(&[tokens], &[positions]).logits(Logits::Last))?;
+        let logits = out
+            .logits
+            .ok_or_else(|| LmError::InvalidInput("the prefill returned no logits".into()))?;
+        let prompt = Arc::new(PromptKv {
+            kv: out.kv,
+            logits,
+            len,
+        });
+        let mut cache = self.lock_prompts();
+        if cache.order.len() == PROMPTS_KEPT
+            && let Some(oldest) = cache.order.pop_front()
+        {
+            cache.prompts.remove(&oldest);
+        }
+        cache.order.push_back(document.id);
+        cache.prompts.insert(document.id, Arc::clone(&prompt));
+        Ok(prompt)
+    }
+
+    fn lock_prompts(&self) -> std::sync::MutexGuard<'_, PromptCache> {
+        // The cache holds only finished prefills: a panic elsewhere cannot leave it torn.
+        self.prompts.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The chat prompt with `document` (its first [`RalmSettings::document_tokens`] tokens),
