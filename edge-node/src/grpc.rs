@@ -59,9 +59,10 @@ impl From<EdgeError> for Status {
             EdgeError::Unavailable(_)
             | EdgeError::NoLanguageModel(_)
             | EdgeError::GenerationUnavailable(_) => Status::unavailable(message),
-            EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
-                Status::internal(message)
-            }
+            EdgeError::Internal(_)
+            | EdgeError::TaskFailed(_)
+            | EdgeError::Generation(_)
+            | EdgeError::IterativeFailed(_) => Status::internal(message),
         }
     }
 }

@@ -80,9 +80,10 @@ pub(crate) fn status_code(error: &EdgeError) -> StatusCode {
         EdgeError::Unavailable(_) | EdgeError::GenerationUnavailable(_) => {
             StatusCode::SERVICE_UNAVAILABLE
         }
-        EdgeError::Internal(_) | EdgeError::TaskFailed(_) | EdgeError::Generation(_) => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        EdgeError::Internal(_)
+        | EdgeError::TaskFailed(_)
+        | EdgeError::Generation(_)
+        | EdgeError::IterativeFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -34,6 +34,7 @@ use hasten_kv_worker::client::KvPool;
 use hasten_kv_worker::fusion::FusionMode;
 use hasten_kv_worker::routing::KvRouting;
 use hasten_kv_worker::store::Variant;
+use hasten_lm::LanguageModel;
 use hasten_lm_worker::RemoteLm;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
@@ -451,9 +452,14 @@ fn parse_variant(value: &str) -> Result<Variant, String> {
         .map_err(|_| format!("`{value}`: expected similarity or full-reuse"))
 }
 
-/// The `/v1/answer` backend, and the KV workers' pool when that is the backend (it follows
-/// the pool's assignment with `kv_pool`).
-type Backends = (Option<Arc<dyn LmBackend>>, Option<Arc<KvPool>>);
+/// The `/v1/answer` backend; the KV workers' pool when that is the backend (it follows the
+/// pool's assignment with `kv_pool`); the model loaded here when the backend is local
+/// (`/v1/ralm` runs on it).
+struct Backends {
+    answers: Option<Arc<dyn LmBackend>>,
+    kv_pool: Option<Arc<KvPool>>,
+    local_model: Option<Arc<LanguageModel>>,
+}
 
 fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<Backends> {
     if !config.kv_workers.is_empty() {
@@ -475,7 +481,11 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         .context("configuration: `kv_workers`")?;
         tracing::info!(backend = ?pool, "answering with KV workers");
         let pool = Arc::new(pool);
-        return Ok((Some(Arc::clone(&pool) as Arc<dyn LmBackend>), Some(pool)));
+        return Ok(Backends {
+            answers: Some(Arc::clone(&pool) as Arc<dyn LmBackend>),
+            kv_pool: Some(pool),
+            local_model: None,
+        });
     }
     if let Some(worker) = &config.lm_worker {
         let remote = RemoteLm::connect_lazy(worker, mutual.map(MutualTls::grpc_client))
@@ -495,11 +505,19 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
                 Err(error) => tracing::warn!(%error, "generation worker not reachable yet"),
             }
         });
-        return Ok((Some(remote), None));
+        return Ok(Backends {
+            answers: Some(remote),
+            kv_pool: None,
+            local_model: None,
+        });
     }
     let Some(model) = &config.lm_model else {
         tracing::info!("no `lm_model` nor `lm_worker`: /v1/answer answers 503");
-        return Ok((None, None));
+        return Ok(Backends {
+            answers: None,
+            kv_pool: None,
+            local_model: None,
+        });
     };
     let drafter = config.lm_drafter.as_ref().unwrap_or(model);
     let started = std::time::Instant::now();
@@ -513,7 +531,12 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         took_ms = started.elapsed().as_millis() as u64,
         "language models loaded"
     );
-    Ok((Some(Arc::new(backend)), None))
+    let local_model = Some(Arc::clone(backend.verifier()));
+    Ok(Backends {
+        answers: Some(Arc::new(backend)),
+        kv_pool: None,
+        local_model,
+    })
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
@@ -545,7 +568,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .context("loading the mutual-TLS files")?;
     // The language models load before the bundle: a bad file stops the start at once, naming
     // the file and why.
-    let (backend, kv_pool) = language_backend(&config, mutual.as_ref())?;
+    let Backends {
+        answers: backend,
+        kv_pool,
+        local_model,
+    } = language_backend(&config, mutual.as_ref())?;
     let bundle_dir = config.bundle.clone().unwrap_or_default();
     // With a fraction, only the edge's share stays in memory; the rest comes from the cloud.
     let fraction = config.corpus_fraction;
@@ -665,6 +692,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let answers = AnswerService::new(
         service.clone(),
         backend,
+        local_model,
         AnswerLimits {
             default_max_tokens: config.answer_default_tokens,
             max_tokens: config.answer_max_tokens,
@@ -688,6 +716,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
             body_limits,
         ))
         .merge(edge_node::answer::openai::chat_routes(
+            answers.clone(),
+            body_limits,
+        ))
+        .merge(edge_node::answer::ralm::ralm_routes(
             answers.clone(),
             body_limits,
         ));

@@ -18,7 +18,7 @@ use crate::replication::{LinkReport, LinkStatus};
 use crate::retrieval::{
     LocalAnswer, Outcome, Retrieval, RetrievalEngine, RetrievalPolicy, RetrievalRequest,
 };
-use crate::tenants::{Tenant, TenantDirectory};
+use crate::tenants::{AuthError, Tenant, TenantDirectory};
 
 /// A retrieve request as a front end received it, each part parsed but not yet checked.
 #[derive(Debug)]
@@ -163,6 +163,19 @@ impl EdgeService {
                 .collect(),
             documents: self.document_counts(),
         }
+    }
+
+    /// The bearer token's tenant (the default tenant when the edge requires none).
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Tenant, AuthError> {
+        self.tenants.authenticate(authorization)
+    }
+
+    pub fn encoder(&self) -> &Arc<TextEncoder> {
+        &self.encoder
+    }
+
+    pub fn engine(&self) -> &Arc<RetrievalEngine<QuicCloudClient>> {
+        &self.engine
     }
 
     /// Answers one request: token, deadline, validation, admission, retrieval, each

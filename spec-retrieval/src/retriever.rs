@@ -38,3 +38,10 @@ pub trait ExactRetriever: Send + Sync {
 pub trait QueryEncoder: Send + Sync {
     fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError>;
 }
+
+/// all-MiniLM-L6-v2, the encoder the edge and the cloud index share.
+impl QueryEncoder for hasten_core::encoder::TextEncoder {
+    fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError> {
+        self.encode_one(text).map_err(RetrievalError::new)
+    }
+}

@@ -12,10 +12,12 @@ pub mod http;
 pub mod json;
 pub mod metrics;
 pub mod openai;
+pub mod ralm;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hasten_lm::LanguageModel;
 use hasten_rag::{
     Answer, AnswerMode, AnswerRequest, Document, LmBackend, ModelQueue, QueueError,
     SpeculativeSettings,
@@ -90,6 +92,9 @@ impl Answered {
 pub struct AnswerService {
     retrieval: EdgeService,
     backend: Option<Arc<dyn LmBackend>>,
+    /// The model loaded here, when the backend is local: iterative RAG (`/v1/ralm`) runs on
+    /// it step by step.
+    local_model: Option<Arc<LanguageModel>>,
     limits: AnswerLimits,
     queue: Arc<ModelQueue>,
     metrics: Arc<AnswerMetrics>,
@@ -99,6 +104,7 @@ impl AnswerService {
     pub fn new(
         retrieval: EdgeService,
         backend: Option<Arc<dyn LmBackend>>,
+        local_model: Option<Arc<LanguageModel>>,
         limits: AnswerLimits,
         metrics: Arc<AnswerMetrics>,
     ) -> Self {
@@ -106,6 +112,7 @@ impl AnswerService {
         Self {
             retrieval,
             backend,
+            local_model,
             limits,
             queue: Arc::new(ModelQueue::new(
                 limits.max_queued,

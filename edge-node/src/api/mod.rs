@@ -151,6 +151,9 @@ pub enum EdgeError {
     /// The generation worker is down, busy or too slow (HTTP 503).
     #[error("the generation worker is unavailable; retry shortly")]
     GenerationUnavailable(#[source] hasten_rag::RagError),
+    /// Iterative RAG (`/v1/ralm`) failed on a valid request (HTTP 500).
+    #[error("internal error: iterative RAG failed")]
+    IterativeFailed(#[source] hasten_spec_retrieval::SpecError),
 }
 
 impl EdgeError {
@@ -165,7 +168,10 @@ impl EdgeError {
             Self::EdgeBusy(_) | Self::CloudBusy(_) | Self::AnswerQueueFull(_) => "overloaded",
             Self::DeadlineExceeded(_) => "deadline_exceeded",
             Self::Unavailable(_) | Self::GenerationUnavailable(_) => "unavailable",
-            Self::Internal(_) | Self::TaskFailed(_) | Self::Generation(_) => "internal",
+            Self::Internal(_)
+            | Self::TaskFailed(_)
+            | Self::Generation(_)
+            | Self::IterativeFailed(_) => "internal",
             Self::NoLanguageModel(_) => "no_language_model",
         }
     }
@@ -180,6 +186,7 @@ impl EdgeError {
                 | Self::TaskFailed(_)
                 | Self::Generation(_)
                 | Self::GenerationUnavailable(_)
+                | Self::IterativeFailed(_)
         )
     }
 }

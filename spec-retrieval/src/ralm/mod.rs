@@ -93,7 +93,7 @@ impl SpeculationSettings {
 }
 
 /// What RaLMSpec did on one request.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SpeculationStats {
     /// Speculative retrievals (each followed by a generation step).
     pub speculated: usize,

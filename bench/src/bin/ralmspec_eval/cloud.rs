@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use hasten_bench::retrieval::PassageRetriever;
-use hasten_core::encoder::TextEncoder;
 use hasten_core::vector::dot;
-use hasten_spec_retrieval::{ExactRetriever, QueryEncoder, RetrievalError, RetrievedDocument};
+use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -115,14 +114,5 @@ impl ExactRetriever for EmulatedCloud<'_> {
         // The link's time is on top of the search, as a remote call's would be.
         std::thread::sleep(delay);
         Ok(results)
-    }
-}
-
-/// all-MiniLM-L6-v2 as RaLM's query encoder.
-pub struct MiniLm<'a>(pub &'a TextEncoder);
-
-impl QueryEncoder for MiniLm<'_> {
-    fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError> {
-        self.0.encode_one(text).map_err(RetrievalError::new)
     }
 }

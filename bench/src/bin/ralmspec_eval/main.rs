@@ -30,7 +30,7 @@ use hasten_spec_retrieval::ralm::{
     Stride, run_sequential, run_speculative,
 };
 
-use crate::cloud::{EmulatedCloud, Latency, MiniLm};
+use crate::cloud::{EmulatedCloud, Latency};
 use crate::report::{Run, print_table, summarise};
 
 #[derive(Parser, Debug)]
@@ -193,7 +193,7 @@ fn main() -> Result<()> {
         args.latencies.join(", ")
     );
 
-    let query_encoder = MiniLm(&encoder);
+    let query_encoder = &encoder;
     let mut runs = Vec::new();
     for (setting_index, (setting, latency)) in latencies.iter().enumerate() {
         let cloud = EmulatedCloud::new(
@@ -206,7 +206,7 @@ fn main() -> Result<()> {
             bar.set_message("ralm-seq");
             let generator = RalmGenerator::new(&model, question, settings.clone())?;
             let started = Instant::now();
-            let sequential = run_sequential(&generator, &query_encoder, &cloud)
+            let sequential = run_sequential(&generator, query_encoder, &cloud)
                 .with_context(|| format!("{setting}: question {index}: ralm-seq"))?;
             let seq_seconds = started.elapsed().as_secs_f64();
             runs.push(Run::new(
@@ -225,7 +225,7 @@ fn main() -> Result<()> {
                 let started = Instant::now();
                 let output: RalmOutput = run_speculative(
                     &generator,
-                    &query_encoder,
+                    query_encoder,
                     &cloud,
                     &mut LocalDocumentCache::new(),
                     &config.settings(),

@@ -1,0 +1,332 @@
+//! `POST /v1/ralm`: iterative RAG on this edge's language model, retrieving from the cloud
+//! every few generated tokens: sequentially (`ralm-seq`) or with RaLMSpec (hasten-spec-
+//! retrieval: the request's own document cache speculates, the cloud verifies a stride of
+//! retrievals in one batched search, generation rolls back to the first mismatch), whose
+//! answer is the sequential one token for token. The reply carries the speculation's
+//! statistics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use hasten_lm::LanguageModel;
+use hasten_rag::{QueueError, RagError};
+use hasten_spec_retrieval::ralm::{
+    LocalDocumentCache, Os3Settings, RalmGenerator, RalmOutput, RalmSettings, SpeculationSettings,
+    SpeculationStats, Stride, run_sequential, run_speculative,
+};
+use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument, SpecError};
+use serde::{Deserialize, Serialize};
+use tracing::Instrument;
+
+use super::AnswerService;
+use crate::api::json::parse_json_object;
+use crate::api::{EdgeError, InvalidArgument};
+use crate::fallback::quic::QuicCloudClient;
+use crate::fallback::{CloudError, CloudSearch};
+use crate::http::{BodyLimits, read_json_bytes};
+use crate::retrieval::{EngineError, RetrievalEngine};
+
+/// How many retrievals RaLMSpec speculates before verifying: a number, or `os3`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum StrideJson {
+    Fixed(u32),
+    Named(String),
+}
+
+/// `POST /v1/ralm` body. Without `speculation` settings the paper's RaLMSpec+PSA runs.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RalmBody {
+    pub question: Option<String>,
+    pub max_tokens: Option<i64>,
+    /// `false`: retrieve from the cloud before every step (`ralm-seq`).
+    pub speculate: Option<bool>,
+    pub stride: Option<StrideJson>,
+    /// Documents of each cloud answer put into the request's cache (1: no prefetching).
+    pub prefetch: Option<u32>,
+    /// Run the next step while a verification is in flight.
+    pub asynchronous: Option<bool>,
+}
+
+/// A validated `/v1/ralm` request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RalmInput {
+    pub question: String,
+    pub max_tokens: usize,
+    /// `None`: sequential.
+    pub speculation: Option<SpeculationSettings>,
+}
+
+/// Most documents a cloud answer may put into the cache (the paper prefetches 20).
+const MAX_PREFETCH: u32 = 100;
+/// Largest fixed stride.
+const MAX_STRIDE: u32 = 64;
+
+impl AnswerService {
+    /// Checks a `/v1/ralm` body; errors name the field.
+    pub fn validate_ralm(&self, body: RalmBody) -> Result<RalmInput, InvalidArgument> {
+        let question = self.validate(super::json::AnswerBody {
+            question: body.question,
+            max_tokens: body
+                .max_tokens
+                .or(Some(RalmSettings::default().max_new_tokens as i64)),
+            ..Default::default()
+        })?;
+        if body.speculate == Some(false) {
+            if body.stride.is_some() || body.prefetch.is_some() || body.asynchronous.is_some() {
+                return Err(InvalidArgument::new(
+                    "speculate",
+                    "is false: stride, prefetch and asynchronous do not apply",
+                ));
+            }
+            return Ok(RalmInput {
+                question: question.question,
+                max_tokens: question.max_tokens,
+                speculation: None,
+            });
+        }
+        let all = SpeculationSettings::all_techniques();
+        let stride = match body.stride {
+            None => all.stride,
+            Some(StrideJson::Fixed(s)) if (1..=MAX_STRIDE).contains(&s) => {
+                Stride::Fixed(s as usize)
+            }
+            Some(StrideJson::Named(name)) if name == "os3" => Stride::Os3(Os3Settings::default()),
+            Some(other) => {
+                return Err(InvalidArgument::new(
+                    "stride",
+                    format!("must be 1-{MAX_STRIDE} or \"os3\", got {other:?}"),
+                ));
+            }
+        };
+        let prefetch = match body.prefetch {
+            None => all.prefetch,
+            Some(n) if (1..=MAX_PREFETCH).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(InvalidArgument::new(
+                    "prefetch",
+                    format!("must be 1-{MAX_PREFETCH}, got {n}"),
+                ));
+            }
+        };
+        Ok(RalmInput {
+            question: question.question,
+            max_tokens: question.max_tokens,
+            speculation: Some(SpeculationSettings {
+                stride,
+                prefetch,
+                asynchronous: body.asynchronous.unwrap_or(all.asynchronous),
+            }),
+        })
+    }
+
+    /// Runs one iterative-RAG request on the local model, behind the answers' queue.
+    pub async fn ralm(&self, input: RalmInput) -> Result<RalmReply, EdgeError> {
+        let model = self.local_model.clone().ok_or(EdgeError::NoLanguageModel(
+            "iterative RAG runs on a model loaded here: set `lm_model`",
+        ))?;
+        let span = tracing::info_span!(
+            "ralm",
+            speculate = input.speculation.is_some(),
+            max_tokens = input.max_tokens
+        );
+        async {
+            let started = Instant::now();
+            let permit = self.queue.enter().await.map_err(|error| match error {
+                QueueError::Full(bound) => EdgeError::AnswerQueueFull(bound),
+                QueueError::Closed => {
+                    EdgeError::NoLanguageModel("the language model is shutting down")
+                }
+            })?;
+            let queued_ms = started.elapsed().as_secs_f64() * 1e3;
+            let service = self.retrieval.clone();
+            let runtime = tokio::runtime::Handle::current();
+            let output = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                run(&model, &service, runtime, &input)
+            })
+            .await
+            .map_err(EdgeError::TaskFailed)??;
+            Ok(RalmReply::new(output, queued_ms))
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+fn run(
+    model: &LanguageModel,
+    service: &crate::pipeline::EdgeService,
+    runtime: tokio::runtime::Handle,
+    input: &RalmInput,
+) -> Result<RalmOutput, EdgeError> {
+    let settings = RalmSettings {
+        max_new_tokens: input.max_tokens,
+        ..RalmSettings::default()
+    };
+    let generator = RalmGenerator::new(model, &input.question, settings).map_err(edge_error)?;
+    let cloud = CloudRetriever {
+        engine: Arc::clone(service.engine()),
+        runtime,
+    };
+    let encoder = service.encoder().as_ref();
+    match &input.speculation {
+        None => run_sequential(&generator, encoder, &cloud),
+        Some(speculation) => run_speculative(
+            &generator,
+            encoder,
+            &cloud,
+            &mut LocalDocumentCache::new(),
+            speculation,
+        ),
+    }
+    .map_err(edge_error)
+}
+
+/// The cloud as RaLM's exact retriever: one batched search per call, run as a task on the
+/// edge's runtime (where the QUIC connection and its timers are driven) while the request's
+/// blocking thread waits for its answer.
+struct CloudRetriever {
+    engine: Arc<RetrievalEngine<QuicCloudClient>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl ExactRetriever for CloudRetriever {
+    fn search_batch(
+        &self,
+        queries: &[Vec<f32>],
+        k: usize,
+    ) -> Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
+        let engine = Arc::clone(&self.engine);
+        let queries = queries.to_vec();
+        let (answer, answered) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            let result = engine.cloud().search_batch(&queries, k, None).await;
+            // The request may have given up; nobody is left to tell.
+            let _ = answer.send(result);
+        });
+        let results = answered
+            .recv()
+            .map_err(|_| RetrievalError::new("the cloud search task ended without an answer"))?
+            .map_err(RetrievalError::new)?;
+        Ok(results
+            .into_iter()
+            .map(|documents| {
+                documents
+                    .into_iter()
+                    .map(|d| RetrievedDocument {
+                        id: d.id,
+                        score: d.score,
+                        title: d.title.into(),
+                        text: d.text.into(),
+                        vector: d.vector.into(),
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// A failed run as the edge reports it: the cloud's failures as fallbacks report them.
+fn edge_error(error: SpecError) -> EdgeError {
+    match error {
+        SpecError::Retrieval(RetrievalError(source)) => match source.downcast::<CloudError>() {
+            Ok(cloud) => EdgeError::from(EngineError::Cloud(*cloud)),
+            Err(other) => EdgeError::IterativeFailed(SpecError::Retrieval(RetrievalError(other))),
+        },
+        SpecError::Lm(error) => EdgeError::Generation(RagError::Lm(error)),
+        other => EdgeError::IterativeFailed(other),
+    }
+}
+
+/// `POST /v1/ralm` reply.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RalmReply {
+    pub answer: String,
+    pub tokens: usize,
+    /// The document each generation step read, in order.
+    pub documents: Vec<u64>,
+    /// RaLMSpec's statistics; absent for a sequential run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationStats>,
+    pub timings: RalmTimingsJson,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct RalmTimingsJson {
+    pub queue_ms: f64,
+    pub generation_ms: f64,
+    /// Waiting for the cloud (what no generation step overlapped).
+    pub retrieval_wait_ms: f64,
+    pub encoding_ms: f64,
+    pub total_ms: f64,
+}
+
+impl RalmReply {
+    fn new(output: RalmOutput, queue_ms: f64) -> Self {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        Self {
+            answer: output.text,
+            tokens: output.tokens.len(),
+            documents: output.documents,
+            speculation: output.speculation,
+            timings: RalmTimingsJson {
+                queue_ms,
+                generation_ms: ms(output.timings.generation),
+                retrieval_wait_ms: ms(output.timings.retrieval_wait),
+                encoding_ms: ms(output.timings.encoding),
+                total_ms: queue_ms + ms(output.timings.total),
+            },
+        }
+    }
+}
+
+#[derive(Clone)]
+struct RalmState {
+    service: AnswerService,
+    body: BodyLimits,
+}
+
+/// `POST /v1/ralm`.
+pub fn ralm_routes(service: AnswerService, body: BodyLimits) -> Router {
+    Router::new()
+        .route("/v1/ralm", post(ralm))
+        .with_state(RalmState { service, body })
+}
+
+async fn ralm(State(state): State<RalmState>, headers: HeaderMap, body: Body) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let input = async {
+        state
+            .service
+            .retrieval()
+            .authenticate(authorization)
+            .map_err(EdgeError::from)?;
+        let bytes = read_json_bytes(&headers, body, state.body).await?;
+        let body: RalmBody = parse_json_object(&bytes)?;
+        Ok::<_, EdgeError>(state.service.validate_ralm(body)?)
+    }
+    .await;
+    let outcome = match input {
+        Ok(input) => state.service.ralm(input).await,
+        Err(error) => Err(error),
+    };
+    match outcome {
+        Ok(reply) => axum::Json(reply).into_response(),
+        Err(error) => {
+            if error.is_server_side() {
+                tracing::warn!(error = %error, source = ?std::error::Error::source(&error), "iterative RAG failed");
+            }
+            error.into_response()
+        }
+    }
+}

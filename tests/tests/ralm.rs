@@ -1,0 +1,91 @@
+//! `/v1/ralm` end to end: `cloud-index` and `edge-node` processes on loopback, the edge
+//! generating with SmolLM2-135M-Instruct (skipped, saying so, when HASTEN_LM_DIR is unset)
+//! and retrieving from the cloud over QUIC every 4 tokens. RaLMSpec's answer and the
+//! documents it read must be the sequential run's, whatever its stride and techniques; the
+//! reply reports the speculation; bad settings are refused naming the field.
+
+// A test fails by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use hasten_core::bundle::CorpusBundle;
+use hasten_tests::answering::{Answering, small_model, start_answering, with_model};
+use hasten_tests::edge::post_json;
+use serde_json::{Value, json};
+
+async fn ralm(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {
+    post_json(http, edge, "/v1/ralm", body).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ralmspec_on_the_edge_answers_as_the_sequential_run() {
+    let Some(model) = small_model() else { return };
+    // The cloud process lives as long as its binding: kept to the end of the test.
+    let Answering {
+        cloud: _cloud,
+        edge,
+        bundle_dir,
+        ..
+    } = start_answering("ralm", "ralm-edge", &with_model(&model));
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = &bundle.questions[0].question;
+
+    let (status, sequential) = ralm(
+        &http,
+        &addr,
+        &json!({"question": question, "max_tokens": 40, "speculate": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "{sequential}");
+    assert!(sequential.get("speculation").is_none(), "{sequential}");
+    let steps = sequential["documents"].as_array().unwrap().len();
+    assert!(steps >= 2, "{sequential}");
+
+    for settings in [
+        json!({}),
+        json!({"stride": 1, "prefetch": 1, "asynchronous": false}),
+        json!({"stride": 3, "prefetch": 20, "asynchronous": true}),
+        json!({"stride": "os3", "prefetch": 1, "asynchronous": false}),
+    ] {
+        let mut body = settings.clone();
+        body["question"] = json!(question);
+        body["max_tokens"] = json!(40);
+        let (status, spec) = ralm(&http, &addr, &body).await;
+        assert_eq!(status, 200, "{settings}: {spec}");
+        assert_eq!(spec["answer"], sequential["answer"], "{settings}");
+        assert_eq!(spec["documents"], sequential["documents"], "{settings}");
+        let stats = &spec["speculation"];
+        let n = |key: &str| stats[key].as_u64().unwrap();
+        assert!(n("accepted") <= n("speculated"), "{settings}: {stats}");
+        assert!(
+            n("exact_calls") >= 1 && n("exact_calls") as usize <= steps,
+            "{stats}"
+        );
+        assert_eq!(
+            stats["strides"].as_array().unwrap().len() as u64,
+            n("exact_calls") - 1,
+            "one verification per call after the first (cold) retrieval: {stats}"
+        );
+        assert!(
+            spec["timings"]["generation_ms"].as_f64().unwrap() > 0.0,
+            "{spec}"
+        );
+    }
+
+    for (body, field) in [
+        (json!({"question": question, "stride": 0}), "stride"),
+        (json!({"question": question, "stride": "fast"}), "stride"),
+        (json!({"question": question, "prefetch": 0}), "prefetch"),
+        (
+            json!({"question": question, "speculate": false, "stride": 2}),
+            "speculate",
+        ),
+        (json!({"question": " "}), "question"),
+        (json!({"question": question, "max_tokens": 0}), "max_tokens"),
+    ] {
+        let (status, reply) = ralm(&http, &addr, &body).await;
+        assert_eq!(status, 400, "{body}: {reply}");
+        assert_eq!(reply["error"]["field"], field, "{body}: {reply}");
+    }
+}
