@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::error::{Result, SpecError};
+
 /// A retrieved document with what speculation needs: its text for the prompt and its vector,
 /// so the per-request cache can rank it with the exact retriever's own metric.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,4 +46,22 @@ impl QueryEncoder for hasten_core::encoder::TextEncoder {
     fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError> {
         self.encode_one(text).map_err(RetrievalError::new)
     }
+}
+
+/// One batched exact search, refused when it answers fewer lists than it was asked.
+pub(crate) fn exact_search(
+    exact: &dyn ExactRetriever,
+    queries: &[Vec<f32>],
+    k: usize,
+) -> Result<Vec<Vec<RetrievedDocument>>> {
+    let results = exact
+        .search_batch(queries, k)
+        .map_err(SpecError::Retrieval)?;
+    if results.len() != queries.len() {
+        return Err(SpecError::ShortAnswer {
+            asked: queries.len(),
+            answered: results.len(),
+        });
+    }
+    Ok(results)
 }

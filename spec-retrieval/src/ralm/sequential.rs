@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::generator::RalmGenerator;
 use super::{RalmOutput, RalmTimings};
 use crate::error::{Result, SpecError};
-use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument};
+use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument, exact_search};
 
 /// Runs one request sequentially: retrieve, generate `interval` tokens, repeat.
 pub fn run_sequential(
@@ -55,24 +55,6 @@ pub(super) fn encode(
     let query = encoder.encode(&text).map_err(SpecError::Encode)?;
     timings.encoding += started.elapsed();
     Ok(query)
-}
-
-/// One batched exact search, refused when it answers fewer lists than it was asked.
-pub(super) fn exact_search(
-    exact: &dyn ExactRetriever,
-    queries: &[Vec<f32>],
-    k: usize,
-) -> Result<Vec<Vec<RetrievedDocument>>> {
-    let results = exact
-        .search_batch(queries, k)
-        .map_err(SpecError::Retrieval)?;
-    if results.len() != queries.len() {
-        return Err(SpecError::ShortAnswer {
-            asked: queries.len(),
-            answered: results.len(),
-        });
-    }
-    Ok(results)
 }
 
 /// The best document of the `index`-th query's results.

@@ -7,10 +7,12 @@ use std::time::{Duration, Instant};
 use super::cache::Speculator;
 use super::generator::{RalmGenerator, StepTokens};
 use super::os3::{StrideScheduler, Verified};
-use super::sequential::{encode, exact_search, top_one};
+use super::sequential::{encode, top_one};
 use super::{RalmOutput, RalmTimings, SpeculationSettings, SpeculationStats, Stride};
 use crate::error::{Result, SpecError};
-use crate::retriever::{ExactRetriever, QueryEncoder, RetrievalError, RetrievedDocument};
+use crate::retriever::{
+    ExactRetriever, QueryEncoder, RetrievalError, RetrievedDocument, exact_search,
+};
 
 /// A generation step that read a speculated document, awaiting verification.
 #[derive(Debug)]
