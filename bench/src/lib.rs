@@ -5,6 +5,7 @@
 #![allow(clippy::expect_used)]
 
 pub mod kv_workload;
+pub mod latency;
 pub mod questions;
 pub mod retrieval;
 

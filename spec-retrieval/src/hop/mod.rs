@@ -9,11 +9,13 @@
 //! documents; exact retrieval runs on its own threads so that its latency overlaps the
 //! agent's work.
 
+mod agent;
 mod run;
 #[cfg(test)]
 mod tests;
 mod verify;
 
+pub use agent::LmHopAgent;
 pub use run::{run_sequential_agent, run_spechop};
 pub use verify::{Verifier, token_set_jaccard};
 

@@ -30,7 +30,9 @@ use hasten_spec_retrieval::ralm::{
     Stride, run_sequential, run_speculative,
 };
 
-use crate::cloud::{EmulatedCloud, Latency};
+use hasten_bench::latency::Latency;
+
+use crate::cloud::EmulatedCloud;
 use crate::report::{Run, print_table, summarise};
 
 #[derive(Parser, Debug)]
@@ -234,12 +236,14 @@ fn main() -> Result<()> {
                 let seconds = started.elapsed().as_secs_f64();
                 let identical = output.tokens == sequential.tokens;
                 if args.verbose || !identical {
-                    bar.println(format!(
-                        "{setting} q{index} {}: {seconds:.2} s vs {seq_seconds:.2} s, \
+                    bar.suspend(|| {
+                        eprintln!(
+                            "{setting} q{index} {}: {seconds:.2} s vs {seq_seconds:.2} s, \
                          identical {identical}, {:?}",
-                        config.name(),
-                        output.speculation
-                    ));
+                            config.name(),
+                            output.speculation
+                        )
+                    });
                 }
                 runs.push(Run::new(
                     setting,
@@ -252,11 +256,13 @@ fn main() -> Result<()> {
                 ));
             }
             if args.verbose {
-                bar.println(format!(
-                    "{setting} q{index} ralm-seq {seq_seconds:.2} s, {} steps: {}",
-                    sequential.documents.len(),
-                    sequential.text.replace('\n', " ")
-                ));
+                bar.suspend(|| {
+                    eprintln!(
+                        "{setting} q{index} ralm-seq {seq_seconds:.2} s, {} steps: {}",
+                        sequential.documents.len(),
+                        sequential.text.replace('\n', " ")
+                    )
+                });
             }
             bar.inc(1);
         }

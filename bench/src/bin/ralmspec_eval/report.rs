@@ -7,7 +7,7 @@ use hasten_spec_retrieval::ralm::{RalmOutput, SpeculationStats};
 use serde::Serialize;
 
 use crate::Config;
-use crate::cloud::Latency;
+use hasten_bench::latency::Latency;
 
 /// One system's run on one question.
 #[derive(Debug, Serialize)]

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# SpecHop against the sequential multi-hop agent (SmolLM2-135M, greedy, in process) on
+# HotpotQA-style questions: relative latency at k = 1, 2, 3, 5 speculative threads with the
+# strict verifier (identical documents: lossless) and the token-set Jaccard verifier of
+# sub-answers, speculation success rate, exact match of the final answers, identical
+# trajectories, and the cost ratios alpha (speculator / target) and beta (agent per hop /
+# target). The corpus is the file's context paragraphs (all-MiniLM-L6-v2); the target is
+# faiss exact search over it behind a 1 s latency; the speculator the edge's fuzzy channel.
+# Writes run/spechop-eval/report.json and prints the table.
+#   bench/spechop-eval.sh [FILE] [extra args]   default FILE ../shared/data/hotpotqa-distractor-100.jsonl
+#   bench/spechop-eval.sh ../shared/data/hotpotqa-distractor-500.jsonl --limit 50 --speculator fraction:0.5
+# Extra arguments go to hasten-spechop-eval (see --help). Model: HASTEN_LM_DIR (default
+# models/lm); encoder: HASTEN_MODEL_DIR (default models/all-MiniLM-L6-v2).
+set -euo pipefail
+input=${1:-../shared/data/hotpotqa-distractor-100.jsonl}
+[ $# -gt 0 ] && shift
+input=$(realpath "$input")
+cd "$(dirname "$0")/.."
+export HASTEN_LM_DIR=${HASTEN_LM_DIR:-$PWD/models/lm}
+export HASTEN_MODEL_DIR=${HASTEN_MODEL_DIR:-$PWD/models/all-MiniLM-L6-v2}
+model=$HASTEN_LM_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$model" ]; then
+    echo "$model not found: run \`make models\`" >&2
+    exit 1
+fi
+cargo build -q -p hasten-bench --bin hasten-spechop-eval
+target=${CARGO_TARGET_DIR:-target}
+"$target/debug/hasten-spechop-eval" --input "$input" --model "$model" --out run/spechop-eval "$@"
