@@ -52,3 +52,28 @@ impl Latency {
         })
     }
 }
+
+/// A [`Latency`] drawn from its own seeded generator, shareable between threads.
+pub struct LatencySampler {
+    latency: Latency,
+    rng: std::sync::Mutex<StdRng>,
+}
+
+impl LatencySampler {
+    pub fn new(latency: Latency, seed: u64) -> Self {
+        Self {
+            latency,
+            rng: std::sync::Mutex::new(rand::SeedableRng::seed_from_u64(seed)),
+        }
+    }
+
+    /// The next call's latency (the fixed or lower one if the generator was poisoned).
+    pub fn next(&self) -> Duration {
+        match self.rng.lock() {
+            Ok(mut rng) => self.latency.sample(&mut rng),
+            Err(_) => self
+                .latency
+                .sample(&mut rand::SeedableRng::seed_from_u64(0)),
+        }
+    }
+}

@@ -113,6 +113,22 @@ pub fn write_report(work: &Path, report: &serde_json::Value) -> anyhow::Result<(
     Ok(())
 }
 
+/// Writes `report` to `<dir>/report.json`, creating `dir`; returns the file's path. For
+/// reports too long to print (per-run records).
+pub fn save_report(dir: &Path, report: &serde_json::Value) -> anyhow::Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("report.json");
+    std::fs::write(&path, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The mean of `values`; 0 when there are none.
+pub fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    sum / n.max(1) as f64
+}
+
 /// A bar over `len` items of work named `what` (hidden when stderr is not a terminal).
 pub fn progress_bar(what: &str, len: usize) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len as u64);

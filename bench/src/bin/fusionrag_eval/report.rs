@@ -1,5 +1,6 @@
 //! Per-system outcomes, their summary against full prefill, and the printed table.
 
+use hasten_bench::mean;
 use hasten_kv_worker::FusionSettings;
 use serde::Serialize;
 
@@ -44,11 +45,6 @@ pub struct Summary {
     pub kv_deviation_per_layer: Vec<f64>,
     pub context_tokens: f64,
     pub recomputed_tokens: f64,
-}
-
-fn mean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
-    sum / n.max(1) as f64
 }
 
 fn quantile(values: &[f64], q: f64) -> f64 {

@@ -3,27 +3,22 @@
 //! paid once per call whatever the batch (batched exact search costs nearly the same for
 //! the few queries a verification sends: RaLMSpec, appendix A.1).
 
-use hasten_bench::latency::Latency;
+use hasten_bench::latency::{Latency, LatencySampler};
 use hasten_bench::retrieval::PassageRetriever;
 use hasten_core::vector::dot;
 use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
-use std::sync::Mutex;
 
 /// A cloud shard reached over an emulated link.
 pub struct EmulatedCloud<'a> {
     pub passages: &'a PassageRetriever,
-    pub latency: Latency,
-    pub rng: Mutex<StdRng>,
+    pub latency: LatencySampler,
 }
 
 impl<'a> EmulatedCloud<'a> {
     pub fn new(passages: &'a PassageRetriever, latency: Latency, seed: u64) -> Self {
         Self {
             passages,
-            latency,
-            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            latency: LatencySampler::new(latency, seed),
         }
     }
 }
@@ -34,13 +29,7 @@ impl ExactRetriever for EmulatedCloud<'_> {
         queries: &[Vec<f32>],
         k: usize,
     ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
-        let delay = {
-            let mut rng = self
-                .rng
-                .lock()
-                .map_err(|_| RetrievalError::new("latency sampler poisoned"))?;
-            self.latency.sample(&mut rng)
-        };
+        let delay = self.latency.next();
         let found = self
             .passages
             .search(queries, k)

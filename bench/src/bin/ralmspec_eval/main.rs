@@ -282,11 +282,7 @@ fn main() -> Result<()> {
         "settings": summary,
         "runs": runs,
     });
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let path = args.out.join("report.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", path.display()))?;
+    let path = hasten_bench::save_report(&args.out, &report)?;
     eprintln!("report written to {}", path.display());
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use hasten_bench::mean;
 use hasten_spec_retrieval::ralm::{RalmOutput, SpeculationStats};
 use serde::Serialize;
 
@@ -75,11 +76,6 @@ pub struct SystemSummary {
 pub struct SettingSummary {
     pub latency: String,
     pub systems: BTreeMap<String, SystemSummary>,
-}
-
-fn mean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    if n == 0 { 0.0 } else { sum / n as f64 }
 }
 
 pub fn summarise(

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use hasten_bench::latency::Latency;
+use hasten_bench::mean;
 use hasten_bench::questions::{encode_documents, read_questions};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
@@ -393,16 +394,7 @@ fn main() -> Result<()> {
         "systems": summary,
         "runs": records,
     });
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let path = args.out.join("report.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", path.display()))?;
+    let path = hasten_bench::save_report(&args.out, &report)?;
     eprintln!("report written to {}", path.display());
     Ok(())
-}
-
-fn mean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    if n == 0 { 0.0 } else { sum / n as f64 }
 }

@@ -1,12 +1,11 @@
 //! The target tool and the speculators of the SpecHop evaluation, over every paragraph of
 //! the question file encoded with all-MiniLM-L6-v2.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use hasten_bench::latency::Latency;
+use hasten_bench::latency::{Latency, LatencySampler};
 use hasten_core::index::{ExactIndex, IvfPqIndex, IvfShape};
 use hasten_core::vector::dot;
 use hasten_spec_retrieval::hop::HopSpeculator;
@@ -53,8 +52,7 @@ impl Corpus {
 pub struct SlowExact {
     pub corpus: std::sync::Arc<Corpus>,
     index: ExactIndex,
-    latency: Latency,
-    rng: Mutex<StdRng>,
+    latency: LatencySampler,
     /// Nanoseconds spent in calls, and calls, for the cost ratios.
     pub spent_nanos: AtomicU64,
     pub calls: AtomicU64,
@@ -68,8 +66,7 @@ impl SlowExact {
         Ok(Self {
             corpus,
             index,
-            latency,
-            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            latency: LatencySampler::new(latency, seed),
             spent_nanos: AtomicU64::new(0),
             calls: AtomicU64::new(0),
         })
@@ -89,13 +86,7 @@ impl ExactRetriever for SlowExact {
         k: usize,
     ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
         let started = Instant::now();
-        let delay = {
-            let mut rng = self
-                .rng
-                .lock()
-                .map_err(|_| RetrievalError::new("latency sampler poisoned"))?;
-            self.latency.sample(&mut rng)
-        };
+        let delay = self.latency.next();
         let flat = queries.concat();
         // faiss finds the candidates; the canonical inner product ranks them, as the cloud
         // does, so ties and rounding cannot depend on the batch.
