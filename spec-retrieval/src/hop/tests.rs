@@ -107,7 +107,18 @@ fn fixture() -> Fixture {
 
 const QUESTION: &str = "Which river flows north?";
 
-fn spechop(f: &Fixture, accuracy: Accuracy, k: usize, verifier: Verifier) -> HopOutcome {
+fn sequential(f: &Fixture) -> HopOutcome {
+    run_sequential_agent(
+        &f.agent,
+        QUESTION,
+        &TrigramEncoder,
+        f.exact.as_ref(),
+        &f.settings,
+    )
+    .unwrap()
+}
+
+fn spechop(f: &Fixture, accuracy: Accuracy, k: usize, verifier: Verifier) -> Result<HopOutcome> {
     let exact: Arc<dyn ExactRetriever> = f.exact.clone();
     let mut guess = Guess {
         exact: Arc::clone(&f.exact),
@@ -124,27 +135,19 @@ fn spechop(f: &Fixture, accuracy: Accuracy, k: usize, verifier: Verifier) -> Hop
         k,
         verifier,
     )
-    .unwrap()
 }
 
 #[test]
 fn strict_spechop_follows_the_sequential_trajectory() {
     let f = fixture();
-    let sequential = run_sequential_agent(
-        &f.agent,
-        QUESTION,
-        &TrigramEncoder,
-        f.exact.as_ref(),
-        &f.settings,
-    )
-    .unwrap();
+    let sequential = sequential(&f);
     assert_eq!(sequential.hops.len(), 4);
     let queries: std::collections::BTreeSet<&Vec<u64>> =
         sequential.hops.iter().map(|h| &h.documents).collect();
     assert!(queries.len() >= 2, "every hop read the same documents");
     for k in [1, 2, 3, 5] {
         for accuracy in [Accuracy::Always, Accuracy::Never, Accuracy::Half] {
-            let out = spechop(&f, accuracy, k, Verifier::Strict);
+            let out = spechop(&f, accuracy, k, Verifier::Strict).unwrap();
             let what = format!("k {k}, {accuracy:?}");
             assert_eq!(out.answer, sequential.answer, "{what}");
             assert_eq!(out.hops, sequential.hops, "{what}");
@@ -174,15 +177,8 @@ fn strict_spechop_follows_the_sequential_trajectory() {
 #[test]
 fn a_verifier_that_accepts_anything_diverges() {
     let f = fixture();
-    let sequential = run_sequential_agent(
-        &f.agent,
-        QUESTION,
-        &TrigramEncoder,
-        f.exact.as_ref(),
-        &f.settings,
-    )
-    .unwrap();
-    let out = spechop(&f, Accuracy::Never, 2, Verifier::Jaccard(0.0));
+    let sequential = sequential(&f);
+    let out = spechop(&f, Accuracy::Never, 2, Verifier::Jaccard(0.0)).unwrap();
     assert_ne!(out.hops, sequential.hops);
     assert_ne!(out.answer, sequential.answer);
 }
@@ -197,22 +193,5 @@ fn jaccard_compares_normalised_token_sets() {
 
 #[test]
 fn spechop_refuses_zero_threads() {
-    let f = fixture();
-    let exact: Arc<dyn ExactRetriever> = f.exact.clone();
-    let mut guess = Guess {
-        exact: Arc::clone(&f.exact),
-        accuracy: Accuracy::Always,
-        rng: StdRng::seed_from_u64(0),
-    };
-    let refused = run_spechop(
-        &f.agent,
-        QUESTION,
-        &TrigramEncoder,
-        &exact,
-        &mut guess,
-        &f.settings,
-        0,
-        Verifier::Strict,
-    );
-    assert!(refused.is_err());
+    assert!(spechop(&fixture(), Accuracy::Always, 0, Verifier::Strict).is_err());
 }

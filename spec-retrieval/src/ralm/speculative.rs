@@ -92,9 +92,10 @@ pub(super) fn run_with_verifier(
             "the stride and the prefetch size must be at least 1".into(),
         ));
     }
-    let mut scheduler = match settings.stride {
-        Stride::Os3(os3) => Some(StrideScheduler::new(os3, settings.asynchronous)),
-        Stride::Fixed(_) => None,
+    // A fixed stride, or OS3's scheduler choosing one before every verification.
+    let (fixed_stride, mut scheduler) = match settings.stride {
+        Stride::Os3(os3) => (1, Some(StrideScheduler::new(os3, settings.asynchronous))),
+        Stride::Fixed(s) => (s, None),
     };
     let mut run = Run {
         generator,
@@ -108,11 +109,9 @@ pub(super) fn run_with_verifier(
     let mut carried: Option<Speculated> = None;
     let mut last_step_seconds = 0.0;
     loop {
-        let stride = match (&scheduler, settings.stride) {
-            (Some(scheduler), _) => scheduler.next_stride(),
-            (None, Stride::Fixed(s)) => s,
-            (None, Stride::Os3(_)) => 1,
-        };
+        let stride = scheduler
+            .as_ref()
+            .map_or(fixed_stride, StrideScheduler::next_stride);
         let mut round: Vec<Speculated> = carried.take().into_iter().collect();
         let mut step_time = Duration::ZERO;
         let mut steps = 0usize;
@@ -158,8 +157,9 @@ pub(super) fn run_with_verifier(
             })?
         } else {
             let results = exact_search(exact, &queries, settings.prefetch)?;
-            run.timings.retrieval_wait += verify_started.elapsed();
-            (results, None, verify_started.elapsed().as_secs_f64())
+            let took = verify_started.elapsed();
+            run.timings.retrieval_wait += took;
+            (results, None, took.as_secs_f64())
         };
         if let Some((_, _, took)) = &ahead {
             step_time += *took;
