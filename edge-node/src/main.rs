@@ -454,7 +454,7 @@ fn parse_variant(value: &str) -> Result<Variant, String> {
 
 /// The `/v1/answer` backend; the KV workers' pool when that is the backend (it follows the
 /// pool's assignment with `kv_pool`); the model loaded here when the backend is local
-/// (`/v1/ralm` runs on it).
+/// (`/v1/ralm` and `/v1/spechop` run on it).
 struct Backends {
     answers: Option<Arc<dyn LmBackend>>,
     kv_pool: Option<Arc<KvPool>>,
@@ -720,6 +720,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
             body_limits,
         ))
         .merge(edge_node::answer::ralm::ralm_routes(
+            answers.clone(),
+            body_limits,
+        ))
+        .merge(edge_node::answer::spechop::spechop_routes(
             answers.clone(),
             body_limits,
         ));

@@ -9,10 +9,12 @@
 
 pub mod grpc;
 pub mod http;
+mod iterative;
 pub mod json;
 pub mod metrics;
 pub mod openai;
 pub mod ralm;
+pub mod spechop;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,8 +94,8 @@ impl Answered {
 pub struct AnswerService {
     retrieval: EdgeService,
     backend: Option<Arc<dyn LmBackend>>,
-    /// The model loaded here, when the backend is local: iterative RAG (`/v1/ralm`) runs on
-    /// it step by step.
+    /// The model loaded here, when the backend is local: iterative and multi-hop RAG
+    /// (`/v1/ralm`, `/v1/spechop`) run on it step by step.
     local_model: Option<Arc<LanguageModel>>,
     limits: AnswerLimits,
     queue: Arc<ModelQueue>,

@@ -5,32 +5,26 @@
 //! answer is the sequential one token for token. The reply carries the speculation's
 //! statistics.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use axum::routing::post;
 use hasten_lm::LanguageModel;
-use hasten_rag::{QueueError, RagError};
 use hasten_spec_retrieval::ralm::{
     LocalDocumentCache, Os3Settings, RalmGenerator, RalmOutput, RalmSettings, SpeculationSettings,
     SpeculationStats, Stride, run_sequential, run_speculative,
 };
-use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument, SpecError};
+use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use super::AnswerService;
-use crate::api::json::parse_json_object;
+use super::iterative::{EngineHandle, edge_error, respond, retrieved};
 use crate::api::{EdgeError, InvalidArgument};
-use crate::fallback::quic::QuicCloudClient;
-use crate::fallback::{CloudError, CloudSearch};
-use crate::http::{BodyLimits, read_json_bytes};
-use crate::retrieval::{EngineError, RetrievalEngine};
+use crate::fallback::CloudSearch;
+use crate::http::BodyLimits;
 
 /// How many retrievals RaLMSpec speculates before verifying: a number, or `os3`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -129,42 +123,23 @@ impl AnswerService {
 
     /// Runs one iterative-RAG request on the local model, behind the answers' queue.
     pub async fn ralm(&self, input: RalmInput) -> Result<RalmReply, EdgeError> {
-        let model = self.local_model.clone().ok_or(EdgeError::NoLanguageModel(
-            "iterative RAG runs on a model loaded here: set `lm_model`",
-        ))?;
         let span = tracing::info_span!(
             "ralm",
             speculate = input.speculation.is_some(),
             max_tokens = input.max_tokens
         );
-        async {
-            let started = Instant::now();
-            let permit = self.queue.enter().await.map_err(|error| match error {
-                QueueError::Full(bound) => EdgeError::AnswerQueueFull(bound),
-                QueueError::Closed => {
-                    EdgeError::NoLanguageModel("the language model is shutting down")
-                }
-            })?;
-            let queued_ms = started.elapsed().as_secs_f64() * 1e3;
-            let service = self.retrieval.clone();
-            let runtime = tokio::runtime::Handle::current();
-            let output = tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                run(&model, &service, runtime, &input)
-            })
-            .await
-            .map_err(EdgeError::TaskFailed)??;
-            Ok(RalmReply::new(output, queued_ms))
-        }
-        .instrument(span)
-        .await
+        let (output, queued_ms) = self
+            .on_local_model(move |model, service, engine| run(model, service, engine, &input))
+            .instrument(span)
+            .await?;
+        Ok(RalmReply::new(output, queued_ms))
     }
 }
 
 fn run(
     model: &LanguageModel,
     service: &crate::pipeline::EdgeService,
-    runtime: tokio::runtime::Handle,
+    engine: EngineHandle,
     input: &RalmInput,
 ) -> Result<RalmOutput, EdgeError> {
     let settings = RalmSettings {
@@ -172,10 +147,7 @@ fn run(
         ..RalmSettings::default()
     };
     let generator = RalmGenerator::new(model, &input.question, settings).map_err(edge_error)?;
-    let cloud = CloudRetriever {
-        engine: Arc::clone(service.engine()),
-        runtime,
-    };
+    let cloud = CloudRetriever(engine);
     let encoder = service.encoder().as_ref();
     match &input.speculation {
         None => run_sequential(&generator, encoder, &cloud),
@@ -190,13 +162,8 @@ fn run(
     .map_err(edge_error)
 }
 
-/// The cloud as RaLM's exact retriever: one batched search per call, run as a task on the
-/// edge's runtime (where the QUIC connection and its timers are driven) while the request's
-/// blocking thread waits for its answer.
-struct CloudRetriever {
-    engine: Arc<RetrievalEngine<QuicCloudClient>>,
-    runtime: tokio::runtime::Handle,
-}
+/// The cloud as RaLM's exact retriever: one batched search per call.
+struct CloudRetriever(EngineHandle);
 
 impl ExactRetriever for CloudRetriever {
     fn search_batch(
@@ -204,45 +171,17 @@ impl ExactRetriever for CloudRetriever {
         queries: &[Vec<f32>],
         k: usize,
     ) -> Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
-        let engine = Arc::clone(&self.engine);
         let queries = queries.to_vec();
-        let (answer, answered) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn(async move {
-            let result = engine.cloud().search_batch(&queries, k, None).await;
-            // The request may have given up; nobody is left to tell.
-            let _ = answer.send(result);
-        });
-        let results = answered
-            .recv()
-            .map_err(|_| RetrievalError::new("the cloud search task ended without an answer"))?
+        let results = self
+            .0
+            .block_on(
+                move |engine| async move { engine.cloud().search_batch(&queries, k, None).await },
+            )?
             .map_err(RetrievalError::new)?;
         Ok(results
             .into_iter()
-            .map(|documents| {
-                documents
-                    .into_iter()
-                    .map(|d| RetrievedDocument {
-                        id: d.id,
-                        score: d.score,
-                        title: d.title.into(),
-                        text: d.text.into(),
-                        vector: d.vector.into(),
-                    })
-                    .collect()
-            })
+            .map(|documents| documents.into_iter().map(retrieved).collect())
             .collect())
-    }
-}
-
-/// A failed run as the edge reports it: the cloud's failures as fallbacks report them.
-fn edge_error(error: SpecError) -> EdgeError {
-    match error {
-        SpecError::Retrieval(RetrievalError(source)) => match source.downcast::<CloudError>() {
-            Ok(cloud) => EdgeError::from(EngineError::Cloud(*cloud)),
-            Err(other) => EdgeError::IterativeFailed(SpecError::Retrieval(RetrievalError(other))),
-        },
-        SpecError::Lm(error) => EdgeError::Generation(RagError::Lm(error)),
-        other => EdgeError::IterativeFailed(other),
     }
 }
 
@@ -302,31 +241,14 @@ pub fn ralm_routes(service: AnswerService, body: BodyLimits) -> Router {
 }
 
 async fn ralm(State(state): State<RalmState>, headers: HeaderMap, body: Body) -> Response {
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    let input = async {
-        state
+    let outcome = async {
+        let (_tenant, body): (_, RalmBody) = state
             .service
-            .retrieval()
-            .authenticate(authorization)
-            .map_err(EdgeError::from)?;
-        let bytes = read_json_bytes(&headers, body, state.body).await?;
-        let body: RalmBody = parse_json_object(&bytes)?;
-        Ok::<_, EdgeError>(state.service.validate_ralm(body)?)
+            .read_request(&headers, body, state.body)
+            .await?;
+        let input = state.service.validate_ralm(body)?;
+        state.service.ralm(input).await
     }
     .await;
-    let outcome = match input {
-        Ok(input) => state.service.ralm(input).await,
-        Err(error) => Err(error),
-    };
-    match outcome {
-        Ok(reply) => axum::Json(reply).into_response(),
-        Err(error) => {
-            if error.is_server_side() {
-                tracing::warn!(error = %error, source = ?std::error::Error::source(&error), "iterative RAG failed");
-            }
-            error.into_response()
-        }
-    }
+    respond(outcome, "iterative RAG")
 }

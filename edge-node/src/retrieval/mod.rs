@@ -27,7 +27,7 @@ use hasten_core::index::IndexError;
 use serde::{Deserialize, Serialize};
 
 use crate::caches::{CacheError, TenantCaches};
-use crate::fallback::{CloudError, CloudSearch};
+use crate::fallback::{CloudDocument, CloudError, CloudSearch};
 use crate::has::{FuzzyChannel, HomologyValidator, QueryId};
 use crate::lookup::LookupKind;
 use crate::tenants::Tenant;
@@ -358,29 +358,9 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             mut timings,
             started,
         } = pending;
-        let caches = self.settings.policy.caches();
-        let depth = self.caches.depth();
-        let fetch = if caches { k.max(depth) } else { k };
-        let stage = Instant::now();
-        let mut result = self.cloud.search(&vector, fetch, deadline).await?;
-        timings.cloud = Some(stage.elapsed());
-        if caches {
-            let stage = Instant::now();
-            match &self.replication {
-                Some(replication) => replication.propose(
-                    &tenant,
-                    text,
-                    &vector,
-                    result.iter().take(depth).map(|d| d.id).collect(),
-                ),
-                None => {
-                    self.caches
-                        .insert_fallback(&tenant, text, vector, &result)?;
-                }
-            }
-            timings.cache_update = Some(stage.elapsed());
-        }
-        result.truncate(k);
+        let result = self
+            .exact_from_cloud(&tenant, text, vector, k, deadline, &mut timings)
+            .await?;
         timings.total = started.elapsed();
         Ok(Retrieval {
             documents: result
@@ -397,6 +377,44 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             matched_query: None,
             timings,
         })
+    }
+
+    /// The cloud's exact top `k` for `vector`, with the documents' vectors, cached for
+    /// `tenant` (or proposed for replication) when the policy caches, as a fallback's are:
+    /// the fallback without the local part, for callers that speculate on their own
+    /// (SpecHop's hops).
+    pub async fn exact_from_cloud(
+        &self,
+        tenant: &Tenant,
+        text: Option<String>,
+        vector: Vec<f32>,
+        k: usize,
+        deadline: Option<Instant>,
+        timings: &mut StageTimings,
+    ) -> Result<Vec<CloudDocument>, EngineError> {
+        let caches = self.settings.policy.caches();
+        let depth = self.caches.depth();
+        let fetch = if caches { k.max(depth) } else { k };
+        let stage = Instant::now();
+        let mut result = self.cloud.search(&vector, fetch, deadline).await?;
+        timings.cloud = Some(stage.elapsed());
+        if caches {
+            let stage = Instant::now();
+            match &self.replication {
+                Some(replication) => replication.propose(
+                    tenant,
+                    text,
+                    &vector,
+                    result.iter().take(depth).map(|d| d.id).collect(),
+                ),
+                None => {
+                    self.caches.insert_fallback(tenant, text, vector, &result)?;
+                }
+            }
+            timings.cache_update = Some(stage.elapsed());
+        }
+        result.truncate(k);
+        Ok(result)
     }
 
     /// Fetches `text`'s exact result from the cloud and caches it for `tenant` whatever a

@@ -82,7 +82,9 @@ pub fn run_sequential_agent(
 /// A hop continued from speculated documents, its exact retrieval in flight.
 struct Pending {
     hop: Hop,
-    speculated: Vec<RetrievedDocument>,
+    /// `None` when the speculator had no guess: the hop waits for its exact documents and
+    /// nothing runs past it.
+    speculated: Option<Vec<RetrievedDocument>>,
     exact: Receiver<Result<Vec<RetrievedDocument>>>,
 }
 
@@ -136,7 +138,8 @@ pub fn run_spechop(
                 speculation: Some(stats),
             });
         }
-        if head_answer.is_none() && pending.len() < k {
+        let head_can_run = pending.back().is_none_or(|p| p.speculated.is_some());
+        if head_answer.is_none() && pending.len() < k && head_can_run {
             let head: Vec<Hop> = committed
                 .iter()
                 .chain(pending.iter().map(|p| &p.hop))
@@ -148,18 +151,22 @@ pub fn run_spechop(
                     let vector = encode(encoder, &query)?;
                     let exact_answer = launch(exact, vector.clone(), settings.k_documents);
                     stats.exact_calls += 1;
-                    let speculated = speculator.speculate(&vector, settings.k_documents)?;
-                    let sub_answer = agent.read(question, &head, &query, &speculated)?;
+                    let guess = speculator.speculate(&vector, settings.k_documents)?;
+                    let (sub_answer, speculated) = if guess.is_empty() {
+                        (String::new(), None)
+                    } else {
+                        stats.speculated += 1;
+                        (agent.read(question, &head, &query, &guess)?, Some(guess))
+                    };
                     pending.push_back(Pending {
                         hop: Hop {
                             query,
-                            documents: ids(&speculated),
+                            documents: speculated.as_deref().map(ids).unwrap_or_default(),
                             sub_answer,
                         },
                         speculated,
                         exact: exact_answer,
                     });
-                    stats.speculated += 1;
                     stats.max_live = stats.max_live.max(pending.len());
                 }
             }
@@ -175,23 +182,32 @@ pub fn run_spechop(
                 "the exact retrieval thread ended without an answer",
             ))
         })??;
-        let exact_reading = if verifier.needs_exact_reading() {
-            Some(agent.read(question, &committed, &oldest.hop.query, &exact_documents)?)
-        } else {
-            None
-        };
-        let stands = match (verifier, &exact_reading) {
-            (Verifier::Jaccard(threshold), Some(reading)) => {
-                token_set_jaccard(&oldest.hop.sub_answer, reading) >= threshold
+        let (stands, exact_reading) = match &oldest.speculated {
+            // Nothing was guessed, so nothing ran past this hop.
+            None => (false, None),
+            Some(speculated) => {
+                let exact_reading = if verifier.needs_exact_reading() {
+                    Some(agent.read(question, &committed, &oldest.hop.query, &exact_documents)?)
+                } else {
+                    None
+                };
+                let stands = match (verifier, &exact_reading) {
+                    (Verifier::Jaccard(threshold), Some(reading)) => {
+                        token_set_jaccard(&oldest.hop.sub_answer, reading) >= threshold
+                    }
+                    _ => Verifier::documents_agree(speculated, &exact_documents),
+                };
+                (stands, exact_reading)
             }
-            _ => Verifier::documents_agree(&oldest.speculated, &exact_documents),
         };
         if stands {
             stats.committed += 1;
             committed.push(oldest.hop);
             continue;
         }
-        stats.discarded += 1 + pending.len();
+        if oldest.speculated.is_some() {
+            stats.discarded += 1 + pending.len();
+        }
         pending.clear();
         head_answer = None;
         let sub_answer = match exact_reading {

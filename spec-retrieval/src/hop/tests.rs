@@ -1,7 +1,7 @@
 //! SpecHop against the sequential agent with a deterministic agent whose every move depends
 //! on what it read, over faiss exact search with a round trip: the strict verifier gives the
 //! sequential trajectory for k 1/2/3/5 with speculators always, never and half the time
-//! right; never more than k hops await verification; a verifier that accepts anything
+//! right, or without any guess (the hop then waits and nothing runs past it); never more than k hops await verification; a verifier that accepts anything
 //! (Jaccard threshold 0) diverges.
 #![allow(clippy::unwrap_used)]
 
@@ -56,6 +56,8 @@ enum Accuracy {
     Always,
     Never,
     Half,
+    /// No guess at all (an edge whose cache and fuzzy channel found nothing).
+    Nothing,
 }
 
 /// The exact answer (without the round trip), or the same documents in reverse order,
@@ -78,6 +80,7 @@ impl HopSpeculator for Guess {
             Accuracy::Always => true,
             Accuracy::Never => false,
             Accuracy::Half => self.rng.random_bool(0.5),
+            Accuracy::Nothing => return Ok(Vec::new()),
         };
         if !right {
             documents.reverse();
@@ -146,7 +149,12 @@ fn strict_spechop_follows_the_sequential_trajectory() {
         sequential.hops.iter().map(|h| &h.documents).collect();
     assert!(queries.len() >= 2, "every hop read the same documents");
     for k in [1, 2, 3, 5] {
-        for accuracy in [Accuracy::Always, Accuracy::Never, Accuracy::Half] {
+        for accuracy in [
+            Accuracy::Always,
+            Accuracy::Never,
+            Accuracy::Half,
+            Accuracy::Nothing,
+        ] {
             let out = spechop(&f, accuracy, k, Verifier::Strict).unwrap();
             let what = format!("k {k}, {accuracy:?}");
             assert_eq!(out.answer, sequential.answer, "{what}");
@@ -168,6 +176,11 @@ fn strict_spechop_follows_the_sequential_trajectory() {
                 }
                 Accuracy::Never => assert_eq!(stats.committed, 0, "{what}: {stats:?}"),
                 Accuracy::Half => {}
+                Accuracy::Nothing => assert_eq!(
+                    (stats.speculated, stats.discarded, stats.max_live),
+                    (0, 0, 1),
+                    "{what}: a hop without a guess ran ahead: {stats:?}"
+                ),
             }
         }
     }
