@@ -8,6 +8,10 @@
 #     (Kubernetes' own kinds) and jsonschema against the prometheus-operator CRD schemas
 #     (ServiceMonitor, PrometheusRule; their PromQL must parse too) and the chart's own CRD
 #     (KvWorkerPool: the example pools against the CRD's schema);
+#   - the alerting rules: `promtool check rules` on every layout's, `promtool test rules` with
+#     helm/hasten/alert-tests (every alert tested firing and silent; broken rules must fail
+#     them), and each alert's summary, description and runbook_url with its README section
+#     (promtool from Debian's prometheus package, scripts/fetch-prometheus.sh);
 #   - the chart's CRDs and the KV operator's golden renderings with kubernetes-validate;
 #   - in every layout, each file a TOML configuration names under /etc/hasten (TLS material,
 #     the tenants file) is mounted into the pod that reads it, and mutual TLS and tenants are
@@ -95,6 +99,8 @@ if [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
 fi
 py=$venv/bin/python
+
+promtool=$(scripts/fetch-prometheus.sh "$tools")/promtool
 
 # --- checks --------------------------------------------------------------------------
 
@@ -193,6 +199,42 @@ check crds-absent no_crd_objects
 check refuses-dev-certs refuses dev-certs 'tls.cloud.secretName' --set tls.cloud.generate=false
 check refuses-tenants-without-key refuses tenants-without-key 'edge.tenants.key' \
   --set edge.tenants.secretName=hasten-edge-tenants --set edge.tenants.key=
+
+# Alerting rules: promtool's checks on every layout that renders them, and the unit tests of
+# helm/hasten/alert-tests on the kv-pools layout's (every rule group on).
+rules=$out/alert-rules
+alert_rules() { # alert_rules: each layout's rules as rule files, the tests beside them
+  local name
+  mkdir -p "$rules"
+  for name in production monitoring kv-pools; do
+    "$py" scripts/check-alerts.py rules-file "$out/$name/crds.yaml" "$rules/$name-annotated.yaml" \
+      "$rules/$name.yaml" || return 1
+  done
+  cp "$rules/kv-pools.yaml" "$rules/rules.yaml"
+  cp "$chart"/alert-tests/*.test.yaml "$rules/"
+}
+alert_unit_tests() { (cd "$rules" && "$promtool" test rules ./*.test.yaml); }
+# Broken rules must fail the unit tests, or their passes mean nothing.
+alert_tests_catch_broken_rules() {
+  local broken=$rules/broken
+  mkdir -p "$broken"
+  sed 's/== 0/== 2/' "$rules/rules.yaml" >"$broken/rules.yaml"
+  cp "$rules"/*.test.yaml "$broken/"
+  if (cd "$broken" && "$promtool" test rules ./*.test.yaml >/dev/null 2>&1); then
+    echo "the alert tests passed on rules with '== 0' made '== 2'"
+    return 1
+  fi
+  echo "the alert tests fail on broken rules"
+}
+check alert-rules alert_rules
+for name in production monitoring kv-pools; do
+  check "promtool-check-rules-$name" "$promtool" check rules "$rules/$name-annotated.yaml"
+done
+check promtool-test-rules alert_unit_tests
+check alert-tests-self-test alert_tests_catch_broken_rules
+check alert-coverage "$py" scripts/check-alerts.py coverage "$rules/rules.yaml" "$chart"/alert-tests/*.test.yaml
+check alert-annotations "$py" scripts/check-alerts.py annotations "$rules/kv-pools-annotated.yaml" \
+  "$chart/README.md"
 
 # kubernetes-validate must catch a bad manifest, or its passes mean nothing.
 validator_rejects_unknown_fields() {

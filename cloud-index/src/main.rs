@@ -408,6 +408,14 @@ struct ServerTls {
 }
 
 impl ServerTls {
+    /// When the served certificate (and, under mutual TLS, the CA's) expires.
+    fn expiries(&self) -> Result<Vec<(&'static str, i64)>> {
+        Ok(match &self.mutual {
+            Some(mutual) => mutual.expiries()?,
+            None => vec![("certificate", self.identity.expires_at()?)],
+        })
+    }
+
     fn load(
         mutual: Option<TlsPaths>,
         files: (&Option<PathBuf>, &Option<PathBuf>),
@@ -548,8 +556,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Shard)?;
     let loaded = Arc::new(AtomicBool::new(false));
-    let metrics_addr =
-        serve_observability(config.server.metrics_addr, registry, Arc::new(|| {}), {
+    let metrics_addr = serve_observability(
+        config.server.metrics_addr,
+        registry.clone(),
+        Arc::new(|| {}),
+        {
             let loaded = Arc::clone(&loaded);
             Arc::new(move || {
                 if loaded.load(Ordering::Acquire) {
@@ -558,8 +569,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
                     Err("loading the index".into())
                 }
             })
-        })
-        .await?;
+        },
+    )
+    .await?;
     let all_cores = |n: usize| if n == 0 { available_cores() } else { n };
     let threads = set_compute_threads(
         all_cores(config.openmp_threads),
@@ -596,6 +608,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         &config.server.dev_cert_out,
         &config.server.dev_cert_names,
     )?;
+    hasten_core::metrics::register_certificate_expiry(&registry, &tls.expiries()?)?;
     let shard = info.shard_index.to_string();
     let service = ShardService::new(searcher, config.batching.settings(), metrics.clone());
     loaded.store(true, Ordering::Release);
@@ -650,25 +663,27 @@ async fn route(mut args: RouteArgs) -> Result<()> {
             }
         })
     };
-    let metrics_addr = serve_observability(config.server.metrics_addr, registry, refresh, {
-        let started = Arc::clone(&started);
-        Arc::new(move || {
-            let router = started
-                .get()
-                .ok_or("waiting for a live replica of every shard")?;
-            match router.unavailable_shards().as_slice() {
-                [] => Ok(()),
-                lost => Err(format!("no live replica of shards {lost:?}")),
-            }
+    let metrics_addr =
+        serve_observability(config.server.metrics_addr, registry.clone(), refresh, {
+            let started = Arc::clone(&started);
+            Arc::new(move || {
+                let router = started
+                    .get()
+                    .ok_or("waiting for a live replica of every shard")?;
+                match router.unavailable_shards().as_slice() {
+                    [] => Ok(()),
+                    lost => Err(format!("no live replica of shards {lost:?}")),
+                }
+            })
         })
-    })
-    .await?;
+        .await?;
     let tls = ServerTls::load(
         config.mutual_tls(),
         (&config.tls_cert, &config.tls_key),
         &config.server.dev_cert_out,
         &config.server.dev_cert_names,
     )?;
+    hasten_core::metrics::register_certificate_expiry(&registry, &tls.expiries()?)?;
     // Read now, so that a bad file fails the start rather than after the shards answered.
     let control_token = config
         .control_plane_token_file

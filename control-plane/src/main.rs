@@ -132,6 +132,10 @@ async fn main() -> Result<()> {
     let address = listener.local_addr()?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = NodeMetrics::register(&registry)?;
+    hasten_core::metrics::register_certificate_expiry(
+        &registry,
+        &hasten_proto::tls::expiries(tls.as_ref())?,
+    )?;
     let metrics_addr =
         hasten_core::metrics::serve(config.metrics_addr, registry, Arc::new(|| {}), {
             let metrics = metrics.clone();

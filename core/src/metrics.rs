@@ -52,6 +52,30 @@ pub fn registry() -> Result<Registry, prometheus::Error> {
     Ok(registry)
 }
 
+/// `hasten_tls_certificate_expiry_timestamp_seconds{certificate}`: when each certificate
+/// file this process loaded at start expires (its earliest certificate), in Unix seconds.
+/// A certificate renewed in its Secret reaches a process only when it restarts, so the
+/// process, not the Secret, says what it still serves.
+pub fn register_certificate_expiry(
+    registry: &Registry,
+    certificates: &[(&str, i64)],
+) -> Result<(), prometheus::Error> {
+    let gauge = register(
+        registry,
+        prometheus::IntGaugeVec::new(
+            prometheus::Opts::new(
+                "hasten_tls_certificate_expiry_timestamp_seconds",
+                "When each certificate file this process loaded expires (its earliest certificate), Unix seconds",
+            ),
+            &["certificate"],
+        )?,
+    )?;
+    for (certificate, expires_at) in certificates {
+        gauge.with_label_values(&[*certificate]).set(*expires_at);
+    }
+    Ok(())
+}
+
 /// The registry's metrics in Prometheus's text format.
 pub fn exposition(registry: &Registry) -> String {
     let mut out = Vec::new();

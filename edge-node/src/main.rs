@@ -637,6 +637,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(EdgeMetrics::register(&registry)?);
+    let certificates = match &mutual {
+        Some(mutual) => mutual.expiries()?,
+        // Without mutual TLS the edge trusts the cloud through `cloud_ca` alone.
+        None => vec![(
+            "cloud_ca",
+            TrustRoots::from_pem_file(&config.cloud_ca)?.expires_at(),
+        )],
+    };
+    hasten_core::metrics::register_certificate_expiry(&registry, &certificates)?;
     let service = EdgeService::new(
         Arc::new(encoder),
         Arc::clone(&engine),

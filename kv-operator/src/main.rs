@@ -126,7 +126,7 @@ async fn run(args: RunArgs) -> Result<()> {
     let metrics = OperatorMetrics::register(&registry)?;
     let bound = hasten_core::metrics::serve(
         config.metrics_addr,
-        registry,
+        registry.clone(),
         Arc::new(|| {}),
         Arc::new(|| Ok(())),
     )
@@ -157,6 +157,10 @@ async fn run(args: RunArgs) -> Result<()> {
             .map(|paths| MutualTls::load(&paths))
             .transpose()
             .context("loading the mutual-TLS files")?;
+        hasten_core::metrics::register_certificate_expiry(
+            &registry,
+            &hasten_proto::tls::expiries(tls.as_ref())?,
+        )?;
         let token = config
             .control_plane_token_file
             .as_deref()

@@ -599,6 +599,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(KvMetrics::register(&registry)?);
+    hasten_core::metrics::register_certificate_expiry(
+        &registry,
+        &hasten_proto::tls::expiries(mutual.as_ref())?,
+    )?;
     metrics.observe_info(&info);
     let metrics_addr = hasten_core::metrics::serve(
         config.metrics_addr,

@@ -116,6 +116,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(WorkerMetrics::register(&registry)?);
+    hasten_core::metrics::register_certificate_expiry(
+        &registry,
+        &hasten_proto::tls::expiries(mutual.as_ref())?,
+    )?;
     let metrics_addr = hasten_core::metrics::serve(
         config.metrics_addr,
         registry,

@@ -40,6 +40,8 @@ pub enum TlsError {
     BadName(String),
     #[error("no certificate verifier for the certificate: {0}")]
     Verifier(#[from] rustls::client::VerifierBuilderError),
+    #[error("{path}: cannot read a certificate's validity: {reason}")]
+    Validity { path: String, reason: String },
     #[error("the certificate is not valid for `{name}`: {source}")]
     NotValidFor {
         name: String,
@@ -89,6 +91,11 @@ impl Identity {
             cert_chain: certificates_in(cert, cert_path)?,
             key: PrivateKeyDer::from_pem_slice(key).map_err(read_error(key_path))?,
         })
+    }
+
+    /// When the first certificate of the chain expires (Unix seconds).
+    pub fn expires_at(&self) -> Result<i64, TlsError> {
+        earliest_expiry(&self.cert_chain, Path::new("the identity"))
     }
 
     /// Generates a self-signed certificate for `names` (DNS names or IP addresses).
@@ -153,7 +160,11 @@ pub struct SelfSigned {
 
 /// The certificates a peer's chain must lead to.
 #[derive(Clone, Debug)]
-pub struct TrustRoots(Arc<RootCertStore>);
+pub struct TrustRoots {
+    store: Arc<RootCertStore>,
+    /// When the first of them expires (Unix seconds).
+    expires_at: i64,
+}
 
 impl TrustRoots {
     /// Trusts every certificate in the PEM file `path`.
@@ -163,16 +174,44 @@ impl TrustRoots {
 
     /// Parses PEM already read from `path` (named in errors).
     fn from_pem(pem: &[u8], path: &Path) -> Result<Self, TlsError> {
+        let certificates = certificates_in(pem, path)?;
+        let expires_at = earliest_expiry(&certificates, path)?;
         let mut roots = RootCertStore::empty();
-        for cert in certificates_in(pem, path)? {
+        for cert in certificates {
             roots.add(cert)?;
         }
-        Ok(Self(Arc::new(roots)))
+        Ok(Self {
+            store: Arc::new(roots),
+            expires_at,
+        })
     }
 
     pub(crate) fn store(&self) -> Arc<RootCertStore> {
-        self.0.clone()
+        self.store.clone()
     }
+
+    /// When the first trusted certificate expires (Unix seconds).
+    pub fn expires_at(&self) -> i64 {
+        self.expires_at
+    }
+}
+
+/// The earliest `notAfter` of `certificates` (read from `path`), in Unix seconds.
+fn earliest_expiry(certificates: &[CertificateDer<'_>], path: &Path) -> Result<i64, TlsError> {
+    let invalid = |reason: String| TlsError::Validity {
+        path: path.display().to_string(),
+        reason,
+    };
+    certificates
+        .iter()
+        .map(|der| {
+            let (_, certificate) = x509_parser::parse_x509_certificate(der.as_ref())
+                .map_err(|e| invalid(e.to_string()))?;
+            Ok(certificate.validity().not_after.timestamp())
+        })
+        .try_fold(i64::MAX, |earliest, expiry: Result<i64, TlsError>| {
+            Ok(earliest.min(expiry?))
+        })
 }
 
 fn read_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -275,6 +314,15 @@ impl MutualTls {
         &self.trust
     }
 
+    /// When this component's certificate and the CA's expire (Unix seconds), labelled for
+    /// the `hasten_tls_certificate_expiry_timestamp_seconds` gauge.
+    pub fn expiries(&self) -> Result<Vec<(&'static str, i64)>, TlsError> {
+        Ok(vec![
+            ("certificate", self.identity.expires_at()?),
+            ("ca", self.trust.expires_at()),
+        ])
+    }
+
     /// A gRPC server's TLS: this component's certificate, and a client certificate from
     /// the CA required of every caller.
     pub fn grpc_server(&self) -> tonic::transport::ServerTlsConfig {
@@ -298,8 +346,17 @@ impl MutualTls {
     }
 }
 
+/// [`MutualTls::expiries`] of a component whose mutual TLS may be off (then none).
+pub fn expiries(tls: Option<&MutualTls>) -> Result<Vec<(&'static str, i64)>, TlsError> {
+    Ok(tls
+        .map(MutualTls::expiries)
+        .transpose()?
+        .unwrap_or_default())
+}
+
 /// A throwaway certificate authority for local runs and tests: issues certificates good for
-/// both serving and calling (every Hasten component does both).
+/// both serving and calling (every Hasten component does both). The CA is valid for ten
+/// years and what it issues for one, from a day before their making (clocks drift).
 pub struct DevAuthority {
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
     pem: String,
@@ -315,6 +372,7 @@ impl DevAuthority {
     /// A new CA named `name`.
     pub fn new(name: &str) -> Result<Self, TlsError> {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        set_validity(&mut params, CA_VALIDITY_DAYS);
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         params
             .distinguished_name
@@ -344,6 +402,7 @@ impl DevAuthority {
         names: &[String],
     ) -> Result<IssuedCertificate, TlsError> {
         let mut params = rcgen::CertificateParams::new(names.to_vec())?;
+        set_validity(&mut params, ISSUED_VALIDITY_DAYS);
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, common_name);
@@ -397,6 +456,15 @@ impl DevAuthority {
     }
 }
 
+const CA_VALIDITY_DAYS: i64 = 3650;
+const ISSUED_VALIDITY_DAYS: i64 = 365;
+
+fn set_validity(params: &mut rcgen::CertificateParams, days: i64) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(days);
+}
+
 fn write_file(path: &Path, contents: &str, private: bool) -> std::io::Result<()> {
     use std::io::Write;
     let mut options = std::fs::OpenOptions::new();
@@ -414,6 +482,36 @@ fn write_file(path: &Path, contents: &str, private: bool) -> std::io::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn self_signed_until(year: i32, month: u8, day: u8) -> String {
+        let mut params = rcgen::CertificateParams::new(vec!["a.test".to_string()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+        params
+            .self_signed(&rcgen::KeyPair::generate().unwrap())
+            .unwrap()
+            .pem()
+    }
+
+    #[test]
+    fn the_earliest_certificate_of_a_file_sets_its_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bundle.pem");
+        let pem = format!(
+            "{}{}",
+            self_signed_until(2031, 5, 17),
+            self_signed_until(2029, 1, 2)
+        );
+        std::fs::write(&path, pem).unwrap();
+        // 2029-01-02T00:00:00Z.
+        assert_eq!(
+            TrustRoots::from_pem_file(&path).unwrap().expires_at(),
+            1_862_006_400
+        );
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, rcgen::KeyPair::generate().unwrap().serialize_pem()).unwrap();
+        let identity = Identity::from_pem_files(&path, &key).unwrap();
+        assert_eq!(identity.expires_at().unwrap(), 1_862_006_400);
+    }
 
     #[test]
     fn issued_certificates_lead_to_their_authority_only() {

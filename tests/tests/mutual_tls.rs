@@ -2,6 +2,7 @@
 //! plane and edges, each with a certificate from the deployment's CA
 //! (`hasten_proto::tls::DevAuthority`, the code behind `hasten-loadtest dev-certs`). A peer
 //! whose certificate comes from another CA, or that shows none, is refused on every link.
+//! Each process reports its certificates' expiry as a metric.
 
 // A test fails by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_proto::control::{MAX_MESSAGE_BYTES, grpc_endpoint};
-use hasten_proto::tls::{DevAuthority, MutualTls, TlsPaths};
+use hasten_proto::tls::{DevAuthority, Identity, MutualTls, TlsPaths, TrustRoots};
 use hasten_proto::v1::InfoRequest;
 use hasten_proto::v1::StatusRequest;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
@@ -20,6 +21,7 @@ use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge};
 use loadtest::control_plane::{free_loopback_port, node_args};
 use loadtest::process::{ManagedProcess, binary, cloud_index_route_args, tls_args};
+use loadtest::scrape::Scrape;
 use serde_json::json;
 
 const K: usize = 10;
@@ -207,6 +209,34 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
                     .is_ok(),
             };
             assert_eq!(answered, allowed, "{what} at {address}");
+        }
+    }
+
+    // Every process reports when the certificate files it loaded expire (the dev CA's
+    // ten years and its certificates' one tell the two apart).
+    let expiries = |paths: &TlsPaths| {
+        let identity = Identity::from_pem_files(&paths.cert, &paths.key).unwrap();
+        let ca = TrustRoots::from_pem_file(&paths.ca).unwrap();
+        (identity.expires_at().unwrap(), ca.expires_at())
+    };
+    for (metrics, paths, what) in [
+        (cloud.addr("metrics_addr"), &cloud_tls, "shard"),
+        (router.addr("metrics_addr"), &cloud_tls, "router"),
+        (nodes[0].addr("metrics_addr"), &cp_tls, "control-plane node"),
+        (trusted_addr.clone(), &edge_tls, "edge"),
+    ] {
+        let scrape = Scrape::of(&metrics).await.unwrap();
+        let (certificate, ca) = expiries(paths);
+        assert!(certificate < ca, "{what}: {certificate} {ca}");
+        for (label, expected) in [("certificate", certificate), ("ca", ca)] {
+            assert_eq!(
+                scrape.value(
+                    "hasten_tls_certificate_expiry_timestamp_seconds",
+                    &[("certificate", label)]
+                ),
+                expected as f64,
+                "{what}: {label}"
+            );
         }
     }
     drop(nodes);

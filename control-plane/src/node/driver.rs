@@ -328,6 +328,7 @@ impl<T: Transport> RaftNode<T> {
             members,
             first_log_index: raft.raft_log.first_index(),
             cached_entries: self.state.len() as u64,
+            subscribers: u64::try_from(self.metrics.subscribers.get()).unwrap_or(0),
         }
     }
 

@@ -102,6 +102,11 @@ fn check_command(kind: &control_command::Kind) -> Result<(), String> {
                 return Err("a corpus registration names its version and dimension".into());
             }
         }
+        control_command::Kind::FlushTenant(flush) => {
+            if flush.tenant.is_empty() {
+                return Err("flushing a tenant needs its name".into());
+            }
+        }
         control_command::Kind::RetireCorpusVersion(retire) => {
             if retire.corpus_version.is_empty() {
                 return Err("retiring a corpus version needs its name".into());

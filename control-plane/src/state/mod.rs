@@ -243,6 +243,10 @@ impl CacheStateMachine {
                     removed: Vec::new(),
                 })
             }
+            control_command::Kind::FlushTenant(flush) => Some(AppliedCommand {
+                kind: None,
+                removed: self.evict_beyond(&flush.tenant, 0),
+            }),
             control_command::Kind::RetireCorpusVersion(retire) => {
                 let removed = self.entries_of_version(&retire.corpus_version);
                 for entry in &removed {

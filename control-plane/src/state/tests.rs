@@ -1,5 +1,5 @@
 use super::*;
-use hasten_proto::v1::{InvalidateDocuments, RetireCorpusVersion};
+use hasten_proto::v1::{FlushTenant, InvalidateDocuments, RetireCorpusVersion};
 
 fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
     ControlCommand {
@@ -56,6 +56,23 @@ fn each_tenant_evicts_only_its_own_entries() {
     let mut restored = CacheStateMachine::from_state(machine.to_state());
     let applied = restored.apply(4, 1, batch(vec![of("acme", 5)]));
     assert_eq!(applied[0].removed, vec![(2 << 16) | 2]);
+
+    // Flushing a tenant removes all of its entries and nobody else's.
+    let flush = |tenant: &str| ControlCommand {
+        kind: Some(control_command::Kind::FlushTenant(FlushTenant {
+            tenant: tenant.into(),
+        })),
+    };
+    let applied = restored.apply(5, 1, batch(vec![flush("acme")]));
+    assert_eq!(applied[0].removed, vec![(3 << 16), (4 << 16)]);
+    let left: Vec<u64> = restored.to_state().entries.iter().map(|e| e.id).collect();
+    assert_eq!(left, vec![(2 << 16)]);
+    assert!(
+        restored.apply(6, 1, batch(vec![flush("acme")]))[0]
+            .removed
+            .is_empty()
+    );
+    assert!(validate(&[flush("")]).is_err());
 }
 
 fn ids(machine: &CacheStateMachine) -> Vec<u64> {
