@@ -13,8 +13,12 @@ CARGO ?= cargo
 export HASTEN_MODEL_DIR ?= $(abspath $(MODEL_DIR))
 export HASTEN_LM_DIR ?= $(abspath $(LM_DIR))
 export HASTEN_OPENAI_PYTHON ?= $(abspath $(TOOLS_DIR))/openai-venv/bin/python
+# Prometheus and promtool (Debian's package) and the chart's rules rendered for the
+# monitoring test (tests/tests/monitoring.rs).
+export HASTEN_PROMETHEUS_DIR ?= $(abspath $(TOOLS_DIR))/prometheus-deb/usr/bin
+export HASTEN_TEST_RULES ?= $(abspath $(TOOLS_DIR))/test-rules/rules.yaml
 
-.PHONY: help deps models models-large clients build demo test lint fmt crd
+.PHONY: help deps models models-large clients monitoring build demo test lint fmt crd
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -40,13 +44,17 @@ models-large: models
 clients:
 	scripts/install-test-clients.sh $(TOOLS_DIR)/openai-venv
 
+monitoring:
+	scripts/fetch-prometheus.sh $(abspath $(TOOLS_DIR)) >/dev/null
+	scripts/render-rules.sh $(abspath $(TOOLS_DIR))/test-rules >/dev/null
+
 build: deps
 	$(CARGO) build --workspace --bins
 
 demo: deps models build
 	DATA_DIR=$(DATA_DIR) scripts/demo.sh
 
-test: deps models clients
+test: deps models clients monitoring
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 

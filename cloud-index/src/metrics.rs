@@ -113,6 +113,12 @@ impl CloudMetrics {
             registry.register(Box::new(failovers.clone()))?;
         }
         let label = [role.label()];
+        // Every outcome's series exists from the start: an error ratio reads 0, not "no
+        // data", until the first error.
+        for outcome in ["ok", "error"] {
+            searches.with_label_values(&[role.label(), outcome]);
+            document_requests.with_label_values(&[role.label(), outcome]);
+        }
         Ok(Self {
             role,
             searches,
@@ -171,6 +177,8 @@ impl CloudMetrics {
         self.live_replicas
             .with_label_values(&[shard.as_str()])
             .set(live as i64);
+        // The shard's failover count exists (at 0) from its first health report on.
+        self.failovers.with_label_values(&[shard.as_str()]);
     }
 
     /// Drops the health series of a replica the shard map no longer lists for `shard`.

@@ -309,7 +309,15 @@ impl RouterState {
         let combined = &combined;
         let outcomes =
             futures::future::join_all(map.shards.iter().enumerate().map(|(shard, endpoints)| {
-                self.call_shard(shard, endpoints, combined, deadline, rotation)
+                async move {
+                    let started = Instant::now();
+                    let outcome = self
+                        .call_shard(shard, endpoints, combined, deadline, rotation)
+                        .await;
+                    // Failovers included: the time this shard held the routed search up.
+                    self.metrics.observe_shard_fan_out(shard, started.elapsed());
+                    outcome
+                }
             }))
             .await;
         let mut shards: Vec<Result<std::vec::IntoIter<QueryHits>, SearchError>> = outcomes
