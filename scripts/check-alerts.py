@@ -2,7 +2,7 @@
 """Helpers of scripts/check-helm.sh for the chart's Prometheus rules (PyYAML from its venv).
 
     check-alerts.py rules-file CRDS_YAML OUT_RULES OUT_UNANNOTATED
-        The rendered PrometheusRule as a Prometheus rule file (for `promtool check rules`),
+        The rendered PrometheusRules (alerts, recording rules) as one Prometheus rule file (for `promtool check rules`),
         and a copy without annotations for `promtool test rules`: promtool compares an
         alert's annotations whole, and the descriptions are runbook text, so the unit tests
         pin when each alert fires and with which labels, and `annotations` below checks
@@ -10,6 +10,9 @@
     check-alerts.py annotations RULES README
         Every alert has a summary, a description and a runbook_url ending in
         `#<alert name in lower case>`, and the chart README has that section.
+    check-alerts.py recorded RULES DASHBOARD...
+        Every recorded series (`namespace_pod:...:rate`) a dashboard reads is written by a
+        recording rule of RULES.
     check-alerts.py coverage RULES TEST_FILE...
         Every alert of RULES is expected to fire in some test case and expected silent in
         some (other) evaluation, so no alert goes untested and none passes by never firing.
@@ -31,9 +34,9 @@ def rules_file(crds, out, out_unannotated):
     with open(crds) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
     rules = [d for d in docs if d.get("kind") == "PrometheusRule"]
-    if len(rules) != 1:
-        fail(f"{crds}: expected one PrometheusRule, found {len(rules)}")
-    groups = rules[0]["spec"]["groups"]
+    if not rules:
+        fail(f"{crds}: no PrometheusRule")
+    groups = [group for rule in rules for group in rule["spec"]["groups"]]
     pathlib.Path(out).write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
     for group in groups:
         for rule in group["rules"]:
@@ -104,6 +107,19 @@ def coverage(rules, tests):
     print(f"every one of the {len(names)} alerts is tested firing and silent")
 
 
+def recorded(rules, dashboards):
+    with open(rules) as f:
+        groups = yaml.safe_load(f)["groups"]
+    records = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    used = set()
+    for path in dashboards:
+        used |= set(re.findall(r"namespace_pod:[A-Za-z0-9_]+:rate", pathlib.Path(path).read_text()))
+    missing = sorted(used - records)
+    if missing:
+        fail(f"dashboards read series no recording rule writes: {missing}")
+    print(f"the {len(used)} recorded series the dashboards read are recorded")
+
+
 def main():
     command, args = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
     if command == "rules-file" and len(args) == 3:
@@ -112,6 +128,8 @@ def main():
         annotations(*args)
     elif command == "coverage" and len(args) >= 2:
         coverage(args[0], args[1:])
+    elif command == "recorded" and len(args) >= 2:
+        recorded(args[0], args[1:])
     else:
         fail(__doc__)
 

@@ -182,6 +182,8 @@ check alert-tests-self-test alert_tests_catch_broken_rules
 check alert-coverage "$py" scripts/check-alerts.py coverage "$rules/rules.yaml" "$chart"/alert-tests/*.test.yaml
 check alert-annotations "$py" scripts/check-alerts.py annotations "$rules/kv-pools-annotated.yaml" \
   "$chart/README.md"
+check dashboards-recorded "$py" scripts/check-alerts.py recorded "$rules/kv-pools.yaml" \
+  "$chart"/dashboards/*.json
 
 # kubernetes-validate must catch a bad manifest, or its passes mean nothing.
 validator_rejects_unknown_fields() {

@@ -156,12 +156,18 @@ def stat(title, expr, legend="", unit="short", description="", mappings=None, te
     }
 
 
+def quantile(q, metric, sel, by=""):
+    """The q-quantile of a histogram from the chart's recording rules
+    (templates/monitoring/recordingrules.yaml: per-pod bucket rates), optionally per label."""
+    group = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, sum by ({group}) (namespace_pod:{metric}_bucket:rate{{{sel}}}))"
+
+
 def quantiles(metric, sel, by="", legend_prefix=""):
     """p50/p95/p99 of a histogram, optionally per label (`by`)."""
-    group = f"le, {by}" if by else "le"
     return [
         (
-            f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{{{sel}}}[{RATE}])))",
+            quantile(q, metric, sel, by),
             f"{legend_prefix}p{int(q * 100)}" + (f" {{{{{by}}}}}" if by else ""),
         )
         for q in (0.5, 0.95, 0.99)
@@ -353,8 +359,8 @@ def edge():
         timeseries(
             "Latency by outcome (p50, p99)",
             [
-                (f"histogram_quantile(0.5, sum by (le, outcome) (rate(hasten_edge_request_duration_seconds_bucket{{{s}}}[{RATE}])))", "p50 {{outcome}}"),
-                (f"histogram_quantile(0.99, sum by (le, outcome) (rate(hasten_edge_request_duration_seconds_bucket{{{s}}}[{RATE}])))", "p99 {{outcome}}"),
+                (quantile(0.5, "hasten_edge_request_duration_seconds", s, "outcome"), "p50 {{outcome}}"),
+                (quantile(0.99, "hasten_edge_request_duration_seconds", s, "outcome"), "p99 {{outcome}}"),
             ],
             unit="s",
             description="Accepted drafts are answered at the edge (about a millisecond); "
@@ -462,7 +468,7 @@ def edge():
             "Stage latency p95",
             [
                 (
-                    f"histogram_quantile(0.95, sum by (le, stage) (rate(hasten_edge_stage_duration_seconds_bucket{{{s}}}[{RATE}])))",
+                    quantile(0.95, "hasten_edge_stage_duration_seconds", s, "stage"),
                     "{{stage}}",
                 )
             ],
@@ -580,7 +586,7 @@ def cloud():
             "Shard search latency p99 (on the shards)",
             [
                 (
-                    f'histogram_quantile(0.99, sum by (le, shard) (rate({dur}_bucket{{{s}, role="shard"}}[{RATE}])))',
+                    quantile(0.99, dur, f'{s}, role="shard"', "shard"),
                     "shard {{shard}}",
                 )
             ],
@@ -592,7 +598,7 @@ def cloud():
             "Shard fan-out latency p99 (seen by the routers)",
             [
                 (
-                    f'histogram_quantile(0.99, sum by (le, shard) (rate({dur}_bucket{{{s}, role="router", shard!="all"}}[{RATE}])))',
+                    quantile(0.99, dur, f'{s}, role="router", shard!="all"', "shard"),
                     "shard {{shard}}",
                 )
             ],
