@@ -23,10 +23,12 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins -p edge-node -p cloud-index -p control-plane \
-        -p hasten-lm-worker -p hasten-kv-worker -p hasten-kv-operator \
+        -p hasten-lm-worker -p hasten-kv-worker -p hasten-kv-operator -p hasten-admin \
+        -p loadtest \
     && mkdir -p /out \
     && cp target/release/edge-node target/release/cloud-index target/release/control-plane \
-        target/release/lm-worker target/release/kv-worker target/release/kv-operator /out/
+        target/release/lm-worker target/release/kv-worker target/release/kv-operator \
+        target/release/hasten-admin target/release/hasten-loadtest /out/
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -34,6 +34,11 @@ pub struct DriverSettings {
     /// Stop issuing queries after this long.
     pub max_duration: Option<Duration>,
     pub request_timeout: Duration,
+    /// Start the workload over when it runs out, until `max_duration` (a deployment's
+    /// load test), instead of stopping.
+    pub cycle: bool,
+    /// The HTTP client (a deployment's token and CA); a plain one when `None`.
+    pub client: Option<reqwest::Client>,
 }
 
 /// What one run produced, warm-up excluded.
@@ -77,17 +82,19 @@ struct Requester {
     done: Arc<AtomicUsize>,
     progress: Arc<dyn Fn(usize) + Send + Sync>,
     k: usize,
+    started: Instant,
 }
 
 impl Requester {
     async fn request(&self, index: usize, client_id: usize, intended: Instant) {
-        let query = &self.workload[index];
+        let query = &self.workload[index % self.workload.len()];
         let edge = client_id % self.edges.len().max(1);
         let result = send(&self.client, &self.edges[edge], query, self.k).await;
         let record = QueryRecord {
             question: query.clone(),
             edge,
             latency: intended.elapsed(),
+            sent: intended.saturating_duration_since(self.started),
             result,
         };
         let _ = self.tx.send((index, intended, record));
@@ -103,11 +110,13 @@ pub async fn run(
     settings: &DriverSettings,
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> RunOutcome {
-    let client = reqwest::Client::builder()
-        .timeout(settings.request_timeout)
-        .pool_max_idle_per_host(1024)
-        .build()
-        .unwrap_or_default();
+    let client = settings.client.clone().unwrap_or_else(|| {
+        reqwest::Client::builder()
+            .timeout(settings.request_timeout)
+            .pool_max_idle_per_host(1024)
+            .build()
+            .unwrap_or_default()
+    });
     let workload: Arc<Vec<WorkloadQuery>> = Arc::new(workload.to_vec());
     let edges: Arc<Vec<String>> = Arc::new(edges.to_vec());
     let started = Instant::now();
@@ -121,6 +130,13 @@ pub async fn run(
         done: Arc::new(AtomicUsize::new(0)),
         progress: Arc::new(progress),
         k: settings.k,
+        started,
+    };
+    // With `cycle`, indexes run past the workload's end (taken modulo its length).
+    let queries = if settings.cycle && deadline.is_some() && !workload.is_empty() {
+        usize::MAX
+    } else {
+        workload.len()
     };
     match settings.load {
         LoadModel::Closed { clients } => {
@@ -132,9 +148,7 @@ pub async fn run(
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let index = next.fetch_add(1, Ordering::Relaxed);
-                        if index >= requester.workload.len()
-                            || deadline.is_some_and(|d| Instant::now() >= d)
-                        {
+                        if index >= queries || deadline.is_some_and(|d| Instant::now() >= d) {
                             return;
                         }
                         requester.request(index, client_id, Instant::now()).await;
@@ -150,7 +164,7 @@ pub async fn run(
             let mut rng = StdRng::seed_from_u64(seed);
             let mut intended = started;
             let mut tasks = Vec::with_capacity(workload.len());
-            for index in 0..workload.len() {
+            for index in 0..queries {
                 if let Ok(gaps) = &gaps {
                     intended += Duration::from_secs_f64(gaps.sample(&mut rng));
                 }
@@ -250,6 +264,8 @@ mod tests {
             warmup,
             max_duration,
             request_timeout: Duration::from_secs(30),
+            cycle: false,
+            client: None,
         }
     }
 

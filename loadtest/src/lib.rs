@@ -8,6 +8,7 @@ pub mod paraphrase;
 pub mod popularity;
 pub mod process;
 pub mod relay;
+pub mod remote;
 pub mod report;
 pub mod scoring;
 pub mod scrape;

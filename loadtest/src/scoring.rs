@@ -83,6 +83,8 @@ pub struct QueryRecord {
     /// Which of the system's edges answered (index into its edge list).
     pub edge: usize,
     pub latency: Duration,
+    /// When it was meant to be sent, from the start of the run.
+    pub sent: Duration,
     pub result: Result<EdgeReply, String>,
 }
 
@@ -368,6 +370,7 @@ mod tests {
             edge: 0,
             question: q.clone(),
             latency: Duration::from_millis(latency_ms),
+            sent: Duration::ZERO,
             result: Ok(EdgeReply {
                 timings_us: Some(ReplyTimings {
                     cloud_us: Some(cloud_us),
@@ -386,6 +389,7 @@ mod tests {
                 edge: 0,
                 question: q.clone(),
                 latency: Duration::from_millis(900),
+                sent: Duration::ZERO,
                 result: Ok(reply("fallback", "x", None)),
             },
         ];
@@ -420,6 +424,7 @@ mod tests {
                 edge: 0,
                 question: q1.clone(),
                 latency: ms(100),
+                sent: Duration::ZERO,
                 result: Ok(reply("fallback", "born in Lisbon", None)),
             },
             QueryRecord {
@@ -427,18 +432,21 @@ mod tests {
                 edge: 1,
                 question: q2,
                 latency: ms(10),
+                sent: Duration::ZERO,
                 result: Ok(reply("accepted", "a baker", Some("where born A"))),
             },
             QueryRecord {
                 edge: 0,
                 question: q3,
                 latency: ms(20),
+                sent: Duration::ZERO,
                 result: Ok(reply("accepted", "no answer", Some("where born A"))),
             },
             QueryRecord {
                 edge: 0,
                 question: q1,
                 latency: ms(30),
+                sent: Duration::ZERO,
                 result: Err("503".into()),
             },
         ];
@@ -466,12 +474,14 @@ mod tests {
                 edge: 0,
                 question: q.clone(),
                 latency: Duration::from_millis(1),
+                sent: Duration::ZERO,
                 result: Ok(reply("fallback", "won by denver broncos.", None)),
             },
             QueryRecord {
                 edge: 0,
                 question: q,
                 latency: Duration::from_millis(1),
+                sent: Duration::ZERO,
                 result: Ok(reply("fallback", "the Denver Broncoses", None)),
             },
         ];
@@ -498,6 +508,7 @@ mod tests {
             edge: 0,
             question,
             latency: Duration::from_millis(5),
+            sent: Duration::ZERO,
             result: Ok(EdgeReply {
                 documents: vec![document(title, text)],
                 outcome: "fallback".into(),

@@ -20,7 +20,7 @@ use crate::paraphrase::paraphrases;
 use crate::popularity::DailyPopularity;
 
 /// One query of a workload.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkloadQuery {
     pub seq: usize,
     pub day: usize,
