@@ -674,6 +674,33 @@ def mtls_handshake(bindir, rendered):
     print("the control-plane binary serves the generated certificate and requires it of clients")
 
 
+def secret_rollouts(rendered_files):
+    """Every pod template that mounts a Secret carries checksum/secrets, and pods mounting
+    different Secrets get different checksums where their Secrets differ."""
+    errors = []
+    checked = 0
+    for path in rendered_files:
+        for doc in load_docs(path):
+            template = doc.get("spec", {}).get("template")
+            if not template:
+                continue
+            volumes = template.get("spec", {}).get("volumes", [])
+            secrets = [
+                source["secret"]["name"]
+                for volume in volumes
+                for source in volume.get("projected", {}).get("sources", [])
+                if "secret" in source
+            ] + [v["secret"]["secretName"] for v in volumes if "secret" in v]
+            if not secrets:
+                continue
+            checked += 1
+            annotations = template.get("metadata", {}).get("annotations", {})
+            if not re.fullmatch(r"[0-9a-f]{64}", str(annotations.get("checksum/secrets", ""))):
+                errors.append(f"{path}: {doc['kind']} {doc['metadata']['name']} mounts {secrets} without checksum/secrets")
+    exit_on(errors)
+    print(f"{checked} pod templates mounting Secrets roll when they change")
+
+
 def main():
     if len(sys.argv) < 2:
         fail(__doc__)
@@ -696,6 +723,8 @@ def main():
         check_files(*args)
     elif command == "mtls-names" and len(args) == 1:
         mtls_names(*args)
+    elif command == "secret-rollouts" and args:
+        secret_rollouts(args)
     elif command == "mtls-handshake" and len(args) == 2:
         mtls_handshake(*args)
     else:

@@ -104,6 +104,23 @@ check render-mtls render mtls "${mtls_on[@]}"
 check render-kv-pools render kv-pools --set kvOperator.enabled=true --set kvPools.enabled=true \
   "${monitoring_on[@]}" --set monitoring.forceCRDs=true
 
+# The stateless tiers under HorizontalPodAutoscalers: the Deployments leave replicas to them.
+check render-autoscaling render autoscaling --set cloud.router.autoscaling.enabled=true \
+  --set edge.autoscaling.enabled=true
+autoscaled() {
+  "$py" - "$out/autoscaling/core.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+hpas = {d["spec"]["scaleTargetRef"]["name"] for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
+deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+assert hpas == {"hasten-router", "hasten-edge"}, hpas
+for name in hpas:
+    assert "replicas" not in deployments[name]["spec"], f"{name} sets replicas under an autoscaler"
+print(f"HorizontalPodAutoscalers for {sorted(hpas)}, their Deployments without replicas")
+PY
+}
+check autoscaling autoscaled
+
 # What each layout's configurations name is mounted; mutual TLS (all of tls_ca, tls_cert,
 # tls_key) and tenants_file as the layout asks.
 check files-default "$py" "$helper" check-files off off "$out/default.yaml"
@@ -112,6 +129,8 @@ check files-monitoring "$py" "$helper" check-files off off "$out/monitoring.yaml
 check files-devcerts "$py" "$helper" check-files off off "$out/devcerts.yaml"
 check files-mtls "$py" "$helper" check-files on on "$out/mtls.yaml"
 check mtls-names "$py" "$helper" mtls-names "$out/mtls.yaml"
+check secret-rollouts "$py" "$helper" secret-rollouts "$out/default.yaml" "$out/production.yaml" \
+  "$out/mtls.yaml" "$out/kv-pools.yaml"
 
 crd_objects() { # crd_objects NAME KIND...: the render holds each kind
   local name=$1 kind
@@ -146,6 +165,10 @@ check crds-absent no_crd_objects
 check refuses-dev-certs refuses dev-certs 'tls.cloud.secretName' --set tls.cloud.generate=false
 check refuses-tenants-without-key refuses tenants-without-key 'edge.tenants.key' \
   --set edge.tenants.secretName=hasten-edge-tenants --set edge.tenants.key=
+check refuses-autoscaled-daemonset refuses autoscaled-daemonset 'edge.autoscaling.enabled' \
+  --set edge.autoscaling.enabled=true --set edge.kind=DaemonSet
+check refuses-autoscaling-bounds refuses autoscaling-bounds 'minReplicas' \
+  --set cloud.router.autoscaling.enabled=true --set cloud.router.autoscaling.minReplicas=9
 
 # Alerting rules: promtool's checks on every layout that renders them, and the unit tests of
 # helm/hasten/alert-tests on the kv-pools layout's (every rule group on).
@@ -195,7 +218,7 @@ validator_rejects_unknown_fields() {
   echo "kubernetes-validate rejects unknown fields"
 }
 check validator-self-test validator_rejects_unknown_fields
-for name in default production monitoring devcerts mtls kv-pools; do
+for name in default production monitoring devcerts mtls kv-pools autoscaling; do
   for version in "${KUBERNETES_VERSIONS[@]}"; do
     if [ -f "$out/$name/core.yaml" ]; then
       check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
@@ -233,7 +256,7 @@ if [ "${HASTEN_SKIP_CONFIG_CHECK:-0}" = 1 ]; then
 else
   binaries_present() {
     local b
-    for b in edge-node cloud-index control-plane kv-operator kv-worker; do
+    for b in edge-node cloud-index control-plane kv-operator kv-worker hasten-loadtest; do
       [ -x "$bindir/$b" ] || { echo "$bindir/$b is missing: run cargo build --workspace --bins first"; return 1; }
     done
     echo "binaries in $bindir"
@@ -247,6 +270,40 @@ else
     check config-check-kv-workers env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check \
       "$bindir" kv-operator/tests/golden/*.yaml
     check mtls-handshake "$py" "$helper" mtls-handshake "$bindir" "$out/mtls.yaml"
+    # The `helm test` pod's command and workload as the image's hasten-loadtest reads them:
+    # pointed at a port where nothing listens, it must parse everything, send, and fail its
+    # error threshold (exit 99), not stop on its arguments (2) or the workload (1).
+    helm_test_command() {
+      "$py" - "$out/default.yaml" "$out/helm-test" <<'PY'
+import json, os, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+hooks = [d for d in docs if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+pod = next(d for d in hooks if d["kind"] == "Pod")
+workload = next(d for d in hooks if d["kind"] == "ConfigMap")["data"]["workload.jsonl"]
+os.makedirs(sys.argv[2], exist_ok=True)
+with open(os.path.join(sys.argv[2], "workload.jsonl"), "w") as f:
+    f.write(workload)
+command = pod["spec"]["containers"][0]["command"]
+print(json.dumps(command))
+PY
+    }
+    helm_test_runs() {
+      local command
+      command=$(helm_test_command) || return 1
+      local args
+      mapfile -t args < <("$py" -c 'import json,sys
+cmd = json.loads(sys.argv[1])
+for i, a in enumerate(cmd[1:], 1):
+    prev = cmd[i - 1]
+    print({"--edge": "http://127.0.0.1:9", "--workload": sys.argv[2], "--out": sys.argv[3],
+           "--duration": "1s"}.get(prev, a))' "$command" "$out/helm-test/workload.jsonl" "$out/helm-test/run")
+      local rc=0
+      timeout 60 "$bindir/hasten-loadtest" "${args[@]}" >"$out/helm-test/stdout" 2>&1 || rc=$?
+      [ "$rc" -eq 99 ] || { cat "$out/helm-test/stdout"; echo "exit $rc, expected 99"; return 1; }
+      grep -q "FAIL errors<" "$out/helm-test/stdout" || { cat "$out/helm-test/stdout"; return 1; }
+      echo "the helm test command runs and fails its error threshold against nothing"
+    }
+    check helm-test-command helm_test_runs
   fi
 fi
 

@@ -187,6 +187,20 @@ every workload template, so that `helm template` and `helm install` stop with th
 {{- if and .Values.tls.mutual.generate (lt (int .Values.tls.mutual.generateValidityDays) 1) }}
 {{- fail "tls.mutual.generateValidityDays must be at least 1" }}
 {{- end }}
+{{- if and .Values.edge.autoscaling.enabled (eq .Values.edge.kind "DaemonSet") }}
+{{- fail "edge.autoscaling.enabled: a DaemonSet runs one edge per matching node and cannot be autoscaled; use edge.kind=Deployment, or turn autoscaling off" }}
+{{- end }}
+{{- range $name, $scaling := dict "cloud.router.autoscaling" .Values.cloud.router.autoscaling "edge.autoscaling" .Values.edge.autoscaling }}
+{{- if and $scaling.enabled (or (lt (int $scaling.minReplicas) 1) (gt (int $scaling.minReplicas) (int $scaling.maxReplicas))) }}
+{{- fail (printf "%s: minReplicas (%v) must be at least 1 and at most maxReplicas (%v)" $name $scaling.minReplicas $scaling.maxReplicas) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.cloud.router.autoscaling.enabled (not (dig "requests" "cpu" "" .Values.cloud.router.resources)) }}
+{{- fail "cloud.router.autoscaling.enabled: set cloud.router.resources.requests.cpu, which the CPU target is a share of" }}
+{{- end }}
+{{- if and .Values.edge.autoscaling.enabled (not (dig "requests" "cpu" "" .Values.edge.resources)) }}
+{{- fail "edge.autoscaling.enabled: set edge.resources.requests.cpu, which the CPU target is a share of" }}
+{{- end }}
 {{- if and .Values.edge.tenants.secretName (not .Values.edge.tenants.key) }}
 {{- fail "edge.tenants.key: name the key of the Secret edge.tenants.secretName that holds the tenants file (e.g. tenants.toml)" }}
 {{- end }}
@@ -289,6 +303,27 @@ tenants file as tenants/tenants.toml.
               path: tenants/tenants.toml
               mode: 0440
       {{- end }}
+{{- end }}
+
+{{/*
+Checksum of the Secrets "hasten.baseVolumes" mounts for the same arguments, as the cluster
+holds them at install or upgrade (`lookup`; names only under `helm template`), for a pod
+annotation: an upgrade after a Secret changed (a rotated certificate, new tenants) rolls
+the pods that read it, as config changes do. A Secret the chart generates is first seen
+with its data at the first upgrade, which therefore rolls those pods once.
+*/}}
+{{- define "hasten.secretsChecksum" -}}
+{{- $root := .root -}}
+{{- $seen := list -}}
+{{- range $volume := include "hasten.baseVolumes" . | fromYamlArray -}}
+{{- range $source := dig "projected" "sources" (list) $volume -}}
+{{- with $source.secret -}}
+{{- $live := lookup "v1" "Secret" $root.Release.Namespace .name -}}
+{{- $seen = append $seen (dict "name" .name "data" (dig "data" (dict) $live)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $seen | sha256sum -}}
 {{- end }}
 
 {{- define "hasten.baseVolumeMounts" -}}
