@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the Helm chart in helm/hasten without a cluster:
 #   - the Grafana dashboards are what scripts/gen-dashboards.py generates, and their
-#     PromQL parses;
+#     PromQL parses; values.schema.json is what scripts/gen-values-schema.py generates, and
+#     it refuses a misspelt key, a wrong type and a value outside an enumeration;
 #   - `helm lint --strict` with the default values, values-production.yaml, monitoring on and
 #     mutual TLS with tenants;
 #   - `helm template` of several layouts, each validated with kubernetes-validate --strict
@@ -83,6 +84,7 @@ monitoring_on=(--set monitoring.serviceMonitor.enabled=true --set monitoring.pro
 mtls_on=(--set tls.mutual.generate=true --set edge.tenants.secretName=hasten-edge-tenants)
 
 check dashboards-generated python3 scripts/gen-dashboards.py --check
+check values-schema-generated "$py" scripts/gen-values-schema.py --check
 check dashboards-promql "$py" "$helper" check-promql "$chart"/dashboards/*.json
 check lint-default "$helm" lint --strict "$chart"
 check lint-production "$helm" lint --strict "$chart" -f "$chart/values-production.yaml"
@@ -165,6 +167,11 @@ check crds-absent no_crd_objects
 check refuses-dev-certs refuses dev-certs 'tls.cloud.secretName' --set tls.cloud.generate=false
 check refuses-tenants-without-key refuses tenants-without-key 'edge.tenants.key' \
   --set edge.tenants.secretName=hasten-edge-tenants --set edge.tenants.key=
+# values.schema.json: a misspelt key, a wrong type and a value outside an enumeration stop
+# `helm install` before anything is applied.
+check refuses-unknown-value refuses unknown-value "additional properties 'replica'" --set edge.replica=3
+check refuses-wrong-type refuses wrong-type "got string, want integer" --set edge.replicas=two
+check refuses-bad-enum refuses bad-enum "value must be one of" --set edge.kind=StatefulSet
 check refuses-autoscaled-daemonset refuses autoscaled-daemonset 'edge.autoscaling.enabled' \
   --set edge.autoscaling.enabled=true --set edge.kind=DaemonSet
 check refuses-autoscaling-bounds refuses autoscaling-bounds 'minReplicas' \

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Writes helm/hasten/values.schema.json from values.yaml, so that a wrong value fails at
+`helm install` (Helm validates values against the chart's schema) and not in a pod.
+
+Every key of values.yaml is a property of its type (booleans, numbers, strings, lists,
+tables); a misspelt key is refused (`additionalProperties: false`) except in the tables that
+are Kubernetes' own or free-form (resources, security contexts, selectors, annotations,
+labels, affinity) and in the binaries' `config` tables, whose unknown keys the binaries
+themselves refuse at start (and `scripts/check-helm.sh` feeds every rendered configuration
+to them). A few keys get enumerations or bounds. `--check` compares instead of writing.
+
+    python3 scripts/gen-values-schema.py [--check]
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import yaml
+
+CHART = pathlib.Path(__file__).resolve().parent.parent / "helm" / "hasten"
+
+# Tables whose keys are not the chart's to know.
+FREE_FORM = {
+    "resources",
+    "podSecurityContext",
+    "containerSecurityContext",
+    "nodeSelector",
+    "affinity",
+    "annotations",
+    "labels",
+    "podAnnotations",
+    "podLabels",
+    "serviceAccountAnnotations",
+    "commonLabels",
+    "podSelector",
+    "updateStrategy",
+    "startupProbe",
+}
+# Tables of a binary's TOML keys: known keys typed, others left to the binary.
+OPEN = {"config"}
+ENUMS = {
+    "edge.kind": ["Deployment", "DaemonSet"],
+    "image.pullPolicy": ["Always", "IfNotPresent", "Never"],
+}
+COUNTS = {"replicas", "minReplicas", "maxReplicas", "shards", "replicasPerShard"}
+
+
+def schema_of(value, path, key):
+    if key in FREE_FORM:
+        return {"type": "object"}
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, (int, float)):
+        if key in COUNTS:
+            return {"type": "integer", "minimum": 0}
+        return {"type": "number"}
+    if isinstance(value, str):
+        node = {"type": "string"}
+        if path in ENUMS:
+            node["enum"] = ENUMS[path]
+        return node
+    if value is None:
+        return {}
+    if isinstance(value, list):
+        node = {"type": "array"}
+        scalars = [v for v in value if not isinstance(v, (dict, list))]
+        if value and len(scalars) == len(value):
+            node["items"] = schema_of(value[0], path + "[]", key)
+        return node
+    if isinstance(value, dict):
+        node = {
+            "type": "object",
+            "properties": {k: schema_of(v, f"{path}.{k}" if path else k, k) for k, v in value.items()},
+        }
+        if value and key not in OPEN:
+            node["additionalProperties"] = False
+        return node
+    raise TypeError(f"{path}: {type(value).__name__}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "hasten values"}
+    schema.update(schema_of(values, "", ""))
+    text = json.dumps(schema, indent=2) + "\n"
+    out = CHART / "values.schema.json"
+    if args.check:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is stale: run python3 scripts/gen-values-schema.py", file=sys.stderr)
+            sys.exit(1)
+        print(f"{out.name} matches values.yaml")
+        return
+    out.write_text(text)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
