@@ -16,7 +16,8 @@ export HASTEN_OPENAI_PYTHON ?= $(abspath $(TOOLS_DIR))/openai-venv/bin/python
 # Prometheus and promtool (Debian's package) and the chart's rules rendered for the
 # monitoring test (tests/tests/monitoring.rs).
 export HASTEN_PROMETHEUS_DIR ?= $(abspath $(TOOLS_DIR))/prometheus-deb/usr/bin
-export HASTEN_TEST_RULES ?= $(abspath $(TOOLS_DIR))/test-rules/rules.yaml
+# (Not HASTEN_TEST_*: hasten-core's configuration tests read that prefix.)
+export HASTEN_RULES_FILE ?= $(abspath $(TOOLS_DIR))/test-rules/rules.yaml
 
 .PHONY: help deps models models-large clients monitoring build demo test lint fmt crd
 

@@ -107,6 +107,24 @@ check render-kv-pools render kv-pools --set kvOperator.enabled=true --set kvPool
   "${monitoring_on[@]}" --set monitoring.forceCRDs=true
 
 # The stateless tiers under HorizontalPodAutoscalers: the Deployments leave replicas to them.
+# A control plane scaled from 3 to 5: ordinals 3 and 4 (ids 4, 5) join, the founders found.
+check render-cp-scaled render cp-scaled --set controlPlane.replicas=5 \
+  --set controlPlane.foundingReplicas=3
+cp_scaled() {
+  "$py" - "$out/cp-scaled/core.yaml" <<'PY'
+import sys, yaml, tomllib
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+sts = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("control-plane"))
+script = sts["spec"]["template"]["spec"]["containers"][0]["command"][2]
+assert '-ge 3 ]; then join=true' in script and "--auto-join $join" in script, script
+cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("control-plane"))
+assert cm["metadata"]["annotations"]["hasten.io/founding-replicas"] == "3", cm["metadata"]
+peers = tomllib.loads(cm["data"]["control-plane.toml"])["peers"]
+assert [p.split("=")[0] for p in peers] == ["1", "2", "3", "4", "5"], peers
+print("ordinals 3 and 4 join with auto-join, all five in peers, 3 founders recorded")
+PY
+}
+check cp-scaled cp_scaled
 check render-autoscaling render autoscaling --set cloud.router.autoscaling.enabled=true \
   --set edge.autoscaling.enabled=true
 autoscaled() {
@@ -225,7 +243,7 @@ validator_rejects_unknown_fields() {
   echo "kubernetes-validate rejects unknown fields"
 }
 check validator-self-test validator_rejects_unknown_fields
-for name in default production monitoring devcerts mtls kv-pools autoscaling; do
+for name in default production monitoring devcerts mtls kv-pools autoscaling cp-scaled; do
   for version in "${KUBERNETES_VERSIONS[@]}"; do
     if [ -f "$out/$name/core.yaml" ]; then
       check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
@@ -272,7 +290,7 @@ else
   if [ -x "$bindir/control-plane" ]; then
     check config-check env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check "$bindir" \
       "$out/default.yaml" "$out/production.yaml" "$out/monitoring.yaml" "$out/devcerts.yaml" \
-      "$out/mtls.yaml"
+      "$out/mtls.yaml" "$out/cp-scaled.yaml"
     # What the KV operator renders for its workers, as its golden files pin it.
     check config-check-kv-workers env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check \
       "$bindir" kv-operator/tests/golden/*.yaml

@@ -26,6 +26,10 @@ pub struct ControlPlaneConfig {
     pub peers: Vec<String>,
     /// Start without founding a group and wait to be added (`AddNode` on the leader).
     pub join: bool,
+    /// With `join`: ask the group to add this node (its address: its own entry in `peers`,
+    /// which lists the members to ask) instead of waiting for an operator. The chart sets
+    /// it for the ordinals a scale-up adds.
+    pub auto_join: bool,
     /// sled directory for the log, hard state and snapshots.
     pub data_dir: PathBuf,
     /// Raft tick. Elections fire after `election_ticks` ticks without a leader.
@@ -67,6 +71,7 @@ impl Default for ControlPlaneConfig {
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7402)),
             peers: vec!["1=127.0.0.1:7400".into()],
             join: false,
+            auto_join: false,
             data_dir: PathBuf::from("run/control-plane"),
             tick_ms: 100,
             election_ticks: 10,
@@ -98,6 +103,15 @@ impl ControlPlaneConfig {
                 "peers",
                 format!(
                     "must list this node (id {}) among the founding members",
+                    self.id
+                ),
+            ));
+        }
+        if self.auto_join && !(self.join && members.contains_key(&self.id)) {
+            return Err(ConfigError::invalid(
+                "auto_join",
+                format!(
+                    "needs `join = true` and this node's own address in `peers` (as {}=host:port)",
                     self.id
                 ),
             ));
@@ -206,6 +220,11 @@ mod tests {
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("must list this node (id 1)"), "{err}");
         config.join = true;
+        config.validate().unwrap();
+        config.auto_join = true;
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("`auto_join`"), "{err}");
+        config.peers.push("1=127.0.0.1:1".into());
         config.validate().unwrap();
         config.peers = vec!["2=a:1".into(), "2=b:1".into()];
         assert!(config.validate().unwrap_err().to_string().contains("twice"));

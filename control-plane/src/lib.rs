@@ -2,6 +2,7 @@
 //! shard map and runtime configuration to every edge.
 
 pub mod config;
+pub mod join;
 pub mod message;
 pub mod metrics;
 pub mod node;

@@ -51,6 +51,10 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     join: Option<bool>,
+    /// With --join: ask the group to add this node (at its own --peer address).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auto_join: Option<bool>,
     /// sled data directory [default: run/control-plane].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,6 +164,24 @@ async fn main() -> Result<()> {
             "metrics_addr": metrics_addr.to_string(),
         });
         write_atomically(path, ready.to_string().as_bytes())?;
+    }
+    if config.auto_join {
+        let members = config.members()?;
+        let own = members.get(&config.id).cloned().unwrap_or_default();
+        let others: Vec<String> = members
+            .iter()
+            .filter(|(id, _)| **id != config.id)
+            .map(|(_, address)| address.clone())
+            .collect();
+        tokio::spawn(control_plane::join::join_group(
+            config.id,
+            own,
+            others,
+            ControlAccess {
+                tls: tls.clone(),
+                token: token.clone(),
+            },
+        ));
     }
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let require_token = RequireToken::new(token);

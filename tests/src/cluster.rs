@@ -155,6 +155,18 @@ impl Cluster {
         self.start_node_with(id, &["--join", "true"]);
     }
 
+    /// Starts node `id` with `--join true --auto-join true`, as the chart starts the
+    /// ordinals a scale-up adds: it asks the group to add it. A new id starts empty on a
+    /// new address; a known one (a restart) keeps its address and data.
+    pub fn auto_join_node(&mut self, id: u64) {
+        if !self.addresses.contains_key(&id) {
+            let _ = std::fs::remove_dir_all(self.work.join(format!("node-{id}")));
+            let address = format!("127.0.0.1:{}", free_loopback_port().unwrap());
+            self.addresses.insert(id, address);
+        }
+        self.start_node_with(id, &["--join", "true", "--auto-join", "true"]);
+    }
+
     pub fn kill(&mut self, id: u64) {
         if let Some(mut node) = self.nodes.remove(&id) {
             node.stop();

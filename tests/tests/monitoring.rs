@@ -8,7 +8,7 @@
 //! `promtool check metrics` accepts every `/metrics` page, no alert fires, and killing the
 //! shard's replicas fires `HastenCloudShardNoLiveReplica`.
 //!
-//! Skipped, saying so, when HASTEN_PROMETHEUS_DIR or HASTEN_TEST_RULES is unset (`make
+//! Skipped, saying so, when HASTEN_PROMETHEUS_DIR or HASTEN_RULES_FILE is unset (`make
 //! test` sets both).
 
 // A test fails by panicking.
@@ -44,10 +44,10 @@ struct Tools {
 fn tools() -> Option<Tools> {
     let (Some(dir), Some(rules)) = (
         std::env::var_os("HASTEN_PROMETHEUS_DIR"),
-        std::env::var_os("HASTEN_TEST_RULES"),
+        std::env::var_os("HASTEN_RULES_FILE"),
     ) else {
         eprintln!(
-            "HASTEN_PROMETHEUS_DIR or HASTEN_TEST_RULES is unset: skipping the monitoring test \
+            "HASTEN_PROMETHEUS_DIR or HASTEN_RULES_FILE is unset: skipping the monitoring test \
              (`make monitoring` installs Prometheus and renders the rules)"
         );
         return None;

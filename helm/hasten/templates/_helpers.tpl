@@ -99,6 +99,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and .Values.controlPlane.enabled (not (include "hasten.mtls.enabled" .)) }}true{{ end }}
 {{- end }}
 
+{{/*
+How many control-plane nodes founded the group: as the installed release recorded it (an
+annotation on the control-plane ConfigMap, read with `lookup`), else
+controlPlane.foundingReplicas, else controlPlane.replicas (a first install). Ordinals at or
+above it join the group the founders formed instead of founding one.
+*/}}
+{{- define "hasten.controlPlane.founders" -}}
+{{- $existing := lookup "v1" "ConfigMap" .Release.Namespace (include "hasten.controlPlane.name" .) -}}
+{{- $recorded := dig "metadata" "annotations" "hasten.io/founding-replicas" "" $existing -}}
+{{- if $recorded }}{{ $recorded }}
+{{- else if .Values.controlPlane.foundingReplicas }}{{ .Values.controlPlane.foundingReplicas }}
+{{- else }}{{ .Values.controlPlane.replicas }}{{ end -}}
+{{- end }}
+
+{{/* The control plane's replicas as the installed release runs them (0 before install). */}}
+{{- define "hasten.controlPlane.installedReplicas" -}}
+{{- $existing := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "hasten.controlPlane.name" .) -}}
+{{- dig "spec" "replicas" 0 $existing -}}
+{{- end }}
+
 {{/* The Secret holding the control plane's shared token. */}}
 {{- define "hasten.controlPlane.tokenSecret" -}}
 {{- .Values.controlPlane.auth.secretName | default (printf "%s-control-plane-token" (include "hasten.fullname" .)) }}
@@ -186,6 +206,21 @@ every workload template, so that `helm template` and `helm install` stop with th
 {{- end }}
 {{- if and .Values.tls.mutual.generate (lt (int .Values.tls.mutual.generateValidityDays) 1) }}
 {{- fail "tls.mutual.generateValidityDays must be at least 1" }}
+{{- end }}
+{{- if .Values.controlPlane.enabled }}
+{{- $installed := int (include "hasten.controlPlane.installedReplicas" .) }}
+{{- $wanted := int .Values.controlPlane.replicas }}
+{{- if lt $wanted 1 }}
+{{- fail "controlPlane.replicas: at least 1 (3 tolerates one failure)" }}
+{{- end }}
+{{- if and (gt $installed $wanted) (lt $wanted (add1 (div $installed 2))) }}
+{{- fail (printf "controlPlane.replicas: shrinking from %d to %d nodes at once removes a majority of the group, which then cannot commit the removals; shrink to at least %d in this upgrade and go on in further upgrades" $installed $wanted (add1 (div $installed 2))) }}
+{{- end }}
+{{- if lt $wanted (int (include "hasten.controlPlane.founders" .)) }}
+{{- if and (eq $installed 0) .Values.controlPlane.foundingReplicas }}
+{{- fail "controlPlane.foundingReplicas: cannot exceed controlPlane.replicas" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and .Values.edge.autoscaling.enabled (eq .Values.edge.kind "DaemonSet") }}
 {{- fail "edge.autoscaling.enabled: a DaemonSet runs one edge per matching node and cannot be autoscaled; use edge.kind=Deployment, or turn autoscaling off" }}
