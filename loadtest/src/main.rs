@@ -160,7 +160,7 @@ async fn run_deployment(args: RunArgs) -> Result<()> {
     .await;
     bar.finish_and_clear();
     let summary = RunSummary::new(&outcome.records, outcome.wall);
-    let verdicts = summary.judge(&args.thresholds, &outcome.records);
+    let verdicts = summary.judge(&args.thresholds);
     write_outputs(&args.out, &summary, &verdicts, &outcome.records)?;
     println!("{}", summary.text());
     for verdict in &verdicts {

@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::scoring::{QueryRecord, latency_histogram};
+use crate::scoring::{QueryRecord, histogram_of, latency_histogram};
 
 /// The exit status of a run whose thresholds failed (k6's).
 pub const THRESHOLDS_FAILED_EXIT: i32 = 99;
@@ -150,6 +150,9 @@ pub struct RunSummary {
     pub max_s: f64,
     /// The first few distinct errors, with their counts.
     pub error_kinds: Vec<(String, usize)>,
+    /// Every latency, for thresholds on any percentile and the spectrum.
+    #[serde(skip)]
+    pub histogram: Histogram<u64>,
 }
 
 fn seconds(micros: u64) -> f64 {
@@ -193,6 +196,7 @@ impl RunSummary {
                 .collect(),
             max_s: seconds(histogram.max()),
             error_kinds: kinds,
+            histogram,
         }
     }
 
@@ -211,14 +215,13 @@ impl RunSummary {
     }
 
     /// Each threshold with the run's value and whether it held.
-    pub fn judge(&self, thresholds: &[Threshold], records: &[QueryRecord]) -> Vec<Verdict> {
-        let histogram = latency_histogram(records);
+    pub fn judge(&self, thresholds: &[Threshold]) -> Vec<Verdict> {
         thresholds
             .iter()
             .map(|t| {
                 let value = match t.metric {
                     // Any percentile, not only the reported ones.
-                    Metric::Percentile(p) => seconds(histogram.value_at_percentile(p)),
+                    Metric::Percentile(p) => seconds(self.histogram.value_at_percentile(p)),
                     other => self.value(other),
                 };
                 let passed = match t.comparison {
@@ -341,8 +344,7 @@ pub fn time_series(records: &[QueryRecord]) -> Vec<SecondRow> {
     seconds
         .into_iter()
         .map(|(second, group)| {
-            let owned: Vec<QueryRecord> = group.iter().map(|r| (*r).clone()).collect();
-            let histogram = latency_histogram(&owned);
+            let histogram = histogram_of(group.iter().map(|r| r.latency));
             SecondRow {
                 second,
                 requests: group.len(),
@@ -477,15 +479,15 @@ pub fn write_outputs(
         path: dir.display().to_string(),
         reason: e.to_string(),
     })?;
-    let histogram = latency_histogram(records);
+    let histogram = &summary.histogram;
     let json = serde_json::json!({"summary": summary, "thresholds": verdicts});
     write(
         "summary.json",
         serde_json::to_string_pretty(&json).unwrap_or_default(),
     )?;
-    write("latency.hgrm", hgrm(&histogram))?;
+    write("latency.hgrm", hgrm(histogram))?;
     write("timeseries.csv", time_series_csv(&time_series(records)))?;
-    percentile_plot(&histogram, &dir.join("percentiles.svg"))
+    percentile_plot(histogram, &dir.join("percentiles.svg"))
 }
 
 #[cfg(test)]
@@ -540,15 +542,12 @@ mod tests {
         assert_eq!((summary.requests, summary.errors), (100, 1));
         assert!((summary.rps - 49.5).abs() < 1e-9);
         assert!((summary.max_s - 0.9).abs() < 0.001, "{}", summary.max_s);
-        let verdicts = summary.judge(
-            &[
-                "p50<20ms".parse().unwrap(),
-                "max<100ms".parse().unwrap(),
-                "errors<=1%".parse().unwrap(),
-                "errors<1%".parse().unwrap(),
-            ],
-            &records,
-        );
+        let verdicts = summary.judge(&[
+            "p50<20ms".parse().unwrap(),
+            "max<100ms".parse().unwrap(),
+            "errors<=1%".parse().unwrap(),
+            "errors<1%".parse().unwrap(),
+        ]);
         let passed: Vec<bool> = verdicts.iter().map(|v| v.passed).collect();
         assert_eq!(passed, [true, false, true, false]);
 

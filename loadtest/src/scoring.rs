@@ -197,11 +197,16 @@ fn mean_seconds(latencies: &[Duration]) -> Option<f64> {
 
 /// Latency histogram of `records` in microseconds (1 us to 10 min, 3 significant digits).
 pub fn latency_histogram(records: &[QueryRecord]) -> Histogram<u64> {
+    histogram_of(records.iter().map(|r| r.latency))
+}
+
+/// [`latency_histogram`] of bare latencies.
+pub fn histogram_of(latencies: impl IntoIterator<Item = Duration>) -> Histogram<u64> {
     #[allow(clippy::expect_used)] // constant bounds, valid by construction
     let mut histogram =
         Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds");
-    for record in records {
-        histogram.saturating_record(record.latency.as_micros().max(1) as u64);
+    for latency in latencies {
+        histogram.saturating_record(latency.as_micros().max(1) as u64);
     }
     histogram
 }
