@@ -16,13 +16,8 @@ input=${1:-../shared/data/hotpotqa-distractor-100.jsonl}
 [ $# -gt 0 ] && shift
 input=$(realpath "$input")
 cd "$(dirname "$0")/.."
-export HASTEN_LM_DIR=${HASTEN_LM_DIR:-$PWD/models/lm}
-export HASTEN_MODEL_DIR=${HASTEN_MODEL_DIR:-$PWD/models/all-MiniLM-L6-v2}
+source bench/models.sh
 export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-$(nproc)}
-if [ ! -f "$HASTEN_LM_DIR/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
-    echo "SmolLM2-135M-Instruct.Q4_1.gguf not found under $HASTEN_LM_DIR: run \`make models\`" >&2
-    exit 1
-fi
 cargo build -q -p hasten-bench --bin hasten-fusionrag-eval
 target=${CARGO_TARGET_DIR:-target}
 "$target/debug/hasten-fusionrag-eval" "$input" --work run/fusionrag-eval "$@"

@@ -16,13 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${HASTEN_DATA_DIR:-../shared/data}
-export HASTEN_LM_DIR=${HASTEN_LM_DIR:-$PWD/models/lm}
-export HASTEN_MODEL_DIR=${HASTEN_MODEL_DIR:-$PWD/models/all-MiniLM-L6-v2}
-model=$HASTEN_LM_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$model" ]; then
-    echo "$model not found: run \`make models\`" >&2
-    exit 1
-fi
+source bench/models.sh
 for f in nq-open-dev.jsonl triviaqa-1000.jsonl squad-dev-v1.1-visible.json \
          hotpotqa-distractor-500.jsonl wiki18-passages-1000.jsonl; do
     if [ ! -f "$data/$f" ]; then

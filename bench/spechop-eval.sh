@@ -16,13 +16,7 @@ input=${1:-../shared/data/hotpotqa-distractor-100.jsonl}
 [ $# -gt 0 ] && shift
 input=$(realpath "$input")
 cd "$(dirname "$0")/.."
-export HASTEN_LM_DIR=${HASTEN_LM_DIR:-$PWD/models/lm}
-export HASTEN_MODEL_DIR=${HASTEN_MODEL_DIR:-$PWD/models/all-MiniLM-L6-v2}
-model=$HASTEN_LM_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$model" ]; then
-    echo "$model not found: run \`make models\`" >&2
-    exit 1
-fi
+source bench/models.sh
 cargo build -q -p hasten-bench --bin hasten-spechop-eval
 target=${CARGO_TARGET_DIR:-target}
 "$target/debug/hasten-spechop-eval" --input "$input" --model "$model" --out run/spechop-eval "$@"
