@@ -4,6 +4,7 @@
 // Benchmarks take no outside input; a failed set-up should abort loudly.
 #![allow(clippy::expect_used)]
 
+pub mod etcd;
 pub mod kv_workload;
 pub mod latency;
 pub mod questions;

@@ -30,7 +30,7 @@ pub struct ControlPlaneConfig {
     /// which lists the members to ask) instead of waiting for an operator. The chart sets
     /// it for the ordinals a scale-up adds.
     pub auto_join: bool,
-    /// sled directory for the log, hard state and snapshots.
+    /// Data directory: the Raft log (`raft-wal/`), the snapshot, and sled for events.
     pub data_dir: PathBuf,
     /// Raft tick. Elections fire after `election_ticks` ticks without a leader.
     pub tick_ms: u64,

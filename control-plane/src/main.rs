@@ -24,7 +24,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 
 /// One node of Hasten's control plane: replicates the hot cache, the shard map and runtime
-/// configuration with Raft, persisted in sled, and streams committed events to edges.
+/// configuration with Raft, persisted in its own write-ahead log, and streams committed
+/// events to edges.
 #[derive(Parser, Serialize)]
 #[command(version)]
 struct Cli {
@@ -55,7 +56,7 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     auto_join: Option<bool>,
-    /// sled data directory [default: run/control-plane].
+    /// Data directory (Raft log, snapshot, events) [default: run/control-plane].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,

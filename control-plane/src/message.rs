@@ -3,9 +3,10 @@
 //! apart from either.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use hasten_proto::v1::{ControlCommand, ControlState, NodeStatus};
-use raft::prelude::Message;
+use raft::prelude::{Message, SnapshotMetadata};
 use tokio::sync::oneshot;
 
 use crate::state::{AdmissionError, CommandError};
@@ -44,6 +45,16 @@ pub enum NodeError {
 /// The reply to a proposal or membership change: the log index it committed at.
 pub type CommitReply = oneshot::Sender<Result<u64, NodeError>>;
 
+/// A snapshot of the state machine written to disk beside the node.
+#[derive(Debug)]
+pub struct StoredSnapshot {
+    /// `None` when a newer snapshot (the leader's) was stored meanwhile.
+    pub meta: Option<SnapshotMetadata>,
+    pub bytes: usize,
+    /// From taking the state to the file being durable.
+    pub took: Duration,
+}
+
 pub enum NodeRequest {
     Propose {
         commands: Vec<ControlCommand>,
@@ -66,4 +77,6 @@ pub enum NodeRequest {
         address: String,
         reply: CommitReply,
     },
+    /// The node's own snapshot is on disk (or failed to be): the log before it can go.
+    SnapshotStored(Result<StoredSnapshot, StoreError>),
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use hasten_core::metrics::LATENCY_BUCKETS;
 use hasten_core::metrics::prometheus::{
-    self, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    self, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry,
 };
 
 /// The node's metrics; the node task sets Raft's after every turn.
@@ -25,6 +26,28 @@ pub struct NodeMetrics {
     pub subscribers: IntGauge,
     /// From a proposal's arrival at this node to its apply here.
     pub replication_lag: Histogram,
+    /// Time on the node's thread per Raft `Ready` in each phase: `persist` (log write and
+    /// fdatasync), `apply` (state machine, events for subscribers), `compact` (taking the
+    /// state for a snapshot and truncating the log; the snapshot is written beside).
+    ready_phases: HistogramVec,
+}
+
+/// A phase of handling one Raft `Ready`.
+#[derive(Clone, Copy, Debug)]
+pub enum ReadyPhase {
+    Persist,
+    Apply,
+    Compact,
+}
+
+impl ReadyPhase {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Persist => "persist",
+            Self::Apply => "apply",
+            Self::Compact => "compact",
+        }
+    }
 }
 
 impl NodeMetrics {
@@ -55,6 +78,17 @@ impl NodeMetrics {
             .buckets(LATENCY_BUCKETS.to_vec()),
         )?;
         registry.register(Box::new(replication_lag.clone()))?;
+        let ready_phases = HistogramVec::new(
+            HistogramOpts::new(
+                "hasten_cp_ready_phase_seconds",
+                "Time on the Raft thread per Ready in each phase: persist (log write and \
+                 fdatasync), apply (state machine and subscriber events), compact (taking the \
+                 snapshot's state, truncating the log; the snapshot is written beside)",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["phase"],
+        )?;
+        registry.register(Box::new(ready_phases.clone()))?;
         Ok(Self {
             term: gauge("hasten_cp_term", "Raft term")?,
             commit_index: gauge(
@@ -90,7 +124,14 @@ impl NodeMetrics {
                 "Edges streaming committed events from this node",
             )?,
             replication_lag,
+            ready_phases,
         })
+    }
+
+    pub fn ready_phase(&self, phase: ReadyPhase, took: Duration) {
+        self.ready_phases
+            .with_label_values(&[phase.label()])
+            .observe(took.as_secs_f64());
     }
 
     pub fn proposal_committed(&self, lag: Duration) {

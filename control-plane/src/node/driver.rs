@@ -2,6 +2,7 @@
 //! takes the queued requests in turns, and handles each `Ready`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,16 +11,21 @@ use hasten_proto::v1::{
 };
 use prost::Message as _;
 use protobuf::Message as _;
-use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Snapshot};
+use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Snapshot, SnapshotMetadata};
 use raft::{RawNode, StateRole};
 use tokio::runtime::Handle;
 use tokio::sync::{broadcast, mpsc};
 
 use super::{CommitReply, NodeError, NodeRequest, NodeSettings};
-use crate::metrics::NodeMetrics;
+use crate::message::StoredSnapshot;
+use crate::metrics::{NodeMetrics, ReadyPhase};
 use crate::state::CacheStateMachine;
 use crate::storage::{DISCARD_SLICE, RaftStorage, StoreError};
 use crate::transport::Transport;
+
+/// The first snapshot of nodes 2, 3, ... (mod 3) waits for this much more (per mille of the
+/// thresholds) than node 1's: after it, members stay a third of a period apart.
+const COMPACTION_STAGGER: u64 = 333;
 
 /// Requests handled in one turn before Raft's `Ready` is processed: batches appends and
 /// fsyncs under load without starving the ticker.
@@ -48,6 +54,9 @@ pub(super) struct RaftNode<T> {
     events: broadcast::Sender<Arc<CommittedEvent>>,
     /// Payload bytes applied since the last snapshot.
     applied_bytes: u64,
+    /// Extra share (per mille) of the log thresholds before this node's first snapshot, so
+    /// that members snapshot at different moments rather than all at once on shared cores.
+    compaction_stagger: u64,
     metrics: NodeMetrics,
     /// The leader as of the last turn, to count changes.
     last_leader: u64,
@@ -55,20 +64,28 @@ pub(super) struct RaftNode<T> {
     last_leadership: (u64, u64),
     /// The last whole state handed out, by applied index.
     shared_state: Option<Arc<ControlState>>,
-    /// The process's main runtime, for work beside the node (removing compacted keys).
+    /// The process's main runtime, for work beside the node (writing snapshots, removing
+    /// compacted events).
     background: Handle,
+    /// The node's own queue, where work beside it reports back.
+    requests: mpsc::Sender<NodeRequest>,
+    /// A snapshot is being written beside the node (no second one starts meanwhile), and
+    /// the time this thread spent taking its state.
+    snapshotting: Option<Duration>,
 }
 
 impl<T: Transport> RaftNode<T> {
     pub(super) fn new(
         settings: NodeSettings,
         raw: RawNode<RaftStorage>,
-        storage: RaftStorage,
         state: CacheStateMachine,
         peers: T,
         events: broadcast::Sender<Arc<CommittedEvent>>,
         metrics: NodeMetrics,
+        requests: mpsc::Sender<NodeRequest>,
     ) -> Self {
+        let compaction_stagger = COMPACTION_STAGGER * (settings.id.saturating_sub(1) % 3);
+        let storage = raw.store().clone();
         Self {
             settings,
             raw,
@@ -79,11 +96,14 @@ impl<T: Transport> RaftNode<T> {
             next_proposal: 1,
             events,
             applied_bytes: 0,
+            compaction_stagger,
             metrics,
             last_leader: raft::INVALID_ID,
             last_leadership: (0, raft::INVALID_ID),
             shared_state: None,
             background: Handle::current(),
+            requests,
+            snapshotting: None,
         }
     }
 
@@ -97,27 +117,38 @@ impl<T: Transport> RaftNode<T> {
                 }
                 request = queue.recv() => {
                     let Some(request) = request else { return };
-                    self.handle(request);
+                    let mut handled = self.handle(request);
                     for _ in 1..REQUESTS_PER_TURN {
+                        if handled.is_err() {
+                            break;
+                        }
                         match queue.try_recv() {
-                            Ok(request) => self.handle(request),
+                            Ok(request) => handled = self.handle(request),
                             Err(_) => break,
                         }
+                    }
+                    if let Err(err) = handled {
+                        self.stop(&err);
+                        return;
                     }
                 }
             }
             if let Err(err) = self.on_ready() {
-                // Raft cannot continue safely without its storage: stop this node (peers
-                // elect another leader) rather than acknowledge what was not persisted.
-                tracing::error!(%err, "control-plane storage failed; the node stops");
-                for (_, pending) in self.pending.drain() {
-                    self.metrics.proposal_dropped();
-                    let _ = pending.reply.send(Err(NodeError::ShuttingDown));
-                }
+                self.stop(&err);
                 return;
             }
             self.fail_stale_proposals();
             self.report();
+        }
+    }
+
+    /// Raft cannot continue safely without its storage: the node stops (peers elect another
+    /// leader) rather than acknowledge what was not persisted.
+    fn stop(&mut self, err: &NodeError) {
+        tracing::error!(%err, "control-plane storage failed; the node stops");
+        for (_, pending) in self.pending.drain() {
+            self.metrics.proposal_dropped();
+            let _ = pending.reply.send(Err(NodeError::ShuttingDown));
         }
     }
 
@@ -202,7 +233,7 @@ impl<T: Transport> RaftNode<T> {
         }
     }
 
-    fn handle(&mut self, request: NodeRequest) {
+    fn handle(&mut self, request: NodeRequest) -> Result<(), NodeError> {
         match request {
             NodeRequest::Propose { commands, reply } => self.propose(commands, reply),
             NodeRequest::Step(messages) => {
@@ -233,7 +264,9 @@ impl<T: Transport> RaftNode<T> {
                 address,
                 reply,
             } => self.change_member(add, id, address, reply),
+            NodeRequest::SnapshotStored(stored) => return self.snapshot_stored(stored),
         }
+        Ok(())
     }
 
     fn propose(&mut self, commands: Vec<ControlCommand>, reply: CommitReply) {
@@ -343,19 +376,27 @@ impl<T: Transport> RaftNode<T> {
         if !ready.snapshot().is_empty() {
             self.install_snapshot(ready.snapshot())?;
         }
+        let started = Instant::now();
         self.apply_committed(ready.take_committed_entries())?;
+        let applied = started.elapsed();
+        let started = Instant::now();
         self.storage.append(ready.entries())?;
         if let Some(hard_state) = ready.hs() {
-            self.storage.set_hard_state(hard_state)?;
+            self.storage.set_hard_state(hard_state);
         }
-        self.storage.flush()?;
+        self.storage.persist(ready.must_sync())?;
+        self.metrics
+            .ready_phase(ReadyPhase::Persist, started.elapsed());
         self.peers.send(ready.take_persisted_messages());
         let mut light = self.raw.advance(ready);
         if let Some(commit) = light.commit_index() {
-            self.storage.set_commit(commit)?;
+            self.storage.set_commit(commit);
         }
         self.peers.send(light.take_messages());
+        let started = Instant::now();
         self.apply_committed(light.take_committed_entries())?;
+        self.metrics
+            .ready_phase(ReadyPhase::Apply, applied + started.elapsed());
         self.raw.advance_apply();
         self.maybe_compact()?;
         Ok(())
@@ -446,41 +487,88 @@ impl<T: Transport> RaftNode<T> {
             }
         }
         match self.raw.apply_conf_change(&change) {
-            Ok(conf) => self.storage.set_conf_state(&conf)?,
+            Ok(conf) => self.storage.set_conf_state(&conf),
             Err(err) => tracing::warn!(%err, "membership change not applied"),
         }
         tracing::info!(node = change.node_id, change = ?change.get_change_type(), "membership changed");
         Ok(())
     }
 
-    /// Snapshots the state machine and truncates the log once it holds more than
-    /// `max_log_entries` applied entries or `max_log_bytes` of their payloads.
+    /// Snapshots the state machine once the log holds more than `max_log_entries` applied
+    /// entries or `max_log_bytes` of their payloads. Only taking the state happens here (a
+    /// copy shared with subscribers); encoding it and writing it durably run beside the node,
+    /// which compacts the log when told the file is on disk: a snapshot of megabytes written
+    /// and synced on this thread stalled replication for 100-270 ms.
     fn maybe_compact(&mut self) -> Result<(), NodeError> {
+        if self.snapshotting.is_some() {
+            return Ok(());
+        }
         let applied = self.state.applied_index();
         let first = self.storage.snapshot_point().0 + 1;
-        let too_long = applied >= first && applied - first >= self.settings.max_log_entries;
-        if !too_long && self.applied_bytes < self.settings.max_log_bytes {
+        let staggered =
+            |limit: u64| limit.saturating_add(limit.saturating_mul(self.compaction_stagger) / 1000);
+        let too_long =
+            applied >= first && applied - first >= staggered(self.settings.max_log_entries);
+        if !too_long && self.applied_bytes < staggered(self.settings.max_log_bytes) {
             return Ok(());
         }
         self.applied_bytes = 0;
-        let started = std::time::Instant::now();
-        let data = self.state.to_state().encode_to_vec();
-        let bytes = data.len();
-        self.storage.compact(
-            applied,
-            self.state.applied_term(),
-            data,
-            self.settings.retained_events,
-        )?;
-        self.storage.flush()?;
+        self.compaction_stagger = 0;
+        let started = Instant::now();
+        let state = self.shared_state();
+        let mut meta = SnapshotMetadata {
+            index: applied,
+            term: self.state.applied_term(),
+            ..Default::default()
+        };
+        meta.set_conf_state(self.storage.conf_state());
+        self.snapshotting = Some(started.elapsed());
+        let storage = self.storage.clone();
+        let requests = self.requests.clone();
+        self.background.spawn_blocking(move || {
+            let data = state.encode_to_vec();
+            let bytes = data.len();
+            let stored = storage
+                .store_snapshot(&meta, &data)
+                .map(|wrote| StoredSnapshot {
+                    meta: wrote.then_some(meta),
+                    bytes,
+                    took: started.elapsed(),
+                });
+            let _ = requests.blocking_send(NodeRequest::SnapshotStored(stored));
+        });
+        Ok(())
+    }
+
+    /// Compacts the log to the snapshot just written beside the node.
+    fn snapshot_stored(
+        &mut self,
+        stored: Result<StoredSnapshot, StoreError>,
+    ) -> Result<(), NodeError> {
+        let taking = self.snapshotting.take().unwrap_or_default();
+        let stored = stored?;
+        let Some(meta) = stored
+            .meta
+            .filter(|meta| meta.index > self.storage.snapshot_point().0)
+        else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let segments = self
+            .storage
+            .compact_to(&meta, self.settings.retained_events)?;
         self.background
-            .spawn(discard_compacted(self.storage.clone()));
+            .spawn(discard_compacted(self.storage.clone(), segments));
+        self.metrics
+            .ready_phase(ReadyPhase::Compact, taking + started.elapsed());
         self.metrics.snapshots.inc();
-        self.metrics.snapshot_bytes.set(bytes as i64);
+        self.metrics.snapshot_bytes.set(stored.bytes as i64);
         tracing::info!(
-            index = applied,
-            snapshot_bytes = bytes,
-            ms = started.elapsed().as_millis() as u64,
+            index = meta.index,
+            snapshot_bytes = stored.bytes,
+            ms = stored.took.as_millis() as u64,
+            taking_state_ms = taking.as_millis() as u64,
+            compacting_ms = started.elapsed().as_millis() as u64,
             "state machine snapshotted, log compacted"
         );
         Ok(())
@@ -491,8 +579,27 @@ impl<T: Transport> RaftNode<T> {
 /// replication (3 nodes compact at the same index).
 const DISCARD_PAUSE: Duration = Duration::from_millis(10);
 
-/// Removes what a compaction left on disk, a slice at a time beside the node.
-async fn discard_compacted(storage: RaftStorage) {
+/// Removes what a compaction left on disk beside the node: the log's obsolete segments,
+/// then the events under the floor, a slice at a time.
+async fn discard_compacted(storage: RaftStorage, segments: Vec<PathBuf>) {
+    // The events' floor is in sled: on disk before any event under it is removed. Beside
+    // the node, since sled's flush writes every event buffered since its last one.
+    let flushing = storage.clone();
+    let flushed = tokio::task::spawn_blocking(move || {
+        crate::storage::wal::remove_segments(&segments)?;
+        flushing.flush_sled()
+    });
+    match flushed.await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(%err, "removing compacted log segments or flushing the events' floor failed; compacted events are kept");
+            return;
+        }
+        Err(err) => {
+            tracing::warn!(%err, "flushing the events' floor stopped");
+            return;
+        }
+    }
     loop {
         let slice = storage.clone();
         match tokio::task::spawn_blocking(move || slice.discard_compacted(DISCARD_SLICE)).await {

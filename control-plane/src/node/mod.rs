@@ -1,13 +1,13 @@
 //! The Raft node: one loop on its own thread owns the `RawNode`, the storage and the state
 //! machine.
 //!
-//! The loop blocks by design (sled's flush, snapshot encoding, applying large batches), so
-//! it runs on a dedicated thread with its own single-threaded runtime, as Qdrant runs its
-//! consensus, and never holds up the tokio workers that serve clients and peers. Clients,
+//! The loop blocks by design (the log's fdatasync, snapshot encoding, applying large
+//! batches), so it runs on a dedicated thread with its own single-threaded runtime, as Qdrant
+//! runs its consensus, and never holds up the tokio workers that serve clients and peers. Clients,
 //! peers and the ticker reach it only through a bounded channel of [`NodeRequest`]s
 //! (backpressure, no shared mutable state). Each turn the loop takes one request, then
 //! whatever else is already queued (so concurrent proposals are appended and replicated
-//! together), and handles Raft's `Ready`: persist entries and hard state, flush, then send,
+//! together), and handles Raft's `Ready`: persist entries and hard state, fdatasync, then send,
 //! then apply what committed and answer the proposers. A proposal still waiting when
 //! leadership moves is answered at once with [`NodeError::Stale`].
 
@@ -183,27 +183,27 @@ pub fn start<T: Transport>(
     metrics: NodeMetrics,
     transport: impl FnOnce(BTreeMap<u64, String>, mpsc::Sender<NodeRequest>) -> T,
 ) -> Result<NodeHandle, NodeError> {
-    if storage.is_empty()? && !join {
+    if storage.is_empty() && !join {
         let conf = raft::prelude::ConfState {
             voters: initial_members.keys().copied().collect(),
             ..Default::default()
         };
-        storage.set_conf_state(&conf)?;
+        storage.set_conf_state(&conf);
         for (id, address) in initial_members {
             storage.set_member(*id, address)?;
         }
-        storage.flush()?;
+        storage.flush_all()?;
     }
     // Addresses from the configuration win over those recorded by past membership changes:
     // a redeployed node may have moved.
     let mut members = storage.members()?;
     members.extend(initial_members.iter().map(|(id, a)| (*id, a.clone())));
-    let state = match storage.snapshot_data()? {
-        Some(data) if !data.is_empty() => {
+    let state = match storage.stored_snapshot()? {
+        Some((_, data)) if !data.is_empty() => {
             let decoded =
                 ControlState::decode(data.as_slice()).map_err(|err| StoreError::Corrupt {
                     tree: "raft_meta",
-                    key: "snapshot_data".into(),
+                    key: "raft-snapshot".into(),
                     reason: err.to_string(),
                 })?;
             CacheStateMachine::from_state(decoded)
@@ -232,11 +232,11 @@ pub fn start<T: Transport>(
     let node = RaftNode::new(
         settings,
         raw,
-        storage.clone(),
         state,
         peers,
         events.clone(),
         metrics.clone(),
+        requests.clone(),
     );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()

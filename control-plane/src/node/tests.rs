@@ -1,4 +1,4 @@
-//! Three nodes in one process over the in-memory transport, each with its own sled store:
+//! Three nodes in one process over the in-memory transport, each with its own store:
 //! elections, commits, and what a waiting proposal hears when leadership moves.
 
 use std::collections::BTreeMap;

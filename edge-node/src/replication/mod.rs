@@ -28,8 +28,9 @@ use crate::tenants::Tenant;
 /// before the oldest are dropped (the cache stays correct, just less warm).
 const PROPOSAL_QUEUE: usize = 4096;
 
-/// Entries sent in one `Propose` (one Raft log entry).
-const ENTRIES_PER_PROPOSAL: usize = 256;
+/// Entries sent in one `Propose` (one Raft log entry); public for benchmarks that batch
+/// a peer system's writes the same way.
+pub const ENTRIES_PER_PROPOSAL: usize = 256;
 
 /// First wait before re-proposing; doubles up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);

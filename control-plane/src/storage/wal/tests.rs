@@ -1,0 +1,255 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn entry(index: u64, term: u64) -> Entry {
+    Entry {
+        index,
+        term,
+        data: format!("entry {index} of term {term}").into_bytes().into(),
+        ..Default::default()
+    }
+}
+
+fn entries(range: std::ops::RangeInclusive<u64>, term: u64) -> Vec<Entry> {
+    range.map(|i| entry(i, term)).collect()
+}
+
+fn held(log: &WriteAheadLog) -> Vec<(u64, u64)> {
+    log.entries(0, u64::MAX)
+        .map(|e| (e.index, e.term))
+        .collect()
+}
+
+fn segment_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".wal"))
+        })
+        .count()
+}
+
+fn hard_state(term: u64, vote: u64, commit: u64) -> HardState {
+    HardState {
+        term,
+        vote,
+        commit,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn entries_and_states_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    log.append(&entries(1..=100, 1)).unwrap();
+    log.set_hard_state(&hard_state(1, 2, 90));
+    log.set_conf_state(&ConfState {
+        voters: vec![1, 2, 3],
+        ..Default::default()
+    });
+    log.sync().unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    assert_eq!(held(&log), (1..=100).map(|i| (i, 1)).collect::<Vec<_>>());
+    assert_eq!(log.entry(42).unwrap().data, entry(42, 1).data);
+    assert_eq!(*log.hard_state(), hard_state(1, 2, 90));
+    assert_eq!(log.conf_state().voters, vec![1, 2, 3]);
+}
+
+#[test]
+fn what_was_not_synced_is_not_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    log.append(&entries(1..=5, 1)).unwrap();
+    log.sync().unwrap();
+    log.append(&entries(6..=9, 1)).unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    assert_eq!(log.last_index(), Some(5));
+}
+
+#[test]
+fn an_overwritten_suffix_stays_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    log.append(&entries(1..=10, 1)).unwrap();
+    log.sync().unwrap();
+    log.append(&entries(6..=8, 2)).unwrap();
+    log.sync().unwrap();
+    let expected: Vec<(u64, u64)> = (1..=5)
+        .map(|i| (i, 1))
+        .chain((6..=8).map(|i| (i, 2)))
+        .collect();
+    assert_eq!(held(&log), expected);
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    assert_eq!(held(&log), expected);
+}
+
+#[test]
+fn a_record_cut_short_at_the_end_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    log.append(&entries(1..=3, 1)).unwrap();
+    log.sync().unwrap();
+    log.append(&entries(4..=4, 1)).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    // A crash in the middle of writing entry 4.
+    let path = segment_path(dir.path(), 1);
+    let len = std::fs::metadata(&path).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    assert_eq!(log.last_index(), Some(3));
+    // The log goes on after the cut, and the cut part never comes back.
+    log.append(&entries(4..=5, 2)).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    assert_eq!(held(&log), vec![(1, 1), (2, 1), (3, 1), (4, 2), (5, 2)]);
+}
+
+#[test]
+fn damage_before_the_end_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, 512).unwrap();
+    for i in 1..=40 {
+        log.append(&entries(i..=i, 1)).unwrap();
+        log.sync().unwrap();
+    }
+    assert!(log.segments() > 2, "segments: {}", log.segments());
+    drop(log);
+    let first = segment_path(dir.path(), 1);
+    let mut bytes = std::fs::read(&first).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xFF;
+    std::fs::write(&first, bytes).unwrap();
+    let err = WriteAheadLog::open(dir.path(), 0, 512).unwrap_err();
+    assert!(
+        matches!(&err, WalError::Corrupt { path, .. } if *path == first),
+        "{err}"
+    );
+}
+
+#[test]
+fn compaction_deletes_covered_segments_and_keeps_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, 1024).unwrap();
+    log.set_conf_state(&ConfState {
+        voters: vec![1, 2, 3],
+        ..Default::default()
+    });
+    for i in 1..=200 {
+        log.append(&entries(i..=i, 3)).unwrap();
+        log.set_hard_state(&hard_state(3, 1, i - 1));
+        log.sync().unwrap();
+    }
+    let before = segment_files(dir.path());
+    assert!(before > 5, "segments: {before}");
+    remove_segments(&log.compact(150)).unwrap();
+    let after = segment_files(dir.path());
+    assert!(after < before / 2, "segments {before} -> {after}");
+    assert_eq!(log.entries(0, u64::MAX).next().map(|e| e.index), Some(151));
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 150, 1024).unwrap();
+    assert_eq!(held(&log), (151..=200).map(|i| (i, 3)).collect::<Vec<_>>());
+    assert_eq!(*log.hard_state(), hard_state(3, 1, 199));
+    assert_eq!(log.conf_state().voters, vec![1, 2, 3]);
+}
+
+#[test]
+fn a_reset_forgets_the_entries_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    log.append(&entries(1..=10, 1)).unwrap();
+    log.sync().unwrap();
+    // A leader's snapshot at 5: the stale 6..=10 must not come back at replay.
+    log.reset();
+    log.sync().unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 5, SEGMENT_BYTES).unwrap();
+    assert!(log.is_empty(), "{:?}", held(&log));
+}
+
+/// One step of a random workload.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Appends `count` entries from `back` entries before the end (overwriting them).
+    Append {
+        back: u64,
+        count: u64,
+    },
+    Sync,
+    /// Compacts up to this fraction (per mille) of the synced log.
+    Compact(u64),
+    Reopen,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u64..4, 1u64..6).prop_map(|(back, count)| Step::Append { back, count }),
+        3 => Just(Step::Sync),
+        1 => (0u64..1000).prop_map(Step::Compact),
+        1 => Just(Step::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The log equals a plain vector of what was synced, across overwrites, compactions,
+    /// segment rotations and reopenings.
+    #[test]
+    fn the_log_matches_a_plain_model(steps in proptest::collection::vec(step(), 1..60)) {
+        let dir = tempfile::tempdir().unwrap();
+        let segment_bytes = 700;
+        let mut log = WriteAheadLog::open(dir.path(), 0, segment_bytes).unwrap();
+        // Model: (index, term) of every entry after the snapshot, as written and as synced.
+        let mut written: Vec<(u64, u64)> = Vec::new();
+        let mut synced: Vec<(u64, u64)> = Vec::new();
+        let mut snapshot = 0u64;
+        let mut term = 1u64;
+        for step in steps {
+            match step {
+                Step::Append { back, count } => {
+                    let last = written.last().map_or(snapshot, |e| e.0);
+                    // Never overwrite what a snapshot covers.
+                    let first = last.saturating_sub(back).max(snapshot) + 1;
+                    term += 1;
+                    let new = entries(first..=first + count - 1, term);
+                    log.append(&new).unwrap();
+                    written.retain(|e| e.0 < first);
+                    written.extend(new.iter().map(|e| (e.index, e.term)));
+                }
+                Step::Sync => {
+                    log.sync().unwrap();
+                    synced = written.clone();
+                }
+                Step::Compact(per_mille) => {
+                    log.sync().unwrap();
+                    synced = written.clone();
+                    let Some(last) = synced.last().map(|e| e.0) else { continue };
+                    let index = snapshot + (last - snapshot) * per_mille / 1000;
+                    remove_segments(&log.compact(index)).unwrap();
+                    snapshot = snapshot.max(index);
+                    synced.retain(|e| e.0 > snapshot);
+                    written = synced.clone();
+                }
+                Step::Reopen => {
+                    drop(log);
+                    log = WriteAheadLog::open(dir.path(), snapshot, segment_bytes).unwrap();
+                    written = synced.clone();
+                }
+            }
+            prop_assert_eq!(held(&log), written.clone());
+        }
+    }
+}
