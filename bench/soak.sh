@@ -13,7 +13,7 @@
 #                                while no node has failed yet one of them is on a follower
 #   0.64  follower resumed       ... and resumed (SIGCONT); it must catch up
 #   0.76  leader down            the control-plane leader is killed
-#   0.88  leader back            ... and restarted from its sled directory
+#   0.88  leader back            ... and restarted from its data directory
 #
 # Prints and writes run/soak/report.json: error rate by kind and latency percentiles per
 # phase, each edge's applied control-plane index through the run (and, for the hung

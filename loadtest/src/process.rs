@@ -53,6 +53,14 @@ pub fn binary(name: &str) -> Result<PathBuf, ProcessError> {
     }
 }
 
+/// Resident memory of process `pid` from `/proc/<pid>/status` (Linux), in bytes.
+pub fn resident_bytes_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// A running Hasten process; killed when dropped.
 #[derive(Debug)]
 pub struct ManagedProcess {
@@ -138,10 +146,7 @@ impl ManagedProcess {
 
     /// Resident memory from `/proc/<pid>/status` (Linux), in bytes.
     pub fn resident_bytes(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
+        resident_bytes_of(self.pid())
     }
 
     pub fn log_tail(&self) -> String {

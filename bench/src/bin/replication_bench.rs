@@ -447,16 +447,9 @@ async fn run_etcd(cli: &Cli, binary: &std::path::Path) -> Result<Value> {
     let rss: Vec<u64> = group
         .pids()
         .into_iter()
-        .filter_map(resident_bytes)
+        .filter_map(loadtest::process::resident_bytes_of)
         .collect();
     Ok(json!({ "runs": runs, "node_rss_bytes": rss }))
-}
-
-fn resident_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// One system's cells of the side-by-side table for run `i`.

@@ -67,8 +67,9 @@ pub(super) struct RaftNode<T> {
     /// The process's main runtime, for work beside the node (writing snapshots, removing
     /// compacted events).
     background: Handle,
-    /// The node's own queue, where work beside it reports back.
-    requests: mpsc::Sender<NodeRequest>,
+    /// The node's own queue, where work beside it reports back; weak, so that the loop
+    /// still ends when every handle is gone.
+    requests: mpsc::WeakSender<NodeRequest>,
     /// A snapshot is being written beside the node (no second one starts meanwhile), and
     /// the time this thread spent taking its state.
     snapshotting: Option<Duration>,
@@ -82,7 +83,7 @@ impl<T: Transport> RaftNode<T> {
         peers: T,
         events: broadcast::Sender<Arc<CommittedEvent>>,
         metrics: NodeMetrics,
-        requests: mpsc::Sender<NodeRequest>,
+        requests: mpsc::WeakSender<NodeRequest>,
     ) -> Self {
         let compaction_stagger = COMPACTION_STAGGER * (settings.id.saturating_sub(1) % 3);
         let storage = raw.store().clone();
@@ -535,7 +536,9 @@ impl<T: Transport> RaftNode<T> {
                     bytes,
                     took: started.elapsed(),
                 });
-            let _ = requests.blocking_send(NodeRequest::SnapshotStored(stored));
+            if let Some(requests) = requests.upgrade() {
+                let _ = requests.blocking_send(NodeRequest::SnapshotStored(stored));
+            }
         });
         Ok(())
     }

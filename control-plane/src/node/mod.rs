@@ -236,7 +236,7 @@ pub fn start<T: Transport>(
         peers,
         events.clone(),
         metrics.clone(),
-        requests.clone(),
+        requests.downgrade(),
     );
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()

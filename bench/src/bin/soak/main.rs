@@ -17,7 +17,7 @@
 //! | 0.52 | follower hung | a control-plane node that is not the leader is frozen (SIGSTOP), the one most edges follow |
 //! | 0.64 | follower resumed | it runs again (SIGCONT) and must catch up |
 //! | 0.76 | leader down | the control-plane leader is killed |
-//! | 0.88 | leader back | it is restarted from its sled directory |
+//! | 0.88 | leader back | it is restarted from its data directory |
 //!
 //! The follower is frozen before any control-plane node has failed, while the edges are
 //! still on the nodes they started on (different ones): whichever node leads, an edge then

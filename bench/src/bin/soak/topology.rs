@@ -68,7 +68,7 @@ impl Topology {
         router_args.extend(tls_args(&cloud_tls));
         let router = Restartable::start("router", cloud_bin, router_args, work)?;
 
-        // Control plane: 3 nodes with their own sled directories.
+        // Control plane: 3 nodes with their own data directories.
         let cp_addresses: Vec<String> = (0..3).map(|_| fixed_address()).collect::<Result<_>>()?;
         let mut nodes = Vec::new();
         for id in 1..=3u64 {
