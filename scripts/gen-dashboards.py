@@ -814,6 +814,23 @@ def control_plane():
     layout.add(
         timeseries("Snapshot size", [(f"hasten_cp_snapshot_bytes{{{s}}}", "{{pod}}")], unit="bytes")
     )
+    layout.add(
+        timeseries(
+            "Raft thread time per Ready, by phase",
+            [
+                (
+                    f"sum by (pod, phase) (rate(hasten_cp_ready_phase_seconds_sum{{{s}}}[{RATE}])) "
+                    f"/ sum by (pod, phase) (rate(hasten_cp_ready_phase_seconds_count{{{s}}}[{RATE}]))",
+                    "{{pod}} {{phase}}",
+                )
+            ],
+            unit="s",
+            description="Mean time on the node's Raft thread per Ready: persist (log write and "
+            "fdatasync; slow disks show here), apply (state machine, events to subscribers), "
+            "compact (per snapshot: taking the state and truncating the log).",
+        ),
+        w=24,
+    )
     use_panels(layout, s)
     return dashboard(
         "hasten-control-plane",

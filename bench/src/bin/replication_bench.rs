@@ -385,16 +385,18 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
             )
         })
         .collect();
-    for e in 0..cli.edges {
-        let address = addresses[e % addresses.len()].clone();
-        let tracker = Arc::clone(&tracker);
-        let edges = cli.edges;
-        tokio::spawn(async move {
-            if let Err(err) = subscribe(address, edges, tracker).await {
-                tracing::error!(%err, "subscriber failed");
-            }
-        });
-    }
+    let followers: Vec<_> = (0..cli.edges)
+        .map(|e| {
+            let address = addresses[e % addresses.len()].clone();
+            let tracker = Arc::clone(&tracker);
+            let edges = cli.edges;
+            tokio::spawn(async move {
+                if let Err(err) = subscribe(address, edges, tracker).await {
+                    tracing::error!(%err, "subscriber failed");
+                }
+            })
+        })
+        .collect();
     // Warm-up: a leader elected and every path connected.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let writers = HastenWriters {
@@ -413,6 +415,8 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
         .filter_map(ManagedProcess::resident_bytes)
         .collect();
     let metrics: Vec<String> = nodes.iter().map(|n| n.addr("metrics_addr")).collect();
+    // The followers end here, before the nodes they follow stop.
+    followers.iter().for_each(tokio::task::JoinHandle::abort);
     Ok(json!({
         "runs": runs,
         "node_rss_bytes": rss,
@@ -423,16 +427,18 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
 async fn run_etcd(cli: &Cli, binary: &std::path::Path) -> Result<Value> {
     let group = EtcdGroup::start(binary, &cli.work, 3, ENTRIES_PER_PROPOSAL).await?;
     let tracker = Arc::new(Mutex::new(Tracker::default()));
-    for e in 0..cli.edges {
-        let url = group.client_urls[e % group.client_urls.len()].clone();
-        let tracker = Arc::clone(&tracker);
-        let edges = cli.edges;
-        tokio::spawn(async move {
-            if let Err(err) = watch_etcd(url, edges, tracker).await {
-                tracing::error!(%err, "etcd watcher failed");
-            }
-        });
-    }
+    let followers: Vec<_> = (0..cli.edges)
+        .map(|e| {
+            let url = group.client_urls[e % group.client_urls.len()].clone();
+            let tracker = Arc::clone(&tracker);
+            let edges = cli.edges;
+            tokio::spawn(async move {
+                if let Err(err) = watch_etcd(url, edges, tracker).await {
+                    tracing::error!(%err, "etcd watcher failed");
+                }
+            })
+        })
+        .collect();
     let urls: Vec<String> = (0..cli.edges)
         .map(|e| group.client_urls[e % group.client_urls.len()].clone())
         .collect();
@@ -449,6 +455,7 @@ async fn run_etcd(cli: &Cli, binary: &std::path::Path) -> Result<Value> {
         .into_iter()
         .filter_map(loadtest::process::resident_bytes_of)
         .collect();
+    followers.iter().for_each(tokio::task::JoinHandle::abort);
     Ok(json!({ "runs": runs, "node_rss_bytes": rss }))
 }
 
