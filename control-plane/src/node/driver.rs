@@ -510,7 +510,9 @@ impl<T: Transport> RaftNode<T> {
             |limit: u64| limit.saturating_add(limit.saturating_mul(self.compaction_stagger) / 1000);
         let too_long =
             applied >= first && applied - first >= staggered(self.settings.max_log_entries);
-        if !too_long && self.applied_bytes < staggered(self.settings.max_log_bytes) {
+        // A member added after the last snapshot needs one that names it.
+        let wanted = applied >= first && self.storage.take_snapshot_request();
+        if !too_long && !wanted && self.applied_bytes < staggered(self.settings.max_log_bytes) {
             return Ok(());
         }
         self.applied_bytes = 0;

@@ -18,7 +18,7 @@ pub mod wal;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -147,6 +147,21 @@ pub struct RaftStorage {
     /// Events up to this index were discarded; a subscriber that needs one of them gets
     /// the whole state instead. Read on every subscriber step, so kept in memory too.
     events_floor: Arc<AtomicU64>,
+    /// Raft asked for a snapshot for a member the stored one predates (a node added after
+    /// it, whose restore would refuse it): the node takes a new one at once.
+    snapshot_wanted: Arc<AtomicBool>,
+}
+
+/// Whether `id` is a member (voter or learner, either side of a joint change) in `conf`.
+fn is_member(conf: &ConfState, id: u64) -> bool {
+    [
+        &conf.voters,
+        &conf.learners,
+        &conf.voters_outgoing,
+        &conf.learners_next,
+    ]
+    .iter()
+    .any(|ids| ids.contains(&id))
 }
 
 fn key(index: u64) -> [u8; 8] {
@@ -246,6 +261,7 @@ impl RaftStorage {
             snapshot_file: Arc::new(parking_lot::Mutex::new(snapshot.index)),
             snapshot: Arc::new(RwLock::new(snapshot)),
             events_floor: Arc::default(),
+            snapshot_wanted: Arc::default(),
         };
         if let Some(floor) = storage.meta.get(EVENTS_FLOOR)? {
             storage
@@ -293,6 +309,11 @@ impl RaftStorage {
         snapshot_file::write(&self.dir, meta, data)?;
         *on_disk = meta.index;
         Ok(true)
+    }
+
+    /// Whether Raft asked for a newer snapshot than the stored one since the last call.
+    pub fn take_snapshot_request(&self) -> bool {
+        self.snapshot_wanted.swap(false, Ordering::AcqRel)
     }
 
     /// The snapshot on disk (metadata and state), when there is one.
@@ -539,10 +560,16 @@ impl raft::Storage for RaftStorage {
         Ok(self.raft_last_index())
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         // The file's own metadata: it may be newer than the point the log is compacted to.
         let stored = self.stored_snapshot().map_err(raft_store_error)?;
-        let Some((meta, data)) = stored.filter(|(meta, _)| meta.index >= request_index) else {
+        let usable = |meta: &SnapshotMetadata| {
+            meta.index >= request_index
+                && (is_member(meta.get_conf_state(), to) || !is_member(&self.conf_state(), to))
+        };
+        let Some((meta, data)) = stored.filter(|(meta, _)| usable(meta)) else {
+            // raft-rs asks again at the next heartbeat; by then the node has taken one.
+            self.snapshot_wanted.store(true, Ordering::Release);
             return Err(raft::Error::Store(
                 StorageError::SnapshotTemporarilyUnavailable,
             ));
@@ -743,5 +770,43 @@ mod tests {
             storage.entries(15, 25, None, GetEntriesContext::empty(false)),
             Err(raft::Error::Store(StorageError::Compacted))
         ));
+    }
+
+    /// A node added after the stored snapshot would refuse it (it is not in its
+    /// configuration): Raft gets "temporarily unavailable" and the node is asked for a new one.
+    #[test]
+    fn a_snapshot_older_than_a_new_member_is_not_sent_to_it() {
+        use raft::Storage as _;
+        let dir = tempfile::tempdir().unwrap();
+        let storage = RaftStorage::open(&dir.path().join("node"), 1).unwrap();
+        let founders = ConfState {
+            voters: vec![1, 2, 3],
+            ..Default::default()
+        };
+        let mut meta = SnapshotMetadata {
+            index: 20,
+            term: 1,
+            ..Default::default()
+        };
+        meta.set_conf_state(founders.clone());
+        storage.set_conf_state(&founders);
+        assert!(storage.store_snapshot(&meta, b"at 20").unwrap());
+        assert_eq!(storage.snapshot(0, 3).unwrap().get_metadata().index, 20);
+        assert!(!storage.take_snapshot_request());
+        // Node 4 joins after the snapshot.
+        storage.set_conf_state(&ConfState {
+            voters: vec![1, 2, 3, 4],
+            ..Default::default()
+        });
+        assert!(matches!(
+            storage.snapshot(0, 4),
+            Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable
+            ))
+        ));
+        assert!(storage.take_snapshot_request());
+        assert!(!storage.take_snapshot_request());
+        // A node that is no member at all gets what there is.
+        assert_eq!(storage.snapshot(0, 9).unwrap().get_metadata().index, 20);
     }
 }
