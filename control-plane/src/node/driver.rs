@@ -510,8 +510,11 @@ impl<T: Transport> RaftNode<T> {
             |limit: u64| limit.saturating_add(limit.saturating_mul(self.compaction_stagger) / 1000);
         let too_long =
             applied >= first && applied - first >= staggered(self.settings.max_log_entries);
-        // A member added after the last snapshot needs one that names it.
-        let wanted = applied >= first && self.storage.take_snapshot_request();
+        // A member added after the last snapshot needs one that names it. And until its
+        // first snapshot a node's log starts at index 1 without the founders' configuration
+        // (set in storage, never logged): a member fed that log from 1 would never learn
+        // them, so the first snapshot is taken as soon as anything is applied.
+        let wanted = applied >= first && (first == 1 || self.storage.take_snapshot_request());
         if !too_long && !wanted && self.applied_bytes < staggered(self.settings.max_log_bytes) {
             return Ok(());
         }
