@@ -43,11 +43,7 @@ fn read<M: protobuf::Message>(
 pub(super) fn from_sled(dir: &Path, db: &sled::Db, wal_dir: &Path) -> Result<(), StoreError> {
     let building = dir.join("raft-wal.migrating");
     if building.exists() {
-        std::fs::remove_dir_all(&building).map_err(|source| wal::WalError::Io {
-            action: "removing",
-            path: building.clone(),
-            source,
-        })?;
+        std::fs::remove_dir_all(&building).map_err(wal::io_error("removing", &building))?;
     }
     let meta = db.open_tree("raft_meta")?;
     if wal_dir.exists() {
@@ -84,11 +80,7 @@ pub(super) fn from_sled(dir: &Path, db: &sled::Db, wal_dir: &Path) -> Result<(),
     log.set_conf_state(&conf_state.unwrap_or_default());
     log.sync()?;
     drop(log);
-    std::fs::rename(&building, wal_dir).map_err(|source| wal::WalError::Io {
-        action: "renaming",
-        path: building.clone(),
-        source,
-    })?;
+    std::fs::rename(&building, wal_dir).map_err(wal::io_error("renaming", &building))?;
     wal::sync_directory(dir)?;
     tracing::info!(
         entries = entries.len(),

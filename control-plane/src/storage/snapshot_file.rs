@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use protobuf::Message as _;
 use raft::prelude::SnapshotMetadata;
 
-use super::wal::{WalError, sync_directory};
+use super::wal::{WalError, io_error, sync_directory};
 
 const MAGIC: &[u8; 8] = b"HSNAP001";
 /// Magic, CRC-32 of what follows it (u32 LE), metadata length (u32 LE).
@@ -38,23 +38,15 @@ pub fn write(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<(), Wal
     crc.update(&(meta.len() as u32).to_le_bytes());
     crc.update(&meta);
     crc.update(data);
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| WalError::Io {
-            action,
-            path,
-            source,
-        }
-    };
-    let mut file = File::create(&partial).map_err(io("creating", &partial))?;
+    let mut file = File::create(&partial).map_err(io_error("creating", &partial))?;
     file.write_all(MAGIC)
         .and_then(|()| file.write_all(&crc.finalize().to_le_bytes()))
         .and_then(|()| file.write_all(&(meta.len() as u32).to_le_bytes()))
         .and_then(|()| file.write_all(&meta))
         .and_then(|()| file.write_all(data))
         .and_then(|()| file.sync_all())
-        .map_err(io("writing", &partial))?;
-    std::fs::rename(&partial, &target).map_err(io("renaming", &partial))?;
+        .map_err(io_error("writing", &partial))?;
+    std::fs::rename(&partial, &target).map_err(io_error("renaming", &partial))?;
     sync_directory(dir)
 }
 
@@ -64,13 +56,7 @@ pub fn read(dir: &Path) -> Result<Option<(SnapshotMetadata, Vec<u8>)>, WalError>
     let mut bytes = match std::fs::read(&path) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(WalError::Io {
-                action: "reading",
-                path,
-                source,
-            });
-        }
+        Err(source) => return Err(io_error("reading", &path)(source)),
     };
     if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
         return Err(corrupt(&path, "not a snapshot file (bad header)"));

@@ -51,7 +51,11 @@ pub enum WalError {
     },
 }
 
-fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WalError {
+/// Maps an i/o error to [`WalError::Io`] naming what was done to which file.
+pub(super) fn io_error(
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> WalError {
     let path = path.to_path_buf();
     move |source| WalError::Io {
         action,
