@@ -6,6 +6,9 @@
 #   bench/gpu/device-run.sh build      `cloud-index build --device cuda` over HotpotQA-500
 #   bench/gpu/device-run.sh encoder    encoder bench: candle on the CPU against CUDA
 #   bench/gpu/device-run.sh fusionrag  FusionRAG evaluation with --device cuda [eval args]
+#   bench/gpu/device-run.sh fusionrag-squad
+#                                      the same on SQuAD questions, each with its top 5 passages
+#                                      retrieved from a SQuAD bundle built here on CUDA [eval args]
 # Results go to $OUT (the device tool brings that folder back).
 set -uo pipefail
 here=$(pwd)
@@ -41,6 +44,13 @@ unpack() {
     done
 }
 
+lm_model() {
+    cat "$gpu"/lm/part-* > "$work/model.gguf"
+    if [ "$(sha256sum "$work/model.gguf" | cut -c1-64)" != "$(cat "$gpu/lm/SHA256")" ]; then
+        echo "the model's parts do not add up: carry every .gpu/part-* (one per call)"; exit 2
+    fi
+}
+
 case "${1:-}" in
 probe)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -65,17 +75,30 @@ encoder)
     ;;
 fusionrag)
     unpack
-    cat "$gpu"/lm/part-* > "$work/model.gguf"
-    if [ "$(sha256sum "$work/model.gguf" | cut -c1-64)" != "$(cat "$gpu/lm/SHA256")" ]; then
-        echo "the model's parts do not add up: carry both .gpu/lm/part-* (one per call)"; exit 2
-    fi
+    lm_model
     shift
     "$work/bin/hasten-fusionrag-eval" "$gpu/data/hotpotqa-distractor-100.jsonl" --device cuda \
         --model "$work/model.gguf" --encoder "$gpu/minilm" --work "$work/fusionrag" "$@" \
         2>&1 | tee "$out/fusionrag.txt"
     cp "$work"/fusionrag/*.json "$out"/ 2>/dev/null
     ;;
+fusionrag-squad)
+    unpack
+    lm_model
+    shift
+    if [ ! -d "$work/squad-bundle" ]; then
+        "$work/bin/cloud-index" build --device cuda --squad "$gpu/data/squad-dev-v1.1-visible.json" \
+            --model-dir "$gpu/minilm" --out "$work/squad-bundle" 2>&1 \
+            | grep -E 'encoder loaded|bundle ready|Error|error' | tee "$out/squad-build.txt"
+    fi
+    "$work/bin/hasten-fusionrag-eval" "$gpu/data/squad-questions.jsonl" --device cuda \
+        --retrieve-from "$work/squad-bundle" --passages 5 \
+        --model "$work/model.gguf" --encoder "$gpu/minilm" --work "$work/fusionrag-squad" "$@" \
+        2>&1 | tee "$out/fusionrag-squad.txt"
+    mkdir -p "$out/squad"
+    cp "$work"/fusionrag-squad/*.json "$out"/squad/ 2>/dev/null
+    ;;
 *)
-    echo "usage: $0 probe|encoder|fusionrag [eval args]"; exit 2
+    echo "usage: $0 probe|build|encoder|fusionrag|fusionrag-squad [eval args]"; exit 2
     ;;
 esac

@@ -2,8 +2,9 @@
 # Builds the CUDA binaries on this machine (no GPU needed: scripts/cuda-toolchain.sh brings a
 # CUDA toolchain from PyPI) and packs what bench/gpu/device-run.sh reads: bins.tar.xz
 # (binaries and the BLAS libraries faiss links), minilm/ (the encoder, float16 weights),
-# lm/part-* (the GGUF model), data/ (the HotpotQA files), as one tar cut into .gpu/part-* of
-# 60 MB, each of which fits the device tool's 64 MiB carry: carry one per call.
+# lm/part-* (the GGUF model), data/ (the HotpotQA files, SQuAD and every 25th of its
+# questions), as one tar cut into .gpu/part-* of 60 MB, each of which fits the device tool's
+# 64 MiB carry: carry one per call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${MODEL_DIR:=$HOME/.cache/hasten-ci/models/all-MiniLM-L6-v2}"
@@ -32,7 +33,9 @@ model=$LM_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
 rm -f .gpu/lm/part-*
 split -b 50000000 -d "$model" .gpu/lm/part-
 sha256sum "$model" | cut -c1-64 > .gpu/lm/SHA256
-cp ../shared/data/hotpotqa-distractor-100.jsonl ../shared/data/hotpotqa-distractor-500.jsonl .gpu/data/
+cp ../shared/data/hotpotqa-distractor-100.jsonl ../shared/data/hotpotqa-distractor-500.jsonl \
+    ../shared/data/squad-dev-v1.1-visible.json .gpu/data/
+python3 bench/squad-questions.py ../shared/data/squad-dev-v1.1-visible.json 25 > .gpu/data/squad-questions.jsonl
 zcat ../shared/data/entityquestions-train-dev.jsonl.gz | head -2000 | gzip > .gpu/data/entityquestions-2000.jsonl.gz
 rm -f .gpu/part-*
 tar -cf - -C .gpu bins.tar.xz minilm lm data | split -b 60000000 -d - .gpu/part-
