@@ -28,7 +28,15 @@ for lib in libopenblas.so.0 libblas.so.3 libgfortran.so.5 libquadmath.so.0 libgo
     cp -L "$(ldconfig -p | grep -m1 "$lib " | awk '{print $NF}')" "$stage/lib/$lib"
 done
 tar -cJf .gpu/bins.tar.xz -C "$stage" bin lib
-python3 bench/gpu/minilm_f16.py "$MODEL_DIR" .gpu/minilm
+# The float16 conversion reads the weights with numpy, in a venv of its own when the system
+# Python lacks it.
+py=python3
+if ! python3 -c 'import numpy' 2>/dev/null; then
+    venv=$HOME/.cache/hasten-cuda/venv
+    [ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet numpy; }
+    py=$venv/bin/python
+fi
+"$py" bench/gpu/minilm_f16.py "$MODEL_DIR" .gpu/minilm
 model=$LM_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
 rm -f .gpu/lm/part-*
 split -b 50000000 -d "$model" .gpu/lm/part-
@@ -36,7 +44,8 @@ sha256sum "$model" | cut -c1-64 > .gpu/lm/SHA256
 cp ../shared/data/hotpotqa-distractor-100.jsonl ../shared/data/hotpotqa-distractor-500.jsonl \
     ../shared/data/squad-dev-v1.1-visible.json .gpu/data/
 python3 bench/squad-questions.py ../shared/data/squad-dev-v1.1-visible.json 25 > .gpu/data/squad-questions.jsonl
-zcat ../shared/data/entityquestions-train-dev.jsonl.gz | head -2000 | gzip > .gpu/data/entityquestions-2000.jsonl.gz
+# sed reads to the end: head would close the pipe early and pipefail would stop the script.
+zcat ../shared/data/entityquestions-train-dev.jsonl.gz | sed -n '1,2000p' | gzip > .gpu/data/entityquestions-2000.jsonl.gz
 rm -f .gpu/part-*
 tar -cf - -C .gpu bins.tar.xz minilm lm data | split -b 60000000 -d - .gpu/part-
 ls -la .gpu/part-*
