@@ -34,6 +34,9 @@ pub struct AdminConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
+    pub tls_extra_ca: Option<PathBuf>,
     /// File holding the control plane's shared token, when it requires one.
     pub token_file: Option<PathBuf>,
     pub output: OutputFormat,
@@ -48,6 +51,7 @@ impl Default for AdminConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_extra_ca: None,
             token_file: None,
             output: OutputFormat::Table,
             timeout_s: 30,
@@ -77,8 +81,13 @@ impl AdminConfig {
         if self.timeout_s == 0 {
             return Err(ConfigError::invalid("timeout_s", "must be at least 1"));
         }
-        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
-            .map_err(|message| ConfigError::invalid("tls_ca", message))?;
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))?;
         Ok(())
     }
 
@@ -88,11 +97,16 @@ impl AdminConfig {
 
     /// The certificate and token the tool shows the nodes, read from their files.
     pub fn access(&self) -> anyhow::Result<ControlAccess> {
-        let tls = TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
-            .map_err(|message| ConfigError::invalid("tls_ca", message))?
-            .map(|paths| MutualTls::load(&paths))
-            .transpose()
-            .context("loading the mutual-TLS files (`tls_ca`, `tls_cert`, `tls_key`)")?;
+        let tls = TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))?
+        .map(|paths| MutualTls::load(&paths))
+        .transpose()
+        .context("loading the mutual-TLS files (`tls_ca`, `tls_cert`, `tls_key`)")?;
         let token = self
             .token_file
             .as_deref()

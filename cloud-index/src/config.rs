@@ -144,10 +144,17 @@ impl BatchingConfig {
 /// (certificate files), or a generated dev certificate.
 fn validate_tls(
     tls_ca: &Option<PathBuf>,
+    tls_extra_ca: &Option<PathBuf>,
     tls_cert: &Option<PathBuf>,
     tls_key: &Option<PathBuf>,
     server: &ServerConfig,
 ) -> Result<(), ConfigError> {
+    if tls_extra_ca.is_some() && tls_ca.is_none() {
+        return Err(ConfigError::invalid(
+            "tls_extra_ca",
+            "adds to the trust of mutual TLS: it needs `tls_ca`, `tls_cert` and `tls_key`",
+        ));
+    }
     if tls_ca.is_some() && tls_cert.is_none() {
         return Err(ConfigError::invalid(
             "tls_ca",
@@ -172,11 +179,13 @@ fn validate_tls(
 /// The mutual-TLS files, when a CA is configured (checked by [`validate_tls`]).
 fn mutual_tls_paths(
     tls_ca: &Option<PathBuf>,
+    tls_extra_ca: &Option<PathBuf>,
     tls_cert: &Option<PathBuf>,
     tls_key: &Option<PathBuf>,
 ) -> Option<TlsPaths> {
     Some(TlsPaths {
         ca: tls_ca.clone()?,
+        extra_ca: tls_extra_ca.clone(),
         cert: tls_cert.clone()?,
         key: tls_key.clone()?,
     })
@@ -196,6 +205,9 @@ pub struct ShardConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for QUIC TLS.
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
+    pub tls_extra_ca: Option<PathBuf>,
     /// OpenMP threads for faiss's per-query scans and result merging. 1, because batches go
     /// through OpenBLAS (see `blas_min_batch`), and OpenMP threads running beside OpenBLAS's
     /// oversubscribe the cores (bench/README.md, "Cloud tier": OpenMP 2 + OpenBLAS 2 ran a
@@ -220,6 +232,7 @@ impl Default for ShardConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_extra_ca: None,
             openmp_threads: 1,
             openblas_threads: 0,
             blas_min_batch: 4,
@@ -237,14 +250,25 @@ impl ShardConfig {
                 "is required: the corpus or shard bundle directory made by `cloud-index build`",
             ));
         }
-        validate_tls(&self.tls_ca, &self.tls_cert, &self.tls_key, &self.server)?;
+        validate_tls(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+            &self.server,
+        )?;
         self.server.validate()?;
         self.batching.validate(usize::MAX)
     }
 
     /// The mutual-TLS files, when a CA is configured.
     pub fn mutual_tls(&self) -> Option<TlsPaths> {
-        mutual_tls_paths(&self.tls_ca, &self.tls_cert, &self.tls_key)
+        mutual_tls_paths(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
     }
 }
 
@@ -268,6 +292,9 @@ pub struct RouterConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for QUIC TLS.
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
+    pub tls_extra_ca: Option<PathBuf>,
     /// Deadline of a request that names none, in milliseconds; equal to the edge's default
     /// cloud timeout, the longest anyone waits for a fallback.
     pub request_timeout_ms: u64,
@@ -296,6 +323,7 @@ impl Default for RouterConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_extra_ca: None,
             request_timeout_ms: 2_000,
             attempt_timeout_ms: 1_000,
             health_interval_ms: 1_000,
@@ -323,7 +351,13 @@ impl RouterConfig {
                 "is given but `control_plane` names no node",
             ));
         }
-        validate_tls(&self.tls_ca, &self.tls_cert, &self.tls_key, &self.server)?;
+        validate_tls(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+            &self.server,
+        )?;
         for (key, value) in [
             ("request_timeout_ms", self.request_timeout_ms),
             ("attempt_timeout_ms", self.attempt_timeout_ms),
@@ -339,7 +373,12 @@ impl RouterConfig {
 
     /// The mutual-TLS files, when a CA is configured.
     pub fn mutual_tls(&self) -> Option<TlsPaths> {
-        mutual_tls_paths(&self.tls_ca, &self.tls_cert, &self.tls_key)
+        mutual_tls_paths(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
     }
 
     /// The configured shard map.

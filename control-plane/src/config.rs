@@ -57,6 +57,9 @@ pub struct ControlPlaneConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of this node, for mutual TLS.
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
+    pub tls_extra_ca: Option<PathBuf>,
     /// File holding the shared token (`hasten_proto::auth`) every call must carry, peers'
     /// included; the node sends it to its peers. Without mutual TLS, required unless
     /// `listen` is a loopback address.
@@ -84,6 +87,7 @@ impl Default for ControlPlaneConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_extra_ca: None,
             auth_token_file: None,
         }
     }
@@ -154,8 +158,13 @@ impl ControlPlaneConfig {
 
     /// The mutual-TLS files, or `None` when mutual TLS is off.
     pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
-            .map_err(|message| ConfigError::invalid("tls_ca", message))
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 
     /// The founding members by id.

@@ -56,6 +56,10 @@ pub struct TlsArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides --tls-ca (a CA rotation: the other CA).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_extra_ca: Option<PathBuf>,
 }
 
 /// Resolves a configuration of type `T`.

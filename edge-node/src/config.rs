@@ -55,6 +55,9 @@ pub struct EdgeConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of this edge, for mutual TLS.
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
+    pub tls_extra_ca: Option<PathBuf>,
     /// Deadline of one cloud request in milliseconds, connection set-up included.
     pub cloud_timeout_ms: u64,
     /// `has` (speculate, validate, fall back), or a baseline: `cloud-only`, `edge-ivf`,
@@ -203,6 +206,7 @@ impl Default for EdgeConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_extra_ca: None,
             cloud_timeout_ms: 2_000,
             policy: RetrievalPolicy::Has,
             semantic_threshold: 0.9,
@@ -497,8 +501,13 @@ impl EdgeConfig {
 
     /// The mutual-TLS files, or `None` when mutual TLS is off.
     pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
-            .map_err(|message| ConfigError::invalid("tls_ca", message))
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

@@ -22,6 +22,9 @@ pub struct OperatorConfig {
     /// workers serve mutual TLS with; its certificate must name `*.<pool>.<namespace>.svc.<domain>`.
     /// None: plaintext gRPC (edges under mutual TLS cannot reach such workers).
     pub worker_tls_secret: Option<String>,
+    /// ConfigMap whose `ca.crt` holds CA certificates the workers trust besides the
+    /// Secret's `ca.crt` (a CA rotation). Only with `worker_tls_secret`.
+    pub worker_extra_ca_config_map: Option<String>,
     /// Address of `/metrics`, `/readyz` and `/healthz`.
     pub metrics_addr: SocketAddr,
     /// Take part in leader election (off only for a single replica run by hand).
@@ -47,6 +50,9 @@ pub struct OperatorConfig {
     pub tls_ca: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
+    pub tls_extra_ca: Option<PathBuf>,
 }
 
 impl Default for OperatorConfig {
@@ -56,6 +62,7 @@ impl Default for OperatorConfig {
             worker_image: "ghcr.io/hasten-rag/hasten:0.1.0".into(),
             cluster_domain: "cluster.local".into(),
             worker_tls_secret: None,
+            worker_extra_ca_config_map: None,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7600)),
             leader_election: true,
             lease_name: "hasten-kv-operator".into(),
@@ -68,6 +75,7 @@ impl Default for OperatorConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_extra_ca: None,
         }
     }
 }
@@ -110,14 +118,25 @@ impl OperatorConfig {
                 "is given but `control_plane` names no node",
             ));
         }
+        if self.worker_extra_ca_config_map.is_some() && self.worker_tls_secret.is_none() {
+            return Err(ConfigError::invalid(
+                "worker_extra_ca_config_map",
+                "adds to the workers' mutual TLS: it needs `worker_tls_secret`",
+            ));
+        }
         self.mutual_tls()?;
         Ok(())
     }
 
     /// The mutual-TLS files to the control plane, when all three are set.
     pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
-            .map_err(|message| ConfigError::invalid("tls_ca", message))
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

@@ -66,6 +66,10 @@ struct RunArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     worker_tls_secret: Option<String>,
+    /// ConfigMap (key `ca.crt`) of CAs the workers trust besides the Secret's [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker_extra_ca_config_map: Option<String>,
     /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7600].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -147,6 +151,7 @@ async fn run(args: RunArgs) -> Result<()> {
             worker_image: config.worker_image.clone(),
             cluster_domain: config.cluster_domain.clone(),
             worker_tls_secret: config.worker_tls_secret.clone(),
+            worker_extra_ca_config_map: config.worker_extra_ca_config_map.clone(),
         },
         metrics.clone(),
         recorder,

@@ -38,6 +38,8 @@ const MODEL_DIR: &str = "/var/lib/hasten/model";
 const CORPUS_DIR: &str = "/var/lib/hasten/corpus";
 const CONFIG_DIR: &str = "/etc/hasten";
 const UID: i64 = 10001;
+/// Where, under the configuration directory, the workers find the extra trusted CAs.
+const EXTRA_CA_PATH: &str = "tls/extra-ca.crt";
 
 /// What the operator brings to every pool.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +51,9 @@ pub struct RenderSettings {
     /// Secret (`ca.crt`, `tls.crt`, `tls.key`) the workers serve mutual TLS with; none:
     /// plaintext gRPC.
     pub worker_tls_secret: Option<String>,
+    /// ConfigMap whose `ca.crt` holds CA certificates the workers trust besides the Secret's
+    /// (a CA rotation); only with `worker_tls_secret`.
+    pub worker_extra_ca_config_map: Option<String>,
 }
 
 /// The objects a pool's spec asks for whatever corpus version the workers serve (their
@@ -150,14 +155,21 @@ pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets, settings: &RenderSet
          ram_budget = {ram}\n\
          gpu_budget = {gpu}\n{tls}",
         name = pool.name_any(),
-        tls = if settings.worker_tls_secret.is_some() {
-            format!(
+        tls = match (
+            &settings.worker_tls_secret,
+            &settings.worker_extra_ca_config_map
+        ) {
+            (Some(_), extra) => format!(
                 "tls_ca = \"{CONFIG_DIR}/tls/ca.crt\"\n\
                  tls_cert = \"{CONFIG_DIR}/tls/tls.crt\"\n\
-                 tls_key = \"{CONFIG_DIR}/tls/tls.key\"\n"
-            )
-        } else {
-            String::new()
+                 tls_key = \"{CONFIG_DIR}/tls/tls.key\"\n{extra}",
+                extra = if extra.is_some() {
+                    format!("tls_extra_ca = \"{CONFIG_DIR}/{EXTRA_CA_PATH}\"\n")
+                } else {
+                    String::new()
+                }
+            ),
+            (None, _) => String::new(),
         },
         model = model_file(pool),
         sha = spec.model.sha256,
@@ -378,6 +390,11 @@ pub fn workers(
             {"key": "tls.crt", "path": "tls/tls.crt"},
             {"key": "tls.key", "path": "tls/tls.key", "mode": 0o440},
         ]}}));
+        if let Some(config_map) = &settings.worker_extra_ca_config_map {
+            config_sources.push(json!({"configMap": {"name": config_map, "items": [
+                {"key": "ca.crt", "path": EXTRA_CA_PATH},
+            ]}}));
+        }
     }
     let mut volumes = vec![
         // The configuration and, under mutual TLS, the deployment's certificate: one

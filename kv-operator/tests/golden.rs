@@ -158,6 +158,38 @@ fn the_rendering_follows_the_spec() {
         sources[1].secret.as_ref().map(|s| s.name.as_str()),
         Some("hasten-mtls")
     );
+    assert_eq!(sources.len(), 2, "no extra CAs unless named");
+    assert!(!toml.contains("tls_extra_ca"), "{toml}");
+
+    // During a CA rotation the workers also trust the ConfigMap's CAs, from the file their
+    // configuration names.
+    let rotating = RenderSettings {
+        worker_extra_ca_config_map: Some("hasten-mtls-extra-ca".into()),
+        ..common::settings_with_tls()
+    };
+    let desired_rotating = desired(&pool, budgets, &rotating).expect("renders");
+    let toml = &desired_rotating.config_map.data.as_ref().expect("data")["kv-worker.toml"];
+    let extra_file = toml
+        .lines()
+        .find_map(|line| line.strip_prefix("tls_extra_ca = "))
+        .expect("tls_extra_ca in the workers' configuration")
+        .trim_matches('"')
+        .to_string();
+    let sources = spec(&workers(&pool, &desired_rotating, Some("v1"), &rotating).expect("renders"))
+        .template
+        .spec
+        .and_then(|pod| pod.volumes)
+        .and_then(|volumes| volumes[0].projected.clone())
+        .and_then(|projected| projected.sources)
+        .expect("projected sources");
+    let extra = sources[2]
+        .config_map
+        .as_ref()
+        .expect("the extra CAs' ConfigMap");
+    assert_eq!(extra.name, "hasten-mtls-extra-ca");
+    let item = &extra.items.as_ref().expect("items")[0];
+    assert_eq!(item.key, "ca.crt");
+    assert_eq!(format!("/etc/hasten/{}", item.path), extra_file);
     // The pods roll when the workers' configuration changes.
     let annotation = |set: &StatefulSet| {
         spec(set)

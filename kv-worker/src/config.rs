@@ -44,6 +44,9 @@ pub struct KvWorkerConfig {
     pub tls_ca: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
+    pub tls_extra_ca: Option<PathBuf>,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
 }
@@ -66,6 +69,7 @@ impl Default for KvWorkerConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_extra_ca: None,
             ready_file: None,
         }
     }
@@ -109,8 +113,13 @@ impl KvWorkerConfig {
     }
 
     pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(&self.tls_ca, &self.tls_cert, &self.tls_key)
-            .map_err(|message| ConfigError::invalid("tls_ca", message))
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

@@ -216,12 +216,14 @@ impl Drop for ManagedProcess {
 /// The flags that turn mutual TLS on for any Hasten binary.
 pub fn tls_args(paths: &TlsPaths) -> Vec<String> {
     [
-        ("--tls-ca", &paths.ca),
-        ("--tls-cert", &paths.cert),
-        ("--tls-key", &paths.key),
+        ("--tls-ca", Some(&paths.ca)),
+        ("--tls-extra-ca", paths.extra_ca.as_ref()),
+        ("--tls-cert", Some(&paths.cert)),
+        ("--tls-key", Some(&paths.key)),
     ]
     .into_iter()
-    .flat_map(|(flag, path)| [flag.to_string(), path.display().to_string()])
+    .filter_map(|(flag, path)| Some([flag.to_string(), path?.display().to_string()]))
+    .flatten()
     .collect()
 }
 

@@ -186,6 +186,17 @@ impl TrustRoots {
         })
     }
 
+    /// Trusts what `self` or `other` trusts; expires when the first of them does.
+    fn and(&self, other: &TrustRoots) -> Self {
+        let mut roots = RootCertStore::empty();
+        roots.roots.extend(self.store.roots.iter().cloned());
+        roots.roots.extend(other.store.roots.iter().cloned());
+        Self {
+            store: Arc::new(roots),
+            expires_at: self.expires_at.min(other.expires_at),
+        }
+    }
+
     pub(crate) fn store(&self) -> Arc<RootCertStore> {
         self.store.clone()
     }
@@ -241,28 +252,37 @@ pub(crate) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Where a component's mutual-TLS material lies: the deployment's CA certificate and this
 /// component's certificate and key (the `ca.crt`, `tls.crt` and `tls.key` of a Kubernetes
-/// TLS Secret).
+/// TLS Secret), and optionally more CA certificates to trust beside the deployment's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsPaths {
     pub ca: PathBuf,
+    /// PEM CA certificates trusted besides `ca`: during a CA rotation the other CA (the new
+    /// one before certificates are reissued, the old one after), so that peers holding
+    /// certificates from either keep talking.
+    pub extra_ca: Option<PathBuf>,
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
 impl TlsPaths {
     /// A configuration's `tls_ca`, `tls_cert` and `tls_key`: all three (mutual TLS on) or
-    /// none (off).
+    /// none (off); `tls_extra_ca` only with them.
     pub fn all_or_none(
         ca: &Option<PathBuf>,
+        extra_ca: &Option<PathBuf>,
         cert: &Option<PathBuf>,
         key: &Option<PathBuf>,
     ) -> Result<Option<Self>, &'static str> {
         match (ca, cert, key) {
             (Some(ca), Some(cert), Some(key)) => Ok(Some(Self {
                 ca: ca.clone(),
+                extra_ca: extra_ca.clone(),
                 cert: cert.clone(),
                 key: key.clone(),
             })),
+            (None, None, None) if extra_ca.is_some() => Err(
+                "`tls_extra_ca` adds to the trust of mutual TLS: it needs `tls_cert` and `tls_key`",
+            ),
             (None, None, None) => Ok(None),
             _ => {
                 Err("`tls_cert` and `tls_key` must be given together: all three turn mutual TLS on")
@@ -292,14 +312,22 @@ impl std::fmt::Debug for MutualTls {
 }
 
 impl MutualTls {
-    /// Loads and checks the three PEM files.
+    /// Loads and checks the PEM files.
     pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
-        let ca_pem = read_pem(&paths.ca)?;
+        let mut ca_pem = read_pem(&paths.ca)?;
+        let mut trust = TrustRoots::from_pem(&ca_pem, &paths.ca)?;
+        if let Some(extra_path) = &paths.extra_ca {
+            let extra = read_pem(extra_path)?;
+            trust = trust.and(&TrustRoots::from_pem(&extra, extra_path)?);
+            // tonic takes the trusted CAs as one PEM text.
+            ca_pem.push(b'\n');
+            ca_pem.extend_from_slice(&extra);
+        }
         let cert_pem = read_pem(&paths.cert)?;
         let key_pem = read_pem(&paths.key)?;
         Ok(Self {
             identity: Identity::from_pem(&cert_pem, &paths.cert, &key_pem, &paths.key)?,
-            trust: TrustRoots::from_pem(&ca_pem, &paths.ca)?,
+            trust,
             ca_pem,
             cert_pem,
             key_pem,
@@ -444,6 +472,7 @@ impl DevAuthority {
                 let issued = self.issue(component, names)?;
                 Ok(TlsPaths {
                     ca: ca.clone(),
+                    extra_ca: None,
                     cert: write(
                         dir.join(format!("{component}.crt")),
                         &issued.cert_pem,
@@ -544,6 +573,56 @@ mod tests {
             .unwrap();
         let their_roots = TrustRoots::from_pem_file(&other[0].ca).unwrap();
         assert!(verify(&their_roots).is_err());
+    }
+
+    #[test]
+    fn extra_cas_are_trusted_beside_the_deployments_ca() {
+        let names = vec!["localhost".to_string()];
+        let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let old = DevAuthority::new("old").unwrap();
+        let new = DevAuthority::new("new").unwrap();
+        let ours = old
+            .write_bundle(old_dir.path(), &["edge"], &names)
+            .unwrap()
+            .remove(0);
+        let reissued = new
+            .write_bundle(new_dir.path(), &["edge"], &names)
+            .unwrap()
+            .remove(0);
+        let reissued_tls = MutualTls::load(&reissued).unwrap();
+        let accepts = |paths: &TlsPaths| {
+            let tls = MutualTls::load(paths).unwrap();
+            rustls::server::WebPkiClientVerifier::builder_with_provider(
+                tls.trust().store(),
+                crypto_provider(),
+            )
+            .build()
+            .unwrap()
+            .verify_client_cert(
+                &reissued_tls.identity().cert_chain[0],
+                &[],
+                rustls_pki_types::UnixTime::now(),
+            )
+            .is_ok()
+        };
+        assert!(
+            !accepts(&ours),
+            "another CA's certificate without the extra CA"
+        );
+        let rotating = TlsPaths {
+            extra_ca: Some(reissued.ca.clone()),
+            ..ours.clone()
+        };
+        assert!(accepts(&rotating));
+        // tonic's configurations get both CAs too.
+        let both = MutualTls::load(&rotating).unwrap();
+        let pem = String::from_utf8(both.ca_pem.clone()).unwrap();
+        assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 2, "{pem}");
+        assert!(
+            TlsPaths::all_or_none(&None, &Some(reissued.ca.clone()), &None, &None)
+                .unwrap_err()
+                .contains("tls_extra_ca")
+        );
     }
 
     #[test]

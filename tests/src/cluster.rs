@@ -28,6 +28,8 @@ pub struct Cluster {
     max_log_entries: u64,
     /// Flags every node gets beyond the defaults here.
     extra: Vec<String>,
+    /// Flags that replace `extra` for one node (set by `restart_with`).
+    node_flags: BTreeMap<u64, Vec<String>>,
     /// The peer addresses each node is given, when they differ from `addresses` (a node
     /// reached through relays).
     views: BTreeMap<u64, Vec<String>>,
@@ -108,6 +110,7 @@ impl Cluster {
             nodes: BTreeMap::new(),
             max_log_entries,
             extra: Vec::new(),
+            node_flags: BTreeMap::new(),
             views: BTreeMap::new(),
             access: ControlAccess::default(),
         }
@@ -134,7 +137,13 @@ impl Cluster {
             "--retained-events".into(),
             "0".into(),
         ]);
-        args.extend(self.extra.iter().cloned());
+        args.extend(
+            self.node_flags
+                .get(&id)
+                .unwrap_or(&self.extra)
+                .iter()
+                .cloned(),
+        );
         args.extend(extra.iter().map(|a| a.to_string()));
         let process = ManagedProcess::start(
             &format!("node-{id}"),
@@ -165,6 +174,14 @@ impl Cluster {
             self.addresses.insert(id, address);
         }
         self.start_node_with(id, &["--join", "true", "--auto-join", "true"]);
+    }
+
+    /// Stops node `id` (SIGTERM) and starts it again on its data with `flags` instead of
+    /// the flags every node gets.
+    pub fn restart_with(&mut self, id: u64, flags: Vec<String>) {
+        self.terminate(id, Duration::from_secs(10));
+        self.node_flags.insert(id, flags);
+        self.start_node(id);
     }
 
     pub fn kill(&mut self, id: u64) {

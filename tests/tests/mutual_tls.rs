@@ -2,7 +2,8 @@
 //! plane and edges, each with a certificate from the deployment's CA
 //! (`hasten_proto::tls::DevAuthority`, the code behind `hasten-loadtest dev-certs`). A peer
 //! whose certificate comes from another CA, or that shows none, is refused on every link.
-//! Each process reports its certificates' expiry as a metric.
+//! Each process reports its certificates' expiry as a metric. A CA rotation (extra trusted
+//! CAs, `tls_extra_ca`) keeps a group whole when done in the runbook's order.
 
 // A test fails by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,12 +12,15 @@ use std::path::Path;
 use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_proto::control::{MAX_MESSAGE_BYTES, grpc_endpoint};
+use hasten_proto::control::{ControlAccess, MAX_MESSAGE_BYTES, connect, grpc_endpoint};
 use hasten_proto::tls::{DevAuthority, Identity, MutualTls, TlsPaths, TrustRoots};
 use hasten_proto::v1::InfoRequest;
-use hasten_proto::v1::StatusRequest;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
+use hasten_proto::v1::{
+    ControlCommand, CorpusFacts, ProposeRequest, StatusRequest, control_command,
+};
+use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge};
 use loadtest::control_plane::{free_loopback_port, node_args};
@@ -240,4 +244,112 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
         }
     }
     drop(nodes);
+}
+
+/// A CA rotation in the runbook's three steps, one node restarted at a time, on a real
+/// three-node group: trust the new CA beside the old one, then reissue every certificate from
+/// the new CA while still trusting the old one, then drop the old one. After every restart the
+/// group agrees on a leader and replicates to the restarted node. Skipping the first step
+/// (a node restarted straight onto the new CA) cuts that node off, which the test also shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_rotation_one_node_at_a_time_keeps_the_group_whole() {
+    let work = persistent_work_dir("ca-rotation").unwrap();
+    let issue = |dir: &str, name: &str| {
+        DevAuthority::new(name)
+            .unwrap()
+            .write_bundle(&work.join(dir), &["node", "operator"], &names())
+            .unwrap()
+    };
+    let (old, new) = (issue("tls-old", "old CA"), issue("tls-new", "new CA"));
+    let with_extra = |paths: &TlsPaths, extra: &TlsPaths| TlsPaths {
+        extra_ca: Some(extra.ca.clone()),
+        ..paths.clone()
+    };
+    let trust_both_old_certificate = with_extra(&old[0], &new[0]);
+    let trust_both_new_certificate = with_extra(&new[0], &old[0]);
+
+    let old_flags = tls_args(&old[0]);
+    let old_flags: Vec<&str> = old_flags.iter().map(String::as_str).collect();
+    let mut cluster = Cluster::start_with("ca-rotation", 3, 10_000, &old_flags);
+    // The operator's client trusts both CAs throughout and shows the certificate every node
+    // trusts at the time.
+    cluster.access.tls = Some(MutualTls::load(&with_extra(&old[1], &new[1])).unwrap());
+    cluster.register_corpus("v0", 4, 10).await;
+
+    // Straight onto the new CA: the others refuse node 1's certificate and node 1 theirs, so
+    // it never learns a leader nor what the group commits.
+    cluster.restart_with(1, tls_args(&new[0]));
+    let cut_off = ControlAccess {
+        tls: Some(MutualTls::load(&with_extra(&new[1], &old[1])).unwrap()),
+        token: None,
+    };
+    let index = propose_on_leader_of(&cluster, &[2, 3], "cut-off").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = connect(&cluster.addresses[&1], &cut_off)
+        .await
+        .unwrap()
+        .status(StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        seen.applied_index < index && seen.leader_id == 0,
+        "a node on the new CA alone still took part: {seen:?}"
+    );
+
+    let mut step = 0;
+    for (phase, paths) in [
+        ("trust both", &trust_both_old_certificate),
+        ("reissue", &trust_both_new_certificate),
+        ("drop the old CA", &new[0]),
+    ] {
+        // From the last step on, nodes trust only the new CA.
+        if phase == "drop the old CA" {
+            cluster.access.tls = Some(MutualTls::load(&with_extra(&new[1], &old[1])).unwrap());
+        }
+        for id in 1..=3 {
+            cluster.restart_with(id, tls_args(paths));
+            step += 1;
+            // A leader every node agrees on, and an entry committed and applied on all
+            // three, the restarted one included.
+            cluster.leader().await;
+            cluster.register_corpus(&format!("v{step}"), 4, 10).await;
+        }
+    }
+}
+
+/// Proposes a corpus registration on whichever of `ids` leads; returns its index.
+async fn propose_on_leader_of(cluster: &Cluster, ids: &[u64], version: &str) -> u64 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        for id in ids {
+            let leads = cluster
+                .status(*id)
+                .await
+                .is_some_and(|s| s.leader_id == *id);
+            if leads {
+                return cluster
+                    .client(*id)
+                    .await
+                    .propose(ProposeRequest {
+                        commands: vec![ControlCommand {
+                            kind: Some(control_command::Kind::RegisterCorpus(CorpusFacts {
+                                corpus_version: version.into(),
+                                dimension: 4,
+                                max_document_id: 10,
+                            })),
+                        }],
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .index;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no leader among {ids:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -9,6 +9,7 @@ pub fn settings() -> RenderSettings {
         worker_image: "ghcr.io/hasten-rag/hasten:0.1.0".into(),
         cluster_domain: "cluster.local".into(),
         worker_tls_secret: None,
+        worker_extra_ca_config_map: None,
     }
 }
 
