@@ -12,11 +12,14 @@ Subcommands:
       @kubernetes-models/prometheus-operator (its 1.x releases carry them as JSON literals).
   split RENDERED OUTDIR
       Splits a `helm template` output into core.yaml (Kubernetes' own kinds, for
-      kubernetes-validate) and crds.yaml (monitoring.coreos.com objects); prints the kinds.
+      kubernetes-validate) and crds.yaml (monitoring.coreos.com, hasten.dev and
+      cert-manager.io objects); prints the kinds.
   validate-crds SCHEMADIR FILE...
-      Validates monitoring.coreos.com objects with jsonschema against the CRD schemas, made
-      strict (unknown fields rejected, as `kubectl apply --validate=strict` does), and parses
-      every PromQL expression of the PrometheusRules.
+      Validates custom resources with jsonschema against the CRD schemas, made strict
+      (unknown fields rejected, as `kubectl apply --validate=strict` does), and parses every
+      PromQL expression of the PrometheusRules. cert-manager's Certificate is checked against
+      scripts/cert-manager-certificate.schema.json (no package on npm or PyPI ships its CRD
+      schema as data).
   check-promql DASHBOARD...
       Parses every PromQL expression of Grafana dashboards (template variables substituted).
   config-check BINDIR RENDERED...
@@ -39,6 +42,21 @@ Subcommands:
       Starts the control-plane binary (from BINDIR) on loopback with the rendered
       control-plane.toml and the generated Secret's files, and checks that its gRPC port
       completes a TLS handshake with the certificate and refuses a client without one.
+  extra-ca-handshake BINDIR RENDERED FOREIGN
+      RENDERED trusts FOREIGN's generated CA through tls.mutual.extraCAs: the control-plane
+      binary with RENDERED's configuration answers a client with FOREIGN's certificate, and
+      refuses it once tls_extra_ca is dropped.
+  certificate-names RENDERED GENERATED
+      The cert-manager Certificate of RENDERED names exactly the DNS names of the certificate
+      Helm generated in GENERATED, with server and client auth, into the Secret the workloads
+      mount.
+  rollouts-differ BEFORE AFTER
+      Every workload of both renders has another checksum/secrets annotation in AFTER.
+  kv-worker-policy RENDERED GOLDEN...
+      The KV workers' NetworkPolicy selects the pods of the operator's golden StatefulSets
+      and opens exactly their containers' ports.
+  mtls-files RENDERED OUTDIR
+      Writes the generated mutual-TLS Secret's ca.crt, tls.crt and tls.key into OUTDIR.
 """
 
 import base64
@@ -145,7 +163,7 @@ def split(rendered, outdir):
     import yaml
 
     docs = load_docs(rendered)
-    custom = ("monitoring.coreos.com/", "hasten.dev/")
+    custom = ("monitoring.coreos.com/", "hasten.dev/", "cert-manager.io/")
     core = [d for d in docs if not d["apiVersion"].startswith(custom)]
     crds = [d for d in docs if d["apiVersion"].startswith(custom)]
     out = pathlib.Path(outdir)
@@ -228,6 +246,9 @@ def validate_crds(schemadir, files):
     for path in sorted(pathlib.Path(__file__).resolve().parent.parent.glob("helm/hasten/crds/*.yaml")):
         kind, schema = own_crd_schema(path)
         schemas[kind] = schema
+    certificate = json.loads((pathlib.Path(__file__).resolve().parent / "cert-manager-certificate.schema.json").read_text())
+    certificate["properties"]["metadata"] = METADATA
+    schemas["Certificate"] = certificate
     errors = []
     count = 0
     for path in files:
@@ -465,8 +486,12 @@ def check_files(mutual, tenants, rendered):
                         if cm is None:
                             errors.append(f"{where}: ConfigMap {name} is not rendered")
                             continue
-                        for key in cm.get("data") or {}:
-                            present[f"{mount['mountPath']}/{key}"] = ("ConfigMap", name, key)
+                        data = cm.get("data") or {}
+                        items = source["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+                        for item in items:
+                            if item["key"] not in data:
+                                errors.append(f"{where}: ConfigMap {name} has no key {item['key']}")
+                            present[f"{mount['mountPath']}/{item['path']}"] = ("ConfigMap", name, item["key"])
                     if "secret" in source:
                         name = source["secret"]["name"]
                         for item in source["secret"].get("items", []):
@@ -603,75 +628,218 @@ def mtls_names(rendered):
     print(f"{len(names)} dialled names verify (server and client auth); strangers refused")
 
 
-def mtls_handshake(bindir, rendered):
-    docs = load_docs(rendered)
-    tomls = rendered_tomls(docs)
-    config = next((c for (_, key), (_, c) in tomls.items() if key == "control-plane.toml"), None)
-    if config is None:
-        fail("the render holds no control-plane.toml")
-    peer_name = dialled_names({k: v for k, v in tomls.items() if k[1] == "control-plane.toml"})[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        files = generated_mtls(docs, tmp)
-        ready = pathlib.Path(tmp) / "ready.json"
-        # The rendered file, with the pod's paths and addresses swapped for local ones.
-        local = dict(config)
+class ControlPlaneProcess:
+    """The control-plane binary on loopback with a rendered control-plane.toml whose TLS
+    files are swapped for local ones (`tls`: key -> path; None drops the key)."""
+
+    def __init__(self, bindir, config, tls, tmp):
+        self.dir = pathlib.Path(tempfile.mkdtemp(dir=tmp))
+        ready = self.dir / "ready.json"
+        local = {k: v for k, v in config.items() if not (k in tls and tls[k] is None)}
         local.update(
             listen="127.0.0.1:0",
             metrics_addr="127.0.0.1:0",
             peers=["1=127.0.0.1:1"],
-            data_dir=str(pathlib.Path(tmp) / "data"),
+            data_dir=str(self.dir / "data"),
             ready_file=str(ready),
-            tls_ca=files["ca.crt"],
-            tls_cert=files["tls.crt"],
-            tls_key=files["tls.key"],
         )
-        path = pathlib.Path(tmp) / "control-plane.toml"
+        local.update({k: v for k, v in tls.items() if v is not None})
+        path = self.dir / "control-plane.toml"
         path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in local.items()))
         env = {k: v for k, v in os.environ.items() if not k.startswith("HASTEN_")}
-        log = open(pathlib.Path(tmp) / "control-plane.log", "w+")
-        process = subprocess.Popen(
+        self.log = open(self.dir / "control-plane.log", "w+")
+        self.process = subprocess.Popen(
             [str(pathlib.Path(bindir) / "control-plane"), "--config", str(path), "--id", "1"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
+        for _ in range(300):
+            if ready.exists() or self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        if not ready.exists():
+            self.close()
+            fail(f"the control plane did not start:\n{(self.dir / 'control-plane.log').read_text()[-2000:]}")
+        host, port = json.loads(ready.read_text())["address"].rsplit(":", 1)
+        self.address = (host, int(port))
+
+    def answers(self, name, ca, cert=None, key=None):
+        """`answered`, or why not: an HTTP/2 preface over TLS as `name`, trusting `ca`,
+        showing `cert`/`key` when given."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(ca)
+        if cert:
+            ctx.load_cert_chain(cert, key)
+        ctx.set_alpn_protocols(["h2"])
         try:
-            for _ in range(300):
-                if ready.exists() or process.poll() is not None:
-                    break
-                time.sleep(0.1)
-            if not ready.exists():
-                log.seek(0)
-                fail(f"the control plane did not start:\n{log.read()[-2000:]}")
-            host, port = json.loads(ready.read_text())["address"].rsplit(":", 1)
-            outcomes = {}
-            for label, with_certificate in (("with the certificate", True), ("without a certificate", False)):
-                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-                ctx.load_verify_locations(files["ca.crt"])
-                if with_certificate:
-                    ctx.load_cert_chain(files["tls.crt"], files["tls.key"])
-                ctx.set_alpn_protocols(["h2"])
-                try:
-                    with socket.create_connection((host, int(port)), timeout=10) as raw:
-                        with ctx.wrap_socket(raw, server_hostname=peer_name) as tls:
-                            # HTTP/2 preface and an empty SETTINGS frame: a server that
-                            # accepted the client answers with its own SETTINGS.
-                            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
-                            answer = tls.recv(9)
-                            if not answer:
-                                outcomes[label] = "refused (closed without an answer)"
-                            elif len(answer) == 9 and answer[3] == 4:
-                                outcomes[label] = "answered"
-                            else:
-                                outcomes[label] = f"no SETTINGS ({answer!r})"
-                except (ssl.SSLError, OSError) as err:
-                    outcomes[label] = f"refused ({err})"
+            with socket.create_connection(self.address, timeout=10) as raw:
+                with ctx.wrap_socket(raw, server_hostname=name) as tls:
+                    # HTTP/2 preface and an empty SETTINGS frame: a server that accepted the
+                    # client answers with its own SETTINGS.
+                    tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+                    answer = tls.recv(9)
+                    if not answer:
+                        return "refused (closed without an answer)"
+                    if len(answer) == 9 and answer[3] == 4:
+                        return "answered"
+                    return f"no SETTINGS ({answer!r})"
+        except (ssl.SSLError, OSError) as err:
+            return f"refused ({err})"
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.log.close()
+
+
+def control_plane_config(docs):
+    """The rendered control-plane.toml and the name its peers dial it by."""
+    tomls = rendered_tomls(docs)
+    config = next((c for (_, key), (_, c) in tomls.items() if key == "control-plane.toml"), None)
+    if config is None:
+        fail("the render holds no control-plane.toml")
+    name = dialled_names({k: v for k, v in tomls.items() if k[1] == "control-plane.toml"})[0]
+    return config, name
+
+
+def mtls_handshake(bindir, rendered):
+    docs = load_docs(rendered)
+    config, peer_name = control_plane_config(docs)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = generated_mtls(docs, tmp)
+        tls = {"tls_ca": files["ca.crt"], "tls_cert": files["tls.crt"], "tls_key": files["tls.key"]}
+        node = ControlPlaneProcess(bindir, config, tls, tmp)
+        try:
+            outcomes = {
+                "with the certificate": node.answers(peer_name, files["ca.crt"], files["tls.crt"], files["tls.key"]),
+                "without a certificate": node.answers(peer_name, files["ca.crt"]),
+            }
         finally:
-            process.terminate()
-            process.wait(timeout=10)
-            log.close()
+            node.close()
     print(f"control plane as {peer_name}: {outcomes}")
-    if outcomes.get("with the certificate") != "answered" or not outcomes.get("without a certificate", "").startswith("refused"):
+    if outcomes["with the certificate"] != "answered" or not outcomes["without a certificate"].startswith("refused"):
         fail("expected the certificate to be answered and a client without one to be refused")
     print("the control-plane binary serves the generated certificate and requires it of clients")
+
+
+def extra_ca_handshake(bindir, rendered, foreign):
+    """A CA rotation as rendered: RENDERED trusts FOREIGN's CA through tls.mutual.extraCAs.
+    The control-plane binary with RENDERED's configuration (its tls_extra_ca the projected
+    ConfigMap's ca.crt) answers a client showing FOREIGN's certificate; the same node
+    without tls_extra_ca refuses it."""
+    docs = load_docs(rendered)
+    config, peer_name = control_plane_config(docs)
+    if "tls_extra_ca" not in config:
+        fail("the rendered control-plane.toml sets no tls_extra_ca")
+    extra = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-mtls-extra-ca")]
+    if len(extra) != 1:
+        fail("the render holds no <fullname>-mtls-extra-ca ConfigMap")
+    outcomes = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        own_dir, their_dir = pathlib.Path(tmp) / "own", pathlib.Path(tmp) / "theirs"
+        own_dir.mkdir()
+        their_dir.mkdir()
+        files = generated_mtls(docs, own_dir)
+        theirs = generated_mtls(load_docs(foreign), their_dir)
+        if extra[0]["data"]["ca.crt"].strip() != pathlib.Path(theirs["ca.crt"]).read_text().strip():
+            fail("the extra CAs' ConfigMap does not hold the other render's CA")
+        extra_file = pathlib.Path(tmp) / "extra-ca.crt"
+        extra_file.write_text(extra[0]["data"]["ca.crt"])
+        tls = {"tls_ca": files["ca.crt"], "tls_cert": files["tls.crt"], "tls_key": files["tls.key"]}
+        for label, extra_ca in (("with tls_extra_ca", str(extra_file)), ("without tls_extra_ca", None)):
+            node = ControlPlaneProcess(bindir, config, {**tls, "tls_extra_ca": extra_ca}, tmp)
+            try:
+                outcomes[label] = node.answers(peer_name, files["ca.crt"], theirs["tls.crt"], theirs["tls.key"])
+            finally:
+                node.close()
+    print(f"control plane as {peer_name}, a client with the other CA's certificate: {outcomes}")
+    if outcomes["with tls_extra_ca"] != "answered" or not outcomes["without tls_extra_ca"].startswith("refused"):
+        fail("expected the other CA's certificate to be answered with tls_extra_ca and refused without")
+    print("the control-plane binary trusts the extra CAs it is given, and only then")
+
+
+def certificate_names(rendered, generated):
+    """The cert-manager Certificate of RENDERED asks for exactly the names of the
+    certificate Helm generates in GENERATED, server and client auth, into the Secret every
+    workload of RENDERED mounts."""
+    docs = load_docs(rendered)
+    certificates = [d for d in docs if d["kind"] == "Certificate"]
+    if len(certificates) != 1:
+        fail(f"expected one Certificate, found {len(certificates)}")
+    spec = certificates[0]["spec"]
+    with tempfile.TemporaryDirectory() as tmp:
+        files = generated_mtls(load_docs(generated), tmp)
+        decoded = ssl._ssl._test_decode_cert(files["tls.crt"])
+    generated_names = sorted(value for kind, value in decoded.get("subjectAltName", ()) if kind == "DNS")
+    errors = []
+    if sorted(spec["dnsNames"]) != generated_names:
+        missing = set(generated_names) - set(spec["dnsNames"])
+        extra = set(spec["dnsNames"]) - set(generated_names)
+        errors.append(f"dnsNames differ from the generated certificate's: missing {sorted(missing)}, extra {sorted(extra)}")
+    for usage in ("server auth", "client auth"):
+        if usage not in spec.get("usages", []):
+            errors.append(f"usages lack {usage!r}")
+    mounted = set()
+    for doc in docs:
+        if doc["kind"] in WORKLOAD_KINDS:
+            for volume in doc["spec"]["template"]["spec"].get("volumes", []):
+                for source in volume.get("projected", {}).get("sources", []):
+                    if "secret" in source and any(i["key"] == "tls.key" for i in source["secret"].get("items", [])):
+                        mounted.add(source["secret"]["name"])
+    if mounted != {spec["secretName"]}:
+        errors.append(f"workloads mount {sorted(mounted)}, the Certificate writes {spec['secretName']}")
+    exit_on(errors)
+    print(f"the Certificate asks for the {len(generated_names)} generated names, both usages, into {spec['secretName']}")
+
+
+def rollouts_differ(before, after):
+    """Every workload of both renders carries another checksum/secrets in AFTER: a change of
+    what the pods trust rolls them."""
+    def checksums(path):
+        return {
+            (d["kind"], d["metadata"]["name"]): d["spec"]["template"]["metadata"].get("annotations", {}).get("checksum/secrets")
+            for d in load_docs(path)
+            if d["kind"] in WORKLOAD_KINDS
+        }
+
+    old, new = checksums(before), checksums(after)
+    common = sorted(set(old) & set(new))
+    same_sum = [f"{kind}/{name}" for kind, name in common if old[(kind, name)] == new[(kind, name)]]
+    exit_on([f"{w}: checksum/secrets unchanged" for w in same_sum])
+    if not common:
+        fail("no workload in both renders")
+    print(f"{len(common)} workloads roll when the trusted CAs change")
+
+
+def kv_worker_policy(rendered, goldens):
+    """The KV workers' NetworkPolicy of RENDERED selects the pods of the operator's
+    StatefulSets as its golden renderings (GOLDENS) label them, and opens exactly their
+    containers' ports."""
+    docs = load_docs(rendered)
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-kv-workers")]
+    if len(policies) != 1:
+        fail(f"expected one KV workers' NetworkPolicy, found {len(policies)}")
+    selector = policies[0]["spec"]["podSelector"]["matchLabels"]
+    opened = sorted(port["port"] for rule in policies[0]["spec"]["ingress"] for port in rule["ports"])
+    errors = []
+    for path in goldens:
+        for doc in load_docs(path):
+            if doc["kind"] != "StatefulSet":
+                continue
+            template = doc["spec"]["template"]
+            labels = template["metadata"]["labels"]
+            if any(labels.get(k) != v for k, v in selector.items()):
+                errors.append(f"{path}: the pods' labels {labels} do not match the policy's {selector}")
+            ports = sorted(p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", []))
+            if ports != opened:
+                errors.append(f"{path}: the workers listen on {ports}, the policy opens {opened}")
+    exit_on(errors)
+    print(f"the KV workers' policy selects the operator's pods ({selector}) and opens {opened}")
+
+
+def mtls_files(rendered, outdir):
+    pathlib.Path(outdir).mkdir(parents=True, exist_ok=True)
+    files = generated_mtls(load_docs(rendered), outdir)
+    print(f"wrote {', '.join(sorted(files))} into {outdir}")
 
 
 def secret_rollouts(rendered_files):
@@ -727,6 +895,16 @@ def main():
         secret_rollouts(args)
     elif command == "mtls-handshake" and len(args) == 2:
         mtls_handshake(*args)
+    elif command == "extra-ca-handshake" and len(args) == 3:
+        extra_ca_handshake(*args)
+    elif command == "certificate-names" and len(args) == 2:
+        certificate_names(*args)
+    elif command == "rollouts-differ" and len(args) == 2:
+        rollouts_differ(*args)
+    elif command == "kv-worker-policy" and len(args) >= 2:
+        kv_worker_policy(args[0], args[1:])
+    elif command == "mtls-files" and len(args) == 2:
+        mtls_files(*args)
     else:
         fail(__doc__)
 

@@ -83,7 +83,7 @@ monitoring_on=(--set monitoring.serviceMonitor.enabled=true --set monitoring.pro
 # made outside the chart instead).
 mtls_on=(--set tls.mutual.generate=true --set edge.tenants.secretName=hasten-edge-tenants)
 
-check dashboards-generated python3 scripts/gen-dashboards.py --check
+check dashboards-generated "$py" scripts/gen-dashboards.py --check
 check values-schema-generated "$py" scripts/gen-values-schema.py --check
 check dashboards-promql "$py" "$helper" check-promql "$chart"/dashboards/*.json
 check lint-default "$helm" lint --strict "$chart"
@@ -102,6 +102,14 @@ check render-monitoring render monitoring "${monitoring_on[@]}" --set monitoring
   --set controlPlane.enabled=false --set networkPolicy.enabled=false
 check render-devcerts render devcerts --set tls.cloud.generate=false --set tls.allowDevCerts=true
 check render-mtls render mtls "${mtls_on[@]}"
+# A CA rotation: the `mtls` render's CA trusted beside this render's own (tls.mutual.extraCAs),
+# with the KV operator, whose workers get the extra CAs too.
+check mtls-render-files "$py" "$helper" mtls-files "$out/mtls.yaml" "$out/mtls-files"
+check render-mtls-rotation render mtls-rotation "${mtls_on[@]}" --set kvOperator.enabled=true \
+  --set-file tls.mutual.extraCAs="$out/mtls-files/ca.crt"
+# The mutual-TLS certificate issued by cert-manager, in the `mtls` layout.
+check render-certmanager render certmanager --set tls.mutual.certManager.enabled=true \
+  --set tls.mutual.certManager.issuerRef.name=hasten-ca --set edge.tenants.secretName=hasten-edge-tenants
 # The KV operator with the example pool, monitored.
 check render-kv-pools render kv-pools --set kvOperator.enabled=true --set kvPools.enabled=true \
   "${monitoring_on[@]}" --set monitoring.forceCRDs=true
@@ -125,6 +133,32 @@ print("ordinals 3 and 4 join with auto-join, all five in peers, 3 founders recor
 PY
 }
 check cp-scaled cp_scaled
+# A control plane shrunk from 5 to 3 as a GitOps renderer sees it (installedReplicas standing
+# in for the StatefulSet `lookup` reads in a cluster): the pre-upgrade Job removes ids 5 then 4
+# through the three nodes that stay, with the pods' certificate and the rotation's extra CAs.
+check render-cp-shrunk render cp-shrunk --set controlPlane.replicas=3 \
+  --set controlPlane.installedReplicas=5 "${mtls_on[@]}" --set-file tls.mutual.extraCAs="$out/mtls-files/ca.crt"
+cp_shrunk() {
+  "$py" - "$out/cp-shrunk/core.yaml" <<'PY'
+import re, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+jobs = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"].endswith("control-plane-shrink")]
+assert len(jobs) == 1, [d["metadata"]["name"] for d in docs if d["kind"] == "Job"]
+job = jobs[0]
+assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade", job["metadata"]
+script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+ids = re.search(r"for id in ([0-9 ]+); do", script).group(1).split()
+assert ids == ["5", "4"], ids
+nodes = re.findall(r"--control-plane (\S+)", script)
+assert [n.split(".")[0] for n in nodes] == [f"hasten-control-plane-{i}" for i in range(3)], nodes
+for flag in ("--tls-ca", "--tls-cert", "--tls-key", "--tls-extra-ca"):
+    assert flag in script, f"{flag} missing: {script}"
+sts = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("control-plane"))
+assert sts["spec"]["replicas"] == 3, sts["spec"]["replicas"]
+print(f"the shrink Job removes ids {' then '.join(ids)} through {len(nodes)} remaining nodes")
+PY
+}
+check cp-shrunk cp_shrunk
 check render-autoscaling render autoscaling --set cloud.router.autoscaling.enabled=true \
   --set edge.autoscaling.enabled=true
 autoscaled() {
@@ -148,9 +182,14 @@ check files-production "$py" "$helper" check-files on on "$out/production.yaml"
 check files-monitoring "$py" "$helper" check-files off off "$out/monitoring.yaml"
 check files-devcerts "$py" "$helper" check-files off off "$out/devcerts.yaml"
 check files-mtls "$py" "$helper" check-files on on "$out/mtls.yaml"
+check files-mtls-rotation "$py" "$helper" check-files on on "$out/mtls-rotation.yaml"
+check files-certmanager "$py" "$helper" check-files on on "$out/certmanager.yaml"
 check mtls-names "$py" "$helper" mtls-names "$out/mtls.yaml"
+check certificate-names "$py" "$helper" certificate-names "$out/certmanager.yaml" "$out/mtls.yaml"
 check secret-rollouts "$py" "$helper" secret-rollouts "$out/default.yaml" "$out/production.yaml" \
-  "$out/mtls.yaml" "$out/kv-pools.yaml"
+  "$out/mtls.yaml" "$out/kv-pools.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml"
+check kv-worker-policy "$py" "$helper" kv-worker-policy "$out/kv-pools.yaml" kv-operator/tests/golden/*.yaml
+check extra-ca-rollouts "$py" "$helper" rollouts-differ "$out/mtls.yaml" "$out/mtls-rotation.yaml"
 
 crd_objects() { # crd_objects NAME KIND...: the render holds each kind
   local name=$1 kind
@@ -194,6 +233,17 @@ check refuses-autoscaled-daemonset refuses autoscaled-daemonset 'edge.autoscalin
   --set edge.autoscaling.enabled=true --set edge.kind=DaemonSet
 check refuses-autoscaling-bounds refuses autoscaling-bounds 'minReplicas' \
   --set cloud.router.autoscaling.enabled=true --set cloud.router.autoscaling.minReplicas=9
+check refuses-majority-shrink refuses majority-shrink 'shrinking from 5 to 2 nodes at once' \
+  --set controlPlane.replicas=2 --set controlPlane.installedReplicas=5
+check refuses-certmanager-and-generate refuses certmanager-and-generate 'leave tls.mutual.secretName empty' \
+  --set tls.mutual.certManager.enabled=true --set tls.mutual.certManager.issuerRef.name=ca \
+  --set tls.mutual.generate=true
+check refuses-certmanager-without-issuer refuses certmanager-without-issuer 'issuerRef.name is required' \
+  --set tls.mutual.certManager.enabled=true
+check refuses-extra-cas-without-mtls refuses extra-cas-without-mtls 'adds to the trust of mutual TLS' \
+  --set tls.mutual.extraCAs=x
+check refuses-extra-cas-not-pem refuses extra-cas-not-pem 'must hold PEM CA certificates' \
+  "${mtls_on[@]}" --set tls.mutual.extraCAs=x
 
 # Alerting rules: promtool's checks on every layout that renders them, and the unit tests of
 # helm/hasten/alert-tests on the kv-pools layout's (every rule group on).
@@ -243,7 +293,7 @@ validator_rejects_unknown_fields() {
   echo "kubernetes-validate rejects unknown fields"
 }
 check validator-self-test validator_rejects_unknown_fields
-for name in default production monitoring devcerts mtls kv-pools autoscaling cp-scaled; do
+for name in default production monitoring devcerts mtls mtls-rotation certmanager kv-pools autoscaling cp-scaled cp-shrunk; do
   for version in "${KUBERNETES_VERSIONS[@]}"; do
     if [ -f "$out/$name/core.yaml" ]; then
       check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
@@ -252,7 +302,18 @@ for name in default production monitoring devcerts mtls kv-pools autoscaling cp-
   done
 done
 check crd-schemas "$py" "$helper" validate-crds "$schemas" "$out/production/crds.yaml" "$out/monitoring/crds.yaml" \
-  "$out/kv-pools/crds.yaml"
+  "$out/kv-pools/crds.yaml" "$out/certmanager/crds.yaml"
+# The Certificate's schema must refuse a bad one, or the pass above means nothing.
+certificate_schema_rejects_bad_ones() {
+  sed 's/- client auth$/- client authentication/' "$out/certmanager/crds.yaml" >"$out/bad-certificate.yaml"
+  grep -q 'client authentication' "$out/bad-certificate.yaml" || { echo "no usage to break"; return 1; }
+  if "$py" "$helper" validate-crds "$schemas" "$out/bad-certificate.yaml" >/dev/null 2>&1; then
+    echo "the Certificate schema accepted the usage 'client authentication'"
+    return 1
+  fi
+  echo "the Certificate schema rejects an unknown usage"
+}
+check certificate-schema-self-test certificate_schema_rejects_bad_ones
 # The schema of a KvWorkerPool must refuse a bad pool, or the pass above means nothing.
 pool_schema_rejects_bad_pools() {
   sed 's/replicas: 2$/replicas: -1/' "$out/kv-pools/crds.yaml" >"$out/bad-pool.yaml"
@@ -290,11 +351,13 @@ else
   if [ -x "$bindir/control-plane" ]; then
     check config-check env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check "$bindir" \
       "$out/default.yaml" "$out/production.yaml" "$out/monitoring.yaml" "$out/devcerts.yaml" \
-      "$out/mtls.yaml" "$out/cp-scaled.yaml"
+      "$out/mtls.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml" "$out/cp-scaled.yaml"
     # What the KV operator renders for its workers, as its golden files pin it.
     check config-check-kv-workers env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check \
       "$bindir" kv-operator/tests/golden/*.yaml
     check mtls-handshake "$py" "$helper" mtls-handshake "$bindir" "$out/mtls.yaml"
+    check extra-ca-handshake "$py" "$helper" extra-ca-handshake "$bindir" "$out/mtls-rotation.yaml" \
+      "$out/mtls.yaml"
     # The `helm test` pod's command and workload as the image's hasten-loadtest reads them:
     # pointed at a port where nothing listens, it must parse everything, send, and fail its
     # error threshold (exit 99), not stop on its arguments (2) or the workload (1).

@@ -113,10 +113,15 @@ above it join the group the founders formed instead of founding one.
 {{- else }}{{ .Values.controlPlane.replicas }}{{ end -}}
 {{- end }}
 
-{{/* The control plane's replicas as the installed release runs them (0 before install). */}}
+{{/*
+The control plane's replicas as the installed release runs them (`lookup`), else
+controlPlane.installedReplicas (renderers that cannot read the cluster), else 0 (a first
+install).
+*/}}
 {{- define "hasten.controlPlane.installedReplicas" -}}
 {{- $existing := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "hasten.controlPlane.name" .) -}}
-{{- dig "spec" "replicas" 0 $existing -}}
+{{- if $existing }}{{ dig "spec" "replicas" 0 $existing }}
+{{- else }}{{ .Values.controlPlane.installedReplicas | default 0 }}{{ end -}}
 {{- end }}
 
 {{/* The Secret holding the control plane's shared token. */}}
@@ -128,15 +133,22 @@ above it join the group the founders formed instead of founding one.
 {{- define "hasten.controlPlane.tokenFile" -}}/etc/hasten/control-plane/token{{- end }}
 
 {{- define "hasten.mtls.enabled" -}}
-{{- if or .Values.tls.mutual.secretName .Values.tls.mutual.generate }}true{{ end }}
+{{- if or .Values.tls.mutual.secretName .Values.tls.mutual.certManager.enabled .Values.tls.mutual.generate }}true{{ end }}
 {{- end }}
 
 {{/* Name of the Secret with the mutual-TLS material (ca.crt, tls.crt, tls.key), empty when off. */}}
 {{- define "hasten.mtls.secretName" -}}
 {{- if .Values.tls.mutual.secretName }}
 {{- .Values.tls.mutual.secretName }}
-{{- else if .Values.tls.mutual.generate }}
+{{- else if or .Values.tls.mutual.certManager.enabled .Values.tls.mutual.generate }}
 {{- include "hasten.fullname" . }}-mtls
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap of CAs trusted besides the deployment's (tls.mutual.extraCAs), empty when none. */}}
+{{- define "hasten.mtls.extraCaConfigMap" -}}
+{{- if and (include "hasten.mtls.enabled" .) .Values.tls.mutual.extraCAs }}
+{{- include "hasten.fullname" . }}-mtls-extra-ca
 {{- end }}
 {{- end }}
 
@@ -146,7 +158,11 @@ the files of the Secret as "hasten.baseVolumes" projects them.
 */}}
 {{- define "hasten.mtls.config" -}}
 {{- if include "hasten.mtls.enabled" . }}
-{{- toJson (dict "tls_ca" "/etc/hasten/tls/ca.crt" "tls_cert" "/etc/hasten/tls/tls.crt" "tls_key" "/etc/hasten/tls/tls.key") }}
+{{- $files := dict "tls_ca" "/etc/hasten/tls/ca.crt" "tls_cert" "/etc/hasten/tls/tls.crt" "tls_key" "/etc/hasten/tls/tls.key" }}
+{{- if include "hasten.mtls.extraCaConfigMap" . }}
+{{- $_ := set $files "tls_extra_ca" "/etc/hasten/tls/extra-ca.crt" }}
+{{- end }}
+{{- toJson $files }}
 {{- else }}
 {{- "{}" }}
 {{- end }}
@@ -206,6 +222,22 @@ every workload template, so that `helm template` and `helm install` stop with th
 {{- end }}
 {{- if and .Values.tls.mutual.generate (lt (int .Values.tls.mutual.generateValidityDays) 1) }}
 {{- fail "tls.mutual.generateValidityDays must be at least 1" }}
+{{- end }}
+{{- with .Values.tls.mutual.certManager }}
+{{- if and .enabled (or $.Values.tls.mutual.secretName $.Values.tls.mutual.generate) }}
+{{- fail "tls.mutual.certManager.enabled issues the mutual-TLS Secret itself: leave tls.mutual.secretName empty and tls.mutual.generate false" }}
+{{- end }}
+{{- if and .enabled (not .issuerRef.name) }}
+{{- fail "tls.mutual.certManager.issuerRef.name is required: the cert-manager Issuer or ClusterIssuer (one that fills ca.crt, e.g. a CA issuer) that signs the mutual-TLS certificate" }}
+{{- end }}
+{{- end }}
+{{- with .Values.tls.mutual.extraCAs }}
+{{- if not (include "hasten.mtls.enabled" $) }}
+{{- fail "tls.mutual.extraCAs adds to the trust of mutual TLS: set tls.mutual.secretName, tls.mutual.certManager.enabled or tls.mutual.generate too" }}
+{{- end }}
+{{- if not (contains "-----BEGIN CERTIFICATE-----" .) }}
+{{- fail "tls.mutual.extraCAs must hold PEM CA certificates (-----BEGIN CERTIFICATE-----), e.g. --set-file tls.mutual.extraCAs=old-ca.crt" }}
+{{- end }}
 {{- end }}
 {{- if .Values.controlPlane.enabled }}
 {{- $installed := int (include "hasten.controlPlane.installedReplicas" .) }}
@@ -322,6 +354,13 @@ tenants file as tenants/tenants.toml.
               mode: 0440
             {{- end }}
       {{- end }}
+      {{- with include "hasten.mtls.extraCaConfigMap" .root }}
+      - configMap:
+          name: {{ . }}
+          items:
+            - key: ca.crt
+              path: tls/extra-ca.crt
+      {{- end }}
       {{- if and .controlPlaneToken (include "hasten.controlPlane.tokenEnabled" .root) }}
       - secret:
           name: {{ include "hasten.controlPlane.tokenSecret" .root }}
@@ -345,7 +384,8 @@ Checksum of the Secrets "hasten.baseVolumes" mounts for the same arguments, as t
 holds them at install or upgrade (`lookup`; names only under `helm template`), for a pod
 annotation: an upgrade after a Secret changed (a rotated certificate, new tenants) rolls
 the pods that read it, as config changes do. A Secret the chart generates is first seen
-with its data at the first upgrade, which therefore rolls those pods once.
+with its data at the first upgrade, which therefore rolls those pods once. The extra CAs
+(tls.mutual.extraCAs) count too: they come from values, so the new ones are hashed.
 */}}
 {{- define "hasten.secretsChecksum" -}}
 {{- $root := .root -}}
@@ -358,7 +398,9 @@ with its data at the first upgrade, which therefore rolls those pods once.
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- toJson $seen | sha256sum -}}
+{{- /* The extra CAs come from values: their ConfigMap changes with them. */ -}}
+{{- $extra := ternary $root.Values.tls.mutual.extraCAs "" (not (empty (include "hasten.mtls.extraCaConfigMap" $root))) -}}
+{{- toJson (dict "secrets" $seen "extraCAs" $extra) | sha256sum -}}
 {{- end }}
 
 {{- define "hasten.baseVolumeMounts" -}}
