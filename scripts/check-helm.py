@@ -55,6 +55,9 @@ Subcommands:
   kv-worker-policy RENDERED GOLDEN...
       The KV workers' NetworkPolicy selects the pods of the operator's golden StatefulSets
       and opens exactly their containers' ports.
+  edge-kv-wiring RENDERED GOLDEN NAMESPACE
+      The edges (edge.kvPool) of a release rendered into NAMESPACE dial their pool's workers at the addresses the operator's golden
+      edge fragment gives (pool and namespace swapped), with the pool's fusion settings.
   mtls-files RENDERED OUTDIR
       Writes the generated mutual-TLS Secret's ca.crt, tls.crt and tls.key into OUTDIR.
 """
@@ -836,6 +839,44 @@ def kv_worker_policy(rendered, goldens):
     print(f"the KV workers' policy selects the operator's pods ({selector}) and opens {opened}")
 
 
+def edge_kv_wiring(rendered, golden, namespace):
+    """The edges of RENDERED (edge.kvPool) dial the workers of their pool at the addresses the
+    operator gives its edges (GOLDEN's edge-kv.toml, for pool `wiki` in namespace `rag`, with
+    the pool and namespace swapped), with the pool's fusion settings."""
+    import tomllib
+
+    docs = load_docs(rendered)
+    fragment = next(
+        tomllib.loads(d["data"]["edge-kv.toml"]) for d in load_docs(golden) if d["kind"] == "ConfigMap" and "edge-kv.toml" in (d.get("data") or {})
+    )
+    edge = next(c for (_, key), (_, c) in rendered_tomls(docs).items() if key == "edge.toml")
+    if "kv_workers" not in edge:
+        fail("the edges' configuration has no kv_workers")
+    pools = {d["metadata"]["name"]: d for d in docs if d["kind"] == "KvWorkerPool"}
+    name = next((n for n in pools if edge["kv_workers"][0].startswith(f"{n}-0.")), None)
+    if name is None:
+        fail(f"the edges dial {edge['kv_workers'][0]}, of no rendered pool ({sorted(pools)})")
+    pool = pools[name]
+    expected = [
+        address.replace("wiki", name).replace(".rag.", f".{namespace}.")
+        for address in fragment["kv_workers"]
+    ]
+    replicas = pool["spec"]["replicas"]
+    expected = [expected[0].replace(f"{name}-0.", f"{name}-{i}.") for i in range(replicas)]
+    errors = []
+    if edge["kv_workers"] != expected:
+        errors.append(f"kv_workers {edge['kv_workers']}, the operator's naming gives {expected}")
+    fusion = pool["spec"].get("fusion", {})
+    if edge.get("kv_mode") != fusion.get("mode", "fusionrag"):
+        errors.append(f"kv_mode {edge.get('kv_mode')!r}, the pool's {fusion.get('mode')!r}")
+    if abs(edge.get("kv_recompute_ratio", -1) - fusion.get("recomputeRatio", 0.15)) > 1e-9:
+        errors.append(f"kv_recompute_ratio {edge.get('kv_recompute_ratio')}, the pool's {fusion.get('recomputeRatio')}")
+    if "control_plane" in edge and edge.get("kv_pool") != f"{namespace}/{name}":
+        errors.append(f"kv_pool {edge.get('kv_pool')!r}, expected {namespace}/{name} to follow the published assignment")
+    exit_on(errors)
+    print(f"the edges dial the {replicas} workers of pool {name} as the operator names them, {edge['kv_mode']} at {edge['kv_recompute_ratio']}, following {edge.get('kv_pool')}")
+
+
 def mtls_files(rendered, outdir):
     pathlib.Path(outdir).mkdir(parents=True, exist_ok=True)
     files = generated_mtls(load_docs(rendered), outdir)
@@ -903,6 +944,8 @@ def main():
         rollouts_differ(*args)
     elif command == "kv-worker-policy" and len(args) >= 2:
         kv_worker_policy(args[0], args[1:])
+    elif command == "edge-kv-wiring" and len(args) == 3:
+        edge_kv_wiring(*args)
     elif command == "mtls-files" and len(args) == 2:
         mtls_files(*args)
     else:

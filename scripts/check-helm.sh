@@ -112,7 +112,7 @@ check render-certmanager render certmanager --set tls.mutual.certManager.enabled
   --set tls.mutual.certManager.issuerRef.name=hasten-ca --set edge.tenants.secretName=hasten-edge-tenants
 # The KV operator with the example pool, monitored.
 check render-kv-pools render kv-pools --set kvOperator.enabled=true --set kvPools.enabled=true \
-  "${monitoring_on[@]}" --set monitoring.forceCRDs=true
+  --set edge.kvPool=example "${monitoring_on[@]}" --set monitoring.forceCRDs=true
 
 # The stateless tiers under HorizontalPodAutoscalers: the Deployments leave replicas to them.
 # A control plane scaled from 3 to 5: ordinals 3 and 4 (ids 4, 5) join, the founders found.
@@ -188,6 +188,8 @@ check mtls-names "$py" "$helper" mtls-names "$out/mtls.yaml"
 check certificate-names "$py" "$helper" certificate-names "$out/certmanager.yaml" "$out/mtls.yaml"
 check secret-rollouts "$py" "$helper" secret-rollouts "$out/default.yaml" "$out/production.yaml" \
   "$out/mtls.yaml" "$out/kv-pools.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml"
+check edge-kv-wiring "$py" "$helper" edge-kv-wiring "$out/kv-pools.yaml" \
+  kv-operator/tests/golden/cpu-pool-first-version.yaml hasten
 check kv-worker-policy "$py" "$helper" kv-worker-policy "$out/kv-pools.yaml" kv-operator/tests/golden/*.yaml
 check extra-ca-rollouts "$py" "$helper" rollouts-differ "$out/mtls.yaml" "$out/mtls-rotation.yaml"
 
@@ -233,6 +235,8 @@ check refuses-autoscaled-daemonset refuses autoscaled-daemonset 'edge.autoscalin
   --set edge.autoscaling.enabled=true --set edge.kind=DaemonSet
 check refuses-autoscaling-bounds refuses autoscaling-bounds 'minReplicas' \
   --set cloud.router.autoscaling.enabled=true --set cloud.router.autoscaling.minReplicas=9
+check refuses-unknown-kv-pool refuses unknown-kv-pool 'edge.kvPool: "wiki" must name a pool' \
+  --set kvOperator.enabled=true --set kvPools.enabled=true --set edge.kvPool=wiki
 check refuses-majority-shrink refuses majority-shrink 'shrinking from 5 to 2 nodes at once' \
   --set controlPlane.replicas=2 --set controlPlane.installedReplicas=5
 check refuses-certmanager-and-generate refuses certmanager-and-generate 'leave tls.mutual.secretName empty' \
@@ -351,7 +355,8 @@ else
   if [ -x "$bindir/control-plane" ]; then
     check config-check env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check "$bindir" \
       "$out/default.yaml" "$out/production.yaml" "$out/monitoring.yaml" "$out/devcerts.yaml" \
-      "$out/mtls.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml" "$out/cp-scaled.yaml"
+      "$out/mtls.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml" "$out/cp-scaled.yaml" \
+      "$out/kv-pools.yaml"
     # What the KV operator renders for its workers, as its golden files pin it.
     check config-check-kv-workers env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check \
       "$bindir" kv-operator/tests/golden/*.yaml

@@ -223,6 +223,13 @@ every workload template, so that `helm template` and `helm install` stop with th
 {{- if and .Values.tls.mutual.generate (lt (int .Values.tls.mutual.generateValidityDays) 1) }}
 {{- fail "tls.mutual.generateValidityDays must be at least 1" }}
 {{- end }}
+{{- with .Values.edge.kvPool }}
+{{- $names := list }}
+{{- range $.Values.kvPools.pools }}{{ $names = append $names .name }}{{ end }}
+{{- if not (and $.Values.kvOperator.enabled $.Values.kvPools.enabled (has . $names)) }}
+{{- fail (printf "edge.kvPool: %q must name a pool of kvPools.pools, with kvOperator.enabled and kvPools.enabled (pools: %s)" . (join ", " $names)) }}
+{{- end }}
+{{- end }}
 {{- with .Values.tls.mutual.certManager }}
 {{- if and .enabled (or $.Values.tls.mutual.secretName $.Values.tls.mutual.generate) }}
 {{- fail "tls.mutual.certManager.enabled issues the mutual-TLS Secret itself: leave tls.mutual.secretName empty and tls.mutual.generate false" }}
