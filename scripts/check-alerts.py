@@ -24,15 +24,11 @@ import sys
 
 import yaml
 
-
-def fail(message):
-    print(message, file=sys.stderr)
-    sys.exit(1)
+from check_helm_common import fail, load_docs
 
 
 def rules_file(crds, out, out_unannotated):
-    with open(crds) as f:
-        docs = [d for d in yaml.safe_load_all(f) if d]
+    docs = load_docs(crds)
     rules = [d for d in docs if d.get("kind") == "PrometheusRule"]
     if not rules:
         fail(f"{crds}: no PrometheusRule")
