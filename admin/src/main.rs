@@ -15,8 +15,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_proto::v1::{
-    ControlCommand, FlushTenant, InvalidateDocuments, MemberRequest, RetireCorpusVersion,
-    RuntimeConfig, control_command,
+    ControlCommand, CorpusUpdate, FlushTenant, InvalidateDocuments, MemberRequest,
+    RetireCorpusVersion, RuntimeConfig, control_command,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -80,6 +80,19 @@ enum Command {
         documents: Vec<u64>,
         #[arg(long)]
         corpus_version: Option<String>,
+    },
+    /// After a new corpus version is deployed: carries the cached entries of `from` over to
+    /// `to`, dropping those that hold a changed document (ids of `from` whose text or vector
+    /// changed, or that `to` removed) or that do not fit `to`'s registration.
+    CorpusUpdate {
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        /// Changed or removed document ids, comma-separated (none: every document kept its
+        /// meaning).
+        #[arg(long, value_delimiter = ',')]
+        changed_documents: Vec<u64>,
     },
     /// Drops every cached entry of one tenant.
     FlushTenant { tenant: String },
@@ -186,6 +199,21 @@ async fn main() -> Result<()> {
                 }),
             };
             commit(&group, output, "invalidation", kind).await?;
+        }
+        Command::CorpusUpdate {
+            from,
+            to,
+            changed_documents,
+        } => {
+            if from.trim().is_empty() || to.trim().is_empty() || from == to {
+                bail!("--from and --to name two different corpus versions");
+            }
+            let kind = control_command::Kind::CorpusUpdate(CorpusUpdate {
+                from_version: from,
+                to_version: to,
+                changed_document_ids: changed_documents,
+            });
+            commit(&group, output, "corpus update", kind).await?;
         }
         Command::FlushTenant { tenant } => {
             if tenant.trim().is_empty() {
