@@ -307,28 +307,22 @@ for name in default production monitoring devcerts mtls mtls-rotation certmanage
 done
 check crd-schemas "$py" "$helper" validate-crds "$schemas" "$out/production/crds.yaml" "$out/monitoring/crds.yaml" \
   "$out/kv-pools/crds.yaml" "$out/certmanager/crds.yaml"
-# The Certificate's schema must refuse a bad one, or the pass above means nothing.
-certificate_schema_rejects_bad_ones() {
-  sed 's/- client auth$/- client authentication/' "$out/certmanager/crds.yaml" >"$out/bad-certificate.yaml"
-  grep -q 'client authentication' "$out/bad-certificate.yaml" || { echo "no usage to break"; return 1; }
-  if "$py" "$helper" validate-crds "$schemas" "$out/bad-certificate.yaml" >/dev/null 2>&1; then
-    echo "the Certificate schema accepted the usage 'client authentication'"
+# A schema must refuse a broken object, or the passes above mean nothing.
+schema_rejects() { # schema_rejects FILE SED-EXPRESSION BROKEN-TEXT WHAT: FILE broken by sed must fail
+  local file=$1 expression=$2 broken=$3 what=$4 bad
+  bad=$out/bad-$(basename "$(dirname "$file")").yaml
+  sed "$expression" "$file" >"$bad"
+  grep -q -- "$broken" "$bad" || { echo "nothing to break in $file"; return 1; }
+  if "$py" "$helper" validate-crds "$schemas" "$bad" >/dev/null 2>&1; then
+    echo "the $what schema accepted '$broken'"
     return 1
   fi
-  echo "the Certificate schema rejects an unknown usage"
+  echo "the $what schema rejects '$broken'"
 }
-check certificate-schema-self-test certificate_schema_rejects_bad_ones
-# The schema of a KvWorkerPool must refuse a bad pool, or the pass above means nothing.
-pool_schema_rejects_bad_pools() {
-  sed 's/replicas: 2$/replicas: -1/' "$out/kv-pools/crds.yaml" >"$out/bad-pool.yaml"
-  grep -q 'replicas: -1' "$out/bad-pool.yaml" || { echo "no replicas to break"; return 1; }
-  if "$py" "$helper" validate-crds "$schemas" "$out/bad-pool.yaml" >/dev/null 2>&1; then
-    echo "the KvWorkerPool schema accepted replicas: -1"
-    return 1
-  fi
-  echo "the KvWorkerPool schema rejects replicas: -1"
-}
-check crd-schema-self-test pool_schema_rejects_bad_pools
+check certificate-schema-self-test schema_rejects "$out/certmanager/crds.yaml" \
+  's/- client auth$/- client authentication/' 'client authentication' Certificate
+check crd-schema-self-test schema_rejects "$out/kv-pools/crds.yaml" \
+  's/replicas: 2$/replicas: -1/' 'replicas: -1' KvWorkerPool
 # The chart's CRDs, and the operator's golden renderings (what it applies for a CPU and a GPU
 # pool), as the API server's own schemas see them. The GPU pool's model is an image volume
 # (Kubernetes 1.31 on), so it is checked against the newest schemas only.
