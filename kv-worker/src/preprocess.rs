@@ -337,7 +337,7 @@ pub fn similarity_kv(
     neighbours: &[&SegmentKv],
     tokens: Vec<u32>,
 ) -> crate::Result<SegmentKv> {
-    let before = assemble(decoder.rope(), system, neighbours)?;
+    let before = assemble(decoder.rope(), system, neighbours, tokens.len())?;
     SegmentKv::prefill(decoder, tokens, Some(&before.cache))
 }
 

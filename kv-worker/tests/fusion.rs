@@ -167,7 +167,7 @@ fn recomputing_every_chunk_token_equals_full_prefill() {
 
         // Twin: the same recomputation with the stale entries left visible.
         let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        let assembled = assemble(decoder.rope(), &prompt.system, &refs).unwrap();
+        let assembled = assemble(decoder.rope(), &prompt.system, &refs, 0).unwrap();
         let context = assembled.tokens.len();
         let recomputed: Vec<usize> = (assembled.system_len..context).collect();
         let mut rows = vec![
@@ -344,7 +344,7 @@ fn moving_kv_by_rope_equals_recomputing_at_the_new_positions() {
         )
         .unwrap();
         for (rope, right) in [(decoder.rope(), true), (&wrong, false)] {
-            let assembled = assemble(rope, &prompt.system, &refs).unwrap();
+            let assembled = assemble(rope, &prompt.system, &refs, 0).unwrap();
             assert_eq!(
                 assembled.chunk_spans[1],
                 placed_at..placed_at + second.len()
@@ -408,7 +408,7 @@ fn query_guided_selection_equals_a_naive_reference() {
         let prompt = Prompt::new(&decoder, 60, &[20, 15, 25]);
         let chunks = prompt.after_system(&decoder);
         let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        let assembled = assemble(decoder.rope(), &prompt.system, &refs).unwrap();
+        let assembled = assemble(decoder.rope(), &prompt.system, &refs, 0).unwrap();
         let context = assembled.tokens.len();
         let rows = [prompt.question.clone()];
         let positions = [span(context, prompt.question.len())];
@@ -458,7 +458,7 @@ fn cacheblend_selection_equals_a_naive_reference() {
         let prompt = Prompt::new(&decoder, 70, &[20, 15, 25]);
         let chunks = prompt.after_system(&decoder);
         let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        let assembled = assemble(decoder.rope(), &prompt.system, &refs).unwrap();
+        let assembled = assemble(decoder.rope(), &prompt.system, &refs, 0).unwrap();
         let system = assembled.system_len;
         let context = assembled.tokens.len();
         // The full prefill's entries, all layers, for the naive deviation.

@@ -48,6 +48,21 @@ impl LayerKv {
         })
     }
 
+    /// Views of the first `len` entries of `buffers` (raw keys, keys, values), whose room
+    /// past `len` the next append may write into.
+    pub(crate) fn in_buffers(buffers: [Tensor; 3], len: usize) -> Result<Self> {
+        let [raw_keys, keys, values] = buffers.clone();
+        let mut layer = Self {
+            raw_keys,
+            keys,
+            values,
+            buffers,
+            written: len,
+        };
+        layer.view(len)?;
+        Ok(layer)
+    }
+
     pub fn raw_keys(&self) -> &Tensor {
         &self.raw_keys
     }

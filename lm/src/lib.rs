@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod kv;
 pub mod mask;
 pub mod model;
+pub mod packed;
 pub mod rope;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -34,6 +35,7 @@ pub use gguf::{Architecture, GgufFile, ModelConfig, RopeStyle};
 pub use kv::{KvCache, LayerKv};
 pub use mask::AttentionMask;
 pub use model::LanguageModel;
+pub use packed::PackedKv;
 pub use rope::{RotaryTables, Rotation};
 pub use tokenizer::{GgufTokenizer, StreamDecoder, TextStream};
 pub use weights::WeightFormat;

@@ -8,7 +8,7 @@ mod support;
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, IndexOp, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
-use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits};
+use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits, PackedKv};
 use support::{TinyArch, max_abs_diff, tokens, write_tiny_model};
 
 const TOLERANCE: f32 = 2e-3;
@@ -507,4 +507,95 @@ fn a_cache_rebuilt_from_stored_parts_equals_the_prefill_it_came_from() {
                 .is_err()
         );
     }
+}
+
+#[test]
+fn packed_segments_placed_together_equal_per_layer_concatenation_and_relocation() {
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let (_dir, _path, decoder) = tiny(arch, 19);
+        let segment = |seed: u64, n: usize| {
+            let chunk = tokens(seed, n);
+            decoder
+                .forward(
+                    &ForwardRequest::new(std::slice::from_ref(&chunk), &positions(0, n))
+                        .logits(Logits::None),
+                )
+                .expect("prefill")
+                .kv
+        };
+        let parts = [segment(41, 9), segment(43, 13), segment(47, 6)];
+        let packed: Vec<PackedKv> = parts
+            .iter()
+            .map(|p| PackedKv::pack(p).expect("pack"))
+            .collect();
+        for (part, packed) in parts.iter().zip(&packed) {
+            let unpacked = packed.cache().expect("views");
+            for (x, y) in part.layers().iter().zip(unpacked.layers()) {
+                assert_eq!(max_abs_diff(x.keys(), y.keys()), 0.0);
+                assert_eq!(max_abs_diff(x.values(), y.values()), 0.0);
+            }
+        }
+        let mut expected = KvCache::concat(parts.to_vec()).expect("concat");
+        expected
+            .relocate(decoder.rope(), positions(5, 28))
+            .expect("relocate");
+        let refs: Vec<&PackedKv> = packed.iter().collect();
+        let mut placed = PackedKv::place(&refs, decoder.rope(), 5, 4).expect("place");
+        assert_eq!(placed.positions(), expected.positions());
+        for (layer, (x, y)) in expected.layers().iter().zip(placed.layers()).enumerate() {
+            for (a, b) in [
+                (x.raw_keys(), y.raw_keys()),
+                (x.keys(), y.keys()),
+                (x.values(), y.values()),
+            ] {
+                let diff = max_abs_diff(a, b);
+                assert!(diff < 1e-6, "{arch:?} layer {layer}: differs by {diff}");
+            }
+        }
+        // Twin: placed one position off, the keys are not the relocated ones.
+        let shifted = PackedKv::place(&refs, decoder.rope(), 6, 0).expect("place");
+        assert!(
+            max_abs_diff(expected.layers()[1].keys(), shifted.layers()[1].keys()) > 0.1,
+            "{arch:?}: the placement's positions made no difference"
+        );
+        // Appending fills the room, and neither the packed parts nor their views change.
+        let before: Vec<Vec<f32>> = packed.iter().map(flat_values).collect();
+        let next = decoder
+            .forward(
+                &ForwardRequest::new(&[tokens(53, 4)], &positions(33, 4))
+                    .past(&placed)
+                    .logits(Logits::None),
+            )
+            .expect("extend")
+            .kv;
+        placed.append(next.clone()).expect("append");
+        assert_eq!(placed.len(), 32);
+        let tail = placed.layers()[1].values().narrow(2, 28, 4).expect("tail");
+        assert_eq!(max_abs_diff(&tail, next.layers()[1].values()), 0.0);
+        let after: Vec<Vec<f32>> = packed.iter().map(flat_values).collect();
+        assert_eq!(
+            before, after,
+            "{arch:?}: a placed cache wrote into its parts"
+        );
+        // Only one valid row packs.
+        let mut hidden = parts[0].clone();
+        hidden.hide(0, &[2]).expect("hide");
+        assert!(PackedKv::pack(&hidden).is_err());
+        assert!(PackedKv::place(&[], decoder.rope(), 0, 0).is_err());
+    }
+}
+
+fn flat_values(packed: &PackedKv) -> Vec<f32> {
+    let cache = packed.cache().expect("views");
+    cache
+        .layers()
+        .iter()
+        .flat_map(|l| {
+            l.values()
+                .flatten_all()
+                .expect("flatten")
+                .to_vec1::<f32>()
+                .expect("values")
+        })
+        .collect()
 }

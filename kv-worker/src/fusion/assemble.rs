@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use hasten_lm::{KvCache, RotaryTables};
+use hasten_lm::{KvCache, PackedKv, RotaryTables};
 
 use crate::error::Result;
 use crate::fusion::segment::SegmentKv;
@@ -21,34 +21,28 @@ pub struct Assembled {
     pub chunk_spans: Vec<Range<usize>>,
 }
 
-impl Assembled {
-    /// Entries that belong to chunks (what selection chooses among).
-    pub fn chunk_tokens(&self) -> usize {
-        self.tokens.len() - self.system_len
-    }
-}
-
-/// Places `system` at positions `0..` and each chunk right after the one before it.
+/// Places `system` at positions `0..` and each chunk right after the one before it, with
+/// room for `room` more entries (what the request will append: recomputed tokens, the
+/// question, the answer) before the cache's buffers must grow.
 ///
-/// The stored caches are only read: the first append shares the system prompt's buffers,
-/// and the next one (or the relocation, which writes new key tensors) gives the request
-/// buffers of its own, so nothing a request does reaches the stored entries.
+/// The stored caches are only read: placement copies them into buffers of the request's
+/// own, so nothing a request does reaches the stored entries.
 pub fn assemble(
     rope: &RotaryTables,
     system: &SegmentKv,
     chunks: &[&SegmentKv],
+    room: usize,
 ) -> Result<Assembled> {
     let mut tokens = system.tokens().to_vec();
-    let mut parts = vec![system.kv().clone()];
+    let mut parts = vec![system.packed()];
     let mut chunk_spans = Vec::with_capacity(chunks.len());
     for chunk in chunks {
         let start = tokens.len();
         tokens.extend_from_slice(chunk.tokens());
         chunk_spans.push(start..tokens.len());
-        parts.push(chunk.kv().clone());
+        parts.push(chunk.packed());
     }
-    let mut cache = KvCache::concat(parts)?;
-    cache.relocate(rope, vec![(0..tokens.len() as u32).collect()])?;
+    let cache: KvCache = PackedKv::place(&parts, rope, 0, room)?;
     Ok(Assembled {
         cache,
         tokens,

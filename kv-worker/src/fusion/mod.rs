@@ -110,19 +110,22 @@ pub fn prefill(
     if question.is_empty() {
         return Err(KvError::InvalidInput("the question has no tokens".into()));
     }
+    let chunk_tokens: usize = chunks.iter().map(|c| c.len()).sum();
     if settings.mode == FusionMode::FullPrefill {
-        return full_prefill(decoder, system, chunks, question);
+        let room = chunk_tokens + question.len() + max_new_tokens;
+        return full_prefill(decoder, system, chunks, question, room);
     }
-    let started = Instant::now();
-    let assembled = assemble(decoder.rope(), system, chunks)?;
-    let assembled_at = Instant::now();
-    let chunk_columns = assembled.system_len..assembled.tokens.len();
     let budget = match settings.mode {
         FusionMode::FullReuse | FusionMode::FullPrefill => 0,
         FusionMode::CacheBlend | FusionMode::FusionRag => {
-            select::recompute_count(settings.ratio, assembled.chunk_tokens())?
+            select::recompute_count(settings.ratio, chunk_tokens)?
         }
     };
+    let started = Instant::now();
+    let room = budget + question.len() + max_new_tokens;
+    let assembled = assemble(decoder.rope(), system, chunks, room)?;
+    let assembled_at = Instant::now();
+    let chunk_columns = assembled.system_len..assembled.tokens.len();
     let scores = if budget == 0 {
         Vec::new()
     } else if settings.mode == FusionMode::FusionRag {
@@ -195,15 +198,16 @@ fn check_window(
 }
 
 /// The baseline: every chunk token and the question prefilled causally after the system
-/// prompt's entries.
+/// prompt's entries (placed with `room` to append them and the answer).
 fn full_prefill(
     decoder: &Decoder,
     system: &SegmentKv,
     chunks: &[&SegmentKv],
     question: &[u32],
+    room: usize,
 ) -> Result<FusedPrefill> {
     let started = Instant::now();
-    let mut cache = assemble(decoder.rope(), system, &[])?.cache;
+    let mut cache = assemble(decoder.rope(), system, &[], room)?.cache;
     let mut tokens: Vec<u32> = chunks.iter().flat_map(|c| c.tokens()).copied().collect();
     let context = system.len() + tokens.len();
     tokens.extend_from_slice(question);

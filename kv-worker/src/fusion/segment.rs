@@ -1,15 +1,17 @@
 //! A segment of the prompt (the system prompt, one chunk) with the KV cache computed for it
 //! once and only ever read afterwards.
 
-use hasten_lm::{Decoder, ForwardRequest, KvCache, Logits};
+use hasten_lm::{Decoder, ForwardRequest, KvCache, Logits, PackedKv};
 
 use crate::error::{KvError, Result};
 
 #[derive(Debug, Clone)]
 pub struct SegmentKv {
     tokens: Vec<u32>,
-    /// One row, one entry per token, at whatever positions it was computed: assembly moves
-    /// it to the request's.
+    /// One row, one entry per token, at whatever positions it was computed, every layer in
+    /// one tensor per kind: assembly moves it to the request's positions.
+    packed: PackedKv,
+    /// The same entries as a cache (views of `packed`, nothing copied).
     kv: KvCache,
 }
 
@@ -24,7 +26,9 @@ impl SegmentKv {
                 kv.len()
             )));
         }
-        Ok(Self { tokens, kv })
+        let packed = PackedKv::pack(&kv)?;
+        let kv = packed.cache()?;
+        Ok(Self { tokens, packed, kv })
     }
 
     /// Prefills `tokens` after `past` (at the positions that follow it), or alone from
@@ -44,9 +48,11 @@ impl SegmentKv {
 
     /// A copy on `device`.
     pub fn to_device(&self, device: &candle_core::Device) -> hasten_lm::Result<Self> {
+        let packed = self.packed.to_device(device)?;
         Ok(Self {
             tokens: self.tokens.clone(),
-            kv: self.kv.to_device(device)?,
+            kv: packed.cache()?,
+            packed,
         })
     }
 
@@ -56,6 +62,10 @@ impl SegmentKv {
 
     pub fn kv(&self) -> &KvCache {
         &self.kv
+    }
+
+    pub fn packed(&self) -> &PackedKv {
+        &self.packed
     }
 
     pub fn len(&self) -> usize {
