@@ -436,8 +436,9 @@ impl Decoder {
         // Attention over the past without copying it: scores against the past and the new
         // keys separately, one softmax over both, and two weighted sums. That costs a copy of
         // the scores instead of the K/V, so it applies while the scores are the smaller:
-        // always when decoding; a long chunk of a prompt concatenates K/V instead.
-        let split_past = past.filter(|_| repeat * t < 2 * c.head_dim);
+        // always when decoding on a CPU; a long chunk of a prompt concatenates K/V instead.
+        // On a GPU the copy is cheap and the split's three more kernel launches are not.
+        let split_past = past.filter(|_| repeat * t < 2 * c.head_dim && !self.device.is_cuda());
         let (all_keys, all_values) = match past {
             Some(past) if split_past.is_none() => (
                 Tensor::cat(&[past.keys(), &keys], 2)?,
