@@ -130,32 +130,26 @@ impl PackedKv {
             first.values.dtype(),
             device,
         )?;
-        let joined = |kind: fn(&PackedKv) -> &Tensor, extra: Option<&Tensor>| -> Result<Tensor> {
+        let joined = |kind: fn(&PackedKv) -> &Tensor| -> Result<Tensor> {
             let mut pieces: Vec<&Tensor> = parts.iter().map(|p| kind(p)).collect();
-            pieces.extend(extra);
+            if room > 0 {
+                pieces.push(&spare);
+            }
             Ok(Tensor::cat(&pieces, 2)?)
         };
-        let raw_keys = joined(|p| &p.raw_keys, None)?;
-        // Every layer's heads side by side make one rotation of one row.
-        let grid = position_tensor(&positions, device)?;
+        let raw_keys = joined(|p| &p.raw_keys)?;
+        // One rotation for every layer (their heads side by side make one row), over the room
+        // too: rotating its zeros at any position leaves zeros, and it saves copying the keys
+        // into a buffer with room afterwards.
+        let mut grid = positions.clone();
+        grid[0].resize(entries + room, start);
         let keys = rope
             .apply(
-                &raw_keys.reshape((1, layers * heads, entries, head_dim))?,
-                &grid,
+                &raw_keys.reshape((1, layers * heads, entries + room, head_dim))?,
+                &position_tensor(&grid, device)?,
             )?
-            .reshape((layers, heads, entries, head_dim))?;
-        let with_room = |t: &Tensor| -> Result<Tensor> {
-            if room == 0 {
-                Ok(t.clone())
-            } else {
-                Ok(Tensor::cat(&[t, &spare], 2)?)
-            }
-        };
-        let buffers = [
-            with_room(&raw_keys)?,
-            with_room(&keys)?,
-            joined(|p| &p.values, (room > 0).then_some(&spare))?,
-        ];
+            .reshape((layers, heads, entries + room, head_dim))?;
+        let buffers = [raw_keys, keys, joined(|p| &p.values)?];
         let layers = (0..layers)
             .map(|l| {
                 let [raw, rotated, values] = &buffers;

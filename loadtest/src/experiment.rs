@@ -14,7 +14,7 @@ use crate::process::{
     edge_serve_args,
 };
 use crate::relay::{DelayModel, Relay};
-use crate::report::SystemReport;
+use crate::report::{EdgeDocuments, SystemReport};
 use crate::scoring::{WorkloadIndex, summarize_all_and_first};
 use crate::workload::WorkloadQuery;
 
@@ -446,6 +446,9 @@ pub async fn run_system(
         if let Some(status) = status {
             report.cached_queries += status["cached_queries"].as_u64().unwrap_or(0) as usize;
             report.cache_bytes += status["cache_bytes"].as_u64().unwrap_or(0) as usize;
+            if let Some(documents) = EdgeDocuments::from_status(&status) {
+                report.edge_documents = Some(report.edge_documents.unwrap_or_default() + documents);
+            }
         }
         rss += edge.resident_bytes().unwrap_or(0);
     }

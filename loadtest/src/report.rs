@@ -9,6 +9,39 @@ use serde::Serialize;
 
 use crate::scoring::{FallbackBreakdown, Summary, pair_with_baseline};
 
+/// What an edge's status says of its documents at the end of a run: held (its share of the
+/// corpus plus those attached to cached entries), fetched by id from the cloud since it
+/// started (per tenant cache that references them), and still waiting to be fetched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EdgeDocuments {
+    pub held: u64,
+    pub fetched: u64,
+    pub pending: u64,
+}
+
+impl EdgeDocuments {
+    /// Reads an edge's `/v1/status` reply; `None` when it has no document fields.
+    pub fn from_status(status: &serde_json::Value) -> Option<Self> {
+        Some(Self {
+            held: status["held_documents"].as_u64()?,
+            fetched: status["fetched_documents"].as_u64()?,
+            pending: status["pending_documents"].as_u64()?,
+        })
+    }
+}
+
+impl std::ops::Add for EdgeDocuments {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            held: self.held + other.held,
+            fetched: self.fetched + other.fetched,
+            pending: self.pending + other.pending,
+        }
+    }
+}
+
 /// One system at one parameter setting.
 #[derive(Clone, Debug, Serialize)]
 pub struct SystemReport {
@@ -48,6 +81,9 @@ pub struct SystemReport {
     /// `null` when nothing was cached.
     pub cache_bytes_per_1000_entries: Option<f64>,
     pub edge_rss_bytes: Option<u64>,
+    /// Documents the edges hold and fetched from the cloud by id, summed over the edges
+    /// (`null` when none reported them).
+    pub edge_documents: Option<EdgeDocuments>,
     /// Sorted latencies (seconds) for the CDF plot; not serialised.
     #[serde(skip)]
     pub latencies_s: Vec<f64>,
@@ -90,6 +126,7 @@ impl SystemReport {
             cache_bytes: 0,
             cache_bytes_per_1000_entries: None,
             edge_rss_bytes: None,
+            edge_documents: None,
             latencies_s: Vec::new(),
         }
     }
@@ -198,6 +235,7 @@ impl Report {
         );
         out.push_str(&self.first_occurrence_markdown());
         out.push_str(&self.fallback_markdown());
+        out.push_str(&self.documents_markdown());
         out
     }
 
@@ -264,6 +302,32 @@ impl Report {
             "\nAt the edge: the edge's own handling, as its replies report it. Outside the \
              edge: the client's latency less that (the client-edge network and any wait before \
              the edge's handler).\n",
+        );
+        if rows == 0 { String::new() } else { out }
+    }
+
+    fn documents_markdown(&self) -> String {
+        let mut out = String::from(
+            "\n## Documents by id (summed over the edges, at the end of the run)\n\n\
+             | system | held | fetched from the cloud | still pending |\n|---|---|---|---|\n",
+        );
+        let mut rows = 0;
+        for s in &self.systems {
+            let Some(d) = s.edge_documents.filter(|d| d.fetched + d.pending > 0) else {
+                continue;
+            };
+            rows += 1;
+            out.push_str(&format!(
+                "| {} | {} | {} | {} |\n",
+                s.label(),
+                d.held,
+                d.fetched,
+                d.pending
+            ));
+        }
+        out.push_str(
+            "\nAn edge that holds a share of the corpus fetches the documents of replicated \
+             entries outside its share by id; they stay while an entry references them.\n",
         );
         if rows == 0 { String::new() } else { out }
     }
@@ -478,5 +542,53 @@ mod tests {
             let svg = std::fs::read_to_string(dir.path().join(plot)).unwrap();
             assert!(svg.starts_with("<svg") && svg.contains("has"), "{plot}");
         }
+    }
+
+    #[test]
+    fn documents_fetched_by_id_are_summed_over_edges_and_shown_only_when_fetched() {
+        let status = |held: u64, fetched: u64, pending: u64| {
+            serde_json::json!({"cached_queries": 3, "held_documents": held,
+                "fetched_documents": fetched, "pending_documents": pending})
+        };
+        let a = EdgeDocuments::from_status(&status(100, 7, 1)).unwrap();
+        let b = EdgeDocuments::from_status(&status(120, 0, 0)).unwrap();
+        assert_eq!(
+            a + b,
+            EdgeDocuments {
+                held: 220,
+                fetched: 7,
+                pending: 1
+            }
+        );
+        assert_eq!(
+            EdgeDocuments::from_status(&serde_json::json!({"cached_queries": 3})),
+            None
+        );
+        let mut report = Report {
+            workload: serde_json::json!({"queries": 10}),
+            systems: vec![
+                system(
+                    "has-replicated",
+                    serde_json::json!({"corpus_fraction": 1.0}),
+                    0.1,
+                    0.7,
+                ),
+                system(
+                    "has-replicated",
+                    serde_json::json!({"corpus_fraction": 0.1}),
+                    0.1,
+                    0.7,
+                ),
+            ],
+        };
+        report.systems[0].edge_documents = Some(b);
+        assert!(!report.markdown().contains("Documents by id"));
+        report.systems[1].edge_documents = Some(a + b);
+        let md = report.markdown();
+        assert!(
+            md.contains("| has-replicated corpus_fraction=0.1 | 220 | 7 | 1 |"),
+            "{md}"
+        );
+        assert!(!md.contains("corpus_fraction=1 | 120"), "{md}");
     }
 }
