@@ -458,10 +458,13 @@ impl ChunkKvStore {
         device: &Device,
     ) -> Result<Arc<SegmentKv>, StoreError> {
         if segment.kv().device().same_device(device) {
-            Ok(Arc::clone(segment))
-        } else {
-            Ok(Arc::new(segment.to_device(device)?))
+            return Ok(Arc::clone(segment));
         }
+        let moved = Arc::new(segment.to_device(device)?);
+        // A loader thread's copy runs on its own CUDA stream, and a request's thread reads
+        // the segment on another: wait until the copy has landed before anyone can see it.
+        device.synchronize()?;
+        Ok(moved)
     }
 }
 
