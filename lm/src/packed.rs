@@ -125,16 +125,18 @@ impl PackedKv {
         let positions = vec![(start..start + entries as u32).collect::<Vec<_>>()];
         rope.check(&positions)?;
         let device = first.device();
-        let spare = Tensor::zeros(
-            (layers, heads, room, head_dim),
-            first.values.dtype(),
-            device,
-        )?;
+        let spare = (room > 0)
+            .then(|| {
+                Tensor::zeros(
+                    (layers, heads, room, head_dim),
+                    first.values.dtype(),
+                    device,
+                )
+            })
+            .transpose()?;
         let joined = |kind: fn(&PackedKv) -> &Tensor| -> Result<Tensor> {
             let mut pieces: Vec<&Tensor> = parts.iter().map(|p| kind(p)).collect();
-            if room > 0 {
-                pieces.push(&spare);
-            }
+            pieces.extend(&spare);
             Ok(Tensor::cat(&pieces, 2)?)
         };
         let raw_keys = joined(|p| &p.raw_keys)?;

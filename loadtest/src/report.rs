@@ -276,18 +276,9 @@ impl Report {
 
     /// Where fallbacks spent their time, for every system that fell back with timings.
     fn fallback_markdown(&self) -> String {
-        let mut out = String::from(
-            "\n## Where fallbacks spend their time (means over fallbacks, seconds)\n\n\
-             | system | fallbacks | L@DR | at the edge | of which the cloud call | of which the cache update | outside the edge |\n\
-             |---|---|---|---|---|---|---|\n",
-        );
-        let mut rows = 0;
-        for s in &self.systems {
-            let Some(b) = &s.fallback_breakdown else {
-                continue;
-            };
-            rows += 1;
-            out.push_str(&format!(
+        let rows = self.systems.iter().filter_map(|s| {
+            let b = s.fallback_breakdown.as_ref()?;
+            Some(format!(
                 "| {} | {} | {} | {:.4} | {:.4} | {:.4} | {:.4} |\n",
                 s.label(),
                 b.fallbacks,
@@ -296,40 +287,38 @@ impl Report {
                 b.cloud_s,
                 b.cache_update_s,
                 b.outside_edge_s,
-            ));
-        }
-        out.push_str(
+            ))
+        });
+        section(
+            "\n## Where fallbacks spend their time (means over fallbacks, seconds)\n\n\
+             | system | fallbacks | L@DR | at the edge | of which the cloud call | of which the cache update | outside the edge |\n\
+             |---|---|---|---|---|---|---|\n",
+            rows,
             "\nAt the edge: the edge's own handling, as its replies report it. Outside the \
              edge: the client's latency less that (the client-edge network and any wait before \
              the edge's handler).\n",
-        );
-        if rows == 0 { String::new() } else { out }
+        )
     }
 
+    /// Documents fetched by id, for every system whose edges fetched any.
     fn documents_markdown(&self) -> String {
-        let mut out = String::from(
-            "\n## Documents by id (summed over the edges, at the end of the run)\n\n\
-             | system | held | fetched from the cloud | still pending |\n|---|---|---|---|\n",
-        );
-        let mut rows = 0;
-        for s in &self.systems {
-            let Some(d) = s.edge_documents.filter(|d| d.fetched + d.pending > 0) else {
-                continue;
-            };
-            rows += 1;
-            out.push_str(&format!(
+        let rows = self.systems.iter().filter_map(|s| {
+            let d = s.edge_documents.filter(|d| d.fetched + d.pending > 0)?;
+            Some(format!(
                 "| {} | {} | {} | {} |\n",
                 s.label(),
                 d.held,
                 d.fetched,
                 d.pending
-            ));
-        }
-        out.push_str(
+            ))
+        });
+        section(
+            "\n## Documents by id (summed over the edges, at the end of the run)\n\n\
+             | system | held | fetched from the cloud | still pending |\n|---|---|---|---|\n",
+            rows,
             "\nAn edge that holds a share of the corpus fetches the documents of replicated \
              entries outside its share by id; they stay while an entry references them.\n",
-        );
-        if rows == 0 { String::new() } else { out }
+        )
     }
 
     /// Writes report.json, report.md and the plots into `dir`.
@@ -454,6 +443,16 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
     }
     let pad = ((hi - lo) * 0.05).max(1e-3);
     ((lo - pad).max(0.0), hi + pad)
+}
+
+/// A markdown table under `head`, followed by `foot`; nothing when it has no rows.
+fn section(head: &str, rows: impl Iterator<Item = String>, foot: &str) -> String {
+    let rows: String = rows.collect();
+    if rows.is_empty() {
+        String::new()
+    } else {
+        format!("{head}{rows}{foot}")
+    }
 }
 
 #[cfg(test)]
