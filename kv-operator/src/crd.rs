@@ -330,4 +330,18 @@ pub struct PreprocessingStatus {
     pub preprocessed_chunks: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_chunks: Option<u64>,
+    /// While the Job runs: the step its pod last logged (Full Reuse KV of the chunks and
+    /// their neighbours, then each chunk's similarity-guided KV), entries done of the step's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<PreprocessingProgress>,
+}
+
+/// One step of a running preprocessing Job, as `kv-worker preprocess` logs it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreprocessingProgress {
+    /// `full-reuse` or `similarity`.
+    pub step: String,
+    pub done: u64,
+    pub total: u64,
 }

@@ -43,6 +43,8 @@ struct World {
     jobs: Vec<Value>,
     /// Termination message of the Job's pod.
     job_message: Option<String>,
+    /// The Job's pod runs, and its log answers this (a status code and text).
+    job_log: Option<(u16, String)>,
     /// Worker pods that are Ready.
     ready: Vec<i32>,
     /// What a status patch gets instead of success.
@@ -78,17 +80,23 @@ fn respond(world: &World, pool: &Value, request: &Recorded) -> Reply {
             .find(|job| path.ends_with(job["metadata"]["name"].as_str().unwrap_or_default()))
             .map(|job| (200, job.clone()))
             .unwrap_or_else(not_found),
+        "GET" if path == format!("{PODS}/job-pod/log") => match &world.job_log {
+            Some((200, log)) => (200, Value::String(log.clone())),
+            Some((code, _)) => status(*code, "BadRequest"),
+            None => not_found(),
+        },
         "GET" if path == PODS && request.query.contains("job-name") => {
-            let items: Vec<Value> = world
-                .job_message
+            let finished = world.job_message.iter().map(|message| {
+                json!({"metadata": {"name": "job-pod"}, "status": {"phase": "Succeeded", "containerStatuses": [{
+                    "name": "preprocess", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "message": message}}
+                }]}})
+            });
+            let running = world
+                .job_log
                 .iter()
-                .map(|message| {
-                    json!({"metadata": {"name": "job-pod"}, "status": {"containerStatuses": [{
-                        "name": "preprocess", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
-                        "state": {"terminated": {"exitCode": 0, "message": message}}
-                    }]}})
-                })
-                .collect();
+                .map(|_| json!({"metadata": {"name": "job-pod"}, "status": {"phase": "Running"}}));
+            let items: Vec<Value> = finished.chain(running).collect();
             (
                 200,
                 json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
@@ -282,6 +290,7 @@ async fn the_first_version_is_preprocessed_before_any_worker_runs() {
             format!("GET {JOBS}/{job}"),
             format!("PATCH {JOBS}/{job}"),
             format!("POST {EVENTS}"),
+            format!("GET {PODS}"),
             format!("PATCH {WORKERS}"),
             format!("GET {PODS}"),
             format!("PATCH {POOLS}/status"),
@@ -362,6 +371,68 @@ async fn a_corpus_version_change_runs_the_job_then_switches_the_workers() {
         "wiki-1.wiki.rag.svc.cluster.local:7510"
     );
     assert!(status["assignmentVersion"].is_string());
+}
+
+#[tokio::test]
+async fn a_running_job_reports_the_last_progress_line_of_its_pod_log() {
+    let log = [
+        r#"{"preprocessing":{"step":"full-reuse","done":642,"total":642},"chunks_per_s":2.7,"left_s":0}"#,
+        r#"{"preprocessing":{"step":"similarity","done":40,"total":205},"chunks_per_s":1.1,"left_s":150}"#,
+        "2026-11-27T12:29:14Z INFO kv_worker: a line that is not progress",
+        r#"{"preprocessing":{"step":"similarity","done":120,"total":205},"chunks_per_s":1.1,"left_s":77}"#,
+        r#"{"other":"json"}"#,
+    ]
+    .join("\n");
+    let running = World {
+        workers: Some(workers_serving("v1")),
+        jobs: vec![job("v2", None)],
+        job_log: Some((200, log)),
+        ready: vec![0, 1],
+        ..World::default()
+    };
+    let outcome = run(pool_json("v2", true), running).await;
+    outcome.result.expect("reconciled");
+    let read = outcome
+        .requests
+        .iter()
+        .find(|r| r.is("GET", "/pods/job-pod/log"))
+        .unwrap_or_else(|| {
+            panic!(
+                "the pod's log was not read: {:#?}",
+                lines(&outcome.requests)
+            )
+        });
+    assert!(
+        read.query.contains("container=preprocess") && read.query.contains("tailLines="),
+        "{}",
+        read.query
+    );
+    let status = status_patch(&outcome.requests);
+    assert_eq!(status["preprocessing"]["phase"], "Running");
+    assert_eq!(
+        status["preprocessing"]["progress"],
+        json!({"step": "similarity", "done": 120, "total": 205})
+    );
+    assert!(status["preprocessing"].get("preprocessedChunks").is_none());
+
+    // A log that cannot be read yet (the pod is starting) leaves the progress out and the
+    // reconcile goes on.
+    let starting = World {
+        workers: Some(workers_serving("v1")),
+        jobs: vec![job("v2", None)],
+        job_log: Some((400, String::new())),
+        ready: vec![0, 1],
+        ..World::default()
+    };
+    let outcome = run(pool_json("v2", true), starting).await;
+    outcome.result.expect("reconciled");
+    let status = status_patch(&outcome.requests);
+    assert_eq!(status["preprocessing"]["phase"], "Running");
+    assert!(
+        status["preprocessing"].get("progress").is_none(),
+        "{status}"
+    );
+    assert_eq!(condition(status, "Progressing"), ("True", "Preprocessing"));
 }
 
 #[tokio::test]

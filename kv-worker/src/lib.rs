@@ -16,6 +16,7 @@ pub mod error;
 pub mod fusion;
 pub mod metrics;
 pub mod preprocess;
+pub mod progress;
 pub mod prompt;
 pub mod quality;
 pub mod routing;

@@ -20,7 +20,8 @@ use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_kv_worker::KvEngine;
 use hasten_kv_worker::config::KvWorkerConfig;
 use hasten_kv_worker::metrics::KvMetrics;
-use hasten_kv_worker::preprocess::{Catalog, Phase, PlannedChunk, carry_over, run};
+use hasten_kv_worker::preprocess::{Catalog, PlannedChunk, carry_over, run};
+use hasten_kv_worker::progress::{PreprocessProgress, bar};
 use hasten_kv_worker::prompt::chunk_tokens;
 use hasten_kv_worker::service::KvGenerationService;
 use hasten_kv_worker::store::{
@@ -31,7 +32,6 @@ use hasten_kv_worker::worker::KvWorker;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::kv_generation_server::KvGenerationServer;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -320,18 +320,6 @@ fn plan(loaded: &Loaded, bundle: &CorpusBundle) -> Result<Vec<PlannedChunk>> {
     chunks
 }
 
-fn bar(what: &str, len: usize) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    bar.set_style(
-        ProgressStyle::with_template(&format!(
-            "{what:>22} [{{bar:30}}] {{pos}}/{{len}} {{per_sec}} eta {{eta}}"
-        ))
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar
-}
-
 fn load_bundle(dir: &Path) -> Result<CorpusBundle> {
     CorpusBundle::load(dir).with_context(|| format!("loading the bundle {}", dir.display()))
 }
@@ -383,7 +371,7 @@ fn preprocess(args: PreprocessArgs) -> Result<()> {
     }
     let texts: BTreeMap<u64, PlannedChunk> = chunks.into_iter().map(|c| (c.id, c)).collect();
     let started = Instant::now();
-    let mut current: Option<(Phase, ProgressBar)> = None;
+    let mut progress = PreprocessProgress::for_stderr();
     let report = run(
         &loaded.engine.model().decoder,
         loaded.engine.system(),
@@ -392,25 +380,11 @@ fn preprocess(args: PreprocessArgs) -> Result<()> {
         &texts,
         only.as_ref(),
         |phase, done, total| {
-            if current.as_ref().is_none_or(|(p, _)| *p != phase) {
-                if let Some((_, old)) = current.take() {
-                    old.finish();
-                }
-                let name = match phase {
-                    Phase::FullReuse => "Full Reuse KV",
-                    Phase::Similarity => "similarity-guided KV",
-                };
-                current = Some((phase, bar(name, total)));
-            }
-            if let Some((_, bar)) = &current {
-                bar.set_position(done as u64);
-            }
+            progress.update(phase, done, total);
             true
         },
     )?;
-    if let Some((_, bar)) = current {
-        bar.finish();
-    }
+    progress.finish();
     let progress = built.progress(&args.store.store)?;
     if let Some(path) = &args.summary_file {
         let summary = serde_json::json!({

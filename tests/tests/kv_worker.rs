@@ -1,5 +1,6 @@
 //! The FusionRAG KV worker as real processes on loopback: `kv-worker preprocess` over a real
-//! bundle (resuming to nothing left on a second run), `kv-worker serve` answering over gRPC
+//! bundle (progress lines on a stderr that is no terminal, as a Job's pod has; resuming to
+//! nothing left on a second run), `kv-worker serve` answering over gRPC
 //! with the real small model, and an edge answering `/v1/answer` through it (`--kv-worker`).
 //! FusionRAG recomputing 100% of the chunk tokens must answer exactly as full prefill (greedy
 //! decoding), chunks sent as text must answer as the same chunks by id, the edge must answer
@@ -13,6 +14,7 @@ use std::path::Path;
 use std::process::Command;
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_kv_worker::progress::ProgressLine;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_tests::answering::{START_TIMEOUT, small_model, start_edge};
@@ -39,6 +41,26 @@ fn preprocess(bundle: &Path, model: &Path, store: &Path) -> Value {
         out.status.success(),
         "preprocess failed: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let progress: Vec<ProgressLine> = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let steps: Vec<&str> = progress
+        .iter()
+        .map(|line| line.preprocessing.step.as_str())
+        .collect();
+    assert_eq!(
+        steps.first().copied(),
+        Some("full-reuse"),
+        "stderr not a terminal: progress lines, Full Reuse first: {stderr}"
+    );
+    let last = &progress.last().expect("a progress line").preprocessing;
+    assert_eq!(
+        (last.step.as_str(), last.done),
+        ("similarity", last.total),
+        "{stderr}"
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }

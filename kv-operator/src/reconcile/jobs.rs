@@ -1,16 +1,17 @@
 //! One preprocessing Job per corpus version: created by server-side apply when missing, its
-//! phase read from its conditions, and its summary (chunks done of all) from the termination
+//! phase read from its conditions; while it runs, its progress from the last progress line in
+//! its pod's log, and once it ended, its summary (chunks done of all) from the termination
 //! message of its pod.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, LogParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
 use serde::Deserialize;
 
 use super::{Context, apply_object, publish_event};
-use crate::crd::{KvWorkerPool, PreprocessingStatus};
+use crate::crd::{KvWorkerPool, PreprocessingProgress, PreprocessingStatus};
 use crate::error::Error;
 use crate::resources::{self, job_name};
 
@@ -64,6 +65,20 @@ struct PreprocessSummary {
     total: u64,
 }
 
+/// A progress line `kv-worker preprocess` logs every few seconds when not on a terminal
+/// (`hasten_kv_worker::progress::ProgressLine`; other fields ignored).
+#[derive(Deserialize)]
+struct ProgressLine {
+    preprocessing: PreprocessingProgress,
+}
+
+/// The preprocessing container, whose log carries the progress lines.
+const CONTAINER: &str = "preprocess";
+/// How much of the log's end is read for the last progress line: lines come every 10 s, so a
+/// few dozen lines reach back far enough even with other logging in between.
+const LOG_TAIL_LINES: i64 = 50;
+const LOG_LIMIT_BYTES: i64 = 64 * 1024;
+
 /// Creates the version's preprocessing Job unless it exists, and reads how it went.
 pub(super) async fn preprocess(
     pool: &KvWorkerPool,
@@ -90,10 +105,15 @@ pub(super) async fn preprocess(
         }
     };
     let phase = JobPhase::of(&job);
-    let summary = if phase == JobPhase::Running {
-        None
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let job_pods = pods
+        .list(&ListParams::default().labels(&format!("job-name={name}")))
+        .await?
+        .items;
+    let (summary, progress) = if phase == JobPhase::Running {
+        (None, job_progress(&pods, &job_pods).await)
     } else {
-        job_summary(&ctx.client, namespace, &name).await?
+        (job_summary(&job_pods), None)
     };
     if phase == JobPhase::Failed {
         publish_event(
@@ -117,23 +137,14 @@ pub(super) async fn preprocess(
                 .and_then(|status| status.start_time.clone()),
             preprocessed_chunks: summary.as_ref().map(|s| s.done),
             total_chunks: summary.as_ref().map(|s| s.total),
+            progress,
         },
     })
 }
 
 /// The summary in the termination message of the Job's last finished pod.
-async fn job_summary(
-    client: &Client,
-    namespace: &str,
-    job: &str,
-) -> Result<Option<PreprocessSummary>, Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("job-name={job}")))
-        .await?;
-    Ok(list
-        .items
-        .iter()
+fn job_summary(pods: &[Pod]) -> Option<PreprocessSummary> {
+    pods.iter()
         .filter_map(|pod| pod.status.as_ref()?.container_statuses.as_ref())
         .flatten()
         .filter_map(|status| {
@@ -146,7 +157,40 @@ async fn job_summary(
                 .as_deref()
         })
         .filter_map(|message| serde_json::from_str::<PreprocessSummary>(message).ok())
-        .max_by_key(|summary| summary.done))
+        .max_by_key(|summary| summary.done)
+}
+
+/// The last progress line in the log of the Job's running pod. `None` before it logs one,
+/// and when the log cannot be read (a pod still starting answers 400): progress is shown to
+/// people, the Job's conditions alone decide what the operator does.
+async fn job_progress(api: &Api<Pod>, pods: &[Pod]) -> Option<PreprocessingProgress> {
+    let running = pods.iter().find(|pod| {
+        pod.status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref())
+            == Some("Running")
+    })?;
+    let params = LogParams {
+        container: Some(CONTAINER.into()),
+        tail_lines: Some(LOG_TAIL_LINES),
+        limit_bytes: Some(LOG_LIMIT_BYTES),
+        ..LogParams::default()
+    };
+    let name = running.name_any();
+    match api.logs(&name, &params).await {
+        Ok(log) => last_progress(&log),
+        Err(error) => {
+            tracing::debug!(pod = %name, %error, "preprocessing log unreadable");
+            None
+        }
+    }
+}
+
+fn last_progress(log: &str) -> Option<PreprocessingProgress> {
+    log.lines()
+        .rev()
+        .find_map(|line| serde_json::from_str::<ProgressLine>(line.trim()).ok())
+        .map(|line| line.preprocessing)
 }
 
 pub(super) async fn delete_job(client: &Client, namespace: &str, name: &str) -> Result<(), Error> {

@@ -36,7 +36,8 @@ impl Recorded {
     }
 }
 
-/// What the fake answers: a status code and a JSON body.
+/// What the fake answers: a status code and a JSON body; a JSON string goes out as plain
+/// text instead (the API server answers a pod's log so, and nothing else as a bare string).
 pub type Reply = (u16, Value);
 
 /// A Status object as the API server sends with errors.
@@ -98,10 +99,14 @@ pub fn client(
                 body,
             };
             let (code, reply) = respond(&recorded);
+            let (content_type, bytes) = match reply {
+                Value::String(text) => ("text/plain", text.into_bytes()),
+                json => ("application/json", serde_json::to_vec(&json).unwrap()),
+            };
             let response = Response::builder()
                 .status(code)
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .header(http::header::CONTENT_TYPE, content_type)
+                .body(Body::from(bytes))
                 .unwrap();
             send.send_response(response);
             seen.push(recorded);
