@@ -18,6 +18,8 @@ input=$(realpath "$input")
 cd "$(dirname "$0")/.."
 source bench/models.sh
 export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-$(nproc)}
-cargo build -q -p hasten-bench --bin hasten-fusionrag-eval
+# --workspace keeps the workspace build's feature set (with -p, cargo rebuilds candle and the
+# tokenizers for hasten-bench's features alone, 10+ minutes in a shared target directory).
+cargo build -q --workspace --bin hasten-fusionrag-eval
 target=${CARGO_TARGET_DIR:-target}
 "$target/debug/hasten-fusionrag-eval" "$input" --work run/fusionrag-eval "$@"

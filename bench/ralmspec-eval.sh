@@ -24,7 +24,7 @@ for f in nq-open-dev.jsonl triviaqa-1000.jsonl squad-dev-v1.1-visible.json \
         exit 1
     fi
 done
-cargo build -q -p cloud-index -p hasten-bench --bin cloud-index --bin hasten-ralmspec-eval
+cargo build -q --workspace --bin cloud-index --bin hasten-ralmspec-eval
 target=${CARGO_TARGET_DIR:-target}
 mkdir -p run
 if [ ! -f run/squad-bundle/manifest.json ]; then

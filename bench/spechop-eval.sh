@@ -17,6 +17,6 @@ input=${1:-../shared/data/hotpotqa-distractor-100.jsonl}
 input=$(realpath "$input")
 cd "$(dirname "$0")/.."
 source bench/models.sh
-cargo build -q -p hasten-bench --bin hasten-spechop-eval
+cargo build -q --workspace --bin hasten-spechop-eval
 target=${CARGO_TARGET_DIR:-target}
 "$target/debug/hasten-spechop-eval" --input "$input" --model "$model" --out run/spechop-eval "$@"
