@@ -174,6 +174,26 @@ print(f"HorizontalPodAutoscalers for {sorted(hpas)}, their Deployments without r
 PY
 }
 check autoscaling autoscaled
+# Production's GPU pool under a HorizontalPodAutoscaler on its scale subresource: the pool
+# leaves replicas to it (helm upgrade would put a value back), the metric is the workers' own.
+pool_autoscaled() {
+  "$py" - "$out/production/core.yaml" "$out/production/crds.yaml" <<'PY'
+import sys, yaml
+core = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+crds = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
+hpas = [d for d in core if d["kind"] == "HorizontalPodAutoscaler" and d["spec"]["scaleTargetRef"]["kind"] == "KvWorkerPool"]
+assert [h["spec"]["scaleTargetRef"] for h in hpas] == [
+    {"apiVersion": "hasten.dev/v1alpha1", "kind": "KvWorkerPool", "name": "wiki"}
+], hpas
+spec = hpas[0]["spec"]
+metric = spec["metrics"][0]
+assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == "hasten_kv_queue", metric
+pool = next(d for d in crds if d["kind"] == "KvWorkerPool" and d["metadata"]["name"] == "wiki")
+assert "replicas" not in pool["spec"], "an autoscaled pool sets replicas"
+print(f"pool wiki: {spec['minReplicas']}-{spec['maxReplicas']} workers on hasten_kv_queue, no replicas in its spec")
+PY
+}
+check pool-autoscaling pool_autoscaled
 
 # What each layout's configurations name is mounted; mutual TLS (all of tls_ca, tls_cert,
 # tls_key) and tenants_file as the layout asks.
@@ -189,6 +209,10 @@ check certificate-names "$py" "$helper" certificate-names "$out/certmanager.yaml
 check secret-rollouts "$py" "$helper" secret-rollouts "$out/default.yaml" "$out/production.yaml" \
   "$out/mtls.yaml" "$out/kv-pools.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml"
 check edge-kv-wiring "$py" "$helper" edge-kv-wiring "$out/kv-pools.yaml" \
+  kv-operator/tests/golden/cpu-pool-first-version.yaml hasten
+check render-production-kv-edges render production-kv-edges -f "$chart/values-production.yaml" \
+  --set edge.kvPool=wiki
+check edge-kv-wiring-autoscaled "$py" "$helper" edge-kv-wiring "$out/production-kv-edges.yaml" \
   kv-operator/tests/golden/cpu-pool-first-version.yaml hasten
 check kv-worker-policy "$py" "$helper" kv-worker-policy "$out/kv-pools.yaml" kv-operator/tests/golden/*.yaml
 check extra-ca-rollouts "$py" "$helper" rollouts-differ "$out/mtls.yaml" "$out/mtls-rotation.yaml"
@@ -237,6 +261,13 @@ check refuses-autoscaling-bounds refuses autoscaling-bounds 'minReplicas' \
   --set cloud.router.autoscaling.enabled=true --set cloud.router.autoscaling.minReplicas=9
 check refuses-unknown-kv-pool refuses unknown-kv-pool 'edge.kvPool: "wiki" must name a pool' \
   --set kvOperator.enabled=true --set kvPools.enabled=true --set edge.kvPool=wiki
+check refuses-autoscaled-pool-static-edges refuses autoscaled-pool-static-edges \
+  'must follow its published assignment' -f "$chart/values-production.yaml" --set edge.kvPool=wiki \
+  --set kvOperator.publishAssignments=false
+printf 'kvPools:\n  pools:\n    - name: p\n      autoscaling: {enabled: true, minReplicas: 5, maxReplicas: 2}\n      spec: {}\n' \
+  >"$out/pool-bounds.yaml"
+check refuses-pool-autoscaling-bounds refuses pool-autoscaling-bounds 'at most maxReplicas (2)' \
+  --set kvOperator.enabled=true --set kvPools.enabled=true -f "$out/pool-bounds.yaml"
 check refuses-majority-shrink refuses majority-shrink 'shrinking from 5 to 2 nodes at once' \
   --set controlPlane.replicas=2 --set controlPlane.installedReplicas=5
 check refuses-certmanager-and-generate refuses certmanager-and-generate 'leave tls.mutual.secretName empty' \

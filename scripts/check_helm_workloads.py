@@ -188,7 +188,17 @@ def edge_kv_wiring(rendered, golden, namespace):
         address.replace("wiki", name).replace(".rag.", f".{namespace}.")
         for address in fragment["kv_workers"]
     ]
-    replicas = pool["spec"]["replicas"]
+    # An autoscaled pool has no replicas of its own: the edges start with its minimum.
+    scaler = next(
+        (
+            d
+            for d in docs
+            if d["kind"] == "HorizontalPodAutoscaler"
+            and d["spec"]["scaleTargetRef"] == {"apiVersion": "hasten.dev/v1alpha1", "kind": "KvWorkerPool", "name": name}
+        ),
+        None,
+    )
+    replicas = scaler["spec"]["minReplicas"] if scaler else pool["spec"]["replicas"]
     expected = [expected[0].replace(f"{name}-0.", f"{name}-{i}.") for i in range(replicas)]
     errors = []
     if edge["kv_workers"] != expected:

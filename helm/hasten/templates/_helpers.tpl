@@ -230,6 +230,18 @@ every workload template, so that `helm template` and `helm install` stop with th
 {{- fail (printf "edge.kvPool: %q must name a pool of kvPools.pools, with kvOperator.enabled and kvPools.enabled (pools: %s)" . (join ", " $names)) }}
 {{- end }}
 {{- end }}
+{{- if .Values.kvPools.enabled }}
+{{- range .Values.kvPools.pools }}
+{{- if and .autoscaling .autoscaling.enabled }}
+{{- if not (and (ge (int .autoscaling.minReplicas) 1) (le (int .autoscaling.minReplicas) (int .autoscaling.maxReplicas))) }}
+{{- fail (printf "kvPools.pools[%s].autoscaling: minReplicas (%v) must be at least 1 and at most maxReplicas (%v)" .name .autoscaling.minReplicas .autoscaling.maxReplicas) }}
+{{- end }}
+{{- if and (eq $.Values.edge.kvPool .name) (not (and $.Values.controlPlane.enabled $.Values.kvOperator.publishAssignments)) }}
+{{- fail (printf "kvPools.pools[%s].autoscaling: the edges generate on this pool (edge.kvPool), so they must follow its published assignment to reach the workers the autoscaler adds: enable controlPlane and kvOperator.publishAssignments" .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- with .Values.tls.mutual.certManager }}
 {{- if and .enabled (or $.Values.tls.mutual.secretName $.Values.tls.mutual.generate) }}
 {{- fail "tls.mutual.certManager.enabled issues the mutual-TLS Secret itself: leave tls.mutual.secretName empty and tls.mutual.generate false" }}
