@@ -405,23 +405,65 @@ command = pod["spec"]["containers"][0]["command"]
 print(json.dumps(command))
 PY
     }
-    helm_test_runs() {
+    helm_test_args() { # helm_test_args EDGE-URL DURATION: the rendered command, pointed here
       local command
       command=$(helm_test_command) || return 1
-      local args
-      mapfile -t args < <("$py" -c 'import json,sys
+      "$py" -c 'import json,sys
 cmd = json.loads(sys.argv[1])
 for i, a in enumerate(cmd[1:], 1):
     prev = cmd[i - 1]
-    print({"--edge": "http://127.0.0.1:9", "--workload": sys.argv[2], "--out": sys.argv[3],
-           "--duration": "1s"}.get(prev, a))' "$command" "$out/helm-test/workload.jsonl" "$out/helm-test/run")
-      local rc=0
+    print({"--edge": sys.argv[4], "--workload": sys.argv[2], "--out": sys.argv[3],
+           "--duration": sys.argv[5]}.get(prev, a))' "$command" "$out/helm-test/workload.jsonl" \
+        "$out/helm-test/run" "$1" "$2"
+    }
+    helm_test_runs() {
+      local args rc=0
+      mapfile -t args < <(helm_test_args http://127.0.0.1:9 1s)
+      [ "${#args[@]}" -gt 0 ] || return 1
       timeout 60 "$bindir/hasten-loadtest" "${args[@]}" >"$out/helm-test/stdout" 2>&1 || rc=$?
       [ "$rc" -eq 99 ] || { cat "$out/helm-test/stdout"; echo "exit $rc, expected 99"; return 1; }
       grep -q "FAIL errors<" "$out/helm-test/stdout" || { cat "$out/helm-test/stdout"; return 1; }
       echo "the helm test command runs and fails its error threshold against nothing"
     }
     check helm-test-command helm_test_runs
+    # The same command against a real cloud index and edge on loopback (a small synthetic
+    # corpus): every retrieval answered within the deadline, so it passes (exit 0).
+    ready_addr() { # ready_addr READY-FILE KEY: an address a process wrote into its ready file
+      "$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
+    }
+    helm_test_passes() {
+      local live=$out/helm-test-live model=${HASTEN_MODEL_DIR:-${MODEL_DIR:-models/all-MiniLM-L6-v2}}
+      [ -d "$model" ] || { echo "no encoder model at $model (make models)"; return 1; }
+      rm -rf "$live" && mkdir -p "$live"
+      HASTEN_MODEL_DIR=$model "$bindir/cloud-index" build --synthetic-entities 30 --out "$live/bundle" \
+        >"$live/build.log" 2>&1 || { tail -5 "$live/build.log"; return 1; }
+      HASTEN_MODEL_DIR=$model "$bindir/cloud-index" serve --bundle "$live/bundle" --quic-addr 127.0.0.1:0 \
+        --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 --dev-cert-out "$live/cloud.pem" \
+        --ready-file "$live/cloud.ready" >"$live/cloud.log" 2>&1 &
+      local cloud=$! edge_pid=""
+      for _ in $(seq 600); do [ -s "$live/cloud.ready" ] && break; sleep 0.1; done
+      if [ -s "$live/cloud.ready" ]; then
+        HASTEN_MODEL_DIR=$model "$bindir/edge-node" serve --bundle "$live/bundle" \
+          --cloud-addr "$(ready_addr "$live/cloud.ready" quic_addr)" --cloud-ca "$live/cloud.pem" \
+          --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+          --ready-file "$live/edge.ready" >"$live/edge.log" 2>&1 &
+        edge_pid=$!
+        for _ in $(seq 600); do [ -s "$live/edge.ready" ] && break; sleep 0.1; done
+      fi
+      local rc=0 args
+      if [ -s "$live/edge.ready" ]; then
+        mapfile -t args < <(helm_test_args "http://$(ready_addr "$live/edge.ready" http_addr)" 3s)
+        timeout 120 "$bindir/hasten-loadtest" "${args[@]}" >"$live/stdout" 2>&1 || rc=$?
+      else
+        echo "the cloud index or the edge did not start"; tail -5 "$live"/*.log; rc=1
+      fi
+      kill "$cloud" $edge_pid 2>/dev/null || true
+      wait "$cloud" $edge_pid 2>/dev/null || true
+      [ "$rc" -eq 0 ] || { tail -20 "$live/stdout" 2>/dev/null; echo "exit $rc, expected 0"; return 1; }
+      grep -q "ok   errors<" "$live/stdout" || { cat "$live/stdout"; return 1; }
+      echo "the helm test command passes against a real cloud index and edge: $(grep -o "requests [0-9]*  errors [0-9]*" "$live/stdout")"
+    }
+    check helm-test-live helm_test_passes
   fi
 fi
 
