@@ -31,6 +31,9 @@ pub const SERVING_ANNOTATION: &str = "hasten.dev/corpus-version";
 /// Label on everything the operator creates for a pool, volume claims included (the
 /// finalizer deletes those by it).
 pub const POOL_LABEL: &str = "hasten.dev/pool";
+/// The preprocessing Job's container: its log carries the progress lines, its termination
+/// message the summary.
+pub const PREPROCESS_CONTAINER: &str = "preprocess";
 
 const STORE_DIR: &str = "/var/lib/hasten/kv-store";
 const ORIGIN_DIR: &str = "/var/lib/hasten/origin";
@@ -523,7 +526,7 @@ pub fn preprocess_job(
     let mut pod_spec = pod_spec_base(pool);
     pod_spec["restartPolicy"] = json!("Never");
     pod_spec["containers"] = json!([{
-        "name": "preprocess",
+        "name": PREPROCESS_CONTAINER,
         "image": image(pool, settings),
         "command": [
             "kv-worker", "preprocess",

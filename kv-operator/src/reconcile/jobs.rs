@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::{Context, apply_object, publish_event};
 use crate::crd::{KvWorkerPool, PreprocessingProgress, PreprocessingStatus};
 use crate::error::Error;
-use crate::resources::{self, job_name};
+use crate::resources::{self, PREPROCESS_CONTAINER, job_name};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum JobPhase {
@@ -72,8 +72,6 @@ struct ProgressLine {
     preprocessing: PreprocessingProgress,
 }
 
-/// The preprocessing container, whose log carries the progress lines.
-const CONTAINER: &str = "preprocess";
 /// How much of the log's end is read for the last progress line: lines come every 10 s, so a
 /// few dozen lines reach back far enough even with other logging in between.
 const LOG_TAIL_LINES: i64 = 50;
@@ -171,7 +169,7 @@ async fn job_progress(api: &Api<Pod>, pods: &[Pod]) -> Option<PreprocessingProgr
             == Some("Running")
     })?;
     let params = LogParams {
-        container: Some(CONTAINER.into()),
+        container: Some(PREPROCESS_CONTAINER.into()),
         tail_lines: Some(LOG_TAIL_LINES),
         limit_bytes: Some(LOG_LIMIT_BYTES),
         ..LogParams::default()
