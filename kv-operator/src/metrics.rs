@@ -1,5 +1,5 @@
 //! The operator's own metrics (reconciles, failures by reason, duration, leadership) and
-//! per-pool gauges that the chart's alerts read (replicas, ready, preprocessing age).
+//! per-pool gauges that the chart's alerts read (replicas, ready, preprocessing age and progress).
 
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ pub struct OperatorMetrics {
     pool_replicas: IntGaugeVec,
     pool_ready: IntGaugeVec,
     preprocessing_age: GaugeVec,
+    preprocessing_done: IntGaugeVec,
 }
 
 impl OperatorMetrics {
@@ -100,6 +101,16 @@ impl OperatorMetrics {
                     pool,
                 )?,
             )?,
+            preprocessing_done: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "hasten_kv_pool_preprocessing_step_done",
+                        "Entries done of the running preprocessing Job's current step, as its pod last logged (0 before its first progress line and when none runs); a value that stops changing is a stalled Job",
+                    ),
+                    pool,
+                )?,
+            )?,
         })
     }
 
@@ -123,17 +134,21 @@ impl OperatorMetrics {
         self.publications.with_label_values(&[result]).inc();
     }
 
-    pub fn pool(&self, namespace: &str, pool: &str, replicas: i32, ready: i32, preprocessing: f64) {
+    /// A pool's gauges: replicas asked for and ready, its running Job's age in seconds and
+    /// entries done of the Job's current step (both 0 when none runs).
+    pub fn pool(&self, namespace: &str, pool: &str, replicas: i32, ready: i32, job: (f64, u64)) {
         let labels = &[namespace, pool];
+        let (age, done) = job;
         self.pool_replicas
             .with_label_values(labels)
             .set(i64::from(replicas));
         self.pool_ready
             .with_label_values(labels)
             .set(i64::from(ready));
-        self.preprocessing_age
+        self.preprocessing_age.with_label_values(labels).set(age);
+        self.preprocessing_done
             .with_label_values(labels)
-            .set(preprocessing);
+            .set(i64::try_from(done).unwrap_or(i64::MAX));
     }
 
     /// Drops a deleted pool's series.
@@ -142,5 +157,6 @@ impl OperatorMetrics {
         let _ = self.pool_replicas.remove_label_values(labels);
         let _ = self.pool_ready.remove_label_values(labels);
         let _ = self.preprocessing_age.remove_label_values(labels);
+        let _ = self.preprocessing_done.remove_label_values(labels);
     }
 }

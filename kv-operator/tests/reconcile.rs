@@ -18,6 +18,7 @@ use hasten_kv_operator::publish::{AssignmentPublisher, PublishError};
 use hasten_proto::v1::KvPoolAssignment;
 
 use fake_api::{Recorded, Reply, conflict, echo, empty_list, not_found, status};
+use hasten_core::metrics::exposition;
 use hasten_core::metrics::prometheus::Registry;
 use hasten_kv_operator::crd::KvWorkerPool;
 use hasten_kv_operator::metrics::OperatorMetrics;
@@ -146,6 +147,8 @@ struct Outcome {
     result: Result<Action, hasten_kv_operator::Error>,
     requests: Vec<Recorded>,
     action_after_error: Option<Action>,
+    /// The operator's metrics after the reconcile, in Prometheus's text format.
+    metrics: String,
 }
 
 async fn run(pool: Value, world: World) -> Outcome {
@@ -178,7 +181,8 @@ async fn run_publishing(
 ) -> Outcome {
     let served = pool.clone();
     let (client, requests) = fake_api::client(move |request| respond(&world, &served, request));
-    let metrics = OperatorMetrics::register(&Registry::new()).expect("metrics");
+    let registry = Registry::new();
+    let metrics = OperatorMetrics::register(&registry).expect("metrics");
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -202,6 +206,7 @@ async fn run_publishing(
         result,
         requests: requests.await.expect("the fake API"),
         action_after_error,
+        metrics: exposition(&registry),
     }
 }
 
@@ -414,6 +419,13 @@ async fn a_running_job_reports_the_last_progress_line_of_its_pod_log() {
         json!({"step": "similarity", "done": 120, "total": 205})
     );
     assert!(status["preprocessing"].get("preprocessedChunks").is_none());
+    assert!(
+        outcome
+            .metrics
+            .contains(r#"hasten_kv_pool_preprocessing_step_done{namespace="rag",pool="wiki"} 120"#),
+        "{}",
+        outcome.metrics
+    );
 
     // A log that cannot be read yet (the pod is starting) leaves the progress out and the
     // reconcile goes on.

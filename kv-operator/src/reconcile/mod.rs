@@ -334,8 +334,13 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
         .and_then(|job| job.start_time.as_ref())
         .map(|started| (Timestamp::now().as_second() - started.0.as_second()).max(0) as f64)
         .unwrap_or(0.0);
+    let done = preprocessing
+        .as_ref()
+        .filter(|_| running)
+        .and_then(|job| job.progress.as_ref())
+        .map_or(0, |progress| progress.done);
     ctx.metrics
-        .pool(&namespace, &name, pool.spec.replicas, ready, age);
+        .pool(&namespace, &name, pool.spec.replicas, ready, (age, done));
     Ok(Action::requeue(if progressing {
         REQUEUE_PROGRESSING
     } else {
