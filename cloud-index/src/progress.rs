@@ -2,8 +2,9 @@
 //! a log line with the same figures every few seconds otherwise (CI, containers).
 
 use std::io::IsTerminal;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use hasten_core::progress::ProgressPace;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parking_lot::Mutex;
 
@@ -12,8 +13,7 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 pub struct EncodeProgress {
     bar: ProgressBar,
     terminal: bool,
-    started: Instant,
-    last_log: Mutex<Option<Instant>>,
+    pace: Mutex<ProgressPace>,
 }
 
 impl EncodeProgress {
@@ -30,8 +30,7 @@ impl EncodeProgress {
         Self {
             bar,
             terminal,
-            started: Instant::now(),
-            last_log: Mutex::new(None),
+            pace: Mutex::new(ProgressPace::new(LOG_EVERY)),
         }
     }
 
@@ -41,21 +40,14 @@ impl EncodeProgress {
         if self.terminal || encoded == 0 {
             return;
         }
-        let now = Instant::now();
-        let mut last = self.last_log.lock();
-        let due = last.is_none_or(|at| now.duration_since(at) >= LOG_EVERY);
-        if !(due || encoded == total) {
+        let Some(pace) = self.pace.lock().due(encoded, total) else {
             return;
-        }
-        *last = Some(now);
-        let elapsed = self.started.elapsed().as_secs_f64();
-        let rate = encoded as f64 / elapsed.max(1e-9);
-        let left = (total - encoded.min(total)) as f64 / rate.max(1e-9);
+        };
         tracing::info!(
             encoded,
             total,
-            passages_per_s = format!("{rate:.1}"),
-            left_s = format!("{left:.0}"),
+            passages_per_s = format!("{:.1}", pace.per_s),
+            left_s = format!("{:.0}", pace.left_s),
             "encoding"
         );
     }

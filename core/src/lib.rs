@@ -12,6 +12,7 @@ pub mod index;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+pub mod progress;
 pub mod ranking;
 pub mod threads;
 pub mod vector;

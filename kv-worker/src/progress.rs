@@ -5,8 +5,9 @@
 //! `{"preprocessing":{"step":"similarity","done":120,"total":200},"chunks_per_s":1.1,"left_s":73}`.
 
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use hasten_core::progress::ProgressPace;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
@@ -64,8 +65,7 @@ pub fn bar(what: &str, len: usize) -> ProgressBar {
 
 struct Step {
     phase: Phase,
-    started: Instant,
-    last_line: Option<Instant>,
+    pace: ProgressPace,
     bar: Option<ProgressBar>,
 }
 
@@ -96,13 +96,11 @@ impl<W: Write> PreprocessProgress<W> {
 
     /// `done` of `total` entries of `phase`'s step are stored.
     pub fn update(&mut self, phase: Phase, done: usize, total: usize) {
-        let now = Instant::now();
         if self.step.as_ref().is_none_or(|s| s.phase != phase) {
             self.finish();
             self.step = Some(Step {
                 phase,
-                started: now,
-                last_line: None,
+                pace: ProgressPace::new(LINE_EVERY),
                 bar: self.lines.is_none().then(|| bar(phase.title(), total)),
             });
         }
@@ -112,37 +110,24 @@ impl<W: Write> PreprocessProgress<W> {
         if let Some(bar) = &step.bar {
             bar.set_position(done as u64);
         }
-        let due = step
-            .last_line
-            .is_none_or(|at| now.duration_since(at) >= LINE_EVERY);
-        if let Some(out) = self.lines.as_mut()
-            && (due || done >= total)
-        {
-            step.last_line = Some(now);
-            let elapsed = now.duration_since(step.started).as_secs_f64();
-            let rate = if elapsed > 0.0 {
-                done as f64 / elapsed
-            } else {
-                0.0
-            };
-            let left = if rate > 0.0 {
-                total.saturating_sub(done) as f64 / rate
-            } else {
-                0.0
-            };
-            let line = ProgressLine {
-                preprocessing: StepProgress {
-                    step: phase.step().into(),
-                    done: done as u64,
-                    total: total as u64,
-                },
-                chunks_per_s: (rate * 1000.0).round() / 1000.0,
-                left_s: left.round(),
-            };
-            // Progress is advisory: a closed stderr must not stop the preprocessing.
-            if let Ok(text) = serde_json::to_string(&line) {
-                let _ = writeln!(out, "{text}");
-            }
+        let Some(out) = self.lines.as_mut() else {
+            return;
+        };
+        let Some(pace) = step.pace.due(done, total) else {
+            return;
+        };
+        let line = ProgressLine {
+            preprocessing: StepProgress {
+                step: phase.step().into(),
+                done: done as u64,
+                total: total as u64,
+            },
+            chunks_per_s: (pace.per_s * 1000.0).round() / 1000.0,
+            left_s: pace.left_s.round(),
+        };
+        // Progress is advisory: a closed stderr must not stop the preprocessing.
+        if let Ok(text) = serde_json::to_string(&line) {
+            let _ = writeln!(out, "{text}");
         }
     }
 

@@ -328,15 +328,12 @@ async fn apply(pool: &KvWorkerPool, ctx: &Context) -> Result<Action, Error> {
         conditions,
     };
     patch_status(ctx, pool, &status).await?;
-    let age = preprocessing
-        .as_ref()
-        .filter(|_| running)
+    let running_job = preprocessing.as_ref().filter(|_| running);
+    let age = running_job
         .and_then(|job| job.start_time.as_ref())
         .map(|started| (Timestamp::now().as_second() - started.0.as_second()).max(0) as f64)
         .unwrap_or(0.0);
-    let done = preprocessing
-        .as_ref()
-        .filter(|_| running)
+    let done = running_job
         .and_then(|job| job.progress.as_ref())
         .map_or(0, |progress| progress.done);
     ctx.metrics
