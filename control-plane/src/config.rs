@@ -30,7 +30,7 @@ pub struct ControlPlaneConfig {
     /// which lists the members to ask) instead of waiting for an operator. The chart sets
     /// it for the ordinals a scale-up adds.
     pub auto_join: bool,
-    /// Data directory: the Raft log (`raft-wal/`), the snapshot, and sled for events.
+    /// Data directory: the Raft log (`raft-wal/`), the snapshot, and sled for members.
     pub data_dir: PathBuf,
     /// Raft tick. Elections fire after `election_ticks` ticks without a leader.
     pub tick_ms: u64,
@@ -38,7 +38,8 @@ pub struct ControlPlaneConfig {
     pub election_ticks: usize,
     /// Ticks between leader heartbeats (raft-rs's default, 3).
     pub heartbeat_ticks: usize,
-    /// Applied log entries kept before the state is snapshotted and the log truncated.
+    /// Applied log entries kept before the state is snapshotted and the log truncated
+    /// (etcd's `--snapshot-count` default, 100,000; `max_log_bytes` usually comes first).
     pub max_log_entries: u64,
     /// Payload bytes of applied log entries kept before the same (a log entry batches
     /// many cache entries of ~1.6 KB each).
@@ -79,7 +80,7 @@ impl Default for ControlPlaneConfig {
             tick_ms: 100,
             election_ticks: 10,
             heartbeat_ticks: 3,
-            max_log_entries: 10_000,
+            max_log_entries: 100_000,
             max_log_bytes: 64 * 1024 * 1024,
             retained_events: 2_048,
             propose_timeout_ms: 5_000,

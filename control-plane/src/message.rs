@@ -2,14 +2,13 @@
 //! errors a node answers with. Both the node and its transports speak these, so they live
 //! apart from either.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use hasten_proto::v1::{ControlCommand, ControlState, NodeStatus};
+use hasten_proto::v1::{ControlCommand, NodeStatus};
 use raft::prelude::{Message, SnapshotMetadata};
 use tokio::sync::oneshot;
 
-use crate::state::{AdmissionError, CommandError};
+use crate::state::{AdmissionError, CommandError, StateView};
 use crate::storage::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +69,7 @@ pub enum NodeRequest {
     },
     Status(oneshot::Sender<NodeStatus>),
     /// The whole replicated state, shared between the callers of one applied index.
-    State(oneshot::Sender<Arc<ControlState>>),
+    State(oneshot::Sender<StateView>),
     ChangeMember {
         add: bool,
         id: u64,

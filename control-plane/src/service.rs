@@ -2,7 +2,6 @@
 //! status and membership.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
@@ -16,13 +15,13 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::node::{NodeError, NodeHandle};
-use crate::state::AdmissionError;
+use crate::state::{AdmissionError, StateView};
 
 /// Committed events queued per subscriber before the stream waits for it (gRPC flow
 /// control then slows the sender rather than memory growing).
 const SUBSCRIBER_BUFFER: usize = 256;
 
-/// Stored events read from sled per step while a subscriber catches up.
+/// Kept events read per step while a subscriber catches up.
 const CATCH_UP_BATCH: usize = 256;
 
 pub struct ControlPlaneService {
@@ -87,7 +86,10 @@ impl ControlPlane for ControlPlaneService {
                 ))
             })?;
         let index = proposed.map_err(status_of)?;
-        Ok(Response::new(ProposeReply { index }))
+        Ok(Response::new(ProposeReply {
+            index,
+            leader_address: self.node.leader_elsewhere(),
+        }))
     }
 
     type SubscribeStream = EventStream;
@@ -178,15 +180,15 @@ impl ControlPlaneService {
     }
 }
 
-/// A copy of the shared whole state for one response. Copying thousands of entries takes
-/// milliseconds, so it runs on the blocking pool rather than on a worker serving others.
-async fn owned_state(state: Arc<ControlState>) -> Result<ControlState, Status> {
-    tokio::task::spawn_blocking(move || Arc::unwrap_or_clone(state))
+/// The whole state for one response. Copying thousands of entries takes milliseconds, so it
+/// runs on the blocking pool rather than on a worker serving others.
+async fn owned_state(view: StateView) -> Result<ControlState, Status> {
+    tokio::task::spawn_blocking(move || view.into_state())
         .await
         .map_err(|err| Status::internal(format!("copying the state failed: {err}")))
 }
 
-/// Sends the committed events from `from_index` on: first what sled still holds, then live
+/// Sends the committed events from `from_index` on: first what the node still keeps, then live
 /// events; the whole state instead when the events needed were compacted away.
 async fn stream_events(
     node: NodeHandle,
@@ -196,16 +198,15 @@ async fn stream_events(
     // Subscribe to live events before reading stored ones, so none falls in between.
     let mut live = node.subscribe_events();
     let storage = node.storage().clone();
-    let internal = |err: crate::storage::StoreError| Status::internal(err.to_string());
     let mut next = from_index.max(1);
-    // Live events are read from the broadcast alone once the stored ones are sent; sled is
+    // Live events are read from the broadcast alone once the kept ones are sent; those are
     // read again only after this subscriber lagged behind the broadcast buffer.
     let mut caught_up = false;
     loop {
         if !caught_up {
             if next <= storage.events_floor() {
                 let state = node.state().await.map_err(status_of)?;
-                let index = state.applied_index;
+                let index = state.applied_index();
                 let event = CommittedEvent {
                     index,
                     applied: Vec::new(),
@@ -217,13 +218,11 @@ async fn stream_events(
                 next = index + 1;
                 continue;
             }
-            let stored = storage
-                .events_from(next, CATCH_UP_BATCH)
-                .map_err(internal)?;
+            let stored = storage.events_from(next, CATCH_UP_BATCH);
             if !stored.is_empty() {
                 for event in stored {
                     next = event.index + 1;
-                    if sender.send(Ok(event)).await.is_err() {
+                    if sender.send(Ok((*event).clone())).await.is_err() {
                         return Ok(());
                     }
                 }

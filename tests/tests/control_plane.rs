@@ -7,6 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
+use edge_node::retrieval::CacheReplication;
+use edge_node::tenants::Tenant;
 use hasten_proto::control::{ControlClient, endpoint};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
@@ -60,6 +63,98 @@ fn keys(state: &ControlState) -> Vec<(String, u64)> {
 
 fn follower_of(cluster: &Cluster, leader: u64) -> u64 {
     *cluster.nodes.keys().find(|id| **id != leader).unwrap()
+}
+
+/// Proposals node `id` committed, from its `/metrics`.
+async fn committed_at(cluster: &Cluster, id: u64) -> u64 {
+    let page = reqwest::get(format!(
+        "http://{}/metrics",
+        cluster.nodes[&id].addr("metrics_addr")
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    page.lines()
+        .find_map(|line| line.strip_prefix("hasten_cp_proposals_total{result=\"committed\"} "))
+        .map_or(0, |count| count.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_names_the_leader_and_an_edge_proposes_there_from_then_on() {
+    let cluster = Cluster::start("control-plane-leader-hint", 3, 10_000);
+    let leader = cluster.leader().await;
+    register(&cluster).await;
+    let follower = follower_of(&cluster, leader);
+    let propose = async |id: u64, seq: u64| {
+        cluster
+            .client(id)
+            .await
+            .propose(ProposeRequest {
+                commands: vec![entry("edge-a", seq)],
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    assert_eq!(
+        propose(follower, 1).await.leader_address,
+        cluster.addresses[&leader]
+    );
+    assert_eq!(
+        propose(leader, 2).await.leader_address,
+        "",
+        "the leader names no other"
+    );
+
+    // An edge's link that knows the follower only: its first proposal (the corpus
+    // registration) goes there, every later one to the leader the answer named.
+    let before = (
+        committed_at(&cluster, follower).await,
+        committed_at(&cluster, leader).await,
+    );
+    let corpus = CorpusIdentity {
+        version: CORPUS.into(),
+        dimension: DIMENSION,
+        max_document_id: 1_000_000,
+    };
+    let link = ControlPlaneLink::start(
+        "edge-b",
+        corpus,
+        vec![cluster.addresses[&follower].clone()],
+        cluster.access.clone(),
+    );
+    for seq in 1..=5u64 {
+        link.propose(
+            &Tenant::default_tenant(),
+            Some(format!("question {seq} from edge-b")),
+            &[seq as f32; DIMENSION],
+            vec![seq],
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cluster.state(leader).await.entries.len() < 2 + seq as usize {
+            assert!(
+                Instant::now() < deadline,
+                "entry {seq} of the edge never committed"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let after = (
+        committed_at(&cluster, follower).await,
+        committed_at(&cluster, leader).await,
+    );
+    assert_eq!(
+        after.0 - before.0,
+        1,
+        "only the registration went through the follower"
+    );
+    assert_eq!(
+        after.1 - before.1,
+        5,
+        "the edge's entries went to the leader"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -340,7 +340,10 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
     raw.ready().await.unwrap();
     let garbled = raw
         .unary(
-            tonic::Request::new(ProposeReply { index: 7 }),
+            tonic::Request::new(ProposeReply {
+                index: 7,
+                ..Default::default()
+            }),
             tonic::codegen::http::uri::PathAndQuery::from_static("/hasten.v1.Edge/Retrieve"),
             ProtoCodec::<ProposeReply, RetrieveResponse>::default(),
         )

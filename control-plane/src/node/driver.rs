@@ -2,7 +2,7 @@
 //! takes the queued requests in turns, and handles each `Ready`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,19 +13,22 @@ use prost::Message as _;
 use protobuf::Message as _;
 use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Snapshot, SnapshotMetadata};
 use raft::{RawNode, StateRole};
-use tokio::runtime::Handle;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 
+use super::beside::BesideNode;
 use super::{CommitReply, NodeError, NodeRequest, NodeSettings};
 use crate::message::StoredSnapshot;
 use crate::metrics::{NodeMetrics, ReadyPhase};
 use crate::state::CacheStateMachine;
-use crate::storage::{DISCARD_SLICE, RaftStorage, StoreError};
+use crate::storage::{RaftStorage, StoreError};
 use crate::transport::Transport;
 
 /// The first snapshot of nodes 2, 3, ... (mod 3) waits for this much more (per mille of the
 /// thresholds) than node 1's: after it, members stay a third of a period apart.
 const COMPACTION_STAGGER: u64 = 333;
+
+/// Events kept behind a compaction hold at most this share (1/n) of `max_log_bytes`.
+const RETAINED_SHARE_OF_LOG_BYTES: u64 = 4;
 
 /// Requests handled in one turn before Raft's `Ready` is processed: batches appends and
 /// fsyncs under load without starving the ticker.
@@ -41,6 +44,14 @@ struct Pending {
     leader: u64,
 }
 
+/// What the node publishes to the services in front of it.
+pub(super) struct NodeFeeds {
+    /// Committed events, for subscribers.
+    pub events: broadcast::Sender<Arc<CommittedEvent>>,
+    /// The leader's address while another node leads, else empty.
+    pub leader: watch::Sender<String>,
+}
+
 pub(super) struct RaftNode<T> {
     settings: NodeSettings,
     raw: RawNode<RaftStorage>,
@@ -52,6 +63,7 @@ pub(super) struct RaftNode<T> {
     pending: HashMap<u64, Pending>,
     next_proposal: u64,
     events: broadcast::Sender<Arc<CommittedEvent>>,
+    leader_elsewhere: watch::Sender<String>,
     /// Payload bytes applied since the last snapshot.
     applied_bytes: u64,
     /// Extra share (per mille) of the log thresholds before this node's first snapshot, so
@@ -62,11 +74,8 @@ pub(super) struct RaftNode<T> {
     last_leader: u64,
     /// (term, leader) as of the last turn, to find stale proposals.
     last_leadership: (u64, u64),
-    /// The last whole state handed out, by applied index.
-    shared_state: Option<Arc<ControlState>>,
-    /// The process's main runtime, for work beside the node (writing snapshots, removing
-    /// compacted events).
-    background: Handle,
+    /// Where snapshots are written and what a compaction released is freed.
+    beside: BesideNode,
     /// The node's own queue, where work beside it reports back; weak, so that the loop
     /// still ends when every handle is gone.
     requests: mpsc::WeakSender<NodeRequest>,
@@ -81,13 +90,15 @@ impl<T: Transport> RaftNode<T> {
         raw: RawNode<RaftStorage>,
         state: CacheStateMachine,
         peers: T,
-        events: broadcast::Sender<Arc<CommittedEvent>>,
+        feeds: NodeFeeds,
         metrics: NodeMetrics,
         requests: mpsc::WeakSender<NodeRequest>,
-    ) -> Self {
+    ) -> Result<Self, NodeError> {
         let compaction_stagger = COMPACTION_STAGGER * (settings.id.saturating_sub(1) % 3);
         let storage = raw.store().clone();
-        Self {
+        let beside =
+            BesideNode::start(format!("raft-beside-{}", settings.id)).map_err(NodeError::Thread)?;
+        Ok(Self {
             settings,
             raw,
             storage,
@@ -95,17 +106,17 @@ impl<T: Transport> RaftNode<T> {
             peers,
             pending: HashMap::new(),
             next_proposal: 1,
-            events,
+            events: feeds.events,
+            leader_elsewhere: feeds.leader,
             applied_bytes: 0,
             compaction_stagger,
             metrics,
             last_leader: raft::INVALID_ID,
             last_leadership: (0, raft::INVALID_ID),
-            shared_state: None,
-            background: Handle::current(),
+            beside,
             requests,
             snapshotting: None,
-        }
+        })
     }
 
     pub(super) async fn run(mut self, mut queue: mpsc::Receiver<NodeRequest>) {
@@ -198,19 +209,6 @@ impl<T: Transport> RaftNode<T> {
         }
     }
 
-    /// The whole state, shared with every caller until the next applied entry.
-    fn shared_state(&mut self) -> Arc<ControlState> {
-        let applied = self.state.applied_index();
-        match &self.shared_state {
-            Some(state) if state.applied_index == applied => Arc::clone(state),
-            _ => {
-                let state = Arc::new(self.state.to_state());
-                self.shared_state = Some(Arc::clone(&state));
-                state
-            }
-        }
-    }
-
     /// Publishes Raft's progress to the metrics; counts leader changes.
     fn report(&mut self) {
         let raft = &self.raw.raft;
@@ -231,6 +229,13 @@ impl<T: Transport> RaftNode<T> {
                 m.leader_changes.inc();
             }
             self.last_leader = raft.leader_id;
+            let elsewhere = if raft.leader_id == self.settings.id {
+                None
+            } else {
+                self.peers.address(raft.leader_id)
+            };
+            self.leader_elsewhere
+                .send_replace(elsewhere.unwrap_or_default());
         }
     }
 
@@ -257,7 +262,7 @@ impl<T: Transport> RaftNode<T> {
                 let _ = reply.send(self.status());
             }
             NodeRequest::State(reply) => {
-                let _ = reply.send(self.shared_state());
+                let _ = reply.send(self.state.view());
             }
             NodeRequest::ChangeMember {
                 add,
@@ -444,13 +449,14 @@ impl<T: Transport> RaftNode<T> {
                         CommandBatch::default()
                     });
                     let applied = self.state.apply(entry.index, entry.term, batch);
-                    let event = CommittedEvent {
+                    let event = Arc::new(CommittedEvent {
                         index: entry.index,
                         applied,
                         state: None,
-                    };
-                    self.storage.record_event(&event)?;
-                    let _ = self.events.send(Arc::new(event));
+                    });
+                    self.storage
+                        .record_event(Arc::clone(&event), entry.data.len() as u64);
+                    let _ = self.events.send(event);
                 }
                 EntryType::EntryConfChange => {
                     self.apply_conf_change(&entry)?;
@@ -521,7 +527,7 @@ impl<T: Transport> RaftNode<T> {
         self.applied_bytes = 0;
         self.compaction_stagger = 0;
         let started = Instant::now();
-        let state = self.shared_state();
+        let view = self.state.view();
         let mut meta = SnapshotMetadata {
             index: applied,
             term: self.state.applied_term(),
@@ -531,8 +537,8 @@ impl<T: Transport> RaftNode<T> {
         self.snapshotting = Some(started.elapsed());
         let storage = self.storage.clone();
         let requests = self.requests.clone();
-        self.background.spawn_blocking(move || {
-            let data = state.encode_to_vec();
+        self.beside.run(move || {
+            let data = view.into_state().encode_to_vec();
             let bytes = data.len();
             let stored = storage
                 .store_snapshot(&meta, &data)
@@ -562,11 +568,16 @@ impl<T: Transport> RaftNode<T> {
             return Ok(());
         };
         let started = Instant::now();
-        let segments = self
-            .storage
-            .compact_to(&meta, self.settings.retained_events)?;
-        self.background
-            .spawn(discard_compacted(self.storage.clone(), segments));
+        let compaction = self.storage.compact_to(
+            &meta,
+            self.settings.retained_events,
+            self.settings.max_log_bytes / RETAINED_SHARE_OF_LOG_BYTES,
+        );
+        self.beside.run(move || {
+            if let Err(err) = compaction.discard() {
+                tracing::warn!(%err, "removing compacted log segments failed; they stay on disk");
+            }
+        });
         self.metrics
             .ready_phase(ReadyPhase::Compact, taking + started.elapsed());
         self.metrics.snapshots.inc();
@@ -580,48 +591,6 @@ impl<T: Transport> RaftNode<T> {
             "state machine snapshotted, log compacted"
         );
         Ok(())
-    }
-}
-
-/// Pause between slices of removing compacted keys, so that the removal yields the CPU to
-/// replication (3 nodes compact at the same index).
-const DISCARD_PAUSE: Duration = Duration::from_millis(10);
-
-/// Removes what a compaction left on disk beside the node: the log's obsolete segments,
-/// then the events under the floor, a slice at a time.
-async fn discard_compacted(storage: RaftStorage, segments: Vec<PathBuf>) {
-    // The events' floor is in sled: on disk before any event under it is removed. Beside
-    // the node, since sled's flush writes every event buffered since its last one.
-    let flushing = storage.clone();
-    let flushed = tokio::task::spawn_blocking(move || {
-        crate::storage::wal::remove_segments(&segments)?;
-        flushing.flush_sled()
-    });
-    match flushed.await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => {
-            tracing::warn!(%err, "removing compacted log segments or flushing the events' floor failed; compacted events are kept");
-            return;
-        }
-        Err(err) => {
-            tracing::warn!(%err, "flushing the events' floor stopped");
-            return;
-        }
-    }
-    loop {
-        let slice = storage.clone();
-        match tokio::task::spawn_blocking(move || slice.discard_compacted(DISCARD_SLICE)).await {
-            Ok(Ok(0)) => return,
-            Ok(Ok(_)) => tokio::time::sleep(DISCARD_PAUSE).await,
-            Ok(Err(err)) => {
-                tracing::warn!(%err, "removing compacted log entries failed; retried at the next compaction");
-                return;
-            }
-            Err(err) => {
-                tracing::warn!(%err, "removing compacted log entries stopped");
-                return;
-            }
-        }
     }
 }
 

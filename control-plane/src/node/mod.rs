@@ -20,11 +20,11 @@ use prost::Message as _;
 use raft::RawNode;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use driver::RaftNode;
+use driver::{NodeFeeds, RaftNode};
 
 pub use crate::message::{CommitReply, NodeError, NodeRequest};
 use crate::metrics::NodeMetrics;
-use crate::state::{CacheStateMachine, validate};
+use crate::state::{CacheStateMachine, StateView, validate};
 use crate::storage::{RaftStorage, StoreError};
 use crate::transport::Transport;
 
@@ -34,7 +34,8 @@ use crate::transport::Transport;
 pub const NODE_QUEUE: usize = 1024;
 
 /// Committed events kept for live subscribers that fall behind; beyond it they re-read
-/// from sled. An event can carry a whole proposal batch (megabytes), so the buffer is short.
+/// the node's kept events. An event can carry a whole proposal batch (megabytes), so the
+/// buffer is short.
 const EVENT_BUFFER: usize = 64;
 
 /// Tunables of a node.
@@ -58,6 +59,8 @@ pub struct NodeSettings {
 pub struct NodeHandle {
     requests: mpsc::Sender<NodeRequest>,
     events: broadcast::Sender<Arc<CommittedEvent>>,
+    /// The leader's address while another node leads, else empty.
+    leader_elsewhere: watch::Receiver<String>,
     storage: RaftStorage,
     metrics: NodeMetrics,
     /// Turns true when the node's loop has ended, for whatever reason.
@@ -90,9 +93,9 @@ impl NodeHandle {
         answer.await.map_err(|_| NodeError::ShuttingDown)
     }
 
-    /// The whole replicated state as of the node's applied index; callers asking at the
-    /// same index share one copy.
-    pub async fn state(&self) -> Result<Arc<ControlState>, NodeError> {
+    /// The whole replicated state as of the node's applied index, its entries shared with
+    /// the node until [`StateView::into_state`] copies them.
+    pub async fn state(&self) -> Result<StateView, NodeError> {
         let (reply, answer) = oneshot::channel();
         self.request(NodeRequest::State(reply)).await?;
         answer.await.map_err(|_| NodeError::ShuttingDown)
@@ -113,6 +116,12 @@ impl NodeHandle {
         })
         .await?;
         answer.await.map_err(|_| NodeError::ShuttingDown)?
+    }
+
+    /// The leader's address while another node leads (empty when this node leads or no
+    /// leader is known): where a proposer saves the forwarding hop.
+    pub fn leader_elsewhere(&self) -> String {
+        self.leader_elsewhere.borrow().clone()
     }
 
     pub fn subscribe_events(&self) -> broadcast::Receiver<Arc<CommittedEvent>> {
@@ -226,6 +235,7 @@ pub fn start<T: Transport>(
     let raw = RawNode::new(&config, storage.clone(), &logger).map_err(NodeError::ConfChange)?;
     let (requests, queue) = mpsc::channel(NODE_QUEUE);
     let (events, _) = broadcast::channel(EVENT_BUFFER);
+    let (leader, leader_elsewhere) = watch::channel(String::new());
     let (stop_signal, stopped) = watch::channel(false);
     let peers = transport(members, requests.clone());
     let id = settings.id;
@@ -234,10 +244,13 @@ pub fn start<T: Transport>(
         raw,
         state,
         peers,
-        events.clone(),
+        NodeFeeds {
+            events: events.clone(),
+            leader,
+        },
         metrics.clone(),
         requests.downgrade(),
-    );
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -257,12 +270,14 @@ pub fn start<T: Transport>(
     Ok(NodeHandle {
         requests,
         events,
+        leader_elsewhere,
         storage,
         metrics,
         stopped,
     })
 }
 
+mod beside;
 mod driver;
 #[cfg(test)]
 mod tests;

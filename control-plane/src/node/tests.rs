@@ -170,7 +170,7 @@ async fn a_proposal_made_on_a_follower_commits_on_every_node() {
     let index = group.nodes[&follower].propose(entry(1)).await.unwrap();
     wait_applied(&group, index).await;
     for node in group.nodes.values() {
-        assert_eq!(node.state().await.unwrap().entries.len(), 1);
+        assert_eq!(node.state().await.unwrap().into_state().entries.len(), 1);
     }
 }
 

@@ -1,16 +1,17 @@
 //! A node's data directory: Raft's log, hard state and configuration in a write-ahead log
 //! of its own ([`wal`]), the state-machine snapshot in a file ([`snapshot_file`]), and in
-//! sled what sled does well: the committed events subscribers resume from, the members'
-//! addresses, the node's id.
+//! sled what sled does well: the members' addresses and the node's id. The committed events
+//! subscribers resume from are kept in memory ([`events`]).
 //!
 //! Raft's writes are buffered until [`RaftStorage::flush`], which the node calls once per
 //! Raft `Ready` before sending any message that depends on them (persist before send): one
 //! write and one `fdatasync`, so nothing is acknowledged before it is on disk on a quorum.
-//! sled is not synced per `Ready` (its own flusher writes every 500 ms): everything it
-//! holds is rebuilt from the log on restart or is an address the configuration repeats.
+//! sled is not synced per `Ready` (its own flusher writes every 500 ms): it holds members'
+//! addresses, which the configuration and the log's membership changes repeat.
 //! sled 0.34's flush is not a durability barrier anyway (`sync_file_range`, and large
 //! values go to blob files that are never synced), which is why the log left it.
 
+pub mod events;
 mod migrate;
 pub mod snapshot_file;
 pub mod wal;
@@ -18,15 +19,16 @@ pub mod wal;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::RwLock;
 
-use prost::Message as _;
 use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 
+use events::EventLog;
+use hasten_proto::v1::CommittedEvent;
 pub use wal::WalError;
 use wal::WriteAheadLog;
 
@@ -119,14 +121,30 @@ fn check_directory(dir: &Path) -> Result<bool, StoreError> {
         found: found.join(", "),
     })
 }
-const EVENTS_FLOOR: &[u8] = b"events_floor";
+/// Where sled held the committed events and their floor before they moved to memory;
+/// removed when a store of that layout opens.
+const OLD_EVENTS_TREE: &str = "committed_events";
+const OLD_EVENTS_FLOOR: &[u8] = b"events_floor";
 
 /// The write-ahead log's directory inside the data directory.
 const WAL_DIR: &str = "raft-wal";
 
-/// Compacted events removed per step of [`RaftStorage::discard_compacted`]: ~5 ms of work
-/// here.
-pub const DISCARD_SLICE: usize = 256;
+/// What a compaction took out of the node's store: the log's obsolete segments and
+/// entries, and the events no longer served.
+#[derive(Debug)]
+pub struct Compaction {
+    log: wal::Compacted,
+    /// Held only to be freed where [`Compaction::discard`] runs.
+    _events: Vec<Arc<CommittedEvent>>,
+}
+
+impl Compaction {
+    /// Deletes the obsolete segment files and frees the rest (on the blocking pool: neither
+    /// belongs on the Raft thread).
+    pub fn discard(self) -> Result<(), WalError> {
+        wal::remove_segments(&self.log.segments)
+    }
+}
 
 /// A node's store: the Raft log, the snapshot, and the committed events edges subscribe to.
 #[derive(Clone)]
@@ -134,9 +152,8 @@ pub struct RaftStorage {
     dir: PathBuf,
     db: sled::Db,
     log: Arc<RwLock<WriteAheadLog>>,
-    meta: sled::Tree,
-    events: sled::Tree,
     members: sled::Tree,
+    events: Arc<EventLog>,
     /// The snapshot point the log is compacted to, kept in memory: Raft asks for its index
     /// and term on every `term`/`first_index` call. The file may already hold a newer
     /// snapshot (written beside the node) until the node compacts the log to it.
@@ -144,9 +161,6 @@ pub struct RaftStorage {
     /// Serialises snapshot file writes (the node's own, beside it, and a leader's) and
     /// holds the index of the one on disk, which never goes back.
     snapshot_file: Arc<parking_lot::Mutex<u64>>,
-    /// Events up to this index were discarded; a subscriber that needs one of them gets
-    /// the whole state instead. Read on every subscriber step, so kept in memory too.
-    events_floor: Arc<AtomicU64>,
     /// Raft asked for a snapshot for a member the stored one predates (a node added after
     /// it, whose restore would refuse it): the node takes a new one at once.
     snapshot_wanted: Arc<AtomicBool>,
@@ -251,24 +265,24 @@ impl RaftStorage {
             hard_state.commit = snapshot.index;
             log.set_hard_state(&hard_state);
         }
-        let storage = Self {
+        if db
+            .tree_names()
+            .iter()
+            .any(|name| name.as_ref() == OLD_EVENTS_TREE.as_bytes())
+        {
+            db.drop_tree(OLD_EVENTS_TREE)?;
+            meta.remove(OLD_EVENTS_FLOOR)?;
+        }
+        Ok(Self {
             dir: dir.to_path_buf(),
             log: Arc::new(RwLock::new(log)),
-            events: db.open_tree("committed_events")?,
             members: db.open_tree("members")?,
-            meta,
             db,
             snapshot_file: Arc::new(parking_lot::Mutex::new(snapshot.index)),
+            events: Arc::new(EventLog::new(snapshot.index)),
             snapshot: Arc::new(RwLock::new(snapshot)),
-            events_floor: Arc::default(),
             snapshot_wanted: Arc::default(),
-        };
-        if let Some(floor) = storage.meta.get(EVENTS_FLOOR)? {
-            storage
-                .events_floor
-                .store(index_of(&floor), Ordering::Release);
-        }
-        Ok(storage)
+        })
     }
 
     /// Whether the node has never stored any Raft state.
@@ -361,59 +375,39 @@ impl RaftStorage {
             state.term = state.term.max(meta.term);
             log.set_hard_state(&state);
             log.sync()?;
-            wal::remove_segments(&log.compact(meta.index))?;
+            wal::remove_segments(&log.compact(meta.index).segments)?;
         }
         // Events up to the snapshot have a gap here (what the snapshot skipped): none can
         // be served.
-        self.raise_events_floor(meta.index)?;
-        while self.discard_compacted(DISCARD_SLICE)? > 0 {}
+        self.events.raise_floor(meta.index);
         Ok(())
     }
 
-    /// Compacts to a snapshot already on disk: the log up to it is dropped, and the events up to `retain_events` entries before it are no longer
-    /// served (removed from sled by [`RaftStorage::discard_compacted`]).
-    /// Returns the log segments to delete beside the node ([`wal::remove_segments`]).
+    /// Compacts to a snapshot already on disk: the log up to it is dropped, and the events
+    /// before it are no longer served but for the last `retain_events` of them holding at
+    /// most `retain_bytes`. Returns what was taken out, for [`Compaction::discard`] beside
+    /// the node.
     pub fn compact_to(
         &self,
         meta: &SnapshotMetadata,
         retain_events: u64,
-    ) -> Result<Vec<PathBuf>, StoreError> {
+        retain_bytes: u64,
+    ) -> Compaction {
         *self.snapshot.write() = meta.clone();
-        let obsolete = self.log.write().compact(meta.index);
-        self.raise_events_floor(meta.index.saturating_sub(retain_events))?;
-        Ok(obsolete)
-    }
-
-    /// Removes up to `limit` of the events that compaction left behind; returns how many it
-    /// removed. Nothing reads them any more, so this runs beside the node (sled is
-    /// concurrent), a slice at a time: removing ~10,000 keys at once takes ~0.1 s of CPU
-    /// here, which stalled replication.
-    pub fn discard_compacted(&self, limit: usize) -> Result<usize, StoreError> {
-        Self::remove_through(&self.events, self.events_floor(), limit)
-    }
-
-    fn raise_events_floor(&self, index: u64) -> Result<(), StoreError> {
-        if index > self.events_floor() {
-            self.meta.insert(EVENTS_FLOOR, &key(index))?;
-            self.events_floor.store(index, Ordering::Release);
+        let log = self.log.write().compact(meta.index);
+        let floor = self
+            .events
+            .retention_floor(meta.index, retain_events, retain_bytes);
+        let events = self.events.raise_floor(floor);
+        Compaction {
+            log,
+            _events: events,
         }
-        Ok(())
     }
 
-    fn remove_through(tree: &sled::Tree, index: u64, limit: usize) -> Result<usize, StoreError> {
-        let mut batch = sled::Batch::default();
-        let mut removed = 0;
-        for old in tree.range(..=key(index)).keys().take(limit) {
-            batch.remove(old?);
-            removed += 1;
-        }
-        tree.apply_batch(batch)?;
-        Ok(removed)
-    }
-
-    /// Events up to this index were discarded (0 before any compaction).
+    /// Events up to this index are not served (the snapshot point at start).
     pub fn events_floor(&self) -> u64 {
-        self.events_floor.load(Ordering::Acquire)
+        self.events.floor()
     }
 
     /// Records a member's address (membership changes carry it).
@@ -454,42 +448,19 @@ impl RaftStorage {
     /// written rarely).
     pub fn flush_all(&self) -> Result<(), StoreError> {
         self.flush()?;
-        self.flush_sled()
-    }
-
-    /// Writes out what sled buffered (events, their floor, members); not the Raft log.
-    pub fn flush_sled(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())
     }
 
-    /// Keeps the committed event of `index` for subscribers that resume.
-    pub fn record_event(&self, event: &hasten_proto::v1::CommittedEvent) -> Result<(), StoreError> {
-        self.events
-            .insert(key(event.index), event.encode_to_vec())?;
-        Ok(())
+    /// Keeps the committed event of a newly applied entry (of `bytes` payload) for
+    /// subscribers that resume.
+    pub fn record_event(&self, event: Arc<CommittedEvent>, bytes: u64) {
+        self.events.record(event, bytes);
     }
 
     /// Committed events from `from` on, in order, at most `limit`.
-    pub fn events_from(
-        &self,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<hasten_proto::v1::CommittedEvent>, StoreError> {
-        let mut events = Vec::new();
-        for item in self.events.range(key(from)..).take(limit) {
-            let (k, bytes) = item?;
-            let event =
-                hasten_proto::v1::CommittedEvent::decode(bytes.as_ref()).map_err(|err| {
-                    StoreError::Corrupt {
-                        tree: "committed_events",
-                        key: index_of(&k).to_string(),
-                        reason: err.to_string(),
-                    }
-                })?;
-            events.push(event);
-        }
-        Ok(events)
+    pub fn events_from(&self, from: u64, limit: usize) -> Vec<Arc<CommittedEvent>> {
+        self.events.from(from, limit)
     }
 
     fn raft_last_index(&self) -> u64 {
@@ -762,8 +733,7 @@ mod tests {
         assert!(!storage.store_snapshot(&meta(10), b"at 10").unwrap());
         let (on_disk, data) = storage.stored_snapshot().unwrap().unwrap();
         assert_eq!((on_disk.index, data.as_slice()), (20, b"at 20".as_slice()));
-        let obsolete = storage.compact_to(&meta(20), 0).unwrap();
-        wal::remove_segments(&obsolete).unwrap();
+        storage.compact_to(&meta(20), 0, 0).discard().unwrap();
         assert_eq!(storage.first_index().unwrap(), 21);
         assert_eq!(storage.term(25).unwrap(), 1);
         assert!(matches!(

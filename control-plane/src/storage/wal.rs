@@ -89,6 +89,14 @@ struct LogState {
     conf_state: ConfState,
 }
 
+/// What [`WriteAheadLog::compact`] took out of the log: segment files to delete and entries
+/// to free, both left to the caller so that neither has to happen on the Raft thread.
+#[derive(Debug)]
+pub struct Compacted {
+    pub segments: Vec<PathBuf>,
+    pub entries: Vec<Entry>,
+}
+
 /// Deletes segments [`WriteAheadLog::compact`] left behind.
 pub fn remove_segments(segments: &[PathBuf]) -> Result<(), WalError> {
     for path in segments {
@@ -419,20 +427,21 @@ impl WriteAheadLog {
     /// oldest closed segments that hold nothing after it, for [`remove_segments`]: deleting
     /// 64 MiB files took ~160 ms here, too long for the node's thread, and a segment left
     /// by a crash before its deletion only replays entries the snapshot covers.
-    pub fn compact(&mut self, index: u64) -> Vec<PathBuf> {
-        while self.state.entries.front().is_some_and(|e| e.index <= index) {
-            self.state.entries.pop_front();
-        }
+    pub fn compact(&mut self, index: u64) -> Compacted {
+        let covered = self.state.entries.partition_point(|e| e.index <= index);
+        let entries = self.state.entries.drain(..covered).collect();
         // Only a prefix of segments goes, so that replay never sees a gap.
         let obsolete = self
             .closed
             .iter()
             .take_while(|s| s.last_index <= index)
             .count();
-        self.closed
+        let segments = self
+            .closed
             .drain(..obsolete)
             .map(|segment| segment_path(&self.dir, segment.seq))
-            .collect()
+            .collect();
+        Compacted { segments, entries }
     }
 
     pub fn hard_state(&self) -> &HardState {

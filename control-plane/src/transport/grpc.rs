@@ -1,22 +1,37 @@
 //! Raft messages between control-plane nodes over tonic gRPC.
 //!
-//! Each peer has its own sender task and bounded outbox, so a slow or dead peer delays
-//! nobody else. A full outbox drops rather than blocks the node; a failed delivery is
-//! reported to Raft as an unreachable peer. The sender tasks run on the process's main
-//! runtime, never on the node's own thread.
+//! Each peer has its own bounded outbox, drained by one long-lived client stream
+//! (`RaftPeer/Stream`): batches go out as soon as they are queued, in order, with no
+//! answer to wait for, where one call per batch kept the next batch waiting for the last
+//! one's round trip. Snapshots, whose delivery Raft must be told of, go one call each
+//! (`RaftPeer/Deliver`), as does everything to a peer that does not know `Stream` (an older
+//! version during a rolling upgrade). A full outbox drops rather than blocks the node; a
+//! failed stream or delivery is reported to Raft as an unreachable peer, and Raft resends
+//! what was lost. The peer tasks run on the process's main runtime, never on the node's
+//! own thread.
 
 use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use futures::Stream;
+use hasten_proto::auth::BearerToken;
 use hasten_proto::control;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::v1::raft_peer_client::RaftPeerClient;
 use hasten_proto::v1::raft_peer_server::RaftPeer;
 use hasten_proto::v1::{RaftDelivered, RaftMessages};
+use parking_lot::Mutex;
 use protobuf::Message as _;
 use raft::prelude::{Message, MessageType};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status};
+use tonic::codegen::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
 
 use super::Transport;
 use crate::message::NodeRequest;
@@ -25,12 +40,29 @@ use crate::message::NodeRequest;
 /// take them is behind or gone, and Raft resends what it missed.
 const PEER_OUTBOX: usize = 1024;
 
-/// Messages sent to a peer in one RPC.
+/// Messages sent to a peer in one batch.
 const MESSAGES_PER_DELIVERY: usize = 64;
+
+/// Wait before opening a failed peer's stream again, doubled per failure up to
+/// [`MAX_REOPEN_WAIT`]; a stream that lasted [`STABLE_STREAM`] starts the count over.
+/// Messages wait in the outbox meanwhile, so the longest wait stays under a heartbeat
+/// interval (300 ms by default): a peer that restarts is fed again within it.
+const FIRST_REOPEN_WAIT: Duration = Duration::from_millis(10);
+const MAX_REOPEN_WAIT: Duration = Duration::from_millis(200);
+const STABLE_STREAM: Duration = Duration::from_secs(1);
+
+type PeerClient = RaftPeerClient<InterceptedService<Channel, BearerToken>>;
 
 struct Peer {
     address: String,
-    outbox: Option<mpsc::Sender<Message>>,
+    /// None for this node itself.
+    link: Option<PeerLink>,
+}
+
+struct PeerLink {
+    outbox: mpsc::Sender<Message>,
+    /// For snapshots, one call each.
+    client: PeerClient,
 }
 
 /// Outbound Raft traffic of one node over gRPC.
@@ -39,7 +71,7 @@ pub struct GrpcTransport {
     peers: HashMap<u64, Peer>,
     node: mpsc::Sender<NodeRequest>,
     access: ControlAccess,
-    /// Where the sender tasks run.
+    /// Where the peer tasks run.
     runtime: Handle,
 }
 
@@ -65,6 +97,31 @@ impl GrpcTransport {
         }
         network
     }
+
+    fn link(&self, to: u64, address: &str) -> Option<PeerLink> {
+        let endpoint = match control::endpoint(address, self.access.tls.as_ref()) {
+            Ok(endpoint) => endpoint,
+            Err(err) => {
+                tracing::error!(to, %address, %err, "invalid peer address; messages to it are dropped");
+                return None;
+            }
+        };
+        // The channel connects on first use; a runtime context is needed to create it.
+        let _entered = self.runtime.enter();
+        let client =
+            RaftPeerClient::with_interceptor(endpoint.connect_lazy(), self.access.bearer())
+                .max_decoding_message_size(control::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(control::MAX_MESSAGE_BYTES);
+        let (outbox, queue) = mpsc::channel(PEER_OUTBOX);
+        self.runtime.spawn(stream_to(
+            to,
+            address.to_string(),
+            client.clone(),
+            queue,
+            self.node.clone(),
+        ));
+        Some(PeerLink { outbox, client })
+    }
 }
 
 impl Transport for GrpcTransport {
@@ -76,18 +133,12 @@ impl Transport for GrpcTransport {
         if self.peers.get(&id).is_some_and(|p| p.address == address) {
             return;
         }
-        let outbox = (id != self.me).then(|| {
-            let (outbox, queue) = mpsc::channel(PEER_OUTBOX);
-            self.runtime.spawn(deliver(
-                id,
-                address.clone(),
-                self.access.clone(),
-                queue,
-                self.node.clone(),
-            ));
-            outbox
-        });
-        self.peers.insert(id, Peer { address, outbox });
+        let link = if id == self.me {
+            None
+        } else {
+            self.link(id, &address)
+        };
+        self.peers.insert(id, Peer { address, link });
     }
 
     fn remove(&mut self, id: u64) {
@@ -97,70 +148,140 @@ impl Transport for GrpcTransport {
     fn send(&self, messages: Vec<Message>) {
         for message in messages {
             let to = message.to;
-            let Some(outbox) = self.peers.get(&to).and_then(|p| p.outbox.as_ref()) else {
+            let Some(link) = self.peers.get(&to).and_then(|p| p.link.as_ref()) else {
                 tracing::debug!(to, "raft message for an unknown peer dropped");
                 continue;
             };
-            let snapshot = message.get_msg_type() == MessageType::MsgSnapshot;
-            if outbox.try_send(message).is_err() {
-                let report = if snapshot {
-                    NodeRequest::SnapshotSent {
-                        to,
-                        delivered: false,
-                    }
-                } else {
-                    NodeRequest::Unreachable(to)
-                };
-                let _ = self.node.try_send(report);
+            if message.get_msg_type() == MessageType::MsgSnapshot {
+                self.runtime.spawn(deliver_snapshot(
+                    to,
+                    link.client.clone(),
+                    message,
+                    self.node.clone(),
+                ));
+            } else if link.outbox.try_send(message).is_err() {
+                let _ = self.node.try_send(NodeRequest::Unreachable(to));
             }
         }
     }
 }
 
-async fn deliver(
+/// Sends a snapshot in a call of its own and tells Raft whether it arrived.
+async fn deliver_snapshot(
     to: u64,
-    address: String,
-    access: ControlAccess,
-    mut queue: mpsc::Receiver<Message>,
+    mut client: PeerClient,
+    message: Message,
     node: mpsc::Sender<NodeRequest>,
 ) {
-    let endpoint = match control::endpoint(&address, access.tls.as_ref()) {
-        Ok(endpoint) => endpoint,
-        Err(err) => {
-            tracing::error!(to, %address, %err, "invalid peer address; messages to it are dropped");
-            return;
-        }
+    let delivered = match message.write_to_bytes() {
+        Ok(bytes) => client
+            .deliver(RaftMessages {
+                messages: vec![bytes],
+            })
+            .await
+            .map_err(|status| status.to_string()),
+        Err(err) => Err(err.to_string()),
     };
-    let mut client = RaftPeerClient::with_interceptor(endpoint.connect_lazy(), access.bearer())
-        .max_decoding_message_size(control::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(control::MAX_MESSAGE_BYTES);
-    while let Some(first) = queue.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MESSAGES_PER_DELIVERY {
-            match queue.try_recv() {
-                Ok(message) => batch.push(message),
-                Err(_) => break,
+    if let Err(err) = &delivered {
+        tracing::warn!(to, %err, "snapshot delivery failed; Raft sends another");
+    }
+    let _ = node
+        .send(NodeRequest::SnapshotSent {
+            to,
+            delivered: delivered.is_ok(),
+        })
+        .await;
+}
+
+/// The outbox of one peer as a stream of batches: whatever is queued when the stream is
+/// polled, up to [`MESSAGES_PER_DELIVERY`]. Shared by the calls made one after the other
+/// (a failed stream is opened again on the same queue); `closed` turns true once the node
+/// dropped the outbox.
+struct Outbox {
+    queue: Arc<Mutex<mpsc::Receiver<Message>>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Stream for Outbox {
+    type Item = RaftMessages;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RaftMessages>> {
+        let mut queue = self.queue.lock();
+        let mut messages = Vec::new();
+        while messages.len() < MESSAGES_PER_DELIVERY {
+            match queue.poll_recv(cx) {
+                Poll::Ready(Some(message)) => match message.write_to_bytes() {
+                    Ok(bytes) => messages.push(bytes),
+                    Err(err) => tracing::error!(%err, "unencodable raft message dropped"),
+                },
+                Poll::Ready(None) => {
+                    self.closed.store(true, Ordering::Release);
+                    break;
+                }
+                Poll::Pending => break,
             }
         }
-        let snapshot = batch
-            .iter()
-            .any(|m| m.get_msg_type() == MessageType::MsgSnapshot);
-        let messages: Vec<Vec<u8>> = batch
-            .iter()
-            .filter_map(|m| m.write_to_bytes().ok())
-            .collect();
-        let delivered = client.deliver(RaftMessages { messages }).await;
-        if let Err(status) = &delivered {
+        if !messages.is_empty() {
+            Poll::Ready(Some(RaftMessages { messages }))
+        } else if self.closed.load(Ordering::Acquire) {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// Keeps one stream open to peer `to` and feeds it from `queue`, until the node drops the
+/// outbox; a failed stream is reported to Raft and opened again after a pause.
+async fn stream_to(
+    to: u64,
+    address: String,
+    mut client: PeerClient,
+    queue: mpsc::Receiver<Message>,
+    node: mpsc::Sender<NodeRequest>,
+) {
+    let queue = Arc::new(Mutex::new(queue));
+    let closed = Arc::new(AtomicBool::new(false));
+    let mut wait = FIRST_REOPEN_WAIT;
+    while !closed.load(Ordering::Acquire) {
+        let opened = Instant::now();
+        let outbox = Outbox {
+            queue: Arc::clone(&queue),
+            closed: Arc::clone(&closed),
+        };
+        match client.stream(outbox).await {
+            Ok(_) => {}
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                tracing::info!(to, %address, "peer has no message stream (an older version); one call per batch");
+                return deliver_each(to, address, client, queue, node).await;
+            }
+            Err(status) => {
+                tracing::debug!(to, %address, %status, "raft stream to peer failed");
+                let _ = node.send(NodeRequest::Unreachable(to)).await;
+                if opened.elapsed() >= STABLE_STREAM {
+                    wait = FIRST_REOPEN_WAIT;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_REOPEN_WAIT);
+            }
+        }
+    }
+}
+
+/// One call per batch, each answered before the next: for peers without `Stream`.
+async fn deliver_each(
+    to: u64,
+    address: String,
+    mut client: PeerClient,
+    queue: Arc<Mutex<mpsc::Receiver<Message>>>,
+    node: mpsc::Sender<NodeRequest>,
+) {
+    let closed = Arc::new(AtomicBool::new(false));
+    let mut outbox = Outbox { queue, closed };
+    while let Some(batch) = futures::StreamExt::next(&mut outbox).await {
+        if let Err(status) = client.deliver(batch).await {
             tracing::debug!(to, %address, %status, "raft delivery failed");
             let _ = node.send(NodeRequest::Unreachable(to)).await;
-        }
-        if snapshot {
-            let _ = node
-                .send(NodeRequest::SnapshotSent {
-                    to,
-                    delivered: delivered.is_ok(),
-                })
-                .await;
         }
     }
 }
@@ -176,23 +297,43 @@ impl RaftPeerService {
     }
 }
 
+/// Decodes a batch of peers' messages.
+fn decode(batch: &RaftMessages) -> Result<Vec<Message>, Status> {
+    batch
+        .messages
+        .iter()
+        .map(|bytes| Message::parse_from_bytes(bytes))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| Status::invalid_argument(format!("undecodable raft message: {err}")))
+}
+
+impl RaftPeerService {
+    async fn step(&self, messages: Vec<Message>) -> Result<(), Status> {
+        self.node
+            .send(NodeRequest::Step(messages))
+            .await
+            .map_err(|_| Status::unavailable("the control-plane node is shutting down"))
+    }
+}
+
 #[tonic::async_trait]
 impl RaftPeer for RaftPeerService {
     async fn deliver(
         &self,
         request: Request<RaftMessages>,
     ) -> Result<Response<RaftDelivered>, Status> {
-        let messages = request
-            .into_inner()
-            .messages
-            .iter()
-            .map(|bytes| Message::parse_from_bytes(bytes))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| Status::invalid_argument(format!("undecodable raft message: {err}")))?;
-        self.node
-            .send(NodeRequest::Step(messages))
-            .await
-            .map_err(|_| Status::unavailable("the control-plane node is shutting down"))?;
+        self.step(decode(request.get_ref())?).await?;
+        Ok(Response::new(RaftDelivered {}))
+    }
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<RaftMessages>>,
+    ) -> Result<Response<RaftDelivered>, Status> {
+        let mut batches = request.into_inner();
+        while let Some(batch) = batches.message().await? {
+            self.step(decode(&batch)?).await?;
+        }
         Ok(Response::new(RaftDelivered {}))
     }
 }

@@ -114,12 +114,7 @@ impl ControlPlaneLink {
             endpoints,
             access,
         });
-        let proposer = Proposer {
-            endpoints: link.endpoints.clone(),
-            access: link.access.clone(),
-            turn: 0,
-            client: None,
-        };
+        let proposer = Proposer::new(link.endpoints.clone(), link.access.clone());
         tokio::spawn(propose_loop(
             proposer,
             registration(&link.corpus),
@@ -228,25 +223,58 @@ enum Proposed {
 }
 
 /// Sends proposals to the control plane, one node at a time, moving on to the next node
-/// when one fails, refuses for now, or does not answer within [`PROPOSE_DEADLINE`].
+/// when one fails, refuses for now, or does not answer within [`PROPOSE_DEADLINE`]. A
+/// follower that commits a proposal names the leader, and later proposals go there: a
+/// follower forwards each proposal to the leader, one more network hop before its commit.
 struct Proposer {
     endpoints: Vec<String>,
     access: ControlAccess,
     turn: usize,
     client: Option<ControlClient>,
+    /// Where `client` is connected.
+    connected_to: String,
+    /// The leader a node named, tried before the configured endpoints.
+    leader: Option<String>,
+    /// A named leader this edge could not reach (another network, say): not followed
+    /// again until a node names another.
+    unreachable_leader: Option<String>,
 }
 
 impl Proposer {
+    fn new(endpoints: Vec<String>, access: ControlAccess) -> Self {
+        Self {
+            endpoints,
+            access,
+            turn: 0,
+            client: None,
+            connected_to: String::new(),
+            leader: None,
+            unreachable_leader: None,
+        }
+    }
+
     /// Proposes `commands` until they commit or are refused for good. A retried proposal
     /// is applied once: every entry carries its origin sequence.
     async fn propose(&mut self, commands: &[ControlCommand]) -> Proposed {
         let mut wait = FIRST_RETRY;
         loop {
             if self.client.is_none() {
-                let endpoint = &self.endpoints[self.turn % self.endpoints.len()];
-                match control::connect(endpoint, &self.access).await {
-                    Ok(connected) => self.client = Some(connected),
-                    Err(err) => tracing::debug!(%endpoint, %err, "control plane unreachable"),
+                let endpoint = match &self.leader {
+                    Some(leader) => leader.clone(),
+                    None => self.endpoints[self.turn % self.endpoints.len()].clone(),
+                };
+                match control::connect(&endpoint, &self.access).await {
+                    Ok(connected) => {
+                        self.client = Some(connected);
+                        self.connected_to = endpoint;
+                    }
+                    Err(err) => {
+                        tracing::debug!(%endpoint, %err, "control plane unreachable");
+                        if self.leader.take().is_some() {
+                            self.unreachable_leader = Some(endpoint);
+                            continue;
+                        }
+                    }
                 }
             }
             if let Some(connected) = self.client.as_mut() {
@@ -254,7 +282,10 @@ impl Proposer {
                     commands: commands.to_vec(),
                 };
                 match tokio::time::timeout(PROPOSE_DEADLINE, connected.propose(proposal)).await {
-                    Ok(Ok(_)) => return Proposed::Committed,
+                    Ok(Ok(reply)) => {
+                        self.follow_leader(reply.into_inner().leader_address);
+                        return Proposed::Committed;
+                    }
                     Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
                         return Proposed::Refused(status);
                     }
@@ -275,10 +306,27 @@ impl Proposer {
                     }
                 }
             }
+            // The leader may have moved: back to the configured nodes, which name the next.
+            self.leader = None;
             self.turn += 1;
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(MAX_RETRY);
         }
+    }
+
+    /// Sends the next proposals to `leader` (a node's answer) unless already there, or it
+    /// was found unreachable.
+    fn follow_leader(&mut self, leader: String) {
+        if leader.is_empty()
+            || leader == self.connected_to
+            || self.unreachable_leader.as_ref() == Some(&leader)
+        {
+            return;
+        }
+        tracing::debug!(%leader, "proposing to the leader from now on");
+        self.unreachable_leader = None;
+        self.leader = Some(leader);
+        self.client = None;
     }
 }
 

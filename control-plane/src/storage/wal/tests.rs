@@ -154,7 +154,7 @@ fn compaction_deletes_covered_segments_and_keeps_the_state() {
     }
     let before = segment_files(dir.path());
     assert!(before > 5, "segments: {before}");
-    remove_segments(&log.compact(150)).unwrap();
+    remove_segments(&log.compact(150).segments).unwrap();
     let after = segment_files(dir.path());
     assert!(after < before / 2, "segments {before} -> {after}");
     assert_eq!(log.entries(0, u64::MAX).next().map(|e| e.index), Some(151));
@@ -238,7 +238,7 @@ proptest! {
                     synced = written.clone();
                     let Some(last) = synced.last().map(|e| e.0) else { continue };
                     let index = snapshot + (last - snapshot) * per_mille / 1000;
-                    remove_segments(&log.compact(index)).unwrap();
+                    remove_segments(&log.compact(index).segments).unwrap();
                     snapshot = snapshot.max(index);
                     synced.retain(|e| e.0 > snapshot);
                     written = synced.clone();

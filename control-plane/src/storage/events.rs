@@ -1,0 +1,191 @@
+//! The committed events subscribers resume from, in memory: from the events floor (the
+//! snapshot point, less the events kept behind it for lagging subscribers) to the applied
+//! index. Nothing here needs a disk: a restarted node applies its log again from its
+//! snapshot, which rebuilds these events, and a subscriber resuming from under the floor
+//! gets the whole state instead. (They were in sled before: a second write of every entry
+//! on the Raft thread, and sled 0.34 stores a large value as a file of its own, an open,
+//! write and close per event under load.)
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hasten_proto::v1::CommittedEvent;
+use parking_lot::Mutex;
+
+/// An event and the payload bytes of its log entry (what it holds, roughly).
+#[derive(Debug)]
+struct Kept {
+    event: Arc<CommittedEvent>,
+    bytes: u64,
+}
+
+/// Committed events by ascending index (Raft's own entries have none, so indexes may skip).
+#[derive(Debug, Default)]
+pub struct EventLog {
+    events: Mutex<VecDeque<Kept>>,
+    /// Events up to this index are not served: a subscriber that needs one of them gets the
+    /// whole state instead. Read on every subscriber step, so kept apart from the lock.
+    floor: AtomicU64,
+}
+
+impl EventLog {
+    /// An empty log whose events up to `floor` are gone (a snapshot covers them).
+    pub fn new(floor: u64) -> Self {
+        Self {
+            events: Mutex::default(),
+            floor: AtomicU64::new(floor),
+        }
+    }
+
+    /// Keeps the event of a newly applied entry of `bytes` payload. An index at or under
+    /// the last one kept (an entry applied again) replaces nothing: events of one index are
+    /// equal.
+    pub fn record(&self, event: Arc<CommittedEvent>, bytes: u64) {
+        if event.index <= self.floor() {
+            return;
+        }
+        let mut events = self.events.lock();
+        if events
+            .back()
+            .is_none_or(|last| last.event.index < event.index)
+        {
+            events.push_back(Kept { event, bytes });
+        }
+    }
+
+    /// Events from index `from` on, in order, at most `limit`.
+    pub fn from(&self, from: u64, limit: usize) -> Vec<Arc<CommittedEvent>> {
+        let events = self.events.lock();
+        let start = events.partition_point(|kept| kept.event.index < from);
+        events
+            .range(start..)
+            .take(limit)
+            .map(|kept| Arc::clone(&kept.event))
+            .collect()
+    }
+
+    /// The floor a compaction at `snapshot` leaves: at most `events` events, and at most
+    /// `bytes` of their payload, kept behind the snapshot for subscribers a little behind
+    /// (an event may batch hundreds of cache entries, so a count alone does not bound the
+    /// memory).
+    pub fn retention_floor(&self, snapshot: u64, events: u64, bytes: u64) -> u64 {
+        let kept = self.events.lock();
+        let covered = kept.partition_point(|k| k.event.index <= snapshot);
+        let mut floor = snapshot.saturating_sub(events);
+        let mut held = 0;
+        for k in kept.range(..covered).rev() {
+            held += k.bytes;
+            if held > bytes {
+                floor = floor.max(k.event.index);
+                break;
+            }
+        }
+        floor
+    }
+
+    pub fn floor(&self) -> u64 {
+        self.floor.load(Ordering::Acquire)
+    }
+
+    /// Stops serving events up to `index` (a compaction, or a snapshot from the leader
+    /// installed in their place) and returns them, to be freed beside the Raft thread:
+    /// freeing thousands of events' entries there held it for tens of milliseconds. The
+    /// floor never goes back.
+    pub fn raise_floor(&self, index: u64) -> Vec<Arc<CommittedEvent>> {
+        let mut events = self.events.lock();
+        if index <= self.floor() {
+            return Vec::new();
+        }
+        self.floor.store(index, Ordering::Release);
+        let covered = events.partition_point(|kept| kept.event.index <= index);
+        events.drain(..covered).map(|kept| kept.event).collect()
+    }
+
+    /// Events held.
+    pub fn len(&self) -> usize {
+        self.events.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(index: u64) -> Arc<CommittedEvent> {
+        Arc::new(CommittedEvent {
+            index,
+            applied: Vec::new(),
+            state: None,
+        })
+    }
+
+    fn indexes(events: &[Arc<CommittedEvent>]) -> Vec<u64> {
+        events.iter().map(|e| e.index).collect()
+    }
+
+    #[test]
+    fn events_are_served_from_an_index_across_gaps() {
+        let log = EventLog::new(2);
+        for index in [1, 2, 3, 5, 6, 9] {
+            log.record(event(index), 10);
+        }
+        assert_eq!(
+            indexes(&log.from(1, 10)),
+            [3, 5, 6, 9],
+            "under the floor: dropped"
+        );
+        assert_eq!(indexes(&log.from(4, 10)), [5, 6, 9], "4 has no event");
+        assert_eq!(indexes(&log.from(5, 2)), [5, 6]);
+        assert!(log.from(10, 10).is_empty());
+    }
+
+    #[test]
+    fn an_entry_applied_again_is_kept_once() {
+        let log = EventLog::new(0);
+        for index in [1, 2, 2, 1, 3] {
+            log.record(event(index), 10);
+        }
+        assert_eq!(indexes(&log.from(0, 10)), [1, 2, 3]);
+    }
+
+    #[test]
+    fn raising_the_floor_lets_events_go_and_never_lowers_it() {
+        let log = EventLog::new(0);
+        for index in 1..=6 {
+            log.record(event(index), 10);
+        }
+        assert_eq!(indexes(&log.raise_floor(4)), [1, 2, 3, 4]);
+        assert_eq!(log.floor(), 4);
+        assert_eq!(indexes(&log.from(0, 10)), [5, 6]);
+        assert!(log.raise_floor(2).is_empty());
+        assert_eq!(log.floor(), 4);
+        assert_eq!(log.len(), 2);
+        log.record(event(3), 10);
+        assert_eq!(log.len(), 2, "an event under the floor is not kept");
+    }
+
+    #[test]
+    fn retention_behind_a_snapshot_is_bounded_by_count_and_bytes() {
+        let log = EventLog::new(0);
+        for index in 1..=10 {
+            log.record(event(index), 100);
+        }
+        assert_eq!(
+            log.retention_floor(8, 3, 10_000),
+            5,
+            "three events behind 8"
+        );
+        assert_eq!(
+            log.retention_floor(8, 6, 250),
+            6,
+            "two events' bytes behind 8"
+        );
+        assert_eq!(log.retention_floor(8, 100, 10_000), 0, "all of them");
+        assert_eq!(log.retention_floor(2, 1, 50), 2, "not even one fits");
+    }
+}
