@@ -337,3 +337,6 @@ impl RaftPeer for RaftPeerService {
         Ok(Response::new(RaftDelivered {}))
     }
 }
+
+#[cfg(test)]
+mod tests;
