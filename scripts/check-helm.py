@@ -34,6 +34,12 @@ Subcommands:
       (when the Secret is rendered too); `tls_ca`/`tls_cert`/`tls_key` are all there or none
       (`--print-config` does not check that); mutual TLS and the tenants file are on or off
       in every file as MUTUAL and TENANTS (`on`/`off`) say.
+  corpus-update BLUE GREEN GREEN_MTLS OLD_CLAIM NEW_CLAIM CLOUD_ADDR
+      The chart README's corpus update without downtime as rendered: the installed release
+      (BLUE) with its edges on the new claim and green's router, its shards on the old one;
+      a cloud-only release (GREEN) over the new claim serving blue's cloud certificate, and
+      the same under mutual TLS (GREEN_MTLS). Blue's edges' cloud_server_name must verify in
+      memory against both, green's router policy must admit blue's edges on QUIC.
   mtls-names RENDERED
       Takes the mutual-TLS Secret Helm generated (tls.mutual.generate) and runs, in memory, a
       mutual TLS handshake for every host name the rendered configurations dial (router's
@@ -79,7 +85,7 @@ import urllib.request
 import zipfile
 
 from check_helm_common import exit_on, fail, load_docs
-from check_helm_tls import certificate_names, extra_ca_handshake, mtls_files, mtls_handshake, mtls_names
+from check_helm_tls import certificate_names, corpus_update, extra_ca_handshake, mtls_files, mtls_handshake, mtls_names
 from check_helm_workloads import check_files, edge_kv_wiring, kv_worker_policy, rollouts_differ, secret_rollouts
 
 REGISTRY = "https://registry.npmjs.org/"
@@ -446,6 +452,8 @@ def main():
         kv_worker_policy(args[0], args[1:])
     elif command == "edge-kv-wiring" and len(args) == 3:
         edge_kv_wiring(*args)
+    elif command == "corpus-update" and len(args) == 6:
+        corpus_update(*args)
     elif command == "mtls-files" and len(args) == 2:
         mtls_files(*args)
     else:

@@ -19,6 +19,10 @@
 #     on or off everywhere as the layout asks;
 #   - the mutual-TLS certificate Helm generates verifies, as server and as client, for every
 #     host name the rendered configurations dial;
+#   - the chart README's corpus update without downtime: a cloud-only release over the new
+#     bundle and the installed release's edges moved onto it (their cloud certificate and
+#     name verify against it, with and without mutual TLS; its router policy admits them;
+#     the installed release's shards keep the old bundle);
 #   - values the chart must refuse (dev certificates not allowed, a tenants Secret without a
 #     key) make it fail;
 #   - every rendered TOML configuration (and the KV workers' configurations in the operator's
@@ -174,6 +178,35 @@ print(f"HorizontalPodAutoscalers for {sorted(hpas)}, their Deployments without r
 PY
 }
 check autoscaling autoscaled
+# A corpus update without downtime (chart README): a cloud-only release `hasten-green` over the
+# new bundle, serving the cloud certificate the installed release's edges trust (or, under
+# mutual TLS, one carrying the name they dial), and the installed release upgraded so that its
+# edges roll onto the new bundle and green's router while its own shards keep the old one.
+corpus_green_values="$out/corpus-green-values.yaml"
+cat >"$corpus_green_values" <<'YAML'
+edge: {enabled: false}
+controlPlane: {enabled: false}
+corpus: {existingClaim: hasten-corpus-v2}
+tls: {cloud: {secretName: hasten-cloud-tls}}
+networkPolicy:
+  router:
+    quicFrom:
+      - podSelector:
+          matchLabels: {app.kubernetes.io/instance: hasten, app.kubernetes.io/component: edge}
+YAML
+render_green() { # render_green NAME HELM-ARGS...: as render, release hasten-green
+  local name=$1
+  shift
+  "$helm" template hasten-green "$chart" --namespace hasten -f "$corpus_green_values" "$@" >"$out/$name.yaml" || return 1
+  "$py" "$helper" split "$out/$name.yaml" "$out/$name"
+}
+check render-corpus-green render_green corpus-green
+check render-corpus-green-mtls render_green corpus-green-mtls "${mtls_on[@]}" \
+  --set tls.cloud.serverName=hasten-router.hasten.svc
+check render-corpus-blue render corpus-blue --set edge.corpus.existingClaim=hasten-corpus-v2 \
+  --set edge.cloudAddr=10.96.0.42:7100
+check corpus-update "$py" "$helper" corpus-update "$out/corpus-blue.yaml" "$out/corpus-green.yaml" \
+  "$out/corpus-green-mtls.yaml" hasten-corpus hasten-corpus-v2 10.96.0.42:7100
 # Production's GPU pool under a HorizontalPodAutoscaler on its scale subresource: the pool
 # leaves replicas to it (helm upgrade would put a value back), the metric is the workers' own.
 pool_autoscaled() {
@@ -328,7 +361,7 @@ validator_rejects_unknown_fields() {
   echo "kubernetes-validate rejects unknown fields"
 }
 check validator-self-test validator_rejects_unknown_fields
-for name in default production monitoring devcerts mtls mtls-rotation certmanager kv-pools autoscaling cp-scaled cp-shrunk; do
+for name in default production monitoring devcerts mtls mtls-rotation certmanager kv-pools autoscaling cp-scaled cp-shrunk corpus-green corpus-green-mtls corpus-blue; do
   for version in "${KUBERNETES_VERSIONS[@]}"; do
     if [ -f "$out/$name/core.yaml" ]; then
       check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
@@ -381,7 +414,7 @@ else
     check config-check env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check "$bindir" \
       "$out/default.yaml" "$out/production.yaml" "$out/monitoring.yaml" "$out/devcerts.yaml" \
       "$out/mtls.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml" "$out/cp-scaled.yaml" \
-      "$out/kv-pools.yaml"
+      "$out/kv-pools.yaml" "$out/corpus-blue.yaml" "$out/corpus-green.yaml"
     # What the KV operator renders for its workers, as its golden files pin it.
     check config-check-kv-workers env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check \
       "$bindir" kv-operator/tests/golden/*.yaml

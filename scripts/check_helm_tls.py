@@ -48,12 +48,14 @@ def dialled_names(tomls):
     return sorted(names)
 
 
-def memory_handshake(files, name, client_certificate=True):
-    """A TLS handshake between two in-memory ends with the files: None, or why it failed."""
+def memory_handshake(files, name, client_certificate=True, mutual=True):
+    """A TLS handshake between two in-memory ends with the files: None, or why it failed.
+    With `mutual` off the server asks no client certificate (the edges' QUIC to the router
+    without mutual TLS)."""
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_ctx.load_cert_chain(files["tls.crt"], files["tls.key"])
     server_ctx.load_verify_locations(files["ca.crt"])
-    server_ctx.verify_mode = ssl.CERT_REQUIRED
+    server_ctx.verify_mode = ssl.CERT_REQUIRED if mutual else ssl.CERT_NONE
     client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the name
     client_ctx.load_verify_locations(files["ca.crt"])
     if client_certificate:
@@ -274,3 +276,93 @@ def mtls_files(rendered, outdir):
     pathlib.Path(outdir).mkdir(parents=True, exist_ok=True)
     files = generated_mtls(load_docs(rendered), outdir)
     print(f"wrote {', '.join(sorted(files))} into {outdir}")
+
+
+def _claims(doc):
+    volumes = doc["spec"]["template"]["spec"].get("volumes", [])
+    return {v["persistentVolumeClaim"]["claimName"] for v in volumes if "persistentVolumeClaim" in v}
+
+
+def _projected_secrets(doc):
+    names = set()
+    for volume in doc["spec"]["template"]["spec"].get("volumes", []):
+        if "secret" in volume:
+            names.add(volume["secret"]["secretName"])
+        for source in volume.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                names.add(source["secret"]["name"])
+    return names
+
+
+def corpus_update(blue_path, green_path, green_mtls_path, old_claim, new_claim, cloud_addr):
+    """The chart README's "Update the corpus without downtime" as rendered: BLUE is the
+    installed release upgraded to move its edges onto NEW_CLAIM and green's router
+    (CLOUD_ADDR), its shards left on OLD_CLAIM; GREEN a cloud-only release over NEW_CLAIM
+    serving blue's cloud certificate; GREEN_MTLS the same under mutual TLS with blue's router
+    name on its certificate. Blue's edges must verify green's routers by the name they dial."""
+    blue, green, green_mtls = load_docs(blue_path), load_docs(green_path), load_docs(green_mtls_path)
+    errors = []
+
+    def component(docs, name):
+        return [d for d in docs if d["kind"] in WORKLOAD_KINDS
+                and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == name]
+
+    edges = component(blue, "edge")
+    if len(edges) != 1:
+        fail(f"blue renders {len(edges)} edge workloads")
+    edge = edges[0]
+    if _claims(edge) != {new_claim}:
+        errors.append(f"blue's edges mount {_claims(edge)}, not {new_claim}")
+    for shard in component(blue, "shard"):
+        if _claims(shard) != {old_claim}:
+            errors.append(f"blue's {shard['metadata']['name']} mounts {_claims(shard)}, not {old_claim}")
+    rolling = edge["spec"].get("strategy", {}).get("rollingUpdate", {})
+    if rolling.get("maxUnavailable") != 0:
+        errors.append(f"blue's edges roll with {rolling}: an old edge would stop before its successor is ready")
+    edge_toml = next(c for (_, key), (_, c) in rendered_tomls(blue).items() if key == "edge.toml")
+    if edge_toml.get("cloud_addr") != cloud_addr:
+        errors.append(f"blue's edge.toml cloud_addr is {edge_toml.get('cloud_addr')!r}, not {cloud_addr}")
+    server_name = edge_toml["cloud_server_name"]
+
+    for docs, label in ((green, "green"), (green_mtls, "green (mutual TLS)")):
+        extra = [d["metadata"]["name"] for d in docs if d["kind"] in (*WORKLOAD_KINDS, "Pod")
+                 and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") in ("edge", "control-plane", "test")]
+        if extra:
+            errors.append(f"{label} renders {extra}: it should hold the cloud tier only")
+        for workload in component(docs, "router") + component(docs, "shard"):
+            if workload["kind"] == "StatefulSet" and _claims(workload) != {new_claim}:
+                errors.append(f"{label}'s {workload['metadata']['name']} mounts {_claims(workload)}")
+        policy = next((d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-router")), None)
+        sources = [peer for rule in (policy or {}).get("spec", {}).get("ingress", [])
+                   if any(p.get("port") == 7100 for p in rule.get("ports", [])) for peer in rule.get("from", [])]
+        edge_labels = edge["spec"]["template"]["metadata"]["labels"]
+        if not any(all(edge_labels.get(k) == v for k, v in peer.get("podSelector", {}).get("matchLabels", {}).items())
+                   and peer.get("podSelector", {}).get("matchLabels") for peer in sources):
+            errors.append(f"{label}'s router policy admits no QUIC from blue's edges: {sources}")
+
+    # Green (tls.cloud) serves the Secret blue generated, whose certificate names blue's router.
+    blue_secret = next((d for d in blue if d["kind"] == "Secret" and d["metadata"]["labels"].get("app.kubernetes.io/component") == "cloud-tls"), None)
+    if blue_secret is None:
+        fail("blue renders no generated cloud TLS Secret")
+    for router in component(green, "router"):
+        if blue_secret["metadata"]["name"] not in _projected_secrets(router):
+            errors.append(f"green's router does not serve {blue_secret['metadata']['name']}: {_projected_secrets(router)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp)
+        files = {}
+        for key in ("ca.crt", "tls.crt", "tls.key"):
+            (out / key).write_bytes(base64.b64decode(blue_secret["data"][key]))
+            files[key] = str(out / key)
+        why = memory_handshake(files, server_name, client_certificate=False, mutual=False)
+        if why:
+            errors.append(f"blue's edges would not verify green's router as {server_name}: {why}")
+        mtls_dir = out / "mtls"
+        mtls_dir.mkdir()
+        mtls = generated_mtls(green_mtls, mtls_dir)
+        why = memory_handshake(mtls, server_name)
+        if why:
+            errors.append(f"green's mutual-TLS certificate does not carry {server_name}: {why}")
+        if memory_handshake(mtls, "hasten-elsewhere-router.hasten.svc") is None:
+            errors.append("the handshake accepted a name outside green's certificate")
+    exit_on(errors)
+    print(f"blue's edges on {new_claim} dial {cloud_addr} as {server_name}, which green serves; blue's shards stay on {old_claim}")

@@ -164,6 +164,13 @@ impl Cluster {
         self.start_node_with(id, &["--join", "true"]);
     }
 
+    /// Starts node `id` on its address with an empty data directory and `extra` flags: a
+    /// member whose volume was lost, started again as its pod would be.
+    pub fn start_wiped(&mut self, id: u64, extra: &[&str]) {
+        let _ = std::fs::remove_dir_all(self.work.join(format!("node-{id}")));
+        self.start_node_with(id, extra);
+    }
+
     /// Starts node `id` with `--join true --auto-join true`, as the chart starts the
     /// ordinals a scale-up adds: it asks the group to add it. A new id starts empty on a
     /// new address; a known one (a restart) keeps its address and data.

@@ -207,6 +207,14 @@ impl Stream for Outbox {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RaftMessages>> {
         let mut queue = self.queue.lock();
+        // The node dropped this peer (removed, or moved to another address): what is still
+        // queued was meant for a member that no longer is. A removed node that comes back
+        // empty on the same address must not get the heartbeats queued while it was down,
+        // whose commit index its empty log cannot hold (raft-rs stops it).
+        if queue.is_closed() {
+            self.closed.store(true, Ordering::Release);
+            return Poll::Ready(None);
+        }
         let mut messages = Vec::new();
         while messages.len() < MESSAGES_PER_DELIVERY {
             match queue.poll_recv(cx) {
@@ -243,7 +251,7 @@ async fn stream_to(
     let queue = Arc::new(Mutex::new(queue));
     let closed = Arc::new(AtomicBool::new(false));
     let mut wait = FIRST_REOPEN_WAIT;
-    while !closed.load(Ordering::Acquire) {
+    while !closed.load(Ordering::Acquire) && !queue.lock().is_closed() {
         let opened = Instant::now();
         let outbox = Outbox {
             queue: Arc::clone(&queue),

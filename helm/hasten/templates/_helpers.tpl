@@ -432,10 +432,22 @@ with its data at the first upgrade, which therefore rolls those pods once. The e
   readOnly: true
 {{- end }}
 
+{{/*
+The corpus bundle's claim and sub-directory as a dict (`claim`, `subPath`): the release's
+`corpus` for the shards; for the edges, `edge.corpus` where set (a corpus update moves the
+edges to a new bundle while this release's shards keep serving the old one).
+*/}}
+{{- define "hasten.edge.corpus" -}}
+{{- $claim := default .Values.corpus.existingClaim .Values.edge.corpus.existingClaim }}
+{{- $subPath := .Values.corpus.subPath }}
+{{- if .Values.edge.corpus.existingClaim }}{{ $subPath = .Values.edge.corpus.subPath }}{{ end }}
+{{- dict "claim" $claim "subPath" $subPath | toJson }}
+{{- end }}
+
 {{- define "hasten.corpusVolume" -}}
 - name: corpus
   persistentVolumeClaim:
-    claimName: {{ .Values.corpus.existingClaim }}
+    claimName: {{ .claim }}
     readOnly: true
 {{- end }}
 
@@ -443,7 +455,7 @@ with its data at the first upgrade, which therefore rolls those pods once. The e
 - name: corpus
   mountPath: /var/lib/hasten/corpus
   readOnly: true
-  {{- with .Values.corpus.subPath }}
+  {{- with .subPath }}
   subPath: {{ . }}
   {{- end }}
 {{- end }}

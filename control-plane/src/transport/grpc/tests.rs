@@ -1,6 +1,7 @@
 //! The gRPC transport against real tonic servers on loopback: batches arrive in order on
-//! the stream, a peer that is down is reported to Raft and fed once it is up, and a peer
-//! without `Stream` (an older version) gets one call per batch.
+//! the stream, a peer that is down is reported to Raft and fed once it is up, a peer removed
+//! while down gets nothing queued for it, and a peer without `Stream` (an older version) gets
+//! one call per batch.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -115,6 +116,36 @@ async fn a_peer_that_is_down_is_reported_and_fed_once_it_is_up() {
     assert!(
         commits == [2] || commits == [1, 2],
         "messages after the peer came up arrive, in order: {commits:?}"
+    );
+}
+
+/// Bug: a member removed while it was down still got, once a process listened on its
+/// address again, the heartbeats queued for it before the removal. A removed member
+/// restarted on an empty directory (the chart README's "Lose one node") was stopped by
+/// raft-rs at once: their commit index was beyond its empty log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_removed_while_down_gets_nothing_queued_for_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let (mut transport, mut reports) = transport_to(address.clone());
+    for commit in 1..=10 {
+        transport.send(vec![heartbeat(commit)]);
+    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !matches!(reports.recv().await, Some(NodeRequest::Unreachable(2))) {}
+    })
+    .await
+    .expect("the failed stream was never reported to Raft");
+    transport.remove(2);
+    let listener = TcpListener::bind(&address).await.unwrap();
+    let (receiving, mut node_2) = mpsc::channel(1024);
+    serve(listener, RaftPeerService::new(receiving));
+    // Longer than the longest pause between two attempts to open the stream.
+    let stepped = tokio::time::timeout(Duration::from_secs(2), node_2.recv()).await;
+    assert!(
+        !matches!(stepped, Ok(Some(NodeRequest::Step(_)))),
+        "the removed peer was stepped with messages queued before its removal"
     );
 }
 
