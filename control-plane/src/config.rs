@@ -81,7 +81,7 @@ impl Default for ControlPlaneConfig {
             election_ticks: 10,
             heartbeat_ticks: 3,
             max_log_entries: 100_000,
-            max_log_bytes: 64 * 1024 * 1024,
+            max_log_bytes: 256 * 1024 * 1024,
             retained_events: 2_048,
             propose_timeout_ms: 5_000,
             ready_file: None,

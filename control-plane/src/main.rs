@@ -68,7 +68,7 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_log_entries: Option<u64>,
-    /// Payload bytes of applied entries kept before snapshot and truncation [default: 64 MiB].
+    /// Payload bytes of applied entries kept before snapshot and truncation [default: 256 MiB].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_log_bytes: Option<u64>,

@@ -347,6 +347,17 @@ fn rates(cli: &Cli) -> Vec<u64> {
 }
 
 /// Mean seconds per Raft `Ready` in each phase, over every node, from their `/metrics`.
+/// Snapshots the nodes took so far, all together (`hasten_cp_snapshots_total`).
+async fn snapshots_taken(metrics_addrs: &[String]) -> f64 {
+    let mut taken = 0.0;
+    for addr in metrics_addrs {
+        if let Ok(scrape) = loadtest::scrape::Scrape::of(addr).await {
+            taken += scrape.value("hasten_cp_snapshots_total", &[]);
+        }
+    }
+    taken
+}
+
 async fn ready_phases(metrics_addrs: &[String]) -> Value {
     let mut sums: std::collections::BTreeMap<String, (f64, f64)> = Default::default();
     for addr in metrics_addrs {
@@ -428,9 +439,13 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
         k: cli.k,
     };
     warm_up(&writers, cli.edges, &tracker).await?;
+    let metrics: Vec<String> = nodes.iter().map(|n| n.addr("metrics_addr")).collect();
     let mut runs = Vec::new();
     for (run, rate) in rates(cli).into_iter().enumerate() {
-        let report = offer(&writers, cli.edges, &tracker, cli.seconds, rate, run).await;
+        let before = snapshots_taken(&metrics).await;
+        let mut report = offer(&writers, cli.edges, &tracker, cli.seconds, rate, run).await;
+        // Whether a window's tail holds a compaction depends on whether one fell in it.
+        report["snapshots"] = json!(snapshots_taken(&metrics).await - before);
         tracing::info!(%report, "hasten: rate done");
         runs.push(report);
     }
@@ -438,7 +453,6 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
         .iter()
         .filter_map(ManagedProcess::resident_bytes)
         .collect();
-    let metrics: Vec<String> = nodes.iter().map(|n| n.addr("metrics_addr")).collect();
     // The followers end here, before the nodes they follow stop.
     followers.iter().for_each(tokio::task::JoinHandle::abort);
     Ok(json!({
@@ -489,8 +503,12 @@ fn cells(system: &Value, i: usize) -> String {
     if run.is_null() {
         return "| - | - | - ".into();
     }
+    let snapshots = run["snapshots"]
+        .as_f64()
+        .map(|n| format!(" ({n:.0} snapshots)"))
+        .unwrap_or_default();
     format!(
-        "| {:.0} | {:.1} | {:.1} ",
+        "| {:.0} | {:.1} | {:.1}{snapshots} ",
         run["applied_per_s"].as_f64().unwrap_or(0.0),
         run["lag_p50_ms"].as_f64().unwrap_or(0.0),
         run["lag_p99_ms"].as_f64().unwrap_or(0.0),

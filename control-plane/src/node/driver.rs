@@ -27,7 +27,8 @@ use crate::transport::Transport;
 /// thresholds) than node 1's: after it, members stay a third of a period apart.
 const COMPACTION_STAGGER: u64 = 333;
 
-/// Events kept behind a compaction hold at most this share (1/n) of `max_log_bytes`.
+/// The committed events kept in memory (behind a compaction, and between two) hold at most
+/// this share (1/n) of `max_log_bytes`.
 const RETAINED_SHARE_OF_LOG_BYTES: u64 = 4;
 
 /// Requests handled in one turn before Raft's `Ready` is processed: batches appends and
@@ -454,8 +455,11 @@ impl<T: Transport> RaftNode<T> {
                         applied,
                         state: None,
                     });
-                    self.storage
-                        .record_event(Arc::clone(&event), entry.data.len() as u64);
+                    self.storage.record_event(
+                        Arc::clone(&event),
+                        entry.data.len() as u64,
+                        self.events_budget(),
+                    );
                     let _ = self.events.send(event);
                 }
                 EntryType::EntryConfChange => {
@@ -521,11 +525,19 @@ impl<T: Transport> RaftNode<T> {
         // (set in storage, never logged): a member fed that log from 1 would never learn
         // them, so the first snapshot is taken as soon as anything is applied.
         let wanted = applied >= first && (first == 1 || self.storage.take_snapshot_request());
-        if !too_long && !wanted && self.applied_bytes < staggered(self.settings.max_log_bytes) {
+        let by_size = too_long || self.applied_bytes >= staggered(self.settings.max_log_bytes);
+        if !by_size && !wanted {
             return Ok(());
         }
-        self.applied_bytes = 0;
-        self.compaction_stagger = 0;
+        // Only a compaction the log's size asked for spends the stagger and restarts the
+        // count: the ones taken for another reason come on every member at the same index
+        // (the first, a member added), and restarting there put all members back in step,
+        // each later snapshot then taken by all three at once (an 8 MB snapshot each, on
+        // shared cores: the p99 at 8,000 entries/s went from ~90 to ~500 ms).
+        if by_size {
+            self.applied_bytes = 0;
+            self.compaction_stagger = 0;
+        }
         let started = Instant::now();
         let view = self.state.view();
         let mut meta = SnapshotMetadata {
@@ -554,6 +566,11 @@ impl<T: Transport> RaftNode<T> {
         Ok(())
     }
 
+    /// Payload bytes the committed events kept for resuming subscribers may hold.
+    fn events_budget(&self) -> u64 {
+        self.settings.max_log_bytes / RETAINED_SHARE_OF_LOG_BYTES
+    }
+
     /// Compacts the log to the snapshot just written beside the node.
     fn snapshot_stored(
         &mut self,
@@ -568,11 +585,9 @@ impl<T: Transport> RaftNode<T> {
             return Ok(());
         };
         let started = Instant::now();
-        let compaction = self.storage.compact_to(
-            &meta,
-            self.settings.retained_events,
-            self.settings.max_log_bytes / RETAINED_SHARE_OF_LOG_BYTES,
-        );
+        let compaction =
+            self.storage
+                .compact_to(&meta, self.settings.retained_events, self.events_budget());
         self.beside.run(move || {
             if let Err(err) = compaction.discard() {
                 tracing::warn!(%err, "removing compacted log segments failed; they stay on disk");

@@ -21,19 +21,24 @@ struct Group {
     registries: BTreeMap<u64, Registry>,
 }
 
-fn settings(id: u64) -> NodeSettings {
+fn settings(id: u64, max_log_entries: u64) -> NodeSettings {
     NodeSettings {
         id,
         tick: TICK,
         election_ticks: ELECTION_TICKS,
         heartbeat_ticks: 2,
-        max_log_entries: 10_000,
+        max_log_entries,
         max_log_bytes: 64 << 20,
         retained_events: 64,
     }
 }
 
 fn start_group(size: u64) -> Group {
+    start_group_compacting_at(size, 10_000)
+}
+
+/// A group whose nodes compact once their logs hold `max_log_entries` applied entries.
+fn start_group_compacting_at(size: u64, max_log_entries: u64) -> Group {
     let network = Arc::new(MemoryNetwork::default());
     let members: BTreeMap<u64, String> = (1..=size).map(|id| (id, format!("node-{id}"))).collect();
     let mut dirs = Vec::new();
@@ -47,7 +52,7 @@ fn start_group(size: u64) -> Group {
         registries.insert(id, registry);
         let network_for_node = Arc::clone(&network);
         let node = start(
-            settings(id),
+            settings(id, max_log_entries),
             storage,
             &members,
             false,
@@ -250,4 +255,36 @@ async fn a_leader_cut_off_with_proposals_waiting_answers_them_when_it_steps_down
     let new_leader = group.leader(&others).await;
     assert_ne!(new_leader, leader);
     assert_eq!(group.proposals(leader, "dropped"), 3.0);
+}
+
+/// Bug: the members' compactions were staggered only until the first snapshot, which every
+/// node takes at index 1 alike; from then on all three compacted at the same index, each
+/// snapshot costing all members CPU at once. A size-triggered compaction now keeps each
+/// member's own phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_compact_at_different_indexes() {
+    let group = start_group_compacting_at(3, 30);
+    let leader = group.leader(&[1, 2, 3]).await;
+    register_everywhere(&group, leader).await;
+    let mut last = 0;
+    for seq in 1..=150 {
+        last = group.nodes[&leader].propose(entry(seq)).await.unwrap();
+    }
+    wait_applied(&group, last).await;
+    let mut points = Vec::new();
+    for node in group.nodes.values() {
+        points.push(node.status().await.unwrap().first_log_index);
+    }
+    assert!(
+        points.iter().all(|p| *p > 1),
+        "a node never compacted: {points:?}"
+    );
+    let mut distinct = points.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "members compacted at the same index: {points:?}"
+    );
 }

@@ -1,6 +1,6 @@
 //! The committed events subscribers resume from, in memory: from the events floor (the
-//! snapshot point, less the events kept behind it for lagging subscribers) to the applied
-//! index. Nothing here needs a disk: a restarted node applies its log again from its
+//! snapshot point, less the events kept behind it for lagging subscribers, or higher when
+//! the events since it would hold more than their byte budget) to the applied index. Nothing here needs a disk: a restarted node applies its log again from its
 //! snapshot, which rebuilds these events, and a subscriber resuming from under the floor
 //! gets the whole state instead. (They were in sled before: a second write of every entry
 //! on the Raft thread, and sled 0.34 stores a large value as a file of its own, an open,
@@ -20,10 +20,33 @@ struct Kept {
     bytes: u64,
 }
 
+/// The events kept and the payload bytes they hold together.
+#[derive(Debug, Default)]
+struct Held {
+    events: VecDeque<Kept>,
+    bytes: u64,
+}
+
+impl Held {
+    /// Takes out the events up to `index`.
+    fn drain_to(&mut self, index: u64) -> Vec<Arc<CommittedEvent>> {
+        let covered = self
+            .events
+            .partition_point(|kept| kept.event.index <= index);
+        self.events
+            .drain(..covered)
+            .map(|kept| {
+                self.bytes -= kept.bytes;
+                kept.event
+            })
+            .collect()
+    }
+}
+
 /// Committed events by ascending index (Raft's own entries have none, so indexes may skip).
 #[derive(Debug, Default)]
 pub struct EventLog {
-    events: Mutex<VecDeque<Kept>>,
+    events: Mutex<Held>,
     /// Events up to this index are not served: a subscriber that needs one of them gets the
     /// whole state instead. Read on every subscriber step, so kept apart from the lock.
     floor: AtomicU64,
@@ -38,27 +61,39 @@ impl EventLog {
         }
     }
 
-    /// Keeps the event of a newly applied entry of `bytes` payload. An index at or under
-    /// the last one kept (an entry applied again) replaces nothing: events of one index are
-    /// equal.
-    pub fn record(&self, event: Arc<CommittedEvent>, bytes: u64) {
+    /// Keeps the event of a newly applied entry of `bytes` payload, and lets the oldest go
+    /// (raising the floor) while those kept hold more than `budget` bytes: between two
+    /// snapshots the events would otherwise hold as much as the log itself, a second copy of
+    /// it in memory. An index at or under the last one kept (an entry applied again)
+    /// replaces nothing: events of one index are equal.
+    pub fn record(&self, event: Arc<CommittedEvent>, bytes: u64, budget: u64) {
         if event.index <= self.floor() {
             return;
         }
-        let mut events = self.events.lock();
-        if events
+        let mut held = self.events.lock();
+        if held
+            .events
             .back()
-            .is_none_or(|last| last.event.index < event.index)
+            .is_some_and(|last| last.event.index >= event.index)
         {
-            events.push_back(Kept { event, bytes });
+            return;
+        }
+        held.events.push_back(Kept { event, bytes });
+        held.bytes += bytes;
+        while held.bytes > budget && held.events.len() > 1 {
+            let Some(oldest) = held.events.pop_front() else {
+                break;
+            };
+            held.bytes -= oldest.bytes;
+            self.floor.store(oldest.event.index, Ordering::Release);
         }
     }
 
     /// Events from index `from` on, in order, at most `limit`.
     pub fn from(&self, from: u64, limit: usize) -> Vec<Arc<CommittedEvent>> {
-        let events = self.events.lock();
-        let start = events.partition_point(|kept| kept.event.index < from);
-        events
+        let held = self.events.lock();
+        let start = held.events.partition_point(|kept| kept.event.index < from);
+        held.events
             .range(start..)
             .take(limit)
             .map(|kept| Arc::clone(&kept.event))
@@ -70,13 +105,13 @@ impl EventLog {
     /// (an event may batch hundreds of cache entries, so a count alone does not bound the
     /// memory).
     pub fn retention_floor(&self, snapshot: u64, events: u64, bytes: u64) -> u64 {
-        let kept = self.events.lock();
-        let covered = kept.partition_point(|k| k.event.index <= snapshot);
-        let mut floor = snapshot.saturating_sub(events);
-        let mut held = 0;
-        for k in kept.range(..covered).rev() {
-            held += k.bytes;
-            if held > bytes {
+        let held = self.events.lock();
+        let covered = held.events.partition_point(|k| k.event.index <= snapshot);
+        let mut floor = snapshot.saturating_sub(events).max(self.floor());
+        let mut behind = 0;
+        for k in held.events.range(..covered).rev() {
+            behind += k.bytes;
+            if behind > bytes {
                 floor = floor.max(k.event.index);
                 break;
             }
@@ -93,18 +128,17 @@ impl EventLog {
     /// freeing thousands of events' entries there held it for tens of milliseconds. The
     /// floor never goes back.
     pub fn raise_floor(&self, index: u64) -> Vec<Arc<CommittedEvent>> {
-        let mut events = self.events.lock();
+        let mut held = self.events.lock();
         if index <= self.floor() {
             return Vec::new();
         }
         self.floor.store(index, Ordering::Release);
-        let covered = events.partition_point(|kept| kept.event.index <= index);
-        events.drain(..covered).map(|kept| kept.event).collect()
+        held.drain_to(index)
     }
 
     /// Events held.
     pub fn len(&self) -> usize {
-        self.events.lock().len()
+        self.events.lock().events.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -132,7 +166,7 @@ mod tests {
     fn events_are_served_from_an_index_across_gaps() {
         let log = EventLog::new(2);
         for index in [1, 2, 3, 5, 6, 9] {
-            log.record(event(index), 10);
+            log.record(event(index), 10, u64::MAX);
         }
         assert_eq!(
             indexes(&log.from(1, 10)),
@@ -148,7 +182,7 @@ mod tests {
     fn an_entry_applied_again_is_kept_once() {
         let log = EventLog::new(0);
         for index in [1, 2, 2, 1, 3] {
-            log.record(event(index), 10);
+            log.record(event(index), 10, u64::MAX);
         }
         assert_eq!(indexes(&log.from(0, 10)), [1, 2, 3]);
     }
@@ -157,7 +191,7 @@ mod tests {
     fn raising_the_floor_lets_events_go_and_never_lowers_it() {
         let log = EventLog::new(0);
         for index in 1..=6 {
-            log.record(event(index), 10);
+            log.record(event(index), 10, u64::MAX);
         }
         assert_eq!(indexes(&log.raise_floor(4)), [1, 2, 3, 4]);
         assert_eq!(log.floor(), 4);
@@ -165,7 +199,7 @@ mod tests {
         assert!(log.raise_floor(2).is_empty());
         assert_eq!(log.floor(), 4);
         assert_eq!(log.len(), 2);
-        log.record(event(3), 10);
+        log.record(event(3), 10, u64::MAX);
         assert_eq!(log.len(), 2, "an event under the floor is not kept");
     }
 
@@ -173,7 +207,7 @@ mod tests {
     fn retention_behind_a_snapshot_is_bounded_by_count_and_bytes() {
         let log = EventLog::new(0);
         for index in 1..=10 {
-            log.record(event(index), 100);
+            log.record(event(index), 100, u64::MAX);
         }
         assert_eq!(
             log.retention_floor(8, 3, 10_000),
@@ -187,5 +221,32 @@ mod tests {
         );
         assert_eq!(log.retention_floor(8, 100, 10_000), 0, "all of them");
         assert_eq!(log.retention_floor(2, 1, 50), 2, "not even one fits");
+    }
+
+    #[test]
+    fn the_oldest_events_go_once_those_kept_exceed_their_budget() {
+        let log = EventLog::new(0);
+        for index in 1..=10 {
+            log.record(event(index), 100, 350);
+        }
+        assert_eq!(indexes(&log.from(0, 100)), [8, 9, 10]);
+        assert_eq!(
+            log.floor(),
+            7,
+            "a subscriber needing 7 gets the whole state"
+        );
+        log.record(event(11), 1_000, 350);
+        assert_eq!(
+            indexes(&log.from(0, 100)),
+            [11],
+            "the newest stays even when it alone is over"
+        );
+        assert_eq!(log.raise_floor(11).len(), 1);
+        log.record(event(12), 100, 350);
+        assert_eq!(
+            indexes(&log.from(0, 100)),
+            [12],
+            "the bytes taken out are forgotten"
+        );
     }
 }

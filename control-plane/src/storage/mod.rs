@@ -453,9 +453,9 @@ impl RaftStorage {
     }
 
     /// Keeps the committed event of a newly applied entry (of `bytes` payload) for
-    /// subscribers that resume.
-    pub fn record_event(&self, event: Arc<CommittedEvent>, bytes: u64) {
-        self.events.record(event, bytes);
+    /// subscribers that resume, the events kept holding at most `budget` bytes.
+    pub fn record_event(&self, event: Arc<CommittedEvent>, bytes: u64, budget: u64) {
+        self.events.record(event, bytes, budget);
     }
 
     /// Committed events from `from` on, in order, at most `limit`.
