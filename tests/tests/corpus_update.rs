@@ -116,7 +116,7 @@ fn start_clients(
 }
 
 /// Version 2 of the corpus: version 1 with its first document revised (re-encoded with the
-/// real encoder), written as a bundle. Returns its directory.
+/// real encoder), written as a bundle at `out`. Returns the revised document's id.
 fn revised_bundle(v1: &CorpusBundle, encoder: &TextEncoder, out: &Path) -> Vec<u64> {
     let mut documents = v1.documents.clone();
     let mut vectors = v1.vectors().to_vec();
@@ -281,7 +281,7 @@ async fn edges_roll_onto_a_new_corpus_and_cloud_without_a_failed_request() {
         let address = edge.addr("http_addr");
         wait_ready(&http, &address, EDGE_READY).await;
         if i == 0 {
-            let changed: Vec<String> = changed.iter().map(u64::to_string).collect();
+            let changed_ids: Vec<String> = changed.iter().map(u64::to_string).collect();
             admin(
                 &control_plane,
                 &[
@@ -291,7 +291,7 @@ async fn edges_roll_onto_a_new_corpus_and_cloud_without_a_failed_request() {
                     "--to",
                     &new_version,
                     "--changed-documents",
-                    &changed.join(","),
+                    &changed_ids.join(","),
                 ],
             );
             // Applied on the node a moment after the tool saw it committed.
@@ -313,11 +313,10 @@ async fn edges_roll_onto_a_new_corpus_and_cloud_without_a_failed_request() {
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             };
-            let revised_ids: Vec<u64> = revised.clone();
             assert!(
                 carried
                     .iter()
-                    .all(|e| e.document_ids.iter().all(|id| !revised_ids.contains(id))),
+                    .all(|e| e.document_ids.iter().all(|id| !revised.contains(id))),
                 "an entry holding the revised document was carried over"
             );
             let carried = carried.len();
