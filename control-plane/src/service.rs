@@ -218,7 +218,11 @@ async fn stream_events(
                 next = index + 1;
                 continue;
             }
-            let stored = storage.events_from(next, CATCH_UP_BATCH);
+            // The floor may have risen past `next` since it was read above (the events kept
+            // are bounded in bytes): then the whole state, never the events after a gap.
+            let Some(stored) = storage.events_from(next, CATCH_UP_BATCH) else {
+                continue;
+            };
             if !stored.is_empty() {
                 for event in stored {
                     next = event.index + 1;

@@ -1,7 +1,8 @@
 //! The committed events subscribers resume from, in memory: from the events floor (the
 //! snapshot point, less the events kept behind it for lagging subscribers, or higher when
-//! the events since it would hold more than their byte budget) to the applied index. Nothing here needs a disk: a restarted node applies its log again from its
-//! snapshot, which rebuilds these events, and a subscriber resuming from under the floor
+//! the events since it would hold more than their byte budget) to the applied index.
+//! Nothing here needs a disk: a restarted node applies its log again from its snapshot,
+//! which rebuilds these events, and a subscriber resuming from under the floor
 //! gets the whole state instead. (They were in sled before: a second write of every entry
 //! on the Raft thread, and sled 0.34 stores a large value as a file of its own, an open,
 //! write and close per event under load.)
@@ -89,15 +90,22 @@ impl EventLog {
         }
     }
 
-    /// Events from index `from` on, in order, at most `limit`.
-    pub fn from(&self, from: u64, limit: usize) -> Vec<Arc<CommittedEvent>> {
+    /// Events from index `from` on, in order, at most `limit`; `None` when `from` is at or
+    /// under the floor. Read under the lock that raises the floor, so that a floor raised after
+    /// the caller last looked cannot make it skip the events in between.
+    pub fn resume_from(&self, from: u64, limit: usize) -> Option<Vec<Arc<CommittedEvent>>> {
         let held = self.events.lock();
+        if from <= self.floor() {
+            return None;
+        }
         let start = held.events.partition_point(|kept| kept.event.index < from);
-        held.events
-            .range(start..)
-            .take(limit)
-            .map(|kept| Arc::clone(&kept.event))
-            .collect()
+        Some(
+            held.events
+                .range(start..)
+                .take(limit)
+                .map(|kept| Arc::clone(&kept.event))
+                .collect(),
+        )
     }
 
     /// The floor a compaction at `snapshot` leaves: at most `events` events, and at most
@@ -168,14 +176,15 @@ mod tests {
         for index in [1, 2, 3, 5, 6, 9] {
             log.record(event(index), 10, u64::MAX);
         }
+        assert!(log.resume_from(1, 10).is_none(), "under the floor: dropped");
+        assert_eq!(indexes(&log.resume_from(3, 10).unwrap()), [3, 5, 6, 9]);
         assert_eq!(
-            indexes(&log.from(1, 10)),
-            [3, 5, 6, 9],
-            "under the floor: dropped"
+            indexes(&log.resume_from(4, 10).unwrap()),
+            [5, 6, 9],
+            "4 has no event"
         );
-        assert_eq!(indexes(&log.from(4, 10)), [5, 6, 9], "4 has no event");
-        assert_eq!(indexes(&log.from(5, 2)), [5, 6]);
-        assert!(log.from(10, 10).is_empty());
+        assert_eq!(indexes(&log.resume_from(5, 2).unwrap()), [5, 6]);
+        assert!(log.resume_from(10, 10).unwrap().is_empty());
     }
 
     #[test]
@@ -184,7 +193,7 @@ mod tests {
         for index in [1, 2, 2, 1, 3] {
             log.record(event(index), 10, u64::MAX);
         }
-        assert_eq!(indexes(&log.from(0, 10)), [1, 2, 3]);
+        assert_eq!(indexes(&log.resume_from(1, 10).unwrap()), [1, 2, 3]);
     }
 
     #[test]
@@ -195,7 +204,7 @@ mod tests {
         }
         assert_eq!(indexes(&log.raise_floor(4)), [1, 2, 3, 4]);
         assert_eq!(log.floor(), 4);
-        assert_eq!(indexes(&log.from(0, 10)), [5, 6]);
+        assert_eq!(indexes(&log.resume_from(5, 10).unwrap()), [5, 6]);
         assert!(log.raise_floor(2).is_empty());
         assert_eq!(log.floor(), 4);
         assert_eq!(log.len(), 2);
@@ -229,7 +238,7 @@ mod tests {
         for index in 1..=10 {
             log.record(event(index), 100, 350);
         }
-        assert_eq!(indexes(&log.from(0, 100)), [8, 9, 10]);
+        assert_eq!(indexes(&log.resume_from(8, 100).unwrap()), [8, 9, 10]);
         assert_eq!(
             log.floor(),
             7,
@@ -237,16 +246,28 @@ mod tests {
         );
         log.record(event(11), 1_000, 350);
         assert_eq!(
-            indexes(&log.from(0, 100)),
+            indexes(&log.resume_from(11, 100).unwrap()),
             [11],
             "the newest stays even when it alone is over"
         );
         assert_eq!(log.raise_floor(11).len(), 1);
         log.record(event(12), 100, 350);
         assert_eq!(
-            indexes(&log.from(0, 100)),
+            indexes(&log.resume_from(12, 100).unwrap()),
             [12],
             "the bytes taken out are forgotten"
         );
+    }
+
+    #[test]
+    fn resuming_under_the_floor_is_refused_rather_than_skipping() {
+        let log = EventLog::new(0);
+        for index in 1..=5 {
+            log.record(event(index), 100, 250);
+        }
+        assert_eq!(log.floor(), 3);
+        assert!(log.resume_from(2, 10).is_none(), "events 2 and 3 are gone");
+        assert!(log.resume_from(3, 10).is_none());
+        assert_eq!(indexes(&log.resume_from(4, 10).unwrap()), [4, 5]);
     }
 }

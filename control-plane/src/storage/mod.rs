@@ -458,9 +458,10 @@ impl RaftStorage {
         self.events.record(event, bytes, budget);
     }
 
-    /// Committed events from `from` on, in order, at most `limit`.
-    pub fn events_from(&self, from: u64, limit: usize) -> Vec<Arc<CommittedEvent>> {
-        self.events.from(from, limit)
+    /// Committed events from `from` on, in order, at most `limit`; `None` when `from` is
+    /// under the events floor (the caller sends the whole state instead).
+    pub fn events_from(&self, from: u64, limit: usize) -> Option<Vec<Arc<CommittedEvent>>> {
+        self.events.resume_from(from, limit)
     }
 
     fn raft_last_index(&self) -> u64 {
