@@ -1,6 +1,7 @@
 //! Helpers for the integration tests, which run Hasten's binaries as real processes on
 //! loopback (see `loadtest::process` for starting and stopping them).
 
+pub mod admin;
 pub mod answering;
 pub mod cluster;
 pub mod edge;

@@ -8,36 +8,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use hasten_proto::v1::{CacheEntry, ControlCommand, ControlState, ProposeRequest, control_command};
+use hasten_tests::admin::{admin, admin_json};
 use hasten_tests::cluster::Cluster;
 use loadtest::process::binary;
 use serde_json::Value;
-
-/// Runs `hasten-admin` against `nodes` with `args`, JSON output.
-fn admin(nodes: &[&String], args: &[&str]) -> Output {
-    let mut command = std::process::Command::new(binary("hasten-admin").unwrap());
-    for node in nodes {
-        command.args(["--control-plane", node]);
-    }
-    command
-        .args(["--output", "json", "--timeout-s", "5"])
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn admin_json(nodes: &[&String], args: &[&str]) -> Value {
-    let out = admin(nodes, args);
-    assert!(
-        out.status.success(),
-        "hasten-admin {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 fn entry(seq: u64, tenant: &str) -> ControlCommand {
     ControlCommand {

@@ -25,12 +25,13 @@ use std::time::Duration;
 
 use hasten_core::bundle::{CorpusBundle, write_bundle};
 use hasten_core::encoder::TextEncoder;
+use hasten_tests::admin::admin_json;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for, wait_ready};
 use hasten_tests::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::process::{ManagedProcess, binary};
+use loadtest::process::ManagedProcess;
 use serde_json::Value;
 
 const K: usize = 5;
@@ -153,20 +154,6 @@ fn changed_documents(old: &CorpusBundle, new: &CorpusBundle) -> Vec<u64> {
         .collect()
 }
 
-fn admin(control_plane: &str, args: &[&str]) -> Value {
-    let out = std::process::Command::new(binary("hasten-admin").unwrap())
-        .args(["--control-plane", control_plane, "--output", "json"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "hasten-admin {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 fn start_edge_on(
     work: &Path,
     name: &str,
@@ -282,8 +269,8 @@ async fn edges_roll_onto_a_new_corpus_and_cloud_without_a_failed_request() {
         wait_ready(&http, &address, EDGE_READY).await;
         if i == 0 {
             let changed_ids: Vec<String> = changed.iter().map(u64::to_string).collect();
-            admin(
-                &control_plane,
+            admin_json(
+                &[&control_plane],
                 &[
                     "corpus-update",
                     "--from",
