@@ -226,7 +226,7 @@ async fn stream_events(
             if !stored.is_empty() {
                 for event in stored {
                     next = event.index + 1;
-                    if sender.send(Ok((*event).clone())).await.is_err() {
+                    if sender.send(Ok(event.to_proto())).await.is_err() {
                         return Ok(());
                     }
                 }
@@ -240,7 +240,7 @@ async fn stream_events(
             Ok(_) if next <= storage.events_floor() => caught_up = false,
             Ok(event) if event.index >= next => {
                 next = event.index + 1;
-                if sender.send(Ok((*event).clone())).await.is_err() {
+                if sender.send(Ok(event.to_proto())).await.is_err() {
                     return Ok(());
                 }
             }

@@ -6,9 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hasten_proto::v1::{
-    CommandBatch, CommittedEvent, ControlCommand, ControlState, Member, NodeStatus,
-};
+use hasten_proto::v1::{CommandBatch, ControlCommand, ControlState, Member, NodeStatus};
 use prost::Message as _;
 use protobuf::Message as _;
 use raft::prelude::{ConfChange, ConfChangeType, Entry, EntryType, Snapshot, SnapshotMetadata};
@@ -19,7 +17,7 @@ use super::beside::BesideNode;
 use super::{CommitReply, NodeError, NodeRequest, NodeSettings};
 use crate::message::StoredSnapshot;
 use crate::metrics::{NodeMetrics, ReadyPhase};
-use crate::state::CacheStateMachine;
+use crate::state::{CacheStateMachine, EntryEvent};
 use crate::storage::{RaftStorage, StoreError};
 use crate::transport::Transport;
 
@@ -48,7 +46,7 @@ struct Pending {
 /// What the node publishes to the services in front of it.
 pub(super) struct NodeFeeds {
     /// Committed events, for subscribers.
-    pub events: broadcast::Sender<Arc<CommittedEvent>>,
+    pub events: broadcast::Sender<Arc<EntryEvent>>,
     /// The leader's address while another node leads, else empty.
     pub leader: watch::Sender<String>,
 }
@@ -63,7 +61,7 @@ pub(super) struct RaftNode<T> {
     /// context.
     pending: HashMap<u64, Pending>,
     next_proposal: u64,
-    events: broadcast::Sender<Arc<CommittedEvent>>,
+    events: broadcast::Sender<Arc<EntryEvent>>,
     leader_elsewhere: watch::Sender<String>,
     /// Payload bytes applied since the last snapshot.
     applied_bytes: u64,
@@ -426,11 +424,9 @@ impl<T: Transport> RaftNode<T> {
         // Wake the subscribers: the entries the snapshot covers were never applied here, and
         // when no entry follows it nothing else would tell them to fetch the new state. The
         // event is not stored; a subscriber behind the new floor resends the whole state.
-        let _ = self.events.send(Arc::new(CommittedEvent {
-            index: snapshot.get_metadata().index,
-            applied: Vec::new(),
-            state: None,
-        }));
+        let _ = self
+            .events
+            .send(Arc::new(EntryEvent::empty(snapshot.get_metadata().index)));
         Ok(())
     }
 
@@ -450,10 +446,9 @@ impl<T: Transport> RaftNode<T> {
                         CommandBatch::default()
                     });
                     let applied = self.state.apply(entry.index, entry.term, batch);
-                    let event = Arc::new(CommittedEvent {
+                    let event = Arc::new(EntryEvent {
                         index: entry.index,
                         applied,
-                        state: None,
                     });
                     self.storage.record_event(
                         Arc::clone(&event),

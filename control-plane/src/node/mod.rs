@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hasten_proto::v1::{CommittedEvent, ControlCommand, ControlState, NodeStatus};
+use hasten_proto::v1::{ControlCommand, ControlState, NodeStatus};
 use prost::Message as _;
 use raft::RawNode;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
@@ -24,7 +24,7 @@ use driver::{NodeFeeds, RaftNode};
 
 pub use crate::message::{CommitReply, NodeError, NodeRequest};
 use crate::metrics::NodeMetrics;
-use crate::state::{CacheStateMachine, StateView, validate};
+use crate::state::{CacheStateMachine, EntryEvent, StateView, validate};
 use crate::storage::{RaftStorage, StoreError};
 use crate::transport::Transport;
 
@@ -58,7 +58,7 @@ pub struct NodeSettings {
 #[derive(Clone)]
 pub struct NodeHandle {
     requests: mpsc::Sender<NodeRequest>,
-    events: broadcast::Sender<Arc<CommittedEvent>>,
+    events: broadcast::Sender<Arc<EntryEvent>>,
     /// The leader's address while another node leads, else empty.
     leader_elsewhere: watch::Receiver<String>,
     storage: RaftStorage,
@@ -124,7 +124,7 @@ impl NodeHandle {
         self.leader_elsewhere.borrow().clone()
     }
 
-    pub fn subscribe_events(&self) -> broadcast::Receiver<Arc<CommittedEvent>> {
+    pub fn subscribe_events(&self) -> broadcast::Receiver<Arc<EntryEvent>> {
         self.events.subscribe()
     }
 

@@ -10,19 +10,22 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use hasten_proto::v1::{
-    AppliedCommand, CacheEntry, CarriedEntries, CommandBatch, ControlCommand, ControlState,
-    CorpusFacts, CorpusUpdate, KvPoolAssignment, OriginSequence, RuntimeConfig, ShardMap,
-    StoredEntry, applied_command, control_command,
+    CacheEntry, CarriedEntries, CommandBatch, ControlCommand, ControlState, CorpusFacts,
+    CorpusUpdate, KvPoolAssignment, OriginSequence, RuntimeConfig, ShardMap, StoredEntry,
+    applied_command, control_command,
 };
+use rustc_hash::FxHashMap;
 
 /// Cached queries kept per tenant before FIFO eviction: the HaS paper's cache of 5,000
 /// queries.
 pub const DEFAULT_CACHE_CAPACITY: u64 = 5_000;
 
+mod applied;
 mod command;
 #[cfg(test)]
 mod tests;
 
+pub use applied::{Applied, AppliedKind, EntryEvent};
 pub use command::{CommandError, MAX_COMMANDS_PER_ENTRY, validate};
 
 /// Why the current state does not admit a proposal.
@@ -84,10 +87,13 @@ pub struct CacheStateMachine {
     /// Each tenant's entries, oldest first: the cache capacity holds per tenant, so one
     /// tenant's traffic never evicts another's entries.
     orders: HashMap<String, VecDeque<u64>>,
-    /// Shared with the views snapshots are made from, so that taking one copies no entry.
-    entries: HashMap<u64, Arc<CacheEntry>>,
+    /// Shared with the views snapshots are made from and with the events of their inserts,
+    /// so that neither copies an entry. (Ids and document ids are integers the state machine
+    /// or a registered corpus bounds, so a fast non-keyed hash serves: SipHash was a tenth of
+    /// the Raft thread under load.)
+    entries: FxHashMap<u64, Arc<CacheEntry>>,
     /// Document -> entries whose result holds it (for invalidation).
-    holders: HashMap<u64, Vec<u64>>,
+    holders: FxHashMap<u64, Vec<u64>>,
     /// Highest sequence number applied per origin edge.
     origins: HashMap<String, u64>,
     /// Registered corpus versions.
@@ -179,7 +185,7 @@ impl CacheStateMachine {
     }
 
     /// Applies the commands of the log entry at `index`, returning what each did.
-    pub fn apply(&mut self, index: u64, term: u64, batch: CommandBatch) -> Vec<AppliedCommand> {
+    pub fn apply(&mut self, index: u64, term: u64, batch: CommandBatch) -> Vec<Applied> {
         self.skip(index, term);
         let mut applied = Vec::with_capacity(batch.commands.len());
         for (position, command) in batch.commands.into_iter().enumerate() {
@@ -191,12 +197,12 @@ impl CacheStateMachine {
         applied
     }
 
-    fn apply_command(&mut self, id: u64, command: ControlCommand) -> Option<AppliedCommand> {
+    fn apply_command(&mut self, id: u64, command: ControlCommand) -> Option<Applied> {
         match command.kind? {
             control_command::Kind::Insert(entry) => self.insert(id, entry),
             control_command::Kind::Invalidate(invalidation) => {
                 let removed = self.remove_holders_of(&invalidation.document_ids, None);
-                Some(AppliedCommand {
+                Some(Applied {
                     kind: None,
                     removed,
                 })
@@ -214,15 +220,17 @@ impl CacheStateMachine {
                         removed.extend(self.evict_beyond(&tenant, self.capacity()));
                     }
                 }
-                Some(AppliedCommand {
-                    kind: Some(applied_command::Kind::Config(self.settings.to_proto())),
+                Some(Applied {
+                    kind: Some(AppliedKind::Other(applied_command::Kind::Config(
+                        self.settings.to_proto(),
+                    ))),
                     removed,
                 })
             }
             control_command::Kind::ShardMap(map) => {
                 self.shard_map = Some(map.clone());
-                Some(AppliedCommand {
-                    kind: Some(applied_command::Kind::ShardMap(map)),
+                Some(Applied {
+                    kind: Some(AppliedKind::Other(applied_command::Kind::ShardMap(map))),
                     removed: Vec::new(),
                 })
             }
@@ -232,7 +240,7 @@ impl CacheStateMachine {
                 self.corpora
                     .entry(facts.corpus_version.clone())
                     .or_insert(facts);
-                Some(AppliedCommand {
+                Some(Applied {
                     kind: None,
                     removed: Vec::new(),
                 })
@@ -240,12 +248,14 @@ impl CacheStateMachine {
             control_command::Kind::KvPool(assignment) => {
                 self.kv_pools
                     .insert(assignment.pool.clone(), assignment.clone());
-                Some(AppliedCommand {
-                    kind: Some(applied_command::Kind::KvPool(assignment)),
+                Some(Applied {
+                    kind: Some(AppliedKind::Other(applied_command::Kind::KvPool(
+                        assignment,
+                    ))),
                     removed: Vec::new(),
                 })
             }
-            control_command::Kind::FlushTenant(flush) => Some(AppliedCommand {
+            control_command::Kind::FlushTenant(flush) => Some(Applied {
                 kind: None,
                 removed: self.evict_beyond(&flush.tenant, 0),
             }),
@@ -254,7 +264,7 @@ impl CacheStateMachine {
                 for entry in &removed {
                     self.remove(*entry);
                 }
-                Some(AppliedCommand {
+                Some(Applied {
                     kind: None,
                     removed,
                 })
@@ -264,7 +274,7 @@ impl CacheStateMachine {
 
     /// Drops `from_version`'s entries that hold a changed document, or that do not fit
     /// `to_version` (when registered), and relabels the rest to `to_version`.
-    fn update_corpus(&mut self, update: CorpusUpdate) -> AppliedCommand {
+    fn update_corpus(&mut self, update: CorpusUpdate) -> Applied {
         let mut removed =
             self.remove_holders_of(&update.changed_document_ids, Some(&update.from_version));
         if let Some(facts) = self.corpora.get(&update.to_version) {
@@ -295,12 +305,14 @@ impl CacheStateMachine {
                 })
             })
             .collect();
-        AppliedCommand {
-            kind: Some(applied_command::Kind::Carried(CarriedEntries {
-                from_version: update.from_version,
-                to_version: update.to_version,
-                entries,
-            })),
+        Applied {
+            kind: Some(AppliedKind::Other(applied_command::Kind::Carried(
+                CarriedEntries {
+                    from_version: update.from_version,
+                    to_version: update.to_version,
+                    entries,
+                },
+            ))),
             removed,
         }
     }
@@ -347,14 +359,17 @@ impl CacheStateMachine {
             .max(1)
     }
 
-    fn insert(&mut self, id: u64, entry: CacheEntry) -> Option<AppliedCommand> {
+    fn insert(&mut self, id: u64, entry: CacheEntry) -> Option<Applied> {
         if entry.origin_seq > 0 {
-            let last = self.origins.entry(entry.origin.clone()).or_default();
-            if entry.origin_seq <= *last {
+            // Looked up before inserting: the key's copy only for an origin's first entry.
+            match self.origins.get_mut(&entry.origin) {
                 // A retried proposal that already committed.
-                return None;
+                Some(last) if entry.origin_seq <= *last => return None,
+                Some(last) => *last = entry.origin_seq,
+                None => {
+                    self.origins.insert(entry.origin.clone(), entry.origin_seq);
+                }
             }
-            *last = entry.origin_seq;
         }
         let removed = self.evict_beyond(&entry.tenant, self.capacity() - 1);
         for doc in &entry.document_ids {
@@ -363,16 +378,17 @@ impl CacheStateMachine {
                 holders.push(id);
             }
         }
-        self.orders
-            .entry(entry.tenant.clone())
-            .or_default()
-            .push_back(id);
-        self.entries.insert(id, Arc::new(entry.clone()));
-        Some(AppliedCommand {
-            kind: Some(applied_command::Kind::Inserted(StoredEntry {
-                id,
-                entry: Some(entry),
-            })),
+        match self.orders.get_mut(&entry.tenant) {
+            Some(order) => order.push_back(id),
+            None => {
+                self.orders
+                    .insert(entry.tenant.clone(), VecDeque::from([id]));
+            }
+        }
+        let entry = Arc::new(entry);
+        self.entries.insert(id, Arc::clone(&entry));
+        Some(Applied {
+            kind: Some(AppliedKind::Inserted { id, entry }),
             removed,
         })
     }

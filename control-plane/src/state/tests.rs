@@ -217,7 +217,7 @@ fn a_partial_corpus_update_drops_entries_of_changed_documents_and_carries_the_re
     // Document 2 changed: v1's entry holding it goes, v0's entry holding it is another
     // corpus's concern and stays; the untouched v1 entry carries over to v2.
     assert_eq!(applied[0].removed, vec![1 << 16, (1 << 16) | 3]);
-    let Some(applied_command::Kind::Carried(carried)) = &applied[0].kind else {
+    let Some(AppliedKind::Other(applied_command::Kind::Carried(carried))) = &applied[0].kind else {
         panic!("{applied:?}");
     };
     assert_eq!(
@@ -543,7 +543,7 @@ fn kv_pool_assignments_replace_per_pool_survive_snapshots_and_are_checked() {
     let applied = machine.apply(1, 1, batch(vec![kv_pool("rag/wiki", &["w-0:7510"], "a1")]));
     assert!(matches!(
         &applied[0].kind,
-        Some(applied_command::Kind::KvPool(assignment)) if assignment.workers == ["w-0:7510"]
+        Some(AppliedKind::Other(applied_command::Kind::KvPool(assignment))) if assignment.workers == ["w-0:7510"]
     ));
     machine.apply(
         2,
@@ -577,4 +577,37 @@ fn kv_pool_assignments_replace_per_pool_survive_snapshots_and_are_checked() {
             "{bad:?} admitted"
         );
     }
+}
+
+#[test]
+fn an_inserts_event_shares_the_entry_the_state_holds() {
+    let mut machine = CacheStateMachine::default();
+    machine.apply(1, 1, batch(vec![insert("edge", 1, &[4])]));
+    let applied = machine.apply(2, 1, batch(vec![insert("edge", 2, &[5, 6])]));
+    let Some(AppliedKind::Inserted { id, entry }) = &applied[0].kind else {
+        panic!("{applied:?}");
+    };
+    let view = machine.view();
+    let held = view
+        .entries
+        .iter()
+        .find(|(held_id, _)| held_id == id)
+        .map(|(_, held)| held)
+        .expect("the state holds the inserted entry");
+    assert!(Arc::ptr_eq(entry, held), "one copy of the entry, not two");
+    let event = EntryEvent {
+        index: 2,
+        applied: applied.clone(),
+    }
+    .to_proto();
+    let Some(control_command::Kind::Insert(proposed)) = insert("edge", 2, &[5, 6]).kind else {
+        unreachable!()
+    };
+    assert_eq!(
+        event.applied[0].kind,
+        Some(applied_command::Kind::Inserted(StoredEntry {
+            id: 2 << 16,
+            entry: Some(proposed),
+        }))
+    );
 }

@@ -11,13 +11,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hasten_proto::v1::CommittedEvent;
 use parking_lot::Mutex;
+
+use crate::state::EntryEvent;
 
 /// An event and the payload bytes of its log entry (what it holds, roughly).
 #[derive(Debug)]
 struct Kept {
-    event: Arc<CommittedEvent>,
+    event: Arc<EntryEvent>,
     bytes: u64,
 }
 
@@ -30,7 +31,7 @@ struct Held {
 
 impl Held {
     /// Takes out the events up to `index`.
-    fn drain_to(&mut self, index: u64) -> Vec<Arc<CommittedEvent>> {
+    fn drain_to(&mut self, index: u64) -> Vec<Arc<EntryEvent>> {
         let covered = self
             .events
             .partition_point(|kept| kept.event.index <= index);
@@ -67,7 +68,7 @@ impl EventLog {
     /// snapshots the events would otherwise hold as much as the log itself, a second copy of
     /// it in memory. An index at or under the last one kept (an entry applied again)
     /// replaces nothing: events of one index are equal.
-    pub fn record(&self, event: Arc<CommittedEvent>, bytes: u64, budget: u64) {
+    pub fn record(&self, event: Arc<EntryEvent>, bytes: u64, budget: u64) {
         if event.index <= self.floor() {
             return;
         }
@@ -93,7 +94,7 @@ impl EventLog {
     /// Events from index `from` on, in order, at most `limit`; `None` when `from` is at or
     /// under the floor. Read under the lock that raises the floor, so that a floor raised after
     /// the caller last looked cannot make it skip the events in between.
-    pub fn resume_from(&self, from: u64, limit: usize) -> Option<Vec<Arc<CommittedEvent>>> {
+    pub fn resume_from(&self, from: u64, limit: usize) -> Option<Vec<Arc<EntryEvent>>> {
         let held = self.events.lock();
         if from <= self.floor() {
             return None;
@@ -135,7 +136,7 @@ impl EventLog {
     /// installed in their place) and returns them, to be freed beside the Raft thread:
     /// freeing thousands of events' entries there held it for tens of milliseconds. The
     /// floor never goes back.
-    pub fn raise_floor(&self, index: u64) -> Vec<Arc<CommittedEvent>> {
+    pub fn raise_floor(&self, index: u64) -> Vec<Arc<EntryEvent>> {
         let mut held = self.events.lock();
         if index <= self.floor() {
             return Vec::new();
@@ -158,15 +159,11 @@ impl EventLog {
 mod tests {
     use super::*;
 
-    fn event(index: u64) -> Arc<CommittedEvent> {
-        Arc::new(CommittedEvent {
-            index,
-            applied: Vec::new(),
-            state: None,
-        })
+    fn event(index: u64) -> Arc<EntryEvent> {
+        Arc::new(EntryEvent::empty(index))
     }
 
-    fn indexes(events: &[Arc<CommittedEvent>]) -> Vec<u64> {
+    fn indexes(events: &[Arc<EntryEvent>]) -> Vec<u64> {
         events.iter().map(|e| e.index).collect()
     }
 

@@ -28,9 +28,10 @@ use raft::prelude::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 
 use events::EventLog;
-use hasten_proto::v1::CommittedEvent;
 pub use wal::WalError;
 use wal::WriteAheadLog;
+
+use crate::state::EntryEvent;
 
 /// What can go wrong with the node's data directory.
 #[derive(Debug, thiserror::Error)]
@@ -135,7 +136,7 @@ const WAL_DIR: &str = "raft-wal";
 pub struct Compaction {
     log: wal::Compacted,
     /// Held only to be freed where [`Compaction::discard`] runs.
-    _events: Vec<Arc<CommittedEvent>>,
+    _events: Vec<Arc<EntryEvent>>,
 }
 
 impl Compaction {
@@ -454,13 +455,13 @@ impl RaftStorage {
 
     /// Keeps the committed event of a newly applied entry (of `bytes` payload) for
     /// subscribers that resume, the events kept holding at most `budget` bytes.
-    pub fn record_event(&self, event: Arc<CommittedEvent>, bytes: u64, budget: u64) {
+    pub fn record_event(&self, event: Arc<EntryEvent>, bytes: u64, budget: u64) {
         self.events.record(event, bytes, budget);
     }
 
     /// Committed events from `from` on, in order, at most `limit`; `None` when `from` is
     /// under the events floor (the caller sends the whole state instead).
-    pub fn events_from(&self, from: u64, limit: usize) -> Option<Vec<Arc<CommittedEvent>>> {
+    pub fn events_from(&self, from: u64, limit: usize) -> Option<Vec<Arc<EntryEvent>>> {
         self.events.resume_from(from, limit)
     }
 
