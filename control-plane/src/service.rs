@@ -5,7 +5,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::Stream;
-use hasten_proto::v1::control_plane_server::ControlPlane;
+use hasten_proto::EncodedEvent;
+use hasten_proto::encoded_events::control_plane_server::ControlPlane;
 use hasten_proto::v1::{
     CommittedEvent, ControlState, MemberRequest, NodeStatus, ProposeReply, ProposeRequest,
     SnapshotRequest, StatusRequest, SubscribeRequest,
@@ -65,7 +66,7 @@ fn status_of(err: NodeError) -> Status {
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<CommittedEvent, Status>> + Send>>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<EncodedEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl ControlPlane for ControlPlaneService {
@@ -188,12 +189,27 @@ async fn owned_state(view: StateView) -> Result<ControlState, Status> {
         .map_err(|err| Status::internal(format!("copying the state failed: {err}")))
 }
 
+/// The event that replaces a subscriber's whole state, copied and encoded on the blocking
+/// pool (tens of megabytes for a full cache).
+async fn state_event(view: StateView) -> Result<EncodedEvent, Status> {
+    tokio::task::spawn_blocking(move || {
+        let index = view.applied_index();
+        EncodedEvent::from(&CommittedEvent {
+            index,
+            applied: Vec::new(),
+            state: Some(view.into_state()),
+        })
+    })
+    .await
+    .map_err(|err| Status::internal(format!("encoding the state failed: {err}")))
+}
+
 /// Sends the committed events from `from_index` on: first what the node still keeps, then live
 /// events; the whole state instead when the events needed were compacted away.
 async fn stream_events(
     node: NodeHandle,
     from_index: u64,
-    sender: &mpsc::Sender<Result<CommittedEvent, Status>>,
+    sender: &mpsc::Sender<Result<EncodedEvent, Status>>,
 ) -> Result<(), Status> {
     // Subscribe to live events before reading stored ones, so none falls in between.
     let mut live = node.subscribe_events();
@@ -207,12 +223,7 @@ async fn stream_events(
             if next <= storage.events_floor() {
                 let state = node.state().await.map_err(status_of)?;
                 let index = state.applied_index();
-                let event = CommittedEvent {
-                    index,
-                    applied: Vec::new(),
-                    state: Some(owned_state(state).await?),
-                };
-                if sender.send(Ok(event)).await.is_err() {
+                if sender.send(Ok(state_event(state).await?)).await.is_err() {
                     return Ok(());
                 }
                 next = index + 1;
@@ -226,7 +237,7 @@ async fn stream_events(
             if !stored.is_empty() {
                 for event in stored {
                     next = event.index + 1;
-                    if sender.send(Ok(event.to_proto())).await.is_err() {
+                    if sender.send(Ok(event.encoded())).await.is_err() {
                         return Ok(());
                     }
                 }
@@ -240,7 +251,7 @@ async fn stream_events(
             Ok(_) if next <= storage.events_floor() => caught_up = false,
             Ok(event) if event.index >= next => {
                 next = event.index + 1;
-                if sender.send(Ok(event.to_proto())).await.is_err() {
+                if sender.send(Ok(event.encoded())).await.is_err() {
                     return Ok(());
                 }
             }

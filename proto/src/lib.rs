@@ -6,11 +6,14 @@
 pub mod auth;
 pub mod codec;
 pub mod control;
+mod encoded_event;
 pub mod frame;
 pub mod quic;
 pub mod response_size;
 pub mod tls;
 pub mod worker;
+
+pub use encoded_event::EncodedEvent;
 
 /// A remaining budget as `SearchRequest.timeout_ms`: at least 1 ms, since 0 on the wire means
 /// "the server's default", not "nothing left".
@@ -22,4 +25,12 @@ pub fn wire_timeout_ms(budget: std::time::Duration) -> u32 {
 pub mod v1 {
     #![allow(clippy::all, clippy::pedantic, missing_docs)]
     tonic::include_proto!("hasten.v1");
+}
+
+/// The ControlPlane server control-plane nodes run: `Subscribe` streams [`EncodedEvent`]s,
+/// each event encoded once for all its subscribers (`build.rs` generates it apart from
+/// [`v1`], whose messages it uses).
+pub mod encoded_events {
+    #![allow(clippy::all, clippy::pedantic, missing_docs)]
+    include!(concat!(env!("OUT_DIR"), "/encoded_events/hasten.v1.rs"));
 }

@@ -446,10 +446,7 @@ impl<T: Transport> RaftNode<T> {
                         CommandBatch::default()
                     });
                     let applied = self.state.apply(entry.index, entry.term, batch);
-                    let event = Arc::new(EntryEvent {
-                        index: entry.index,
-                        applied,
-                    });
+                    let event = Arc::new(EntryEvent::new(entry.index, applied));
                     self.storage.record_event(
                         Arc::clone(&event),
                         entry.data.len() as u64,

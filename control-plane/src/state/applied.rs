@@ -1,17 +1,30 @@
-//! What applying a log entry did, as subscribers are told it: [`CommittedEvent`] with each
+//! What applying a log entry did, as subscribers are told it: `CommittedEvent` with each
 //! inserted entry shared with the state machine rather than copied. An entry used to be
-//! copied on the Raft thread for its event, beside the copy the state machine keeps; the
-//! wire form is now made beside the Raft thread, once per event.
+//! copied on the Raft thread for its event, beside the copy the state machine keeps, and
+//! then copied and encoded again for each subscriber; now the event is encoded once,
+//! beside the Raft thread, by the first subscriber that sends it.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use hasten_proto::v1::{AppliedCommand, CacheEntry, CommittedEvent, StoredEntry, applied_command};
+use bytes::{BufMut, Bytes};
+use hasten_proto::EncodedEvent;
+use hasten_proto::v1::{CacheEntry, applied_command};
+use prost::encoding::{self, WireType};
 
-/// What one command did ([`AppliedCommand`]).
+/// Field numbers of `CommittedEvent`, `AppliedCommand` and `StoredEntry` in
+/// `proto/hasten/v1/control.proto`, for the encoding below.
+const EVENT_INDEX: u32 = 1;
+const EVENT_APPLIED: u32 = 2;
+const APPLIED_INSERTED: u32 = 1;
+const APPLIED_REMOVED: u32 = 4;
+const STORED_ID: u32 = 1;
+const STORED_ENTRY: u32 = 2;
+
+/// What one command did (`AppliedCommand`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Applied {
     pub kind: Option<AppliedKind>,
-    /// Entries removed by the command, as in [`AppliedCommand::removed`].
+    /// Entries removed by the command, as in `AppliedCommand::removed`.
     pub removed: Vec<u64>,
 }
 
@@ -24,42 +37,137 @@ pub enum AppliedKind {
 }
 
 impl Applied {
-    pub fn to_proto(&self) -> AppliedCommand {
-        let kind = self.kind.as_ref().map(|kind| match kind {
-            AppliedKind::Inserted { id, entry } => applied_command::Kind::Inserted(StoredEntry {
-                id: *id,
-                entry: Some(CacheEntry::clone(entry)),
-            }),
-            AppliedKind::Other(kind) => kind.clone(),
-        });
-        AppliedCommand {
-            kind,
-            removed: self.removed.clone(),
+    /// `to_proto().encoded_len()`, without the copy.
+    fn encoded_len(&self) -> usize {
+        let kind = match &self.kind {
+            Some(AppliedKind::Inserted { id, entry }) => {
+                let stored = stored_len(*id, entry);
+                encoding::key_len(APPLIED_INSERTED)
+                    + encoding::encoded_len_varint(stored as u64)
+                    + stored
+            }
+            Some(AppliedKind::Other(kind)) => kind.encoded_len(),
+            None => 0,
+        };
+        kind + encoding::uint64::encoded_len_packed(APPLIED_REMOVED, &self.removed)
+    }
+
+    /// `to_proto().encode_raw(buf)`, without the copy.
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match &self.kind {
+            Some(AppliedKind::Inserted { id, entry }) => {
+                encoding::encode_key(APPLIED_INSERTED, WireType::LengthDelimited, buf);
+                encoding::encode_varint(stored_len(*id, entry) as u64, buf);
+                if *id != 0 {
+                    encoding::uint64::encode(STORED_ID, id, buf);
+                }
+                encoding::message::encode(STORED_ENTRY, entry.as_ref(), buf);
+            }
+            Some(AppliedKind::Other(kind)) => kind.encode(buf),
+            None => {}
         }
+        encoding::uint64::encode_packed(APPLIED_REMOVED, &self.removed, buf);
     }
 }
 
-/// The event of one applied log entry ([`CommittedEvent`] without a state).
-#[derive(Debug, Clone, PartialEq)]
+/// The encoded length of `StoredEntry { id, entry }`'s fields.
+fn stored_len(id: u64, entry: &CacheEntry) -> usize {
+    let id = if id == 0 {
+        0
+    } else {
+        encoding::uint64::encoded_len(STORED_ID, &id)
+    };
+    id + encoding::message::encoded_len(STORED_ENTRY, entry)
+}
+
+/// The event of one applied log entry (`CommittedEvent` without a state).
+#[derive(Debug)]
 pub struct EntryEvent {
     pub index: u64,
     pub applied: Vec<Applied>,
+    /// Its wire form, made by the first subscriber that sends it.
+    encoded: OnceLock<EncodedEvent>,
 }
 
 impl EntryEvent {
-    /// An event that applied nothing: a leader's snapshot installed up to `index`.
-    pub fn empty(index: u64) -> Self {
+    pub fn new(index: u64, applied: Vec<Applied>) -> Self {
         Self {
             index,
-            applied: Vec::new(),
+            applied,
+            encoded: OnceLock::new(),
         }
     }
 
-    pub fn to_proto(&self) -> CommittedEvent {
-        CommittedEvent {
-            index: self.index,
-            applied: self.applied.iter().map(Applied::to_proto).collect(),
-            state: None,
+    /// An event that applied nothing: a leader's snapshot installed up to `index`.
+    pub fn empty(index: u64) -> Self {
+        Self::new(index, Vec::new())
+    }
+
+    /// The event as subscribers receive it, encoded on the first call only.
+    pub fn encoded(&self) -> EncodedEvent {
+        self.encoded.get_or_init(|| self.encode()).clone()
+    }
+
+    fn encode(&self) -> EncodedEvent {
+        let lengths: Vec<usize> = self.applied.iter().map(Applied::encoded_len).collect();
+        let mut buf = Vec::with_capacity(
+            encoding::uint64::encoded_len(EVENT_INDEX, &self.index)
+                + lengths
+                    .iter()
+                    .map(|len| {
+                        encoding::key_len(EVENT_APPLIED)
+                            + encoding::encoded_len_varint(*len as u64)
+                            + len
+                    })
+                    .sum::<usize>(),
+        );
+        if self.index != 0 {
+            encoding::uint64::encode(EVENT_INDEX, &self.index, &mut buf);
+        }
+        for (applied, len) in self.applied.iter().zip(lengths) {
+            encoding::encode_key(EVENT_APPLIED, WireType::LengthDelimited, &mut buf);
+            encoding::encode_varint(len as u64, &mut buf);
+            applied.encode_raw(&mut buf);
+        }
+        EncodedEvent::from_encoded(Bytes::from(buf))
+    }
+}
+
+/// The wire forms as prost builds them, copying every entry: what [`EntryEvent::encoded`]
+/// is checked against.
+#[cfg(test)]
+mod copied {
+    use hasten_proto::v1::{
+        AppliedCommand, CacheEntry, CommittedEvent, StoredEntry, applied_command,
+    };
+
+    use super::{Applied, AppliedKind, EntryEvent};
+
+    impl Applied {
+        pub fn to_proto(&self) -> AppliedCommand {
+            let kind = self.kind.as_ref().map(|kind| match kind {
+                AppliedKind::Inserted { id, entry } => {
+                    applied_command::Kind::Inserted(StoredEntry {
+                        id: *id,
+                        entry: Some(CacheEntry::clone(entry)),
+                    })
+                }
+                AppliedKind::Other(kind) => kind.clone(),
+            });
+            AppliedCommand {
+                kind,
+                removed: self.removed.clone(),
+            }
+        }
+    }
+
+    impl EntryEvent {
+        pub fn to_proto(&self) -> CommittedEvent {
+            CommittedEvent {
+                index: self.index,
+                applied: self.applied.iter().map(Applied::to_proto).collect(),
+                state: None,
+            }
         }
     }
 }

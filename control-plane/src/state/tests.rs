@@ -1,5 +1,6 @@
 use super::*;
-use hasten_proto::v1::{FlushTenant, InvalidateDocuments, RetireCorpusVersion};
+use hasten_proto::v1::{CommittedEvent, FlushTenant, InvalidateDocuments, RetireCorpusVersion};
+use prost::Message as _;
 
 fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
     ControlCommand {
@@ -595,11 +596,7 @@ fn an_inserts_event_shares_the_entry_the_state_holds() {
         .map(|(_, held)| held)
         .expect("the state holds the inserted entry");
     assert!(Arc::ptr_eq(entry, held), "one copy of the entry, not two");
-    let event = EntryEvent {
-        index: 2,
-        applied: applied.clone(),
-    }
-    .to_proto();
+    let event = EntryEvent::new(2, applied.clone()).to_proto();
     let Some(control_command::Kind::Insert(proposed)) = insert("edge", 2, &[5, 6]).kind else {
         unreachable!()
     };
@@ -609,5 +606,52 @@ fn an_inserts_event_shares_the_entry_the_state_holds() {
             id: 2 << 16,
             entry: Some(proposed),
         }))
+    );
+}
+
+#[test]
+fn an_event_is_encoded_as_prost_encodes_its_copy() {
+    let mut machine = CacheStateMachine::default();
+    let mut commands = vec![command(control_command::Kind::Config(RuntimeConfig {
+        tau: Some(0.4),
+        cache_capacity: Some(2),
+    }))];
+    commands.extend((1..=4).map(|seq| insert("edge", seq, &[seq, seq + 1])));
+    commands.push(command(control_command::Kind::RegisterCorpus(
+        CorpusFacts {
+            corpus_version: "v1".into(),
+            dimension: 2,
+            max_document_id: 100,
+        },
+    )));
+    commands.push(command(control_command::Kind::Invalidate(
+        InvalidateDocuments {
+            document_ids: vec![5],
+        },
+    )));
+    let applied = machine.apply(7, 1, batch(commands));
+    assert!(
+        applied.iter().any(|a| !a.removed.is_empty())
+            && applied
+                .iter()
+                .any(|a| matches!(a.kind, Some(AppliedKind::Other(_))))
+            && applied.iter().any(|a| a.kind.is_none()),
+        "every shape of command is covered: {applied:?}"
+    );
+    let event = EntryEvent::new(7, applied);
+    let encoded = event.encoded();
+    assert_eq!(
+        encoded.as_bytes().as_ref(),
+        event.to_proto().encode_to_vec().as_slice()
+    );
+    assert_eq!(event.encoded(), encoded, "encoded once, the same each time");
+    assert_eq!(
+        EntryEvent::empty(9).encoded().as_bytes().as_ref(),
+        CommittedEvent {
+            index: 9,
+            ..CommittedEvent::default()
+        }
+        .encode_to_vec()
+        .as_slice()
     );
 }
