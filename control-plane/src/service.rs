@@ -8,8 +8,8 @@ use futures::Stream;
 use hasten_proto::EncodedEvent;
 use hasten_proto::encoded_events::control_plane_server::ControlPlane;
 use hasten_proto::v1::{
-    CommittedEvent, ControlState, MemberRequest, NodeStatus, ProposeReply, ProposeRequest,
-    SnapshotRequest, StatusRequest, SubscribeRequest,
+    ControlState, MemberRequest, NodeStatus, ProposeReply, ProposeRequest, SnapshotRequest,
+    StatusRequest, SubscribeRequest,
 };
 use tokio::sync::{broadcast, mpsc, watch};
 use tonic::{Request, Response, Status};
@@ -189,19 +189,12 @@ async fn owned_state(view: StateView) -> Result<ControlState, Status> {
         .map_err(|err| Status::internal(format!("copying the state failed: {err}")))
 }
 
-/// The event that replaces a subscriber's whole state, copied and encoded on the blocking
-/// pool (tens of megabytes for a full cache).
+/// The event that replaces a subscriber's whole state, encoded on the blocking pool (tens
+/// of megabytes for a full cache).
 async fn state_event(view: StateView) -> Result<EncodedEvent, Status> {
-    tokio::task::spawn_blocking(move || {
-        let index = view.applied_index();
-        EncodedEvent::from(&CommittedEvent {
-            index,
-            applied: Vec::new(),
-            state: Some(view.into_state()),
-        })
-    })
-    .await
-    .map_err(|err| Status::internal(format!("encoding the state failed: {err}")))
+    tokio::task::spawn_blocking(move || view.into_event())
+        .await
+        .map_err(|err| Status::internal(format!("encoding the state failed: {err}")))
 }
 
 /// Sends the committed events from `from_index` on: first what the node still keeps, then live

@@ -542,7 +542,7 @@ impl<T: Transport> RaftNode<T> {
         let storage = self.storage.clone();
         let requests = self.requests.clone();
         self.beside.run(move || {
-            let data = view.into_state().encode_to_vec();
+            let data = view.encode();
             let bytes = data.len();
             let stored = storage
                 .store_snapshot(&meta, &data)

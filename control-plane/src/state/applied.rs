@@ -16,6 +16,7 @@ use prost::encoding::{self, WireType};
 /// `proto/hasten/v1/control.proto`, for the encoding below.
 const EVENT_INDEX: u32 = 1;
 const EVENT_APPLIED: u32 = 2;
+const EVENT_STATE: u32 = 3;
 const APPLIED_INSERTED: u32 = 1;
 const APPLIED_REMOVED: u32 = 4;
 const STORED_ID: u32 = 1;
@@ -42,10 +43,7 @@ impl Applied {
     fn encoded_len(&self) -> usize {
         let kind = match &self.kind {
             Some(AppliedKind::Inserted { id, entry }) => {
-                let stored = stored_len(*id, entry);
-                encoding::key_len(APPLIED_INSERTED)
-                    + encoding::encoded_len_varint(stored as u64)
-                    + stored
+                stored_field_len(APPLIED_INSERTED, *id, entry)
             }
             Some(AppliedKind::Other(kind)) => kind.encoded_len(),
             None => 0,
@@ -57,18 +55,30 @@ impl Applied {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         match &self.kind {
             Some(AppliedKind::Inserted { id, entry }) => {
-                encoding::encode_key(APPLIED_INSERTED, WireType::LengthDelimited, buf);
-                encoding::encode_varint(stored_len(*id, entry) as u64, buf);
-                if *id != 0 {
-                    encoding::uint64::encode(STORED_ID, id, buf);
-                }
-                encoding::message::encode(STORED_ENTRY, entry.as_ref(), buf);
+                encode_stored_field(APPLIED_INSERTED, *id, entry, buf);
             }
             Some(AppliedKind::Other(kind)) => kind.encode(buf),
             None => {}
         }
         encoding::uint64::encode_packed(APPLIED_REMOVED, &self.removed, buf);
     }
+}
+
+/// The encoded length of a `StoredEntry { id, entry }` field numbered `tag`.
+pub(super) fn stored_field_len(tag: u32, id: u64, entry: &CacheEntry) -> usize {
+    let stored = stored_len(id, entry);
+    encoding::key_len(tag) + encoding::encoded_len_varint(stored as u64) + stored
+}
+
+/// Encodes `StoredEntry { id, entry }` as the field numbered `tag`, as prost would encode
+/// a copy of it.
+pub(super) fn encode_stored_field(tag: u32, id: u64, entry: &CacheEntry, buf: &mut impl BufMut) {
+    encoding::encode_key(tag, WireType::LengthDelimited, buf);
+    encoding::encode_varint(stored_len(id, entry) as u64, buf);
+    if id != 0 {
+        encoding::uint64::encode(STORED_ID, &id, buf);
+    }
+    encoding::message::encode(STORED_ENTRY, entry, buf);
 }
 
 /// The encoded length of `StoredEntry { id, entry }`'s fields.
@@ -79,6 +89,19 @@ fn stored_len(id: u64, entry: &CacheEntry) -> usize {
         encoding::uint64::encoded_len(STORED_ID, &id)
     };
     id + encoding::message::encoded_len(STORED_ENTRY, entry)
+}
+
+/// The event that replaces a subscriber's whole state: `CommittedEvent { index, state }`,
+/// `state` given encoded.
+pub(super) fn state_event(index: u64, state: &[u8]) -> EncodedEvent {
+    let mut buf = Vec::with_capacity(state.len() + 24);
+    if index != 0 {
+        encoding::uint64::encode(EVENT_INDEX, &index, &mut buf);
+    }
+    encoding::encode_key(EVENT_STATE, WireType::LengthDelimited, &mut buf);
+    encoding::encode_varint(state.len() as u64, &mut buf);
+    buf.extend_from_slice(state);
+    EncodedEvent::from_encoded(Bytes::from(buf))
 }
 
 /// The event of one applied log entry (`CommittedEvent` without a state). The first

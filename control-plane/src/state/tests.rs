@@ -663,3 +663,36 @@ fn an_event_is_encoded_as_prost_encodes_its_copy() {
         .as_slice()
     );
 }
+
+#[test]
+fn the_state_is_encoded_from_the_shared_entries_as_its_copy_decodes() {
+    let mut machine = CacheStateMachine::default();
+    machine.apply(
+        1,
+        1,
+        batch(vec![command(control_command::Kind::RegisterCorpus(
+            CorpusFacts {
+                corpus_version: "v1".into(),
+                dimension: 2,
+                max_document_id: 100,
+            },
+        ))]),
+    );
+    for index in 2..40 {
+        machine.apply(index, 2, batch(vec![insert("edge", index, &[index % 7])]));
+    }
+    let copied = machine.to_state();
+    assert!(copied.entries.len() > 30 && copied.entries.windows(2).all(|w| w[0].id < w[1].id));
+    let decoded = ControlState::decode(machine.view().encode().as_slice()).expect("decodes");
+    assert_eq!(decoded, copied);
+    let event =
+        CommittedEvent::decode(machine.view().into_event().as_bytes().clone()).expect("decodes");
+    assert_eq!(
+        event,
+        CommittedEvent {
+            index: 39,
+            applied: Vec::new(),
+            state: Some(copied),
+        }
+    );
+}
