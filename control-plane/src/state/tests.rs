@@ -1,6 +1,5 @@
 use super::*;
 use hasten_proto::v1::{CommittedEvent, FlushTenant, InvalidateDocuments, RetireCorpusVersion};
-use prost::Message as _;
 
 fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
     ControlCommand {
