@@ -46,35 +46,33 @@ impl Message for EncodedEvent {
         buf: &mut impl Buf,
         ctx: DecodeContext,
     ) -> Result<(), DecodeError> {
-        let mut field = Vec::new();
-        encoding::encode_key(tag, wire_type, &mut field);
+        // Appended in place: the bytes so far move into the vector without a copy.
+        let mut all = Vec::from(std::mem::take(&mut self.0));
+        encoding::encode_key(tag, wire_type, &mut all);
         match wire_type {
             WireType::Varint => {
                 let mut value = 0;
                 encoding::uint64::merge(wire_type, &mut value, buf, ctx)?;
-                encoding::encode_varint(value, &mut field);
+                encoding::encode_varint(value, &mut all);
             }
             WireType::SixtyFourBit => {
                 let mut value = 0;
                 encoding::fixed64::merge(wire_type, &mut value, buf, ctx)?;
-                field.put_u64_le(value);
+                all.put_u64_le(value);
             }
             WireType::ThirtyTwoBit => {
                 let mut value = 0;
                 encoding::fixed32::merge(wire_type, &mut value, buf, ctx)?;
-                field.put_u32_le(value);
+                all.put_u32_le(value);
             }
             // Length-delimited; groups (unused by this schema) fail here with prost's error.
             _ => {
                 let mut value = Vec::new();
                 encoding::bytes::merge(wire_type, &mut value, buf, ctx)?;
-                encoding::encode_varint(value.len() as u64, &mut field);
-                field.extend_from_slice(&value);
+                encoding::encode_varint(value.len() as u64, &mut all);
+                all.extend_from_slice(&value);
             }
         }
-        let mut all = Vec::with_capacity(self.0.len() + field.len());
-        all.extend_from_slice(&self.0);
-        all.extend_from_slice(&field);
         self.0 = all.into();
         Ok(())
     }
