@@ -13,6 +13,7 @@
 
 pub mod events;
 mod migrate;
+mod paced;
 pub mod snapshot_file;
 pub mod wal;
 
@@ -140,7 +141,7 @@ pub struct Compaction {
 }
 
 impl Compaction {
-    /// Deletes the obsolete segment files and frees the rest (on the blocking pool: neither
+    /// Deletes the obsolete segment files and frees the rest (beside the node: neither
     /// belongs on the Raft thread).
     pub fn discard(self) -> Result<(), WalError> {
         wal::remove_segments(&self.log.segments)

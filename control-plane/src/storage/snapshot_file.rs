@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use protobuf::Message as _;
 use raft::prelude::SnapshotMetadata;
 
+use super::paced;
 use super::wal::{WalError, io_error, sync_directory};
 
 const MAGIC: &[u8; 8] = b"HSNAP001";
@@ -27,10 +28,13 @@ fn corrupt(path: &Path, reason: impl Into<String>) -> WalError {
     }
 }
 
-/// Replaces the snapshot of the store in `dir`; durable when this returns.
+/// Replaces the snapshot of the store in `dir`; durable when this returns. The data goes
+/// to disk in steps ([`paced::write_synced`]), and the replaced file is kept under another
+/// name through the rename and then removed in steps, so that the rename frees nothing.
 pub fn write(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<(), WalError> {
     let target = path(dir);
     let partial = dir.join("raft-snapshot.partial");
+    let replaced = dir.join("raft-snapshot.replaced");
     let meta = meta
         .write_to_bytes()
         .map_err(|err| corrupt(&target, format!("encoding its metadata: {err}")))?;
@@ -43,11 +47,20 @@ pub fn write(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<(), Wal
         .and_then(|()| file.write_all(&crc.finalize().to_le_bytes()))
         .and_then(|()| file.write_all(&(meta.len() as u32).to_le_bytes()))
         .and_then(|()| file.write_all(&meta))
-        .and_then(|()| file.write_all(data))
-        .and_then(|()| file.sync_all())
+        .and_then(|()| paced::write_synced(&mut file, data))
         .map_err(io_error("writing", &partial))?;
+    // Left by a crash between the link and its removal below.
+    if replaced.exists() {
+        paced::remove(&replaced).map_err(io_error("removing", &replaced))?;
+    }
+    // Where links are not supported the rename frees the replaced file at once.
+    let keeps_replaced = std::fs::hard_link(&target, &replaced).is_ok();
     std::fs::rename(&partial, &target).map_err(io_error("renaming", &partial))?;
-    sync_directory(dir)
+    sync_directory(dir)?;
+    if keeps_replaced {
+        paced::remove(&replaced).map_err(io_error("removing", &replaced))?;
+    }
+    Ok(())
 }
 
 /// The snapshot of the store in `dir`, if it has one.
@@ -73,4 +86,55 @@ pub fn read(dir: &Path) -> Result<Option<(SnapshotMetadata, Vec<u8>)>, WalError>
         .map_err(|err| corrupt(&path, format!("metadata: {err}")))?;
     let data = bytes.split_off(HEADER_BYTES + meta_len);
     Ok(Some((meta, data)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(index: u64) -> SnapshotMetadata {
+        SnapshotMetadata {
+            index,
+            term: 2,
+            ..Default::default()
+        }
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_replaced_snapshot_leaves_only_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &meta(5), &vec![1u8; 3 << 20]).unwrap();
+        let newer: Vec<u8> = (0..(5 << 20) + 9).map(|i| (i % 253) as u8).collect();
+        write(dir.path(), &meta(9), &newer).unwrap();
+        let (read_meta, data) = read(dir.path()).unwrap().unwrap();
+        assert_eq!(read_meta.index, 9);
+        assert!(
+            data == newer,
+            "the snapshot read differs from the one written"
+        );
+        assert_eq!(files(dir.path()), ["raft-snapshot"]);
+    }
+
+    #[test]
+    fn a_replaced_snapshot_left_by_a_crash_goes_with_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &meta(5), b"first").unwrap();
+        std::fs::write(
+            dir.path().join("raft-snapshot.replaced"),
+            b"left by a crash",
+        )
+        .unwrap();
+        write(dir.path(), &meta(9), b"second").unwrap();
+        assert_eq!(read(dir.path()).unwrap().unwrap().1, b"second");
+        assert_eq!(files(dir.path()), ["raft-snapshot"]);
+    }
 }

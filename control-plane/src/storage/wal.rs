@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use protobuf::Message as _;
 use raft::prelude::{ConfState, Entry, HardState};
 
+use super::paced;
+
 /// Size at which the active segment is closed and a new one started.
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -28,6 +30,9 @@ const HARD_STATE: u8 = 2;
 const CONF_STATE: u8 = 3;
 /// A snapshot from the leader replaced the log: replay forgets every entry before it.
 const RESET: u8 = 4;
+
+/// A compacted segment being removed (replay skips it; open deletes it).
+const REMOVING_EXTENSION: &str = "removing";
 
 /// What can go wrong with the log's files.
 #[derive(Debug, thiserror::Error)]
@@ -97,13 +102,22 @@ pub struct Compacted {
     pub entries: Vec<Entry>,
 }
 
-/// Deletes segments [`WriteAheadLog::compact`] left behind.
+/// Deletes segments [`WriteAheadLog::compact`] left behind: renamed out of replay's way
+/// first (a crash mid-removal leaves a file [`WriteAheadLog::open`] deletes), then
+/// truncated step by step ([`paced::remove`]).
 pub fn remove_segments(segments: &[PathBuf]) -> Result<(), WalError> {
+    let Some(dir) = segments.first().and_then(|p| p.parent()) else {
+        return Ok(());
+    };
+    let mut removing = Vec::with_capacity(segments.len());
     for path in segments {
-        std::fs::remove_file(path).map_err(io_error("removing", path))?;
+        let to = path.with_extension(REMOVING_EXTENSION);
+        std::fs::rename(path, &to).map_err(io_error("renaming", path))?;
+        removing.push(to);
     }
-    if let Some(dir) = segments.first().and_then(|p| p.parent()) {
-        sync_directory(dir)?;
+    sync_directory(dir)?;
+    for path in removing {
+        paced::remove(&path).map_err(io_error("removing", &path))?;
     }
     Ok(())
 }
@@ -271,6 +285,15 @@ impl WriteAheadLog {
         for item in std::fs::read_dir(dir).map_err(io_error("listing", dir))? {
             let item = item.map_err(io_error("listing", dir))?;
             let name = item.file_name().to_string_lossy().into_owned();
+            if item
+                .path()
+                .extension()
+                .is_some_and(|e| e == REMOVING_EXTENSION)
+            {
+                let path = item.path();
+                std::fs::remove_file(&path).map_err(io_error("removing", &path))?;
+                continue;
+            }
             if let Some(seq) = name
                 .strip_suffix(".wal")
                 .and_then(|hex| u64::from_str_radix(hex, 16).ok())

@@ -166,6 +166,36 @@ fn compaction_deletes_covered_segments_and_keeps_the_state() {
 }
 
 #[test]
+fn a_segment_removal_cut_short_by_a_crash_is_finished_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, 1024).unwrap();
+    for i in 1..=200 {
+        log.append(&entries(i..=i, 3)).unwrap();
+        log.set_hard_state(&hard_state(3, 1, i - 1));
+        log.sync().unwrap();
+    }
+    let covered = log.compact(150).segments;
+    drop(log);
+    // The crash: the first covered segment renamed and cut mid-record, the rest untouched.
+    let removing = covered[0].with_extension(REMOVING_EXTENSION);
+    std::fs::rename(&covered[0], &removing).unwrap();
+    let len = std::fs::metadata(&removing).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&removing)
+        .unwrap()
+        .set_len(len / 2 + 3)
+        .unwrap();
+    let log = WriteAheadLog::open(dir.path(), 150, 1024).unwrap();
+    assert_eq!(held(&log), (151..=200).map(|i| (i, 3)).collect::<Vec<_>>());
+    assert_eq!(*log.hard_state(), hard_state(3, 1, 199));
+    assert!(
+        !removing.exists(),
+        "the half-removed segment is left on disk"
+    );
+}
+
+#[test]
 fn a_reset_forgets_the_entries_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
