@@ -26,3 +26,5 @@ PIN=()
 if [ -n "${HASTEN_CPUS:-}" ]; then PIN=(taskset -c "$HASTEN_CPUS"); fi
 "${PIN[@]}" "$TARGET/release/hasten-replication-bench" --etcd "$ETCD" \
   --work run/replication-vs-etcd "$@"
+# The members' data directories (gigabytes after a sweep) go; logs and report.json stay.
+find run/replication-vs-etcd -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +

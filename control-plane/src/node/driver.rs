@@ -18,7 +18,7 @@ use super::{CommitReply, NodeError, NodeRequest, NodeSettings};
 use crate::message::StoredSnapshot;
 use crate::metrics::{NodeMetrics, ReadyPhase};
 use crate::state::{CacheStateMachine, EntryEvent};
-use crate::storage::{RaftStorage, StoreError};
+use crate::storage::{Compaction, RaftStorage, StoreError, snapshot_file};
 use crate::transport::Transport;
 
 /// The first snapshot of nodes 2, 3, ... (mod 3) waits for this much more (per mille of the
@@ -408,7 +408,8 @@ impl<T: Transport> RaftNode<T> {
     }
 
     fn install_snapshot(&mut self, snapshot: &Snapshot) -> Result<(), NodeError> {
-        self.storage.apply_snapshot(snapshot)?;
+        let compaction = self.storage.apply_snapshot(snapshot)?;
+        self.discard_beside(compaction);
         let state =
             ControlState::decode(snapshot.get_data()).map_err(|err| StoreError::Corrupt {
                 tree: "snapshot",
@@ -544,18 +545,31 @@ impl<T: Transport> RaftNode<T> {
         self.beside.run(move || {
             let data = view.encode();
             let bytes = data.len();
-            let stored = storage
-                .store_snapshot(&meta, &data)
-                .map(|wrote| StoredSnapshot {
+            let stored = storage.store_snapshot(&meta, &data).map(|replaced| {
+                let wrote = replaced.is_some();
+                if let Some(Err(err)) = replaced.map(snapshot_file::Replaced::remove) {
+                    tracing::warn!(%err, "removing the replaced snapshot failed; it stays on disk");
+                }
+                StoredSnapshot {
                     meta: wrote.then_some(meta),
                     bytes,
                     took: started.elapsed(),
-                });
+                }
+            });
             if let Some(requests) = requests.upgrade() {
                 let _ = requests.blocking_send(NodeRequest::SnapshotStored(stored));
             }
         });
         Ok(())
+    }
+
+    /// Removes what a compaction made obsolete, beside the node.
+    fn discard_beside(&self, compaction: Compaction) {
+        self.beside.run(move || {
+            if let Err(err) = compaction.discard() {
+                tracing::warn!(%err, "removing compacted log segments or a replaced snapshot failed; they stay on disk");
+            }
+        });
     }
 
     /// Payload bytes the committed events kept for resuming subscribers may hold.
@@ -580,11 +594,7 @@ impl<T: Transport> RaftNode<T> {
         let compaction =
             self.storage
                 .compact_to(&meta, self.settings.retained_events, self.events_budget());
-        self.beside.run(move || {
-            if let Err(err) = compaction.discard() {
-                tracing::warn!(%err, "removing compacted log segments failed; they stay on disk");
-            }
-        });
+        self.discard_beside(compaction);
         self.metrics
             .ready_phase(ReadyPhase::Compact, taking + started.elapsed());
         self.metrics.snapshots.inc();

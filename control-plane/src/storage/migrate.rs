@@ -61,7 +61,7 @@ pub(super) fn from_sled(dir: &Path, db: &sled::Db, wal_dir: &Path) -> Result<(),
             .get(SNAPSHOT_DATA)?
             .map(|d| d.to_vec())
             .unwrap_or_default();
-        snapshot_file::write(dir, snapshot, &data)?;
+        snapshot_file::write(dir, snapshot, &data)?.remove()?;
     }
     let snapshot_index = snapshot.as_ref().map_or(0, |s| s.index);
     let mut log = WriteAheadLog::open(&building, snapshot_index, wal::SEGMENT_BYTES)?;

@@ -136,6 +136,8 @@ const WAL_DIR: &str = "raft-wal";
 #[derive(Debug)]
 pub struct Compaction {
     log: wal::Compacted,
+    /// The snapshot a leader's replaced (a node's own snapshots remove theirs beside).
+    replaced: Option<snapshot_file::Replaced>,
     /// Held only to be freed where [`Compaction::discard`] runs.
     _events: Vec<Arc<EntryEvent>>,
 }
@@ -144,7 +146,9 @@ impl Compaction {
     /// Deletes the obsolete segment files and frees the rest (beside the node: neither
     /// belongs on the Raft thread).
     pub fn discard(self) -> Result<(), WalError> {
-        wal::remove_segments(&self.log.segments)
+        wal::remove_segments(&self.log.segments)?;
+        self.replaced
+            .map_or(Ok(()), snapshot_file::Replaced::remove)
     }
 }
 
@@ -314,17 +318,22 @@ impl RaftStorage {
         (snapshot.index, snapshot.term)
     }
 
-    /// Writes a snapshot file unless the one on disk is as new or newer; whether it wrote.
-    /// Runs beside the node for its own snapshots: the log is compacted to it afterwards,
-    /// on the node's thread ([`RaftStorage::compact_to`]).
-    pub fn store_snapshot(&self, meta: &SnapshotMetadata, data: &[u8]) -> Result<bool, StoreError> {
+    /// Writes a snapshot file unless the one on disk is as new or newer; `None` when it did
+    /// not write, else the snapshot it replaced, to be removed. Runs beside the node for its
+    /// own snapshots: the log is compacted to it afterwards, on the node's thread
+    /// ([`RaftStorage::compact_to`]).
+    pub fn store_snapshot(
+        &self,
+        meta: &SnapshotMetadata,
+        data: &[u8],
+    ) -> Result<Option<snapshot_file::Replaced>, StoreError> {
         let mut on_disk = self.snapshot_file.lock();
         if meta.index <= *on_disk {
-            return Ok(false);
+            return Ok(None);
         }
-        snapshot_file::write(&self.dir, meta, data)?;
+        let replaced = snapshot_file::write(&self.dir, meta, data)?;
         *on_disk = meta.index;
-        Ok(true)
+        Ok(Some(replaced))
     }
 
     /// Whether Raft asked for a newer snapshot than the stored one since the last call.
@@ -363,12 +372,13 @@ impl RaftStorage {
         Ok(self.log.write().append(entries)?)
     }
 
-    /// Installs a snapshot from the leader: the log before it is discarded.
-    pub fn apply_snapshot(&self, snapshot: &Snapshot) -> Result<(), StoreError> {
+    /// Installs a snapshot from the leader: the log before it is discarded. Returns the
+    /// files it made obsolete, for [`Compaction::discard`] beside the node.
+    pub fn apply_snapshot(&self, snapshot: &Snapshot) -> Result<Compaction, StoreError> {
         let meta = snapshot.get_metadata();
-        self.store_snapshot(meta, snapshot.get_data())?;
+        let replaced = self.store_snapshot(meta, snapshot.get_data())?;
         *self.snapshot.write() = meta.clone();
-        {
+        let log = {
             let mut log = self.log.write();
             log.reset();
             log.set_conf_state(meta.get_conf_state());
@@ -377,12 +387,16 @@ impl RaftStorage {
             state.term = state.term.max(meta.term);
             log.set_hard_state(&state);
             log.sync()?;
-            wal::remove_segments(&log.compact(meta.index).segments)?;
-        }
+            log.compact(meta.index)
+        };
         // Events up to the snapshot have a gap here (what the snapshot skipped): none can
         // be served.
-        self.events.raise_floor(meta.index);
-        Ok(())
+        let events = self.events.raise_floor(meta.index);
+        Ok(Compaction {
+            log,
+            replaced,
+            _events: events,
+        })
     }
 
     /// Compacts to a snapshot already on disk: the log up to it is dropped, and the events
@@ -403,6 +417,7 @@ impl RaftStorage {
         let events = self.events.raise_floor(floor);
         Compaction {
             log,
+            replaced: None,
             _events: events,
         }
     }
@@ -729,11 +744,17 @@ mod tests {
             term: 1,
             ..Default::default()
         };
-        assert!(storage.store_snapshot(&meta(20), b"at 20").unwrap());
+        let replaced = storage.store_snapshot(&meta(20), b"at 20").unwrap();
+        replaced.expect("written").remove().unwrap();
         // Written but not yet compacted to: the log still serves from 1.
         assert_eq!(storage.first_index().unwrap(), 1);
         assert_eq!(storage.snapshot(15, 2).unwrap().get_metadata().index, 20);
-        assert!(!storage.store_snapshot(&meta(10), b"at 10").unwrap());
+        assert!(
+            storage
+                .store_snapshot(&meta(10), b"at 10")
+                .unwrap()
+                .is_none()
+        );
         let (on_disk, data) = storage.stored_snapshot().unwrap().unwrap();
         assert_eq!((on_disk.index, data.as_slice()), (20, b"at 20".as_slice()));
         storage.compact_to(&meta(20), 0, 0).discard().unwrap();
@@ -763,7 +784,8 @@ mod tests {
         };
         meta.set_conf_state(founders.clone());
         storage.set_conf_state(&founders);
-        assert!(storage.store_snapshot(&meta, b"at 20").unwrap());
+        let replaced = storage.store_snapshot(&meta, b"at 20").unwrap();
+        replaced.expect("written").remove().unwrap();
         assert_eq!(storage.snapshot(0, 3).unwrap().get_metadata().index, 20);
         assert!(!storage.take_snapshot_request());
         // Node 4 joins after the snapshot.

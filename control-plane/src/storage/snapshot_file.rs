@@ -28,10 +28,24 @@ fn corrupt(path: &Path, reason: impl Into<String>) -> WalError {
     }
 }
 
+/// The snapshot a [`write`] replaced, kept under another name so that the rename freed
+/// nothing; [`Replaced::remove`] frees it in steps, wherever that may take its time.
+#[derive(Debug)]
+#[must_use = "the replaced snapshot stays on disk until removed"]
+pub struct Replaced(Option<PathBuf>);
+
+impl Replaced {
+    pub fn remove(self) -> Result<(), WalError> {
+        match self.0 {
+            Some(path) => paced::remove(&path).map_err(io_error("removing", &path)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Replaces the snapshot of the store in `dir`; durable when this returns. The data goes
-/// to disk in steps ([`paced::write_synced`]), and the replaced file is kept under another
-/// name through the rename and then removed in steps, so that the rename frees nothing.
-pub fn write(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<(), WalError> {
+/// to disk in steps ([`paced::write_synced`]).
+pub fn write(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<Replaced, WalError> {
     let target = path(dir);
     let partial = dir.join("raft-snapshot.partial");
     let replaced = dir.join("raft-snapshot.replaced");
@@ -57,10 +71,7 @@ pub fn write(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<(), Wal
     let keeps_replaced = std::fs::hard_link(&target, &replaced).is_ok();
     std::fs::rename(&partial, &target).map_err(io_error("renaming", &partial))?;
     sync_directory(dir)?;
-    if keeps_replaced {
-        paced::remove(&replaced).map_err(io_error("removing", &replaced))?;
-    }
-    Ok(())
+    Ok(Replaced(keeps_replaced.then_some(replaced)))
 }
 
 /// The snapshot of the store in `dir`, if it has one.
@@ -112,9 +123,15 @@ mod tests {
     #[test]
     fn a_replaced_snapshot_leaves_only_the_new_one() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &meta(5), &vec![1u8; 3 << 20]).unwrap();
+        write(dir.path(), &meta(5), &vec![1u8; 3 << 20])
+            .unwrap()
+            .remove()
+            .unwrap();
         let newer: Vec<u8> = (0..(5 << 20) + 9).map(|i| (i % 253) as u8).collect();
-        write(dir.path(), &meta(9), &newer).unwrap();
+        write(dir.path(), &meta(9), &newer)
+            .unwrap()
+            .remove()
+            .unwrap();
         let (read_meta, data) = read(dir.path()).unwrap().unwrap();
         assert_eq!(read_meta.index, 9);
         assert!(
@@ -127,13 +144,22 @@ mod tests {
     #[test]
     fn a_replaced_snapshot_left_by_a_crash_goes_with_the_next_write() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), &meta(5), b"first").unwrap();
+        write(dir.path(), &meta(5), b"first")
+            .unwrap()
+            .remove()
+            .unwrap();
         std::fs::write(
             dir.path().join("raft-snapshot.replaced"),
             b"left by a crash",
         )
         .unwrap();
-        write(dir.path(), &meta(9), b"second").unwrap();
+        let replaced = write(dir.path(), &meta(9), b"second").unwrap();
+        let kept = std::fs::read(dir.path().join("raft-snapshot.replaced")).unwrap();
+        assert!(
+            kept.ends_with(b"first"),
+            "the file kept is not the snapshot just replaced"
+        );
+        replaced.remove().unwrap();
         assert_eq!(read(dir.path()).unwrap().unwrap().1, b"second");
         assert_eq!(files(dir.path()), ["raft-snapshot"]);
     }
