@@ -27,4 +27,7 @@ if [ -n "${HASTEN_CPUS:-}" ]; then PIN=(taskset -c "$HASTEN_CPUS"); fi
 "${PIN[@]}" "$TARGET/release/hasten-replication-bench" --etcd "$ETCD" \
   --work run/replication-vs-etcd "$@"
 # The members' data directories (gigabytes after a sweep) go; logs and report.json stay.
+# The sync waits for the freed blocks to be committed (and discarded, on disks mounted with
+# `discard`) here rather than during the first seconds of a run started right after.
 find run/replication-vs-etcd -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
+sync
