@@ -39,10 +39,16 @@ pub fn write_synced(file: &mut File, data: &[u8]) -> io::Result<()> {
 
 /// Removes the file at `path` by truncating it a step at a time before unlinking it.
 /// Whatever reads the directory must not mind a half-truncated file there after a crash:
-/// callers first rename the file out of its readers' way.
+/// callers first rename the file out of its readers' way. A file that has other names
+/// (hard links) is only unlinked: truncating it would empty them too.
 pub fn remove(path: &Path) -> io::Result<()> {
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
-    let mut len = file.metadata()?.len();
+    let metadata = file.metadata()?;
+    let mut len = if has_other_names(&metadata) {
+        0
+    } else {
+        metadata.len()
+    };
     while len > REMOVE_STEP {
         len -= REMOVE_STEP;
         file.set_len(len)?;
@@ -50,6 +56,18 @@ pub fn remove(path: &Path) -> io::Result<()> {
     }
     drop(file);
     std::fs::remove_file(path)
+}
+
+#[cfg(unix)]
+fn has_other_names(metadata: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    metadata.nlink() > 1
+}
+
+/// Without link counts, nothing is truncated.
+#[cfg(not(unix))]
+fn has_other_names(_metadata: &std::fs::Metadata) -> bool {
+    true
 }
 
 fn file_offset(file: &mut File) -> io::Result<u64> {
@@ -130,5 +148,21 @@ mod tests {
         remove(&path).unwrap();
         assert!(!path.exists());
         assert!(remove(&path).is_err(), "a missing file is an error");
+    }
+
+    #[test]
+    fn a_file_with_another_name_is_unlinked_not_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("kept");
+        let other = dir.path().join("other");
+        let data = vec![9u8; (3 * REMOVE_STEP) as usize];
+        std::fs::write(&kept, &data).unwrap();
+        std::fs::hard_link(&kept, &other).unwrap();
+        remove(&other).unwrap();
+        assert!(!other.exists());
+        assert!(
+            std::fs::read(&kept).unwrap() == data,
+            "removing one name emptied the other"
+        );
     }
 }

@@ -36,10 +36,18 @@ pub struct Replaced(Option<PathBuf>);
 
 impl Replaced {
     pub fn remove(self) -> Result<(), WalError> {
-        match self.0 {
-            Some(path) => paced::remove(&path).map_err(io_error("removing", &path)),
-            None => Ok(()),
+        self.0.map_or(Ok(()), |path| remove_replaced(&path))
+    }
+}
+
+/// Removes a replaced snapshot in steps; gone already is fine (the next [`write`] and the
+/// last one's caller may both come for it).
+fn remove_replaced(path: &Path) -> Result<(), WalError> {
+    match paced::remove(path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            Err(io_error("removing", path)(err))
         }
+        _ => Ok(()),
     }
 }
 
@@ -63,10 +71,10 @@ pub fn write(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<Replace
         .and_then(|()| file.write_all(&meta))
         .and_then(|()| paced::write_synced(&mut file, data))
         .map_err(io_error("writing", &partial))?;
-    // Left by a crash between the link and its removal below.
-    if replaced.exists() {
-        paced::remove(&replaced).map_err(io_error("removing", &replaced))?;
-    }
+    // Left by a crash before its removal, or not yet removed by the caller of the last
+    // write. After a crash between the link and the rename it is a second name of the
+    // snapshot in force, which `paced::remove` then only unlinks.
+    remove_replaced(&replaced)?;
     // Where links are not supported the rename frees the replaced file at once.
     let keeps_replaced = std::fs::hard_link(&target, &replaced).is_ok();
     std::fs::rename(&partial, &target).map_err(io_error("renaming", &partial))?;
@@ -138,6 +146,29 @@ mod tests {
             data == newer,
             "the snapshot read differs from the one written"
         );
+        assert_eq!(files(dir.path()), ["raft-snapshot"]);
+    }
+
+    #[test]
+    fn a_crash_between_the_link_and_the_rename_loses_no_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = vec![3u8; 5 << 20];
+        write(dir.path(), &meta(5), &first)
+            .unwrap()
+            .remove()
+            .unwrap();
+        // The crash: the snapshot in force linked as the replaced one, not yet renamed over.
+        std::fs::hard_link(path(dir.path()), dir.path().join("raft-snapshot.replaced")).unwrap();
+        std::fs::write(dir.path().join("raft-snapshot.partial"), b"cut short").unwrap();
+        assert_eq!(read(dir.path()).unwrap().unwrap().1, first);
+        let replaced = write(dir.path(), &meta(9), b"second").unwrap();
+        let kept = std::fs::read(dir.path().join("raft-snapshot.replaced")).unwrap();
+        assert!(
+            kept.ends_with(&first),
+            "the snapshot that was in force was emptied on the way"
+        );
+        replaced.remove().unwrap();
+        assert_eq!(read(dir.path()).unwrap().unwrap().1, b"second");
         assert_eq!(files(dir.path()), ["raft-snapshot"]);
     }
 
