@@ -91,17 +91,14 @@ fn stored_len(id: u64, entry: &CacheEntry) -> usize {
     id + encoding::message::encoded_len(STORED_ENTRY, entry)
 }
 
-/// The event that replaces a subscriber's whole state: `CommittedEvent { index, state }`,
-/// `state` given encoded.
-pub(super) fn state_event(index: u64, state: &[u8]) -> EncodedEvent {
-    let mut buf = Vec::with_capacity(state.len() + 24);
+/// The fields of `CommittedEvent { index, state }` before the state's own bytes (`state_len`
+/// of them, appended by the caller).
+pub(super) fn encode_state_event_head(index: u64, state_len: usize, buf: &mut Vec<u8>) {
     if index != 0 {
-        encoding::uint64::encode(EVENT_INDEX, &index, &mut buf);
+        encoding::uint64::encode(EVENT_INDEX, &index, buf);
     }
-    encoding::encode_key(EVENT_STATE, WireType::LengthDelimited, &mut buf);
-    encoding::encode_varint(state.len() as u64, &mut buf);
-    buf.extend_from_slice(state);
-    EncodedEvent::from_encoded(Bytes::from(buf))
+    encoding::encode_key(EVENT_STATE, WireType::LengthDelimited, buf);
+    encoding::encode_varint(state_len as u64, buf);
 }
 
 /// The event of one applied log entry (`CommittedEvent` without a state). The first

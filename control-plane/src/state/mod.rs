@@ -534,27 +534,37 @@ impl StateView {
     /// instead of copying them first (a snapshot copied the whole ~8 MB state, thousands of
     /// allocations, before encoding it). The entries follow the other fields, which
     /// decodes to the same state.
-    pub fn encode(mut self) -> Vec<u8> {
-        self.entries.sort_unstable_by_key(|(id, _)| *id);
-        let mut buf = Vec::with_capacity(
-            self.state.encoded_len()
-                + self
-                    .entries
-                    .iter()
-                    .map(|(id, entry)| applied::stored_field_len(STATE_ENTRIES, *id, entry))
-                    .sum::<usize>(),
-        );
-        self.state.encode_raw(&mut buf);
-        for (id, entry) in &self.entries {
-            applied::encode_stored_field(STATE_ENTRIES, *id, entry, &mut buf);
-        }
+    pub fn encode(self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut buf);
         buf
     }
 
-    /// The event that replaces a subscriber's whole state with this one.
+    /// The event that replaces a subscriber's whole state with this one, encoded into one
+    /// buffer behind the event's own fields.
     pub fn into_event(self) -> EncodedEvent {
-        let index = self.applied_index();
-        applied::state_event(index, &self.encode())
+        let state_len = self.encoded_len();
+        let mut buf = Vec::with_capacity(state_len + 24);
+        applied::encode_state_event_head(self.applied_index(), state_len, &mut buf);
+        self.encode_into(&mut buf);
+        EncodedEvent::from_encoded(buf.into())
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.state.encoded_len()
+            + self
+                .entries
+                .iter()
+                .map(|(id, entry)| applied::stored_field_len(STATE_ENTRIES, *id, entry))
+                .sum::<usize>()
+    }
+
+    fn encode_into(mut self, buf: &mut Vec<u8>) {
+        self.entries.sort_unstable_by_key(|(id, _)| *id);
+        self.state.encode_raw(buf);
+        for (id, entry) in &self.entries {
+            applied::encode_stored_field(STATE_ENTRIES, *id, entry, buf);
+        }
     }
 
     /// The whole state, oldest entry first: copies every entry (milliseconds for

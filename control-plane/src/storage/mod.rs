@@ -136,7 +136,8 @@ const WAL_DIR: &str = "raft-wal";
 #[derive(Debug)]
 pub struct Compaction {
     log: wal::Compacted,
-    /// The snapshot a leader's replaced (a node's own snapshots remove theirs beside).
+    /// The snapshot a leader's snapshot replaced (a node's own snapshots remove theirs
+    /// beside).
     replaced: Option<snapshot_file::Replaced>,
     /// Held only to be freed where [`Compaction::discard`] runs.
     _events: Vec<Arc<EntryEvent>>,

@@ -7,7 +7,7 @@
 //! deletion by truncation in chunks).
 
 use std::fs::File;
-use std::io::{self, Write as _};
+use std::io::{self, Seek as _, Write as _};
 use std::path::Path;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ const REMOVE_PAUSE: Duration = Duration::from_millis(5);
 /// of each step as it is written and waiting for the one before it: at most two steps are
 /// ever in flight, and the final `fsync` has only the metadata left to commit.
 pub fn write_synced(file: &mut File, data: &[u8]) -> io::Result<()> {
-    let mut offset = file_offset(file)?;
+    let mut offset = file.stream_position()?;
     let mut previous: Option<(u64, u64)> = None;
     for step in data.chunks(WRITE_STEP) {
         file.write_all(step)?;
@@ -68,11 +68,6 @@ fn has_other_names(metadata: &std::fs::Metadata) -> bool {
 #[cfg(not(unix))]
 fn has_other_names(_metadata: &std::fs::Metadata) -> bool {
     true
-}
-
-fn file_offset(file: &mut File) -> io::Result<u64> {
-    use std::io::Seek as _;
-    file.stream_position()
 }
 
 #[cfg(target_os = "linux")]

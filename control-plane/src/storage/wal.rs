@@ -285,12 +285,8 @@ impl WriteAheadLog {
         for item in std::fs::read_dir(dir).map_err(io_error("listing", dir))? {
             let item = item.map_err(io_error("listing", dir))?;
             let name = item.file_name().to_string_lossy().into_owned();
-            if item
-                .path()
-                .extension()
-                .is_some_and(|e| e == REMOVING_EXTENSION)
-            {
-                let path = item.path();
+            let path = item.path();
+            if path.extension().is_some_and(|e| e == REMOVING_EXTENSION) {
                 std::fs::remove_file(&path).map_err(io_error("removing", &path))?;
                 continue;
             }

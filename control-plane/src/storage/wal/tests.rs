@@ -139,6 +139,15 @@ fn damage_before_the_end_is_refused() {
     );
 }
 
+/// Entries 1..=200 of term 3, each synced with the commit index one behind it.
+fn append_200_synced_one_by_one(log: &mut WriteAheadLog) {
+    for i in 1..=200 {
+        log.append(&entries(i..=i, 3)).unwrap();
+        log.set_hard_state(&hard_state(3, 1, i - 1));
+        log.sync().unwrap();
+    }
+}
+
 #[test]
 fn compaction_deletes_covered_segments_and_keeps_the_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -147,11 +156,7 @@ fn compaction_deletes_covered_segments_and_keeps_the_state() {
         voters: vec![1, 2, 3],
         ..Default::default()
     });
-    for i in 1..=200 {
-        log.append(&entries(i..=i, 3)).unwrap();
-        log.set_hard_state(&hard_state(3, 1, i - 1));
-        log.sync().unwrap();
-    }
+    append_200_synced_one_by_one(&mut log);
     let before = segment_files(dir.path());
     assert!(before > 5, "segments: {before}");
     remove_segments(&log.compact(150).segments).unwrap();
@@ -169,11 +174,7 @@ fn compaction_deletes_covered_segments_and_keeps_the_state() {
 fn a_segment_removal_cut_short_by_a_crash_is_finished_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = WriteAheadLog::open(dir.path(), 0, 1024).unwrap();
-    for i in 1..=200 {
-        log.append(&entries(i..=i, 3)).unwrap();
-        log.set_hard_state(&hard_state(3, 1, i - 1));
-        log.sync().unwrap();
-    }
+    append_200_synced_one_by_one(&mut log);
     let covered = log.compact(150).segments;
     drop(log);
     // The crash: the first covered segment renamed and cut mid-record, the rest untouched.
