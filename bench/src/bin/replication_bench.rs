@@ -52,6 +52,14 @@ struct Cli {
     /// Seconds per rate.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Seconds of entries offered at `--fill-rate` before the measured windows, not
+    /// reported: measures a log that has been running (snapshots taken, log files reused)
+    /// rather than a fresh one. Both systems get the same.
+    #[arg(long, default_value_t = 0)]
+    fill: u64,
+    /// Entries per second of the `--fill`.
+    #[arg(long, default_value_t = 8000)]
+    fill_rate: u64,
     /// Vector dimension of queries and documents.
     #[arg(long, default_value_t = 384)]
     dimension: usize,
@@ -339,6 +347,28 @@ async fn warm_up(writers: &dyn Writers, count: usize, tracker: &Arc<Mutex<Tracke
     Ok(())
 }
 
+/// Offers the `--fill` entries, if any, and waits until they are applied or dropped.
+async fn fill(writers: &dyn Writers, cli: &Cli, tracker: &Arc<Mutex<Tracker>>) {
+    if cli.fill == 0 {
+        return;
+    }
+    let report = offer(
+        writers,
+        cli.edges,
+        tracker,
+        cli.fill,
+        cli.fill_rate,
+        FILL_RUN,
+    )
+    .await;
+    tracing::info!(%report, "fill done");
+    // The snapshots and compactions the fill set off finish before the clock starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+/// The run number the `--fill` entries are offered under (apart from the measured ones).
+const FILL_RUN: usize = usize::MAX;
+
 /// The rates of one run: the lag measurement's, then the sweep's.
 fn rates(cli: &Cli) -> Vec<u64> {
     std::iter::once(cli.rate)
@@ -439,6 +469,7 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
         k: cli.k,
     };
     warm_up(&writers, cli.edges, &tracker).await?;
+    fill(&writers, cli, &tracker).await;
     let metrics: Vec<String> = nodes.iter().map(|n| n.addr("metrics_addr")).collect();
     let mut runs = Vec::new();
     for (run, rate) in rates(cli).into_iter().enumerate() {
@@ -482,6 +513,7 @@ async fn run_etcd(cli: &Cli, binary: &std::path::Path) -> Result<Value> {
         .collect();
     let writers = EtcdWriters::start(&urls, cli.edges, cli.dimension, cli.k).await?;
     warm_up(&writers, cli.edges, &tracker).await?;
+    fill(&writers, cli, &tracker).await;
     let mut runs = Vec::new();
     for (run, rate) in rates(cli).into_iter().enumerate() {
         let report = offer(&writers, cli.edges, &tracker, cli.seconds, rate, run).await;
@@ -545,6 +577,8 @@ async fn main() -> Result<()> {
         "edges": cli.edges,
         "entry_bytes": entry_bytes,
         "seconds_per_rate": cli.seconds,
+        "fill_seconds": cli.fill,
+        "fill_rate": cli.fill_rate,
         "hasten": hasten,
         "etcd": etcd,
         "cores": hasten_core::threads::available_cores(),

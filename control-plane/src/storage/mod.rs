@@ -144,10 +144,10 @@ pub struct Compaction {
 }
 
 impl Compaction {
-    /// Deletes the obsolete segment files and frees the rest (beside the node: neither
+    /// Retires the obsolete segment files and frees the rest (beside the node: neither
     /// belongs on the Raft thread).
     pub fn discard(self) -> Result<(), WalError> {
-        wal::remove_segments(&self.log.segments)?;
+        self.log.retire()?;
         self.replaced
             .map_or(Ok(()), snapshot_file::Replaced::remove)
     }

@@ -43,19 +43,26 @@ pub fn write_synced(file: &mut File, data: &[u8]) -> io::Result<()> {
 /// (hard links) is only unlinked: truncating it would empty them too.
 pub fn remove(path: &Path) -> io::Result<()> {
     let file = std::fs::OpenOptions::new().write(true).open(path)?;
-    let metadata = file.metadata()?;
-    let mut len = if has_other_names(&metadata) {
-        0
-    } else {
-        metadata.len()
-    };
-    while len > REMOVE_STEP {
-        len -= REMOVE_STEP;
-        file.set_len(len)?;
-        std::thread::sleep(REMOVE_PAUSE);
+    if !has_other_names(&file.metadata()?) {
+        shrink(&file, 0)?;
     }
     drop(file);
     std::fs::remove_file(path)
+}
+
+/// Truncates `file` to `len` a step at a time (nothing happens to a file no longer than
+/// that).
+pub fn shrink(file: &File, len: u64) -> io::Result<()> {
+    let mut at = file.metadata()?.len();
+    if at <= len {
+        return Ok(());
+    }
+    while at > len + REMOVE_STEP {
+        at -= REMOVE_STEP;
+        file.set_len(at)?;
+        std::thread::sleep(REMOVE_PAUSE);
+    }
+    file.set_len(len)
 }
 
 #[cfg(unix)]
@@ -143,6 +150,19 @@ mod tests {
         remove(&path).unwrap();
         assert!(!path.exists());
         assert!(remove(&path).is_err(), "a missing file is an error");
+    }
+
+    #[test]
+    fn a_shrunk_file_keeps_its_head_and_loses_its_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("file");
+        let data: Vec<u8> = (0..3 * REMOVE_STEP + 11).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let keep = REMOVE_STEP as usize / 2 + 3;
+        shrink(&file, keep as u64).unwrap();
+        shrink(&file, keep as u64 + 100).unwrap();
+        assert!(std::fs::read(&path).unwrap() == data[..keep]);
     }
 
     #[test]

@@ -1,4 +1,7 @@
+use std::os::unix::fs::FileExt as _;
+
 use proptest::prelude::*;
+use protobuf::Message as _;
 
 use super::*;
 
@@ -101,7 +104,7 @@ fn a_record_cut_short_at_the_end_is_truncated() {
     // A crash in the middle of writing entry 4.
     let path = segment_path(dir.path(), 1);
     let len = std::fs::metadata(&path).unwrap().len();
-    OpenOptions::new()
+    std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .unwrap()
@@ -139,6 +142,32 @@ fn damage_before_the_end_is_refused() {
     );
 }
 
+#[test]
+fn a_closed_segment_cut_before_its_closing_record_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 0, 512).unwrap();
+    for i in 1..=40 {
+        log.append(&entries(i..=i, 1)).unwrap();
+        log.sync().unwrap();
+    }
+    drop(log);
+    // Whole records are missing, the file ends cleanly after one: only the missing closing
+    // record tells.
+    let first = segment_path(dir.path(), 1);
+    let mut bytes = std::fs::read(&first).unwrap();
+    let mut state = LogState::default();
+    let replay = state.replay(&first, 1, &bytes).unwrap();
+    assert!(replay.closed);
+    let end_record = 9;
+    bytes.truncate(replay.valid_len as usize - end_record);
+    std::fs::write(&first, bytes).unwrap();
+    let err = WriteAheadLog::open(dir.path(), 0, 512).unwrap_err();
+    assert!(
+        matches!(&err, WalError::Corrupt { path, .. } if *path == first),
+        "{err}"
+    );
+}
+
 /// Entries 1..=200 of term 3, each synced with the commit index one behind it.
 fn append_200_synced_one_by_one(log: &mut WriteAheadLog) {
     for i in 1..=200 {
@@ -149,7 +178,7 @@ fn append_200_synced_one_by_one(log: &mut WriteAheadLog) {
 }
 
 #[test]
-fn compaction_deletes_covered_segments_and_keeps_the_state() {
+fn compaction_retires_covered_segments_and_keeps_the_state() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = WriteAheadLog::open(dir.path(), 0, 1024).unwrap();
     log.set_conf_state(&ConfState {
@@ -159,7 +188,7 @@ fn compaction_deletes_covered_segments_and_keeps_the_state() {
     append_200_synced_one_by_one(&mut log);
     let before = segment_files(dir.path());
     assert!(before > 5, "segments: {before}");
-    remove_segments(&log.compact(150).segments).unwrap();
+    log.compact(150).retire().unwrap();
     let after = segment_files(dir.path());
     assert!(after < before / 2, "segments {before} -> {after}");
     assert_eq!(log.entries(0, u64::MAX).next().map(|e| e.index), Some(151));
@@ -193,6 +222,144 @@ fn a_segment_removal_cut_short_by_a_crash_is_finished_at_open() {
     assert!(
         !removing.exists(),
         "the half-removed segment is left on disk"
+    );
+}
+
+/// Entry `index` of term 3, all of one size (index below 128), so that a reused file's old
+/// records line up with the new ones: only their salt tells them apart.
+fn even_entry(index: u64) -> Entry {
+    Entry {
+        index,
+        term: 3,
+        data: format!("{index:08}").into_bytes().into(),
+        ..Default::default()
+    }
+}
+
+/// Fills segments of `segment_bytes` with entries 1..=100, one per sync, compacts and
+/// retires all of them, then writes entries 101..=100+`then`: the active segment is a
+/// reused file then.
+fn a_log_in_reused_files(dir: &Path, segment_bytes: u64, then: u64) -> WriteAheadLog {
+    let mut log = WriteAheadLog::open(dir, 0, segment_bytes).unwrap();
+    log.set_hard_state(&hard_state(3, 1, 0));
+    for i in 1..=100 {
+        log.append(&[even_entry(i)]).unwrap();
+        log.sync().unwrap();
+    }
+    log.compact(100).retire().unwrap();
+    for i in 101..=100 + then {
+        log.append(&[even_entry(i)]).unwrap();
+        log.sync().unwrap();
+    }
+    log
+}
+
+fn evens(range: std::ops::RangeInclusive<u64>) -> Vec<(u64, u64)> {
+    range.map(|i| (i, 3)).collect()
+}
+
+#[test]
+fn a_reused_segment_replays_only_its_own_records() {
+    let dir = tempfile::tempdir().unwrap();
+    // 8 entries fill a segment, so the reused files hold old entries past the new ones.
+    let log = a_log_in_reused_files(dir.path(), 400, 10);
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    assert!(
+        files <= 4,
+        "{files} files: retired segments were not reused"
+    );
+    assert_eq!(held(&log), evens(101..=110));
+    drop(log);
+    let mut log = WriteAheadLog::open(dir.path(), 100, 400).unwrap();
+    assert_eq!(held(&log), evens(101..=110));
+    // Written after reopening, over what was cut, and read back again.
+    log.append(&entries(111..=112, 4)).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 100, 400).unwrap();
+    let mut expected = evens(101..=110);
+    expected.extend([(111, 4), (112, 4)]);
+    assert_eq!(held(&log), expected);
+}
+
+#[test]
+fn a_write_cut_short_in_a_reused_segment_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = a_log_in_reused_files(dir.path(), 4096, 3);
+    let (seq, active, len) = (log.active.seq, log.active.path(dir.path()), log.active.len);
+    drop(log);
+    // A crash while writing entries 104 and 105 together: 105 reached the disk, half of 104
+    // did not.
+    let mut torn = Vec::new();
+    record::encode_message(&mut torn, seq, ENTRY, &even_entry(104));
+    let first = torn.len();
+    record::encode_message(&mut torn, seq, ENTRY, &even_entry(105));
+    torn[first / 2..first].fill(0);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&active)
+        .unwrap()
+        .write_all_at(&torn, len)
+        .unwrap();
+    let mut log = WriteAheadLog::open(dir.path(), 100, 4096).unwrap();
+    assert_eq!(log.last_index(), Some(103));
+    // A new leader's entry 104, as long as the lost one: the unsynced 105 after it must not
+    // come back.
+    log.append(&[Entry {
+        term: 4,
+        ..even_entry(104)
+    }])
+    .unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 100, 4096).unwrap();
+    let mut expected = evens(101..=103);
+    expected.push((104, 4));
+    assert_eq!(held(&log), expected);
+}
+
+#[test]
+fn a_log_written_before_salted_records_still_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    // Format 1: checksums without the segment number, no closing record.
+    let unsalted = |out: &mut Vec<u8>, kind: u8, payload: &[u8]| {
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&[kind]);
+        crc.update(payload);
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc.finalize().to_le_bytes());
+        out.push(kind);
+        out.extend_from_slice(payload);
+    };
+    for (seq, range) in [(1, 1..=4), (2, 5..=9)] {
+        let mut bytes = Vec::new();
+        unsalted(
+            &mut bytes,
+            HARD_STATE,
+            &hard_state(2, 1, 3).write_to_bytes().unwrap(),
+        );
+        unsalted(
+            &mut bytes,
+            CONF_STATE,
+            &ConfState::default().write_to_bytes().unwrap(),
+        );
+        for e in entries(range, 2) {
+            unsalted(&mut bytes, ENTRY, &e.write_to_bytes().unwrap());
+        }
+        std::fs::write(segment_path(dir.path(), seq), bytes).unwrap();
+    }
+    let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    assert_eq!(held(&log), (1..=9).map(|i| (i, 2)).collect::<Vec<_>>());
+    assert_eq!(*log.hard_state(), hard_state(2, 1, 3));
+    log.append(&entries(10..=10, 2)).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
+    assert_eq!(held(&log), (1..=10).map(|i| (i, 2)).collect::<Vec<_>>());
+    assert_eq!(
+        segment_files(dir.path()),
+        3,
+        "the old last segment is written to no more"
     );
 }
 
@@ -269,7 +436,7 @@ proptest! {
                     synced = written.clone();
                     let Some(last) = synced.last().map(|e| e.0) else { continue };
                     let index = snapshot + (last - snapshot) * per_mille / 1000;
-                    remove_segments(&log.compact(index).segments).unwrap();
+                    log.compact(index).retire().unwrap();
                     snapshot = snapshot.max(index);
                     synced.retain(|e| e.0 > snapshot);
                     written = synced.clone();
