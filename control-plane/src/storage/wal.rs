@@ -148,7 +148,7 @@ impl WriteAheadLog {
                         reason: reason.clone(),
                     });
                 }
-                tracing::debug!(
+                tracing::info!(
                     segment = %path.display(),
                     offset,
                     %reason,

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use super::record::{self, CONF_STATE, HARD_STATE, LogState};
 use super::{WalError, io_error, paced, sync_directory};
 
-/// Compacted segments kept for reuse; more are deleted.
-const FREE_SEGMENTS: usize = 2;
+/// Most compacted segments kept for reuse (512 MiB of 64 MiB segments).
+const MAX_FREE_SEGMENTS: usize = 8;
 
 /// Opens the file at `path` for writing, cut after its first `len` bytes (step by step:
 /// a reused file's tail is up to a segment long).
@@ -61,15 +61,21 @@ impl FreeSegments {
         self.0.lock().len()
     }
 
-    /// Keeps up to [`FREE_SEGMENTS`] of the compacted `segments` for reuse and deletes the
-    /// others: renamed out of replay's way first (a crash mid-removal leaves a file open
-    /// deletes, and one renamed for reuse is listed again), then truncated step by step
+    /// Keeps the compacted `segments` for reuse and deletes what would make more free files
+    /// than `segments` holds (or [`MAX_FREE_SEGMENTS`]): a compaction retires the segments
+    /// written since the last one, and about as many are started before the next, so the
+    /// log's files never take more disk than they did before the compaction. Files are
+    /// renamed out of replay's way first (one being removed when a crash comes is deleted
+    /// at open, one kept for reuse is listed again), and deleted step by step
     /// ([`paced::remove`]).
     pub fn retire(&self, segments: &[PathBuf]) -> Result<(), WalError> {
         let Some(dir) = segments.first().and_then(|p| p.parent()) else {
             return Ok(());
         };
-        let kept = FREE_SEGMENTS.saturating_sub(self.len()).min(segments.len());
+        let kept = segments
+            .len()
+            .min(MAX_FREE_SEGMENTS)
+            .saturating_sub(self.len());
         let mut free = Vec::with_capacity(kept);
         let mut removing = Vec::with_capacity(segments.len() - kept);
         for (i, path) in segments.iter().enumerate() {
