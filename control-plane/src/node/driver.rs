@@ -563,11 +563,11 @@ impl<T: Transport> RaftNode<T> {
         Ok(())
     }
 
-    /// Removes what a compaction made obsolete, beside the node.
+    /// Retires or removes what a compaction made obsolete, beside the node.
     fn discard_beside(&self, compaction: Compaction) {
         self.beside.run(move || {
             if let Err(err) = compaction.discard() {
-                tracing::warn!(%err, "removing compacted log segments or a replaced snapshot failed; they stay on disk");
+                tracing::warn!(%err, "retiring compacted log segments or removing a replaced snapshot failed; they stay on disk");
             }
         });
     }
