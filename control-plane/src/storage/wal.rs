@@ -139,7 +139,7 @@ impl WriteAheadLog {
             let replay = state.replay(&path, seq, &bytes)?;
             let is_last = Some(seq) == last;
             if let Some((offset, reason)) = &replay.stopped {
-                // A closed segment ends with its closing record (or, before recycling, where
+                // A closed segment ends with its closing record (or, before reuse, where
                 // the file does); only the last may stop anywhere else.
                 if !is_last {
                     return Err(WalError::Corrupt {

@@ -1,7 +1,7 @@
 //! The log's records and their replay.
 //!
 //! A record is a header (payload length u32 LE, CRC-32 u32 LE, kind u8) and its payload. The
-//! CRC covers the segment's sequence number, the kind and the payload: a recycled segment
+//! CRC covers the segment's sequence number, the kind and the payload: a reused segment
 //! still holds its previous life's records after the new ones, and those, salted with
 //! another number, never pass for this segment's. A segment ends either with an [`END`]
 //! record (it was closed) or at the first record that does not check (the last segment,
@@ -54,7 +54,7 @@ pub(super) fn encode_message(out: &mut Vec<u8>, seq: u64, kind: u8, message: &im
 /// How a segment's records are checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Format {
-    /// Before recycling: no salt, and the segment ends where the file does.
+    /// Before reuse: no salt, and the segment ends where the file does.
     Unsalted,
     Salted,
 }
@@ -66,7 +66,7 @@ pub(super) struct Replay {
     /// Whether the segment ends with an [`END`] record.
     pub closed: bool,
     /// Why replay stopped before the file's end, if it did without an [`END`] record: a
-    /// record cut short, one that fails its checksum, or a recycled segment's old records.
+    /// record cut short, one that fails its checksum, or a reused segment's old records.
     pub stopped: Option<(u64, String)>,
     /// The highest entry index in the segment.
     pub last_index: u64,

@@ -5,7 +5,7 @@
 //! waits for the others'. Writing over blocks a file already holds commits no metadata:
 //! `bench/fsync-probe.py` measured `fdatasync` at p50 0.35-0.50 ms into written space
 //! against 0.61-0.84 ms appending (3 writers on this disk). So compacted segments are
-//! recycled as new ones (PostgreSQL's WAL and RocksDB's `recycle_log_file_num` do the same),
+//! reused as new ones (PostgreSQL's WAL and RocksDB's `recycle_log_file_num` do the same),
 //! and unlinking them, which freed and discarded 64 MiB at a time, mostly goes too.
 
 use std::fs::{File, OpenOptions};
@@ -98,8 +98,8 @@ impl FreeSegments {
     }
 }
 
-/// The segment being appended to. Writes go to `len`, never past the file's end only:
-/// a recycled file holds old records beyond it.
+/// The segment being appended to. Writes go at `len`, not at the file's end: a reused file
+/// holds old records beyond it.
 #[derive(Debug)]
 pub(super) struct ActiveSegment {
     pub seq: u64,
@@ -122,17 +122,13 @@ impl ActiveSegment {
         let mut head = Vec::new();
         record::encode_message(&mut head, seq, HARD_STATE, &state.hard_state);
         record::encode_message(&mut head, seq, CONF_STATE, &state.conf_state);
-        let file = match free.take() {
-            Some(recycled) => {
+        let (file, written) = match free.take() {
+            Some(reused) => {
                 let file = OpenOptions::new()
                     .write(true)
-                    .open(&recycled)
-                    .map_err(io_error("opening", &recycled))?;
-                file.write_all_at(&head, 0)
-                    .and_then(|()| file.sync_data())
-                    .map_err(io_error("writing", &recycled))?;
-                std::fs::rename(&recycled, &path).map_err(io_error("renaming", &recycled))?;
-                file
+                    .open(&reused)
+                    .map_err(io_error("opening", &reused))?;
+                (file, reused)
             }
             None => {
                 let file = OpenOptions::new()
@@ -140,12 +136,15 @@ impl ActiveSegment {
                     .write(true)
                     .open(&path)
                     .map_err(io_error("creating", &path))?;
-                file.write_all_at(&head, 0)
-                    .and_then(|()| file.sync_data())
-                    .map_err(io_error("writing", &path))?;
-                file
+                (file, path.clone())
             }
         };
+        file.write_all_at(&head, 0)
+            .and_then(|()| file.sync_data())
+            .map_err(io_error("writing", &written))?;
+        if written != path {
+            std::fs::rename(&written, &path).map_err(io_error("renaming", &written))?;
+        }
         sync_directory(dir)?;
         Ok(Self {
             seq,
@@ -156,7 +155,7 @@ impl ActiveSegment {
     }
 
     /// Goes on writing segment `seq` after its first `len` bytes; what follows them (a write
-    /// cut short by a crash, or a recycled file's old records) is cut off first, so that no
+    /// cut short by a crash, or a reused file's old records) is cut off first, so that no
     /// record of an unsynced write can ever follow the ones written from here.
     pub fn reopen(
         dir: &Path,
