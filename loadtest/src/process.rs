@@ -61,6 +61,9 @@ pub fn resident_bytes_of(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Lines of a process's log quoted in an error.
+const LOG_LINES: usize = 20;
+
 /// A running Hasten process; killed when dropped.
 #[derive(Debug)]
 pub struct ManagedProcess {
@@ -121,7 +124,7 @@ impl ManagedProcess {
                 return Err(ProcessError::Exited {
                     name: name.to_string(),
                     status: status.to_string(),
-                    log: process.log_tail(),
+                    log: process.exit_report(),
                 });
             }
             if started.elapsed() > timeout {
@@ -152,7 +155,27 @@ impl ManagedProcess {
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        lines[lines.len().saturating_sub(LOG_LINES)..].join("\n")
+    }
+
+    /// What a process that exited said: its log from the last error report on (`Error:`
+    /// from a binary's `main`, or a panic), since with `RUST_BACKTRACE` set the log's last
+    /// lines are only the backtrace; the log's tail when it reported none.
+    fn exit_report(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        match lines
+            .iter()
+            .rposition(|line| line.starts_with("Error:") || line.contains("panicked at"))
+        {
+            Some(report) => lines[report..]
+                .iter()
+                .take(LOG_LINES)
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n"),
+            None => self.log_tail(),
+        }
     }
 
     /// Kills the process and waits for it.
@@ -305,4 +328,29 @@ pub fn edge_serve_args(
         "--grpc-addr".into(),
         "127.0.0.1:0".into(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_that_exits_at_start_is_reported_from_its_error_not_its_backtrace() {
+        let work = tempfile::tempdir().unwrap();
+        let script = "echo starting >&2; echo 'Error: binding 127.0.0.1:7400' >&2; \
+                      for i in $(seq 1 40); do echo \"  $i: frame\" >&2; done; exit 1";
+        let err = ManagedProcess::start(
+            "failing",
+            Path::new("/bin/sh"),
+            ["-c", script],
+            work.path(),
+            Duration::from_secs(10),
+        )
+        .unwrap_err();
+        let ProcessError::Exited { log, .. } = err else {
+            panic!("expected an exit, got {err}");
+        };
+        assert!(log.starts_with("Error: binding 127.0.0.1:7400"), "{log}");
+        assert_eq!(log.lines().count(), LOG_LINES);
+    }
 }
