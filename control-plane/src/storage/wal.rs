@@ -8,7 +8,7 @@
 //! snapshot covers, instead of removing keys one by one, and their files are reused for
 //! later segments ([`segment`]). On open, the segments are replayed in order; the last one
 //! ends where its records stop checking (a crash mid-write, or a reused file's old records)
-//! and is cut there, any other must end with its closing record, or it is corruption and
+//! and is closed there, any other must end with its closing record, or it is corruption and
 //! refused.
 
 use std::path::{Path, PathBuf};
@@ -153,7 +153,8 @@ impl WriteAheadLog {
                     offset,
                     %reason,
                     "the Raft log's records end before its last segment's file does (a reused \
-                     file's old records, or a write cut short by a crash); cutting the rest"
+                     file's old records, or a write cut short by a crash); closing the segment \
+                     there"
                 );
             } else if !is_last && replay.format == Format::Salted && !replay.closed {
                 return Err(WalError::Corrupt {
@@ -162,25 +163,30 @@ impl WriteAheadLog {
                     reason: "the segment ends without its closing record".to_string(),
                 });
             }
-            // Only salted segments are written to: an older last one is closed as it is.
-            if !is_last || replay.closed || replay.format == Format::Unsalted {
-                if is_last && replay.format == Format::Unsalted {
-                    segment::cut_after(&path, replay.valid_len)?;
+            if is_last && !replay.closed {
+                match replay.format {
+                    // Written on only when nothing follows its records: a record of an
+                    // unsynced write could, and would then be read after the new ones.
+                    Format::Salted if replay.stopped.is_none() || replay.valid_len == 0 => {
+                        active = Some(ActiveSegment::reopen(
+                            dir,
+                            seq,
+                            replay.valid_len,
+                            replay.last_index,
+                            &state,
+                            &free,
+                        )?);
+                        continue;
+                    }
+                    Format::Salted => segment::close_after(&path, seq, replay.valid_len)?,
+                    // Older segments have no closing record: one is cut where it stops.
+                    Format::Unsalted => segment::cut_after(&path, replay.valid_len)?,
                 }
-                closed.push(Segment {
-                    seq,
-                    last_index: replay.last_index,
-                });
-                continue;
             }
-            active = Some(ActiveSegment::reopen(
-                dir,
+            closed.push(Segment {
                 seq,
-                replay.valid_len,
-                replay.last_index,
-                &state,
-                &free,
-            )?);
+                last_index: replay.last_index,
+            });
         }
         while state
             .entries

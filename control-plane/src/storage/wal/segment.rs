@@ -13,25 +13,40 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::record::{self, CONF_STATE, HARD_STATE, LogState};
+use super::record::{self, CONF_STATE, END, HARD_STATE, LogState};
 use super::{WalError, io_error, paced, sync_directory};
 
 /// Most compacted segments kept for reuse (512 MiB of 64 MiB segments).
 const MAX_FREE_SEGMENTS: usize = 8;
 
-/// Opens the file at `path` for writing, cut after its first `len` bytes (step by step:
-/// a reused file's tail is up to a segment long).
-pub(super) fn cut_after(path: &Path, len: u64) -> Result<File, WalError> {
-    let file = OpenOptions::new()
+/// Cuts the file at `path` after its first `len` bytes (step by step: the file may be a
+/// segment long).
+pub(super) fn cut_after(path: &Path, len: u64) -> Result<(), WalError> {
+    OpenOptions::new()
         .write(true)
         .open(path)
-        .map_err(io_error("opening", path))?;
-    if file.metadata().map_err(io_error("reading", path))?.len() > len {
-        paced::shrink(&file, len)
-            .and_then(|()| file.sync_all())
-            .map_err(io_error("truncating", path))?;
-    }
-    Ok(file)
+        .and_then(|file| {
+            paced::shrink(&file, len)?;
+            file.sync_all()
+        })
+        .map_err(io_error("truncating", path))
+}
+
+/// Closes segment `seq` after its first `len` bytes with a closing record, synced. What
+/// follows them (a reused file's old records, or a write cut short by a crash) is never
+/// read again, and the file keeps its blocks for its next reuse, where cutting it off would
+/// free them (paced: 31 pauses of 5 ms for a 64 MiB file, at every start).
+pub(super) fn close_after(path: &Path, seq: u64, len: u64) -> Result<(), WalError> {
+    let mut end = Vec::new();
+    record::encode_record(&mut end, seq, END, &[]);
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|file| {
+            file.write_all_at(&end, len)?;
+            file.sync_data()
+        })
+        .map_err(io_error("closing", path))
 }
 
 /// A compacted segment kept for reuse (open lists them again after a restart).
@@ -154,9 +169,9 @@ impl ActiveSegment {
         })
     }
 
-    /// Goes on writing segment `seq` after its first `len` bytes; what follows them (a write
-    /// cut short by a crash, or a reused file's old records) is cut off first, so that no
-    /// record of an unsynced write can ever follow the ones written from here.
+    /// Goes on writing segment `seq` after its first `len` bytes, which are the whole file
+    /// (the caller closes a segment with anything after its records instead: see
+    /// [`close_after`]).
     pub fn reopen(
         dir: &Path,
         seq: u64,
@@ -171,7 +186,10 @@ impl ActiveSegment {
             std::fs::remove_file(&path).map_err(io_error("removing", &path))?;
             return Self::create(dir, seq, state, free);
         }
-        let file = cut_after(&path, len)?;
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io_error("opening", &path))?;
         Ok(Self {
             seq,
             file,

@@ -58,6 +58,11 @@ fn entries_and_states_survive_reopening() {
     let log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
     assert_eq!(held(&log), (1..=100).map(|i| (i, 1)).collect::<Vec<_>>());
     assert_eq!(log.entry(42).unwrap().data, entry(42, 1).data);
+    assert_eq!(
+        log.segments(),
+        1,
+        "a segment that ends cleanly is written on"
+    );
     assert_eq!(*log.hard_state(), hard_state(1, 2, 90));
     assert_eq!(log.conf_state().voters, vec![1, 2, 3]);
 }
@@ -93,7 +98,7 @@ fn an_overwritten_suffix_stays_overwritten() {
 }
 
 #[test]
-fn a_record_cut_short_at_the_end_is_truncated() {
+fn a_record_cut_short_at_the_end_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = WriteAheadLog::open(dir.path(), 0, SEGMENT_BYTES).unwrap();
     log.append(&entries(1..=3, 1)).unwrap();
@@ -280,7 +285,7 @@ fn a_reused_segment_replays_only_its_own_records() {
     drop(log);
     let mut log = WriteAheadLog::open(dir.path(), 100, 400).unwrap();
     assert_eq!(held(&log), evens(101..=110));
-    // Written after reopening, over what was cut, and read back again.
+    // Written after reopening (in the next segment), and read back again.
     log.append(&entries(111..=112, 4)).unwrap();
     log.sync().unwrap();
     drop(log);
@@ -291,7 +296,7 @@ fn a_reused_segment_replays_only_its_own_records() {
 }
 
 #[test]
-fn a_write_cut_short_in_a_reused_segment_is_cut_off() {
+fn a_write_cut_short_by_a_crash_never_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let log = a_log_in_reused_files(dir.path(), 4096, 3);
     let (seq, active, len) = (log.active.seq, log.active.path(dir.path()), log.active.len);
@@ -323,6 +328,40 @@ fn a_write_cut_short_in_a_reused_segment_is_cut_off() {
     let log = WriteAheadLog::open(dir.path(), 100, 4096).unwrap();
     let mut expected = evens(101..=103);
     expected.push((104, 4));
+    assert_eq!(held(&log), expected);
+}
+
+#[test]
+fn opening_keeps_a_reused_segment_whole_and_goes_on_in_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = a_log_in_reused_files(dir.path(), 400, 10);
+    let (seq, reused) = (log.active.seq, log.active.path(dir.path()));
+    let reused_len = std::fs::metadata(&reused).unwrap().len();
+    assert!(
+        reused_len > log.active.len,
+        "the active segment is not a reused file"
+    );
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    drop(log);
+    let mut log = WriteAheadLog::open(dir.path(), 100, 400).unwrap();
+    assert_eq!(held(&log), evens(101..=110));
+    assert_eq!(
+        std::fs::metadata(&reused).unwrap().len(),
+        reused_len,
+        "the reused file was cut, freeing its blocks"
+    );
+    assert_eq!(log.active.seq, seq + 1);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        files,
+        "the next segment was started in a new file, not a free one"
+    );
+    log.append(&entries(111..=111, 4)).unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let log = WriteAheadLog::open(dir.path(), 100, 400).unwrap();
+    let mut expected = evens(101..=110);
+    expected.push((111, 4));
     assert_eq!(held(&log), expected);
 }
 
