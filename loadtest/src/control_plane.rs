@@ -10,8 +10,9 @@ use crate::process::{ManagedProcess, ProcessError, binary};
 /// loaded machine.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A loopback port free at the time of asking (Raft peers must know each other's ports
-/// before any node starts, so port 0 cannot be used).
+/// A loopback port free for both TCP and UDP at the time of asking, for a process whose
+/// address others must know before it starts (Raft peers), or that must come back on it
+/// after a restart, so port 0 cannot be used.
 ///
 /// It is drawn from below the kernel's ephemeral range: a port from that range (what binding
 /// port 0 hands out) can be taken between this call and the node's bind as the source port
@@ -33,7 +34,9 @@ pub fn free_loopback_port() -> std::io::Result<u16> {
         if handed_out.contains(&port) {
             continue;
         }
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
             handed_out.insert(port);
             return Ok(port);
         }
@@ -136,6 +139,7 @@ mod tests {
                 );
             }
             std::net::TcpListener::bind(("127.0.0.1", *port)).unwrap();
+            std::net::UdpSocket::bind(("127.0.0.1", *port)).unwrap();
         }
         let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
         assert_eq!(distinct.len(), ports.len());

@@ -163,14 +163,6 @@ pub fn write_tls_identity(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf)> 
     Ok((cert, key))
 }
 
-/// A UDP port on loopback that was free a moment ago, for a server that must come back on
-/// the same address after a restart.
-pub fn free_udp_port() -> Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// `edge-node serve` over `bundle` as process `name`, falling back to the cloud at
 /// `cloud_addr` (QUIC, trusting `cloud_ca`), with `extra` flags.
 pub fn start_edge(

@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::edge::{retrieve, retrieve_body};
-use hasten_tests::{
-    build_small_bundle, free_udp_port, persistent_work_dir, start_edge, write_tls_identity,
-};
+use hasten_tests::{build_small_bundle, persistent_work_dir, start_edge, write_tls_identity};
+use loadtest::control_plane::free_loopback_port;
 use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args};
 use loadtest::scrape::Scrape;
 use serde_json::json;
@@ -87,7 +86,7 @@ async fn with_the_cloud_down_fallbacks_fail_fast_drafts_keep_serving_and_recover
     let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
     let (cert, key) = write_tls_identity(&work, "cloud").unwrap();
-    let quic_addr = format!("127.0.0.1:{}", free_udp_port().unwrap());
+    let quic_addr = format!("127.0.0.1:{}", free_loopback_port().unwrap());
     let mut cloud = start_cloud(&work, &bundle_dir, &quic_addr, &cert, &key);
     let timeout_ms = CLOUD_TIMEOUT.as_millis().to_string();
     let edge = start_edge(
@@ -160,7 +159,7 @@ async fn a_cloud_restarted_with_its_dev_certificate_keeps_serving_its_edges() {
     // A pair left by an earlier run would hide the first start's generation.
     let _ = std::fs::remove_file(&dev_cert);
     let _ = std::fs::remove_file(&dev_key);
-    let quic_addr = format!("127.0.0.1:{}", free_udp_port().unwrap());
+    let quic_addr = format!("127.0.0.1:{}", free_loopback_port().unwrap());
     let mut cloud = start_cloud_at(&work, &bundle_dir, &quic_addr, &dev_cert, &[]);
     let edge = start_edge(
         &work,
