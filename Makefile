@@ -6,13 +6,15 @@ SHELL := /bin/bash
 
 MODEL_DIR ?= models/all-MiniLM-L6-v2
 LM_DIR ?= models/lm
-# Client libraries the tests drive Hasten with (a Python venv with the OpenAI SDK).
+# Client libraries the tests drive Hasten with (Python venvs: the OpenAI SDK; LangChain and
+# LlamaIndex).
 TOOLS_DIR ?= models/tools
 DATA_DIR ?= ../shared/data
 CARGO ?= cargo
 export HASTEN_MODEL_DIR ?= $(abspath $(MODEL_DIR))
 export HASTEN_LM_DIR ?= $(abspath $(LM_DIR))
 export HASTEN_OPENAI_PYTHON ?= $(abspath $(TOOLS_DIR))/openai-venv/bin/python
+export HASTEN_RAG_CLIENTS_PYTHON ?= $(abspath $(TOOLS_DIR))/rag-clients-venv/bin/python
 # Prometheus and promtool (Debian's package) and the chart's rules rendered for the
 # monitoring test (tests/tests/monitoring.rs).
 export HASTEN_PROMETHEUS_DIR ?= $(abspath $(TOOLS_DIR))/prometheus-deb/usr/bin
@@ -43,7 +45,7 @@ models-large: models
 	scripts/fetch-lm.sh $(LM_DIR) large
 
 clients:
-	scripts/install-test-clients.sh $(TOOLS_DIR)/openai-venv
+	scripts/install-test-clients.sh $(abspath $(TOOLS_DIR))
 
 monitoring:
 	scripts/fetch-prometheus.sh $(abspath $(TOOLS_DIR)) >/dev/null

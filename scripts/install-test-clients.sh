@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# Installs the client libraries the integration tests talk to Hasten with, into a virtual
-# environment at $1: the OpenAI Python SDK (tests/tests/answers.rs drives /v1/chat/completions
-# with it, as an application would).
+# Installs the client libraries the integration tests talk to Hasten with, pinned so that a
+# run is repeatable, into two virtual environments under $1:
+#   openai-venv       the OpenAI Python SDK (tests/tests/answers.rs)
+#   rag-clients-venv  LangChain's ChatOpenAI and LlamaIndex's OpenAILike, with the OpenAI SDK
+#                     they support (LlamaIndex needs openai < 3), for tests/tests/chat_clients.rs
 set -euo pipefail
-venv=${1:?usage: install-test-clients.sh VENV_DIR}
-openai_version=3.54.0
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '$openai_version')" 2>/dev/null; then
-    exit 0
-fi
-python3 -m venv "$venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check "openai==$openai_version"
-echo "installed openai $openai_version into $venv" >&2
+dir=${1:?usage: install-test-clients.sh DIR}
+
+install() {
+    local venv=$1; shift
+    local stamp="$venv/.hasten-pins"
+    if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$*" ]; then
+        return 0
+    fi
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: "$@"
+    echo "$*" > "$stamp"
+    echo "installed $* into $venv" >&2
+}
+
+install "$dir/openai-venv" "openai==3.54.0"
+install "$dir/rag-clients-venv" \
+    "openai==2.54.0" \
+    "langchain-openai==1.7.4" "langchain-core==1.8.3" \
+    "llama-index-llms-openai-like==0.8.1" "llama-index-llms-openai==0.8.3" "llama-index-core==0.14.25"

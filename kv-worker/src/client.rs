@@ -16,12 +16,16 @@ use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_proto::worker::{lazy_channel, worker_uri};
 use hasten_rag::{
-    Answer, AnswerMode, AnswerRequest, AnswerTimings, BackendInfo, LmBackend, RagError,
+    Answer, AnswerMode, AnswerRequest, AnswerSink, AnswerTimings, BackendInfo, DraftingTokens,
+    Finish, LmBackend, RagError,
 };
 use parking_lot::RwLock;
 use tokio::runtime::Handle;
 use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Code, Status};
+
+/// How often a call in flight looks whether its caller went away.
+const CANCEL_CHECK: Duration = Duration::from_millis(50);
 
 use crate::conversions::{mode_proto, variant_proto};
 use crate::fusion::FusionSettings;
@@ -187,7 +191,8 @@ impl KvPool {
         worker: &Worker,
         request: pb::KvGenerateRequest,
         documents: usize,
-        on_text: &mut dyn FnMut(&str),
+        max_new_tokens: usize,
+        sink: &mut dyn AnswerSink,
         sent_text: &mut bool,
     ) -> Result<Answer, RagError> {
         let fail = |status| failure(&worker.endpoint, status);
@@ -198,14 +203,26 @@ impl KvPool {
             .await
             .map_err(fail)?
             .into_inner();
-        while let Some(event) = events.message().await.map_err(fail)? {
+        let mut cancel_check = tokio::time::interval(CANCEL_CHECK);
+        loop {
+            // Dropping the stream cancels the call.
+            let event = tokio::select! {
+                event = events.message() => event.map_err(fail)?,
+                _ = cancel_check.tick() => {
+                    if sink.cancelled() {
+                        return Err(RagError::Cancelled);
+                    }
+                    continue;
+                }
+            };
+            let Some(event) = event else { break };
             match event.event {
                 Some(pb::kv_generate_event::Event::Delta(text)) => {
                     *sent_text = true;
-                    on_text(&text);
+                    sink.text(&text);
                 }
                 Some(pb::kv_generate_event::Event::Answer(answer)) => {
-                    return Ok(answer_from_proto(answer, documents));
+                    return Ok(answer_from_proto(answer, documents, max_new_tokens));
                 }
                 None => {}
             }
@@ -214,7 +231,7 @@ impl KvPool {
     }
 }
 
-fn answer_from_proto(answer: pb::KvGenerated, documents: usize) -> Answer {
+fn answer_from_proto(answer: pb::KvGenerated, documents: usize, max_new_tokens: usize) -> Answer {
     let t = answer.timings.unwrap_or_default();
     let us = Duration::from_micros;
     let prefill = us(t.load_us + t.assemble_us + t.select_us + t.recompute_us);
@@ -232,24 +249,68 @@ fn answer_from_proto(answer: pb::KvGenerated, documents: usize) -> Answer {
         },
         prompt_tokens: answer.context_tokens as usize,
         generated_tokens: answer.generated_tokens as usize,
+        finish: if answer.generated_tokens as usize >= max_new_tokens {
+            Finish::Length
+        } else {
+            Finish::Stop
+        },
+        drafting: DraftingTokens::default(),
+        dropped_turns: 0,
     }
 }
 
+/// Refuses what KV workers cannot do: they answer in standard mode, greedily, from the
+/// question alone (their prompt is assembled from stored document KV).
+fn check_kv_request(request: &AnswerRequest) -> Result<(), RagError> {
+    let refuse = |field: &'static str, message: &str| {
+        Err(RagError::InvalidRequest {
+            field,
+            message: message.into(),
+        })
+    };
+    if request.mode == AnswerMode::Speculative {
+        return refuse(
+            "mode",
+            "speculative answers need `lm_model` or `lm_worker`; KV workers answer in \
+             standard mode",
+        );
+    }
+    if !request.conversation.is_empty() {
+        return refuse(
+            "messages",
+            "holds system messages or earlier turns; KV workers answer the last user \
+             message alone (send one user message, or use `lm_model`/`lm_worker`)",
+        );
+    }
+    let decoding = &request.decoding;
+    if decoding.temperature > 0.0 || decoding.top_p < 1.0 {
+        return refuse(
+            "temperature",
+            "KV workers decode greedily: send temperature 0 and top_p 1",
+        );
+    }
+    if !decoding.stop.is_empty() {
+        return refuse("stop", "is not supported by KV workers");
+    }
+    Ok(())
+}
+
 impl LmBackend for KvPool {
+    fn check(&self, request: &AnswerRequest) -> Result<(), RagError> {
+        request.validate()?;
+        check_kv_request(request)
+    }
+
+    fn serves(&self, mode: AnswerMode) -> bool {
+        mode == AnswerMode::Standard
+    }
+
     fn answer(
         &self,
         request: &AnswerRequest,
-        on_text: &mut dyn FnMut(&str),
+        sink: &mut dyn AnswerSink,
     ) -> Result<Answer, RagError> {
-        request.validate()?;
-        if request.mode == AnswerMode::Speculative {
-            return Err(RagError::InvalidRequest {
-                field: "mode",
-                message: "speculative answers need `lm_model` or `lm_worker`; KV workers \
-                          answer in standard mode"
-                    .into(),
-            });
-        }
+        self.check(request)?;
         let wire = self.request_proto(request);
         let ids: Vec<u64> = request.documents.iter().filter_map(|d| d.id).collect();
         let members = Arc::clone(&self.members.read());
@@ -271,7 +332,8 @@ impl LmBackend for KvPool {
                 worker,
                 wire.clone(),
                 request.documents.len(),
-                on_text,
+                request.max_new_tokens,
+                sink,
                 &mut sent_text,
             )) {
                 // Text already streamed cannot be taken back: no retry after it.

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use hasten_proto::v1 as pb;
 use hasten_rag::{
-    Answer, AnswerMode, AnswerRequest, AnswerTimings, BackendInfo, Document, DraftReport,
-    DraftSelection, SpeculativeSettings,
+    Answer, AnswerMode, AnswerRequest, AnswerTimings, BackendInfo, ChatTurn, Decoding, Document,
+    DraftReport, DraftSelection, DraftingTokens, Finish, Role, SpeculativeSettings,
 };
 
 /// A field of a request that cannot be read, by name.
@@ -69,6 +69,40 @@ pub fn request_proto(request: &AnswerRequest) -> pb::GenerateRequest {
             draft_tokens: index(s.draft_tokens),
             seed: s.seed,
         }),
+        conversation: request
+            .conversation
+            .iter()
+            .map(|turn| pb::ChatTurn {
+                role: role_proto(turn.role) as i32,
+                content: turn.content.clone(),
+            })
+            .collect(),
+        decoding: Some(pb::Decoding {
+            temperature: request.decoding.temperature,
+            top_p: request.decoding.top_p,
+            seed: request.decoding.seed,
+            stop: request.decoding.stop.clone(),
+        }),
+    }
+}
+
+fn role_proto(role: Role) -> pb::ChatRole {
+    match role {
+        Role::System => pb::ChatRole::System,
+        Role::User => pb::ChatRole::User,
+        Role::Assistant => pb::ChatRole::Assistant,
+    }
+}
+
+fn role_from_proto(value: i32) -> Result<Role, WireError> {
+    match pb::ChatRole::try_from(value) {
+        Ok(pb::ChatRole::System) => Ok(Role::System),
+        Ok(pb::ChatRole::User) => Ok(Role::User),
+        Ok(pb::ChatRole::Assistant) => Ok(Role::Assistant),
+        Ok(pb::ChatRole::Unspecified) | Err(_) => Err(WireError {
+            field: "conversation.role",
+            message: format!("{value} is not a role (1 system, 2 user, 3 assistant)"),
+        }),
     }
 }
 
@@ -102,6 +136,19 @@ pub fn request_from_proto(request: pb::GenerateRequest) -> Result<AnswerRequest,
         mode: mode_from_proto(request.mode)?,
         max_new_tokens: request.max_new_tokens as usize,
         speculative,
+        conversation: request
+            .conversation
+            .into_iter()
+            .map(|turn| Ok(ChatTurn::new(role_from_proto(turn.role)?, turn.content)))
+            .collect::<Result<_, WireError>>()?,
+        decoding: request
+            .decoding
+            .map_or_else(Decoding::default, |d| Decoding {
+                temperature: d.temperature,
+                top_p: d.top_p,
+                seed: d.seed,
+                stop: d.stop,
+            }),
     })
 }
 
@@ -145,6 +192,10 @@ pub fn answer_proto(answer: Answer) -> pb::GeneratedAnswer {
         }),
         prompt_tokens: answer.prompt_tokens as u64,
         generated_tokens: answer.generated_tokens as u64,
+        finished_by_length: answer.finish == Finish::Length,
+        draft_prompt_tokens: answer.drafting.prompt_tokens as u64,
+        draft_generated_tokens: answer.drafting.generated_tokens as u64,
+        dropped_turns: index(answer.dropped_turns),
     }
 }
 
@@ -185,6 +236,16 @@ pub fn answer_from_proto(
         },
         prompt_tokens: answer.prompt_tokens as usize,
         generated_tokens: answer.generated_tokens as usize,
+        finish: if answer.finished_by_length {
+            Finish::Length
+        } else {
+            Finish::Stop
+        },
+        drafting: DraftingTokens {
+            prompt_tokens: answer.draft_prompt_tokens as usize,
+            generated_tokens: answer.draft_generated_tokens as usize,
+        },
+        dropped_turns: answer.dropped_turns as usize,
     })
 }
 
@@ -233,6 +294,17 @@ mod tests {
             draft_tokens: 17,
             seed: 4,
         };
+        request.conversation = vec![
+            ChatTurn::new(Role::System, "Be brief."),
+            ChatTurn::new(Role::User, "Who won?"),
+            ChatTurn::new(Role::Assistant, "Denver."),
+        ];
+        request.decoding = Decoding {
+            temperature: 0.7,
+            top_p: 0.9,
+            seed: 11,
+            stop: vec!["\n".into(), "END".into()],
+        };
         assert_eq!(
             request_from_proto(request_proto(&request)).unwrap(),
             request
@@ -270,6 +342,12 @@ mod tests {
             },
             prompt_tokens: 120,
             generated_tokens: 7,
+            finish: Finish::Length,
+            drafting: DraftingTokens {
+                prompt_tokens: 300,
+                generated_tokens: 40,
+            },
+            dropped_turns: 2,
         };
         let wire = answer_proto(answer.clone());
         assert_eq!(answer_from_proto(wire.clone(), 2).unwrap(), answer);

@@ -4,12 +4,15 @@
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::generation_client::GenerationClient;
 use hasten_proto::worker::{lazy_channel, worker_uri};
-use hasten_rag::{Answer, AnswerRequest, BackendInfo, LmBackend, RagError};
+use hasten_rag::{Answer, AnswerRequest, AnswerSink, BackendInfo, LmBackend, RagError};
 use tokio::runtime::Handle;
 use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Code, Status};
 
 use crate::conversions::{WireError, answer_from_proto, info_from_proto, request_proto};
+
+/// How often a call in flight looks whether its caller went away.
+const CANCEL_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
 
 pub struct RemoteLm {
     endpoint: String,
@@ -86,7 +89,7 @@ impl RemoteLm {
     async fn call(
         &self,
         request: &AnswerRequest,
-        on_text: &mut dyn FnMut(&str),
+        sink: &mut dyn AnswerSink,
     ) -> Result<Answer, RagError> {
         let mut events = self
             .client
@@ -95,9 +98,21 @@ impl RemoteLm {
             .await
             .map_err(|status| self.failure(status))?
             .into_inner();
-        while let Some(event) = events.message().await.map_err(|s| self.failure(s))? {
+        let mut cancel_check = tokio::time::interval(CANCEL_CHECK);
+        loop {
+            // Dropping the stream cancels the call, and the worker stops generating.
+            let event = tokio::select! {
+                event = events.message() => event.map_err(|s| self.failure(s))?,
+                _ = cancel_check.tick() => {
+                    if sink.cancelled() {
+                        return Err(RagError::Cancelled);
+                    }
+                    continue;
+                }
+            };
+            let Some(event) = event else { break };
             match event.event {
-                Some(pb::generate_event::Event::Delta(text)) => on_text(&text),
+                Some(pb::generate_event::Event::Delta(text)) => sink.text(&text),
                 Some(pb::generate_event::Event::Answer(answer)) => {
                     return answer_from_proto(answer, request.documents.len())
                         .map_err(|e| self.broken_reply(e));
@@ -116,12 +131,12 @@ impl LmBackend for RemoteLm {
     fn answer(
         &self,
         request: &AnswerRequest,
-        on_text: &mut dyn FnMut(&str),
+        sink: &mut dyn AnswerSink,
     ) -> Result<Answer, RagError> {
         // Checked here too, so a bad request names its field without a round trip.
         request.validate()?;
         let _span = tracing::info_span!("remote_generate", endpoint = %self.endpoint).entered();
-        self.runtime.block_on(self.call(request, on_text))
+        self.runtime.block_on(self.call(request, sink))
     }
 
     fn info(&self) -> BackendInfo {

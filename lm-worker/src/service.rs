@@ -9,7 +9,7 @@ use futures::Stream;
 use futures::stream::{self, StreamExt};
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::generation_server::Generation;
-use hasten_rag::{AnswerMode, LmBackend, ModelQueue, QueueError, RagError};
+use hasten_rag::{AnswerMode, AnswerSink, LmBackend, ModelQueue, QueueError, RagError};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -45,6 +45,30 @@ impl GenerationService {
     }
 }
 
+type EventSender = mpsc::UnboundedSender<Result<pb::GenerateEvent, Status>>;
+
+/// Sends the answer's text to the caller's stream; a caller that went away (the stream
+/// dropped) cancels the generation.
+struct WorkerSink<'a> {
+    sender: &'a EventSender,
+    started: Instant,
+    first_text: Option<std::time::Duration>,
+}
+
+impl AnswerSink for WorkerSink<'_> {
+    fn text(&mut self, delta: &str) {
+        self.first_text
+            .get_or_insert_with(|| self.started.elapsed());
+        let _ = self.sender.send(Ok(pb::GenerateEvent {
+            event: Some(pb::generate_event::Event::Delta(delta.to_string())),
+        }));
+    }
+
+    fn cancelled(&self) -> bool {
+        self.sender.is_closed()
+    }
+}
+
 /// The status a failed answer is sent back with; a refused request names its field.
 fn status(error: &RagError) -> Status {
     match error.field() {
@@ -68,7 +92,7 @@ impl Generation for GenerationService {
             Status::invalid_argument(error.to_string())
         })?;
         // Refused before queueing: a bad request should not wait minutes to learn it.
-        if let Err(error) = request.validate() {
+        if let Err(error) = self.backend.check(&request) {
             self.metrics.observe_error("invalid_argument");
             return Err(status(&error));
         }
@@ -97,22 +121,23 @@ impl Generation for GenerationService {
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let _span = span.entered();
-            let mut first_text = None;
-            let mut forward = |text: &str| {
-                first_text.get_or_insert_with(|| started.elapsed());
-                // A caller that went away stops receiving; the answer still completes rather
-                // than stopping the model mid-batch.
-                let _ = sender.send(Ok(pb::GenerateEvent {
-                    event: Some(pb::generate_event::Event::Delta(text.to_string())),
-                }));
+            let mut sink = WorkerSink {
+                sender: &sender,
+                started,
+                first_text: None,
             };
-            let outcome = backend.answer(&request, &mut forward);
+            let outcome = backend.answer(&request, &mut sink);
+            let first_text = sink.first_text;
             let last = match outcome {
                 Ok(answer) => {
                     metrics.observe(mode, &answer, first_text, started.elapsed());
                     Ok(pb::GenerateEvent {
                         event: Some(pb::generate_event::Event::Answer(answer_proto(answer))),
                     })
+                }
+                Err(RagError::Cancelled) => {
+                    metrics.observe_error("cancelled");
+                    return;
                 }
                 Err(error) => {
                     tracing::warn!(%error, "generation failed");

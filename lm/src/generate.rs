@@ -17,6 +17,9 @@ use crate::kv::KvCache;
 pub struct Sampling {
     /// 0 picks the most likely token (greedy, deterministic).
     pub temperature: f32,
+    /// Nucleus sampling: only the most likely tokens whose probabilities add up to `top_p`
+    /// are drawn from (1 keeps every token). Ignored when greedy.
+    pub top_p: f32,
     pub seed: u64,
 }
 
@@ -24,6 +27,7 @@ impl Default for Sampling {
     fn default() -> Self {
         Self {
             temperature: 0.0,
+            top_p: 1.0,
             seed: 0,
         }
     }
@@ -271,13 +275,36 @@ fn choose(logits: &Tensor, sampling: Sampling, rng: &mut StdRng) -> Result<Vec<u
     let probabilities = candle_nn::ops::softmax_last_dim(&(logits / sampling.temperature as f64)?)?
         .to_vec2::<f32>()?;
     probabilities
-        .iter()
-        .map(|row| {
-            let weights = rand::distr::weighted::WeightedIndex::new(row)
+        .into_iter()
+        .map(|mut row| {
+            keep_nucleus(&mut row, sampling.top_p);
+            let weights = rand::distr::weighted::WeightedIndex::new(&row)
                 .map_err(|e| LmError::InvalidInput(format!("sampling: {e}")))?;
             Ok(weights.sample(rng) as u32)
         })
         .collect()
+}
+
+/// Zeroes every probability outside the nucleus: the smallest set of most likely tokens
+/// whose probabilities reach `top_p` (the most likely token is always kept).
+fn keep_nucleus(probabilities: &mut [f32], top_p: f32) {
+    if top_p >= 1.0 {
+        return;
+    }
+    let mut order: Vec<usize> = (0..probabilities.len()).collect();
+    order.sort_unstable_by(|&a, &b| probabilities[b].total_cmp(&probabilities[a]));
+    let mut mass = 0.0;
+    let mut kept = order.len();
+    for (rank, &i) in order.iter().enumerate() {
+        mass += probabilities[i];
+        if mass >= top_p {
+            kept = rank + 1;
+            break;
+        }
+    }
+    for &i in &order[kept..] {
+        probabilities[i] = 0.0;
+    }
 }
 
 /// Log-probabilities of each continuation given its context, all rows in one forward pass:
@@ -358,4 +385,26 @@ pub fn score_incrementally(
             .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
     }
     Ok(scores)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_nucleus;
+
+    #[test]
+    fn the_nucleus_keeps_the_most_likely_tokens_up_to_top_p() {
+        let mut row = [0.1, 0.5, 0.15, 0.25];
+        keep_nucleus(&mut row, 0.7);
+        assert_eq!(row, [0.0, 0.5, 0.0, 0.25]);
+        let mut row = [0.1, 0.5, 0.15, 0.25];
+        keep_nucleus(&mut row, 0.01);
+        assert_eq!(
+            row,
+            [0.0, 0.5, 0.0, 0.0],
+            "the most likely token always stays"
+        );
+        let mut row = [0.1, 0.5, 0.15, 0.25];
+        keep_nucleus(&mut row, 1.0);
+        assert_eq!(row, [0.1, 0.5, 0.15, 0.25]);
+    }
 }

@@ -179,6 +179,7 @@ fn sampling_is_reproducible_from_its_seed() {
         let options = GenerationOptions {
             sampling: Sampling {
                 temperature: 1.5,
+                top_p: 1.0,
                 seed,
             },
             ..greedy(16)

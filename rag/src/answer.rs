@@ -36,6 +36,25 @@ pub struct DraftReport {
     pub score: f32,
 }
 
+/// Why the answer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    /// The model ended its turn, or the answer reached a stop string.
+    #[default]
+    Stop,
+    /// The answer itself reached `max_new_tokens`.
+    Length,
+}
+
+/// What Speculative RAG's drafter read and wrote (zero in standard mode); reported apart
+/// from the answer's own tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DraftingTokens {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Answer {
     pub text: String,
@@ -46,18 +65,26 @@ pub struct Answer {
     /// Every draft, in subset order (empty in standard mode).
     pub drafts: Vec<DraftReport>,
     pub timings: AnswerTimings,
-    /// Tokens the models read as input: the prompt in standard mode; the drafts' prompts and
-    /// the verifier's rows in speculative mode.
+    /// Tokens the answering model read: the prompt in standard mode, the verifier's rows in
+    /// speculative mode.
     pub prompt_tokens: usize,
-    /// Tokens generated: the answer's, or all drafts' together.
+    /// The answer's tokens (in speculative mode, the chosen draft's answer).
     pub generated_tokens: usize,
+    pub finish: Finish,
+    /// Speculative mode: the drafts' prompts and every draft's tokens.
+    pub drafting: DraftingTokens,
+    /// Earlier turns of the conversation left out of the prompt, oldest first, so that the
+    /// rest fits the model's context.
+    pub dropped_turns: usize,
 }
 
 impl Answer {
-    /// Tokens generated per second of decoding; `None` when nothing was decoded.
+    /// Tokens generated per second of decoding (drafts included); `None` when nothing was
+    /// decoded.
     pub fn decode_rate(&self) -> Option<f64> {
         let decode = self.timings.decode.as_secs_f64();
-        (decode > 0.0 && self.generated_tokens > 0).then(|| self.generated_tokens as f64 / decode)
+        let tokens = self.generated_tokens + self.drafting.generated_tokens;
+        (decode > 0.0 && tokens > 0).then(|| tokens as f64 / decode)
     }
 }
 

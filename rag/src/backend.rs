@@ -9,14 +9,44 @@ use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use crate::answer::{Answer, BackendInfo};
 use crate::error::Result;
 use crate::request::{AnswerMode, AnswerRequest};
-use crate::speculative::answer_speculative;
-use crate::standard::answer_standard;
+use crate::speculative::{answer_speculative, check_speculative};
+use crate::standard::{answer_standard, prompt_for};
 
-/// Answers questions over retrieved documents. `on_text` receives the answer's text as it
-/// becomes available: token by token in standard mode, once (the chosen draft) in
-/// speculative mode.
+/// Where a backend sends the answer's text, and how it learns that nobody waits for it.
+/// A closure taking each piece of text is a sink that is never cancelled.
+pub trait AnswerSink {
+    /// The answer's next text: token by token in standard mode, once (the chosen draft) in
+    /// speculative mode.
+    fn text(&mut self, delta: &str);
+    /// Whether the caller went away: generation then stops at its next step with
+    /// [`RagError::Cancelled`](crate::RagError::Cancelled).
+    fn cancelled(&self) -> bool {
+        false
+    }
+}
+
+impl<F: FnMut(&str)> AnswerSink for F {
+    fn text(&mut self, delta: &str) {
+        self(delta)
+    }
+}
+
+/// Answers questions over retrieved documents.
 pub trait LmBackend: Send + Sync {
-    fn answer(&self, request: &AnswerRequest, on_text: &mut dyn FnMut(&str)) -> Result<Answer>;
+    fn answer(&self, request: &AnswerRequest, sink: &mut dyn AnswerSink) -> Result<Answer>;
+
+    /// Refuses, without running a model, a request that [`LmBackend::answer`] would refuse:
+    /// a caller checks before it takes a place in the queue or starts a reply.
+    fn check(&self, request: &AnswerRequest) -> Result<()> {
+        request.validate()
+    }
+
+    /// Whether this backend answers in `mode`.
+    fn serves(&self, mode: AnswerMode) -> bool {
+        let _ = mode;
+        true
+    }
+
     fn info(&self) -> BackendInfo;
 }
 
@@ -74,13 +104,23 @@ impl LocalLm {
 }
 
 impl LmBackend for LocalLm {
-    fn answer(&self, request: &AnswerRequest, on_text: &mut dyn FnMut(&str)) -> Result<Answer> {
+    fn answer(&self, request: &AnswerRequest, sink: &mut dyn AnswerSink) -> Result<Answer> {
         request.validate()?;
         match request.mode {
-            AnswerMode::Standard => answer_standard(&self.verifier, request, on_text),
+            AnswerMode::Standard => answer_standard(&self.verifier, request, sink),
             AnswerMode::Speculative => {
-                answer_speculative(&self.drafter, &self.verifier, request, on_text)
+                answer_speculative(&self.drafter, &self.verifier, request, sink)
             }
+        }
+    }
+
+    /// Validates and builds the prompts (tokenising, no forward pass): a question or
+    /// conversation that cannot fit the context is refused here.
+    fn check(&self, request: &AnswerRequest) -> Result<()> {
+        request.validate()?;
+        match request.mode {
+            AnswerMode::Standard => prompt_for(&self.verifier, request).map(drop),
+            AnswerMode::Speculative => check_speculative(&self.drafter, &self.verifier, request),
         }
     }
 

@@ -32,13 +32,15 @@ pub struct Drafting {
 }
 
 /// Writes one draft per subset with the drafter: one batched greedy `generate` for all of
-/// them, which also gives each draft's log-probability.
+/// them, which also gives each draft's log-probability. Decoding stops at the first step
+/// where `cancelled` says the caller went away.
 pub fn write_drafts(
     drafter: &LanguageModel,
     question: &str,
     documents: &[Document],
     subsets: &[Vec<usize>],
     draft_tokens: usize,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Drafting> {
     let _span = tracing::info_span!("rag_draft", drafts = subsets.len(), draft_tokens).entered();
     let prompts = subsets
@@ -68,6 +70,9 @@ pub fn write_drafts(
     // would only cost time (and dilute the draft's probability with text nobody reads).
     let mut written: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     let (generated, generation) = generate(&drafter.decoder, &prompts, &options, |row, id| {
+        if cancelled() {
+            return ControlFlow::Break(());
+        }
         let Some(tokens) = written.get_mut(row) else {
             return ControlFlow::Continue(());
         };

@@ -9,6 +9,9 @@ pub enum RagError {
         field: &'static str,
         message: String,
     },
+    /// The caller went away; generation stopped at the next step.
+    #[error("the answer was cancelled: its client went away")]
+    Cancelled,
     /// The language model failed (loading, tokenising or a forward pass).
     #[error("language model: {0}")]
     Lm(#[from] hasten_lm::LmError),
@@ -35,7 +38,7 @@ impl RagError {
     pub fn field(&self) -> Option<&'static str> {
         match self {
             Self::InvalidRequest { field, .. } => Some(field),
-            Self::Lm(_) | Self::Worker { .. } => None,
+            Self::Lm(_) | Self::Worker { .. } | Self::Cancelled => None,
         }
     }
 

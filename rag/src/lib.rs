@@ -19,16 +19,19 @@ pub mod queue;
 pub mod request;
 pub mod speculative;
 pub mod standard;
+pub mod stop;
 pub mod subsets;
 pub mod verify;
 
-pub use answer::{Answer, AnswerTimings, BackendInfo, DraftReport};
-pub use backend::{LmBackend, LocalLm};
+pub use answer::{Answer, AnswerTimings, BackendInfo, DraftReport, DraftingTokens, Finish};
+pub use backend::{AnswerSink, LmBackend, LocalLm};
 pub use error::{RagError, Result};
+/// The roles of a conversation's turns, re-exported so callers need not name hasten-lm.
+pub use hasten_lm::Role;
 /// The load options of [`LocalLm::load_with`], re-exported so callers need not name hasten-lm.
 pub use hasten_lm::{DeviceKind, WeightFormat};
-pub use queue::{ModelQueue, QueueError};
+pub use queue::{Admission, ModelQueue, QueueError};
 pub use request::{
-    AnswerMode, AnswerRequest, Document, DraftSelection, MAX_DRAFTS, MAX_NEW_TOKENS,
-    SpeculativeSettings,
+    AnswerMode, AnswerRequest, ChatTurn, Decoding, Document, DraftSelection, MAX_DRAFTS,
+    MAX_NEW_TOKENS, MAX_STOP_STRINGS, SpeculativeSettings,
 };

@@ -5,7 +5,7 @@
 use hasten_lm::{ChatMessage, LanguageModel, Role};
 
 use crate::error::{RagError, Result};
-use crate::request::Document;
+use crate::request::{ChatTurn, Document};
 
 /// Most tokens of one document's text in a prompt: retrieved passages are ~100 words, and a
 /// longer one would crowd out the rest on a small model.
@@ -31,29 +31,68 @@ pub const REFLECTION_STATEMENT: &str =
     "Do you think the explanation supports the answer? (Yes or No)";
 pub const REFLECTION_YES: &str = "Yes";
 
-/// The verifier's prompt for standard RAG: every document, then the question.
+/// The verifier's prompt for standard RAG, and how many of the conversation's earlier turns
+/// were left out to fit it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandardPrompt {
+    pub ids: Vec<u32>,
+    pub dropped_turns: usize,
+}
+
+/// The verifier's prompt for standard RAG: the instruction and the client's system
+/// messages, the conversation's earlier turns, then every document and the question. The
+/// oldest turns are left out first when the prompt would not fit the context with room for
+/// the documents.
 pub fn standard_prompt(
     model: &LanguageModel,
     question: &str,
     documents: &[&Document],
+    conversation: &[ChatTurn],
     max_new_tokens: usize,
-) -> Result<Vec<u32>> {
+) -> Result<StandardPrompt> {
     let reserved = Reserved {
         tokens: max_new_tokens,
         field: "max_new_tokens",
     };
-    fit_documents(model, documents, reserved, |texts| {
-        model.chat.prompt(
-            &model.tokenizer,
-            &[
-                ChatMessage::new(Role::System, STANDARD_INSTRUCTION),
-                ChatMessage::new(
-                    Role::User,
-                    documents_and_question(documents, texts, question),
-                ),
-            ],
-        )
-    })
+    let system = system_text(conversation);
+    let turns: Vec<&ChatTurn> = conversation
+        .iter()
+        .filter(|turn| turn.role != Role::System)
+        .collect();
+    let build = |earlier: &[&ChatTurn], texts: &[String]| {
+        let mut messages = vec![ChatMessage::new(Role::System, system.clone())];
+        messages.extend(
+            earlier
+                .iter()
+                .map(|turn| ChatMessage::new(turn.role, turn.content.clone())),
+        );
+        messages.push(ChatMessage::new(
+            Role::User,
+            documents_and_question(documents, texts, question),
+        ));
+        model.chat.prompt(&model.tokenizer, &messages)
+    };
+    let mut dropped_turns = 0;
+    loop {
+        let earlier = &turns[dropped_turns..];
+        match fit_documents(model, documents, &reserved, |texts| build(earlier, texts)) {
+            Err(RagError::InvalidRequest {
+                field: "question", ..
+            }) if dropped_turns < turns.len() => dropped_turns += 1,
+            Ok(ids) => return Ok(StandardPrompt { ids, dropped_turns }),
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// The standard instruction, then the client's system messages.
+fn system_text(conversation: &[ChatTurn]) -> String {
+    let mut text = String::from(STANDARD_INSTRUCTION);
+    for turn in conversation.iter().filter(|t| t.role == Role::System) {
+        text.push_str("\n\n");
+        text.push_str(turn.content.trim());
+    }
+    text
 }
 
 /// The drafter's prompt for one subset, ending inside the assistant turn after
@@ -69,7 +108,7 @@ pub fn drafter_prompt(
         tokens: draft_tokens,
         field: "speculative.draft_tokens",
     };
-    fit_documents(model, documents, reserved, |texts| {
+    fit_documents(model, documents, &reserved, |texts| {
         let mut ids = model.chat.prompt(
             &model.tokenizer,
             &[
@@ -127,7 +166,7 @@ struct Reserved {
 fn fit_documents(
     model: &LanguageModel,
     documents: &[&Document],
-    reserved: Reserved,
+    reserved: &Reserved,
     build: impl Fn(&[String]) -> hasten_lm::Result<Vec<u32>>,
 ) -> Result<Vec<u32>> {
     let context = model.decoder.rope().max_positions();

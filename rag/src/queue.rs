@@ -57,25 +57,53 @@ impl ModelQueue {
 
     /// Takes the model, waiting behind at most `max_queued` requests; refuses at once when
     /// that many already wait. A caller dropped while waiting gives its place back.
-    pub async fn enter(&self) -> Result<OwnedSemaphorePermit, QueueError> {
+    pub async fn enter(self: &Arc<Self>) -> Result<OwnedSemaphorePermit, QueueError> {
+        self.admit()?.ready().await
+    }
+
+    /// Admits a request without waiting: it takes the model if it is free, or a place in
+    /// the queue; refused at once when `max_queued` already wait. A caller admits before it
+    /// answers anything (so a refusal is a 429, not an error inside a started reply) and
+    /// waits for the model with [`Admission::ready`] afterwards.
+    pub fn admit(self: &Arc<Self>) -> Result<Admission, QueueError> {
         if let Ok(permit) = Arc::clone(&self.model).try_acquire_owned() {
-            return Ok(permit);
+            return Ok(Admission::Ready(permit));
         }
-        let _slot = QueueSlot::take(self)?;
-        Arc::clone(&self.model)
-            .acquire_owned()
-            .await
-            .map_err(|_| QueueError::Closed)
+        Ok(Admission::Waiting(QueueSlot::take(Arc::clone(self))?))
+    }
+}
+
+/// A request admitted to the model: holding it, or holding a place in the queue. Dropping
+/// it gives either back.
+#[derive(Debug)]
+pub enum Admission {
+    Ready(OwnedSemaphorePermit),
+    Waiting(QueueSlot),
+}
+
+impl Admission {
+    /// Waits for the model; the queue place is given back once it is taken.
+    pub async fn ready(self) -> Result<OwnedSemaphorePermit, QueueError> {
+        match self {
+            Self::Ready(permit) => Ok(permit),
+            Self::Waiting(slot) => {
+                let model = Arc::clone(&slot.queue.model);
+                let permit = model.acquire_owned().await.map_err(|_| QueueError::Closed);
+                drop(slot);
+                permit
+            }
+        }
     }
 }
 
 /// A place in the queue, given back when the wait ends or the waiting request is dropped.
-struct QueueSlot<'a> {
-    queue: &'a ModelQueue,
+#[derive(Debug)]
+pub struct QueueSlot {
+    queue: Arc<ModelQueue>,
 }
 
-impl<'a> QueueSlot<'a> {
-    fn take(queue: &'a ModelQueue) -> Result<Self, QueueError> {
+impl QueueSlot {
+    fn take(queue: Arc<ModelQueue>) -> Result<Self, QueueError> {
         let ahead = queue.waiting.fetch_add(1, Ordering::SeqCst);
         if ahead >= queue.max_queued {
             queue.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -86,7 +114,7 @@ impl<'a> QueueSlot<'a> {
     }
 }
 
-impl Drop for QueueSlot<'_> {
+impl Drop for QueueSlot {
     fn drop(&mut self) {
         let left = self.queue.waiting.fetch_sub(1, Ordering::SeqCst) - 1;
         (self.queue.observe)(left);
@@ -122,6 +150,25 @@ mod tests {
         waiter.await.unwrap().unwrap();
         assert_eq!(queue.waiting(), 0);
         assert_eq!(seen.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn admission_refuses_at_once_and_holds_its_place_until_ready() {
+        let queue = Arc::new(ModelQueue::new(1, Box::new(|_| {})));
+        let first = queue.admit().unwrap();
+        assert!(matches!(first, Admission::Ready(_)));
+        let second = queue.admit().unwrap();
+        assert_eq!(
+            queue.waiting(),
+            1,
+            "admitted, not yet waiting for the model"
+        );
+        assert!(matches!(queue.admit(), Err(QueueError::Full(1))));
+        drop(first);
+        let permit = second.ready().await.unwrap();
+        assert_eq!(queue.waiting(), 0);
+        assert!(matches!(queue.admit(), Ok(Admission::Waiting(_))));
+        drop(permit);
     }
 
     #[tokio::test]

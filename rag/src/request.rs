@@ -1,6 +1,7 @@
 //! What a caller asks for: a question, the retrieved documents and how to answer, and the
 //! checks that refuse a request before any model runs.
 
+use hasten_lm::Role;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{RagError, Result};
@@ -9,6 +10,90 @@ use crate::error::{RagError, Result};
 pub const MAX_NEW_TOKENS: usize = 1024;
 /// Most drafts per request: they are decoded as one batch, so m bounds the batch size.
 pub const MAX_DRAFTS: usize = 16;
+/// Most stop strings per request (OpenAI's bound).
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// A system message or an earlier turn of the conversation, as the client sent it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatTurn {
+    pub role: Role,
+    pub content: String,
+}
+
+impl ChatTurn {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+        }
+    }
+}
+
+/// How the answer's tokens are chosen and where it ends, beyond `max_new_tokens`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Decoding {
+    /// 0 is greedy (the default). Speculative mode drafts greedily whatever this is, as the
+    /// paper does: the document subsets supply the diversity.
+    pub temperature: f32,
+    /// Nucleus sampling's probability mass, in (0, 1]; 1 draws from every token.
+    pub top_p: f32,
+    /// Seeds the sampler, so a sampled answer can be reproduced.
+    pub seed: u64,
+    /// The answer ends before the first of these strings (at most [`MAX_STOP_STRINGS`]).
+    pub stop: Vec<String>,
+}
+
+impl Default for Decoding {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            stop: Vec::new(),
+        }
+    }
+}
+
+impl Decoding {
+    /// The sampler's settings.
+    pub fn sampling(&self) -> hasten_lm::Sampling {
+        hasten_lm::Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+
+    /// Refuses values out of range, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return Err(RagError::invalid(
+                "temperature",
+                format!("is {}; it must be between 0 and 2", self.temperature),
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(RagError::invalid(
+                "top_p",
+                format!("is {}; it must be in (0, 1]", self.top_p),
+            ));
+        }
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return Err(RagError::invalid(
+                "stop",
+                format!(
+                    "has {} strings; at most {MAX_STOP_STRINGS} are allowed",
+                    self.stop.len()
+                ),
+            ));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(RagError::invalid("stop", "holds an empty string"));
+        }
+        Ok(())
+    }
+}
 
 /// A retrieved document. `vector` is its embedding, needed when Speculative RAG clusters.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -107,6 +192,12 @@ pub struct AnswerRequest {
     pub max_new_tokens: usize,
     #[serde(default)]
     pub speculative: SpeculativeSettings,
+    /// The client's system messages and the conversation's earlier turns, oldest first; the
+    /// question is the last user turn. Oldest turns are left out when they do not fit.
+    #[serde(default)]
+    pub conversation: Vec<ChatTurn>,
+    #[serde(default)]
+    pub decoding: Decoding,
 }
 
 impl AnswerRequest {
@@ -118,6 +209,8 @@ impl AnswerRequest {
             mode: AnswerMode::Standard,
             max_new_tokens: 64,
             speculative: SpeculativeSettings::default(),
+            conversation: Vec::new(),
+            decoding: Decoding::default(),
         }
     }
 
@@ -142,6 +235,7 @@ impl AnswerRequest {
                 ),
             ));
         }
+        self.decoding.validate()?;
         if self.mode == AnswerMode::Speculative {
             self.validate_speculative()?;
         }

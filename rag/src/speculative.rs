@@ -8,11 +8,14 @@ use hasten_lm::LanguageModel;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::answer::{Answer, AnswerTimings, DraftReport};
+use crate::answer::{Answer, AnswerTimings, DraftReport, DraftingTokens, Finish};
+use crate::backend::AnswerSink;
 use crate::cluster::kmeans;
 use crate::draft::{Draft, write_drafts};
 use crate::error::{RagError, Result};
-use crate::request::{AnswerRequest, DraftSelection, SpeculativeSettings};
+use crate::prompt::{drafter_prompt, verifier_context};
+use crate::request::{AnswerRequest, Document, DraftSelection, SpeculativeSettings};
+use crate::stop::cut_at_stop;
 use crate::subsets::{one_per_cluster, without_clustering};
 use crate::verify::{Verdict, verify};
 
@@ -20,7 +23,7 @@ pub fn answer_speculative(
     drafter: &LanguageModel,
     verifier: &LanguageModel,
     request: &AnswerRequest,
-    on_text: &mut dyn FnMut(&str),
+    sink: &mut dyn AnswerSink,
 ) -> Result<Answer> {
     let started = Instant::now();
     let settings = &request.speculative;
@@ -39,8 +42,11 @@ pub fn answer_speculative(
         &request.documents,
         &subsets,
         settings.draft_tokens,
+        &|| sink.cancelled(),
     )?;
-    let drafter_prompt_tokens = drafting.generation.prompt_tokens;
+    if sink.cancelled() {
+        return Err(RagError::Cancelled);
+    }
 
     let verifying = Instant::now();
     let (verdicts, verifier_tokens) = judge(verifier, request, &drafting.drafts)?;
@@ -59,12 +65,13 @@ pub fn answer_speculative(
     let chosen = choose(&reports, settings)?;
     let best = &reports[chosen];
     tracing::debug!(chosen, score = best.score, "draft chosen");
-    if !best.answer.is_empty() {
-        on_text(&best.answer);
+    let (text, answer_tokens, finish) = bounded_answer(drafter, &best.answer, request)?;
+    if !text.is_empty() {
+        sink.text(&text);
     }
     let total = started.elapsed();
     Ok(Answer {
-        text: best.answer.clone(),
+        text,
         rationale: Some(best.rationale.clone()),
         documents_used: best.documents.clone(),
         timings: AnswerTimings {
@@ -74,10 +81,57 @@ pub fn answer_speculative(
             verify: verify_time,
             total,
         },
-        prompt_tokens: drafter_prompt_tokens + verifier_tokens,
-        generated_tokens: drafting.generation.generated_tokens,
+        prompt_tokens: verifier_tokens,
+        generated_tokens: answer_tokens,
+        finish,
+        drafting: DraftingTokens {
+            prompt_tokens: drafting.generation.prompt_tokens,
+            generated_tokens: drafting.generation.generated_tokens,
+        },
+        dropped_turns: 0,
         drafts: reports,
     })
+}
+
+/// The chosen draft's answer as the request bounds it: cut before the first stop string,
+/// then to `max_new_tokens` of the drafter's tokens. Returns the text, its tokens and why
+/// it ended.
+fn bounded_answer(
+    drafter: &LanguageModel,
+    answer: &str,
+    request: &AnswerRequest,
+) -> Result<(String, usize, Finish)> {
+    let (answer, _) = cut_at_stop(answer, &request.decoding.stop);
+    let tokens = drafter.tokenizer.encode(answer.trim())?;
+    if tokens.len() <= request.max_new_tokens {
+        return Ok((answer.trim().to_string(), tokens.len(), Finish::Stop));
+    }
+    let kept = &tokens[..request.max_new_tokens];
+    let text = drafter.tokenizer.decode(kept)?;
+    let text = text.trim_end_matches('\u{FFFD}').trim().to_string();
+    Ok((text, kept.len(), Finish::Length))
+}
+
+/// Refuses what [`answer_speculative`] would refuse before any forward pass: the settings,
+/// and a question that leaves no room in the drafter's or the verifier's context.
+pub fn check_speculative(
+    drafter: &LanguageModel,
+    verifier: &LanguageModel,
+    request: &AnswerRequest,
+) -> Result<()> {
+    let widest: Vec<&Document> = request
+        .documents
+        .iter()
+        .take(request.speculative.clusters)
+        .collect();
+    drafter_prompt(
+        drafter,
+        &request.question,
+        &widest,
+        request.speculative.draft_tokens,
+    )?;
+    verifier_context(verifier, &request.question)?;
+    Ok(())
 }
 
 /// The m document subsets: one document per k-means cluster, or (the ablation) k documents

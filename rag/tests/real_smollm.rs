@@ -55,7 +55,7 @@ fn smollm2_answers_from_the_documents_in_both_modes() {
     };
     let mut streamed = String::new();
     let answer = backend
-        .answer(&standard, &mut |t| streamed.push_str(t))
+        .answer(&standard, &mut |t: &str| streamed.push_str(t))
         .expect("standard");
     eprintln!("standard: {:?} ({:?})", answer.text, answer.timings);
     assert!(
@@ -76,7 +76,7 @@ fn smollm2_answers_from_the_documents_in_both_modes() {
         ..standard.clone()
     };
     let answer = backend
-        .answer(&speculative, &mut |_| {})
+        .answer(&speculative, &mut |_: &str| {})
         .expect("speculative");
     for draft in &answer.drafts {
         eprintln!("draft {draft:?}");

@@ -40,7 +40,8 @@ fn batched_drafting_equals_drafting_each_subset_alone() {
     let documents = common::clustered_documents();
     // Subsets of different lengths (one to three documents), so the batch is left-padded.
     let subsets = vec![vec![0, 1], vec![2], vec![3, 4, 5], vec![1, 4]];
-    let batched = write_drafts(&drafter, QUESTION, &documents, &subsets, 12).expect("batch");
+    let batched =
+        write_drafts(&drafter, QUESTION, &documents, &subsets, 12, &|| false).expect("batch");
     assert_eq!(batched.drafts.len(), subsets.len());
     for (row, subset) in subsets.iter().enumerate() {
         let alone = write_drafts(
@@ -49,6 +50,7 @@ fn batched_drafting_equals_drafting_each_subset_alone() {
             &documents,
             std::slice::from_ref(subset),
             12,
+            &|| false,
         )
         .expect("alone");
         let (a, b) = (&batched.drafts[row], &alone.drafts[0]);
@@ -107,7 +109,7 @@ fn a_single_draft_is_the_drafters_answer() {
     let request = speculative(1);
     let mut streamed = String::new();
     let answer = backend
-        .answer(&request, &mut |t| streamed.push_str(t))
+        .answer(&request, &mut |t: &str| streamed.push_str(t))
         .expect("answer");
     assert_eq!(answer.drafts.len(), 1);
     let draft = &answer.drafts[0];
@@ -117,6 +119,7 @@ fn a_single_draft_is_the_drafters_answer() {
         &request.documents,
         std::slice::from_ref(&draft.documents),
         request.speculative.draft_tokens,
+        &|| false,
     )
     .expect("draft");
     assert_eq!(answer.text, direct.drafts[0].answer);
@@ -133,7 +136,7 @@ fn speculative_mode_returns_every_draft_and_answers_with_the_best() {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = common::tiny_backend(dir.path());
     let request = speculative(4);
-    let answer = backend.answer(&request, &mut |_| {}).expect("answer");
+    let answer = backend.answer(&request, &mut |_: &str| {}).expect("answer");
     assert_eq!(answer.drafts.len(), 4);
     for draft in &answer.drafts {
         assert!(draft.score.is_finite(), "{draft:?}");
@@ -159,12 +162,14 @@ fn speculative_mode_returns_every_draft_and_answers_with_the_best() {
     assert!(answer.prompt_tokens > 0 && answer.generated_tokens > 0);
 
     // The same request gives the same answer; random selection is the seeded ablation.
-    let again = backend.answer(&request, &mut |_| {}).expect("again");
+    let again = backend.answer(&request, &mut |_: &str| {}).expect("again");
     assert_eq!(again.drafts, answer.drafts);
     let mut random = request.clone();
     random.speculative.selection = DraftSelection::Random { seed: 1 };
-    let a = backend.answer(&random, &mut |_| {}).expect("random");
-    let b = backend.answer(&random, &mut |_| {}).expect("random again");
+    let a = backend.answer(&random, &mut |_: &str| {}).expect("random");
+    let b = backend
+        .answer(&random, &mut |_: &str| {})
+        .expect("random again");
     assert_eq!(a.documents_used, b.documents_used);
     assert!(a.drafts.iter().all(|d| d.consistency_logprob == 0.0));
 }
@@ -179,7 +184,7 @@ fn standard_mode_streams_the_verifiers_answer() {
     };
     let mut streamed = String::new();
     let answer = backend
-        .answer(&request, &mut |t| streamed.push_str(t))
+        .answer(&request, &mut |t: &str| streamed.push_str(t))
         .expect("answer");
     assert_eq!(streamed.trim(), answer.text);
     assert!(answer.drafts.is_empty() && answer.rationale.is_none());
@@ -200,7 +205,7 @@ fn long_documents_are_cut_to_fit_the_context() {
         max_new_tokens: 4,
         ..AnswerRequest::new(QUESTION, documents)
     };
-    let answer = backend.answer(&request, &mut |_| {}).expect("fits");
+    let answer = backend.answer(&request, &mut |_: &str| {}).expect("fits");
     assert!(answer.prompt_tokens <= support::TINY_CHAT_CONTEXT as usize);
 }
 
@@ -226,5 +231,5 @@ fn one_path_loads_one_model_for_both_roles() {
         max_new_tokens: 4,
         ..AnswerRequest::new(QUESTION, common::clustered_documents())
     };
-    pair.answer(&request, &mut |_| {}).expect("answer");
+    pair.answer(&request, &mut |_: &str| {}).expect("answer");
 }

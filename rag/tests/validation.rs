@@ -106,7 +106,7 @@ fn the_backend_refuses_before_running_a_model() {
     request.documents[0].vector = None;
     let mut streamed = String::new();
     let error = backend
-        .answer(&request, &mut |t| streamed.push_str(t))
+        .answer(&request, &mut |t: &str| streamed.push_str(t))
         .expect_err("must refuse");
     assert_eq!(error.field(), Some("documents"), "{error}");
     assert!(

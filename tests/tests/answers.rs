@@ -107,7 +107,15 @@ async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
                 .total_cmp(&b["score"].as_f64().unwrap())
         })
         .unwrap();
-    assert_eq!(reply["answer"], best["answer"], "{reply}");
+    // The best draft's answer, cut to max_tokens when it is longer.
+    let (answer, best_answer) = (
+        reply["answer"].as_str().unwrap(),
+        best["answer"].as_str().unwrap(),
+    );
+    match reply["finish_reason"].as_str().unwrap() {
+        "stop" => assert_eq!(answer, best_answer, "{reply}"),
+        _ => assert!(best_answer.starts_with(answer), "{reply}"),
+    }
     assert_eq!(reply["used"], best["documents"]);
 
     // Streamed: documents first, then the text in pieces that add up to the final answer.
@@ -151,20 +159,11 @@ async fn the_edge_answers_from_what_it_retrieved_in_both_modes() {
         (json!({"question": "q", "max_tokens": 100000}), "max_tokens"),
         (json!({"question": "q", "mode": "fastest"}), "mode"),
         (json!({"question": "q", "k": 100000}), "k"),
-        (json!({"question": "q", "temperature": 2}), "body"),
+        (json!({"question": "q", "temperature": 3}), "temperature"),
     ] {
         let (status, reply) = post(&http, &addr, &body).await;
         assert_eq!(status, 400, "{body}: {reply}");
-        let named = reply["error"]["field"].as_str().unwrap_or_default();
-        assert!(
-            named == field
-                || (field == "body" && named.is_empty())
-                || reply["error"]["message"]
-                    .as_str()
-                    .unwrap()
-                    .contains("temperature"),
-            "{body}: {reply}"
-        );
+        assert_eq!(reply["error"]["field"], field, "{body}: {reply}");
     }
 
     // Metrics count the answers by mode.

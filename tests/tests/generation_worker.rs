@@ -96,6 +96,7 @@ async fn a_worker_answers_for_the_edge_exactly_as_the_edge_would() {
             k: Some(5),
             mode: pb::AnswerMode::Standard as i32,
             max_tokens: Some(24),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -134,6 +135,7 @@ async fn a_worker_answers_for_the_edge_exactly_as_the_edge_would() {
             k: None,
             mode: 9,
             max_tokens: None,
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -134,7 +134,7 @@ fn run_policy(
     for &q in stream {
         let pool = Arc::clone(&pool);
         let request = setup.requests[q].clone();
-        let answer = std::thread::spawn(move || pool.answer(&request, &mut |_| {}))
+        let answer = std::thread::spawn(move || pool.answer(&request, &mut |_: &str| {}))
             .join()
             .map_err(|_| anyhow::anyhow!("the request thread panicked"))??;
         ttfts.push(answer.timings.first_token.as_secs_f64());

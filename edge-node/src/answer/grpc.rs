@@ -4,16 +4,15 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures::Stream;
-use futures::stream::{self, StreamExt};
+use futures::{Stream, StreamExt};
 use hasten_lm_worker::conversions::{draft_proto, micros, mode_from_proto, mode_proto};
 use hasten_proto::v1 as pb;
 use hasten_rag::AnswerMode;
-use tokio::sync::mpsc;
 use tonic::Status;
 
-use super::json::{AnswerBody, ModeJson};
-use super::{AnswerService, Answered};
+use super::http::finish_reason;
+use super::json::{AnswerBody, ModeJson, StopJson};
+use super::{AnswerEvent, AnswerService, Answered};
 use crate::api::json::{DocumentJson, OutcomeJson};
 use crate::api::{EdgeError, InvalidArgument};
 use crate::retrieval::Outcome;
@@ -33,6 +32,10 @@ fn body_from_proto(request: pb::AnswerRequest) -> Result<AnswerBody, InvalidArgu
         },
         max_tokens: request.max_tokens.map(i64::from),
         stream: true,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        seed: request.seed,
+        stop: (!request.stop.is_empty()).then_some(StopJson::Many(request.stop)),
     })
 }
 
@@ -43,7 +46,7 @@ fn outcome(outcome: Outcome) -> pb::Outcome {
     })
 }
 
-fn event(event: pb::answer_event::Event) -> pb::AnswerEvent {
+fn event_of(event: pb::answer_event::Event) -> pb::AnswerEvent {
     pb::AnswerEvent { event: Some(event) }
 }
 
@@ -55,6 +58,8 @@ pub fn response_proto(answered: Answered) -> pb::AnswerResponse {
         retrieval,
         answer,
         mode,
+        query,
+        notes,
         retrieve,
         queued,
     } = answered;
@@ -74,6 +79,11 @@ pub fn response_proto(answered: Answered) -> pb::AnswerResponse {
         drafts: answer.drafts.into_iter().map(draft_proto).collect(),
         prompt_tokens: answer.prompt_tokens as u64,
         generated_tokens: answer.generated_tokens as u64,
+        finish_reason: finish_reason(answer.finish).into(),
+        draft_prompt_tokens: answer.drafting.prompt_tokens as u64,
+        draft_generated_tokens: answer.drafting.generated_tokens as u64,
+        query,
+        notes,
         timings: Some(pb::AnswerTimings {
             retrieve_us: micros(retrieve),
             queue_us: micros(queued),
@@ -86,7 +96,8 @@ pub fn response_proto(answered: Answered) -> pb::AnswerResponse {
     }
 }
 
-/// Checks and retrieves (any refusal is the call's status), then streams the answer.
+/// Checks, retrieves and admits (any refusal is the call's status), then streams the
+/// answer; a client that cancels the call drops the stream and so the generation.
 pub async fn answer_events(
     service: &AnswerService,
     authorization: Option<&str>,
@@ -97,33 +108,22 @@ pub async fn answer_events(
         .and_then(|body| service.validate(body))
         .map_err(EdgeError::from);
     let prepared = service.prepare(authorization, timeout, input).await?;
-    let documents = pb::RetrievedDocuments {
-        documents: prepared
-            .retrieval
-            .documents
-            .iter()
-            .cloned()
-            .map(|d| pb::Document::from(DocumentJson::from(d)))
-            .collect(),
-        outcome: outcome(prepared.retrieval.outcome) as i32,
-    };
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let service = service.clone();
-    let finished = tokio::spawn(async move { service.generate(prepared, Some(sender)).await });
-    let head =
-        stream::once(async move { Ok(event(pb::answer_event::Event::Documents(documents))) });
-    let deltas = stream::unfold(receiver, |mut receiver| async move {
-        let text = receiver.recv().await?;
-        Some((Ok(event(pb::answer_event::Event::Delta(text))), receiver))
+    let events = service.stream(prepared).map(|event| match event {
+        AnswerEvent::Documents(retrieval) => Ok(event_of(pb::answer_event::Event::Documents(
+            pb::RetrievedDocuments {
+                outcome: outcome(retrieval.outcome) as i32,
+                documents: retrieval
+                    .documents
+                    .into_iter()
+                    .map(|d| pb::Document::from(DocumentJson::from(d)))
+                    .collect(),
+            },
+        ))),
+        AnswerEvent::Delta(text) => Ok(event_of(pb::answer_event::Event::Delta(text))),
+        AnswerEvent::Done(answered) => Ok(event_of(pb::answer_event::Event::Answer(
+            response_proto(*answered),
+        ))),
+        AnswerEvent::Failed(error) => Err(Status::from(error)),
     });
-    let tail = stream::once(async move {
-        match finished.await {
-            Ok(Ok(answered)) => Ok(event(pb::answer_event::Event::Answer(response_proto(
-                answered,
-            )))),
-            Ok(Err(error)) => Err(Status::from(error)),
-            Err(join) => Err(Status::from(EdgeError::TaskFailed(join))),
-        }
-    });
-    Ok(head.chain(deltas).chain(tail).boxed())
+    Ok(events.boxed())
 }

@@ -12,11 +12,11 @@ use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use futures::stream::{self, StreamExt};
-use tokio::sync::mpsc;
+use futures::StreamExt;
+use hasten_rag::Finish;
 
-use super::json::{AnswerBody, AnswerReply, AnswerTimingsJson, DraftJson, ModeJson};
-use super::{AnswerInput, AnswerService, Answered};
+use super::json::{AnswerBody, AnswerReply, AnswerTimingsJson, DraftJson, DraftingJson, ModeJson};
+use super::{AnswerEvent, AnswerInput, AnswerService, Answered};
 use crate::api::EdgeError;
 use crate::api::conversions::error_json;
 use crate::api::json::{DocumentJson, OutcomeJson, parse_json_object};
@@ -51,38 +51,29 @@ async fn answer(State(state): State<AnswerState>, headers: HeaderMap, body: Body
         Ok(prepared) => prepared,
         Err(error) => return error.into_response(),
     };
+    let events = state.service.stream(prepared);
     if !stream {
-        return match state.service.generate(prepared, None).await {
+        return match events.answered().await {
             Ok(answered) => axum::Json(reply(answered)).into_response(),
             Err(error) => error.into_response(),
         };
     }
-    let documents: Vec<DocumentJson> = prepared
-        .retrieval
-        .documents
-        .iter()
-        .cloned()
-        .map(DocumentJson::from)
-        .collect();
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let service = state.service.clone();
-    let finished = tokio::spawn(async move { service.generate(prepared, Some(sender)).await });
-    let head = stream::once(async move { json_event("documents", &documents) });
-    let deltas = stream::unfold(receiver, |mut receiver| async move {
-        let text = receiver.recv().await?;
-        Some((
-            json_event("delta", &serde_json::json!({ "text": text })),
-            receiver,
-        ))
+    let events = events.map(|event| {
+        Ok::<_, Infallible>(match event {
+            AnswerEvent::Documents(retrieval) => {
+                let documents: Vec<DocumentJson> = retrieval
+                    .documents
+                    .into_iter()
+                    .map(DocumentJson::from)
+                    .collect();
+                json_event("documents", &documents)
+            }
+            AnswerEvent::Delta(text) => json_event("delta", &serde_json::json!({ "text": text })),
+            AnswerEvent::Done(answered) => json_event("answer", &reply(*answered)),
+            AnswerEvent::Failed(error) => json_event("error", &error_json(&error)),
+        })
     });
-    let tail = stream::once(async move {
-        match finished.await {
-            Ok(Ok(answered)) => json_event("answer", &reply(answered)),
-            Ok(Err(error)) => json_event("error", &error_json(&error)),
-            Err(join) => json_event("error", &error_json(&EdgeError::TaskFailed(join))),
-        }
-    });
-    Sse::new(head.chain(deltas).chain(tail).map(Ok::<_, Infallible>))
+    Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
         .into_response()
 }
@@ -106,6 +97,14 @@ async fn read_answer_input(
     Ok((state.service.validate(body)?, stream))
 }
 
+/// `finish_reason` as OpenAI names it.
+pub fn finish_reason(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    }
+}
+
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -118,6 +117,8 @@ pub fn reply(answered: Answered) -> AnswerReply {
         retrieval,
         answer,
         mode,
+        query,
+        notes,
         retrieve,
         queued,
     } = answered;
@@ -151,6 +152,14 @@ pub fn reply(answered: Answered) -> AnswerReply {
             .collect(),
         prompt_tokens: answer.prompt_tokens,
         generated_tokens: answer.generated_tokens,
+        finish_reason: finish_reason(answer.finish).into(),
+        drafting: (mode == hasten_rag::AnswerMode::Speculative).then_some(DraftingJson {
+            prompt_tokens: answer.drafting.prompt_tokens,
+            generated_tokens: answer.drafting.generated_tokens,
+        }),
+        query,
+        dropped_turns: answer.dropped_turns,
+        notes,
         timings: AnswerTimingsJson {
             retrieve_ms: millis(retrieve),
             queue_ms: millis(queued),

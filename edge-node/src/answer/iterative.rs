@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use hasten_lm::LanguageModel;
-use hasten_rag::{QueueError, RagError};
+use hasten_rag::RagError;
 use hasten_spec_retrieval::{RetrievalError, RetrievedDocument, SpecError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -95,10 +95,7 @@ impl AnswerService {
             "iterative RAG runs on a model loaded here: set `lm_model`",
         ))?;
         let started = Instant::now();
-        let permit = self.queue.enter().await.map_err(|error| match error {
-            QueueError::Full(bound) => EdgeError::AnswerQueueFull(bound),
-            QueueError::Closed => EdgeError::NoLanguageModel("the language model is shutting down"),
-        })?;
+        let permit = self.queue.enter().await.map_err(super::queue_error)?;
         let queued_ms = started.elapsed().as_secs_f64() * 1e3;
         let service = self.retrieval.clone();
         let engine = EngineHandle {

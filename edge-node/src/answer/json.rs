@@ -24,6 +24,36 @@ pub struct AnswerBody {
     /// Server-sent events: the documents, then the answer's text as it is generated.
     #[serde(default)]
     pub stream: bool,
+    /// 0 (the default) is greedy.
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    /// The answer ends before the first of these (a string or up to 4).
+    pub stop: Option<StopJson>,
+}
+
+/// `stop` as OpenAI takes it: one string or a list.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum StopJson {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopJson {
+    pub fn into_strings(self) -> Vec<String> {
+        match self {
+            Self::One(stop) => vec![stop],
+            Self::Many(stops) => stops,
+        }
+    }
+}
+
+/// Speculative RAG's drafter: the drafts' prompts and every draft's tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftingJson {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
 }
 
 /// Milliseconds per stage of an answer.
@@ -61,7 +91,26 @@ pub struct AnswerReply {
     pub rationale: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub drafts: Vec<DraftJson>,
+    /// The answering model's prompt (speculative: the verifier's rows).
     pub prompt_tokens: usize,
+    /// The answer's tokens.
     pub generated_tokens: usize,
+    /// `length` when the answer reached `max_tokens`, else `stop`.
+    pub finish_reason: String,
+    /// Speculative mode: what the drafter read and wrote.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub drafting: Option<DraftingJson>,
+    /// What retrieval ran on (a chat's standalone question).
+    pub query: String,
+    /// Earlier turns of a chat left out of the prompt so that it fits the model's context.
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub dropped_turns: usize,
+    /// What the edge changed to answer the request, in words.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub notes: Vec<String>,
     pub timings: AnswerTimingsJson,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

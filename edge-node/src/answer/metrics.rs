@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hasten_core::metrics::prometheus::{
-    self, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    self, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 use hasten_core::metrics::{GENERATION_BUCKETS, TOKEN_RATE_BUCKETS, register};
 use hasten_rag::AnswerMode;
@@ -20,6 +20,7 @@ pub struct AnswerMetrics {
     first_token: HistogramVec,
     decode_rate: HistogramVec,
     generated: IntCounterVec,
+    cancelled: IntCounter,
     queue: IntGauge,
 }
 
@@ -90,6 +91,13 @@ impl AnswerMetrics {
                     &["mode"],
                 )?,
             )?,
+            cancelled: register(
+                registry,
+                IntCounter::new(
+                    "hasten_answer_cancelled_total",
+                    "Answers whose client went away before the end; their generation stopped",
+                )?,
+            )?,
             queue: register(
                 registry,
                 IntGauge::new(
@@ -119,6 +127,10 @@ impl AnswerMetrics {
 
     pub(crate) fn observe_error(&self, error: &EdgeError) {
         self.errors.with_label_values(&[error.kind()]).inc();
+    }
+
+    pub(crate) fn observe_cancelled(&self) {
+        self.cancelled.inc();
     }
 
     pub(crate) fn set_queue(&self, waiting: usize) {

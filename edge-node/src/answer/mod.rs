@@ -1,12 +1,16 @@
-//! Answers on the edge: `POST /v1/answer` retrieves with HaS (the retrieval pipeline as
-//! `/v1/retrieve` runs it), then generates through an [`LmBackend`]: standard RAG, or
-//! Speculative RAG (drafts from document subsets by the small model, verified by the large
-//! one).
+//! Answers on the edge: `POST /v1/answer`, `POST /v1/chat/completions` and `Edge.Answer`
+//! are thin front ends over one [`AnswerService`]. [`AnswerService::prepare`] does
+//! everything that can refuse a request (validation, authorization and retrieval, the
+//! backend's check of the prompt, admission to the queue), so a refusal is a status code,
+//! never an error inside a reply that has started. [`AnswerService::stream`] then generates
+//! through an [`LmBackend`] (standard RAG, or Speculative RAG) and yields the answer as
+//! [`AnswerEvent`]s; dropping the stream cancels the generation within one decoding step.
 //!
 //! Generation uses every core, so answers take the language model one at a time, in
 //! arrival order, behind a bounded queue ([`ModelQueue`]); beyond it a request is refused
 //! at once.
 
+pub mod chat;
 pub mod grpc;
 pub mod http;
 mod iterative;
@@ -15,22 +19,23 @@ pub mod metrics;
 pub mod openai;
 pub mod ralm;
 pub mod spechop;
+mod stream;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hasten_lm::LanguageModel;
 use hasten_rag::{
-    Answer, AnswerMode, AnswerRequest, Document, LmBackend, ModelQueue, QueueError,
-    SpeculativeSettings,
+    Admission, Answer, AnswerMode, AnswerRequest, ChatTurn, Decoding, Document, LmBackend,
+    ModelQueue, QueueError, RagError, SpeculativeSettings,
 };
-use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
 use crate::pipeline::{EdgeService, Incoming};
 use crate::retrieval::Retrieval;
 use metrics::AnswerMetrics;
+pub use stream::{AnswerEvent, AnswerStream};
 
 /// Bounds and defaults of `/v1/answer`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,6 +43,7 @@ pub struct AnswerLimits {
     /// Tokens generated when a request names no `max_tokens`.
     pub default_max_tokens: usize,
     pub max_tokens: usize,
+    /// Longest retrieval query, in characters (`max_query_chars`).
     pub max_question_chars: usize,
     /// Answers waiting for the language model, beyond the one being generated.
     pub max_queued: usize,
@@ -47,26 +53,30 @@ pub struct AnswerLimits {
 /// A validated answer request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AnswerInput {
+    /// What the model answers: the question, or a chat's last user message.
     pub question: String,
+    /// What retrieval runs on: the question, or a chat's standalone question
+    /// ([`chat::retrieval_query`]).
+    pub query: String,
+    /// A chat's system messages and earlier turns.
+    pub conversation: Vec<ChatTurn>,
     pub k: Option<i64>,
     pub mode: AnswerMode,
     pub max_tokens: usize,
+    pub decoding: Decoding,
 }
 
-/// A request that passed every check, with its documents retrieved.
+/// A request that passed every check, with its documents retrieved and its place in the
+/// queue taken.
 pub struct Prepared {
     pub retrieval: Retrieval,
     request: AnswerRequest,
+    query: String,
+    notes: Vec<String>,
     backend: Arc<dyn LmBackend>,
+    admission: Admission,
     started: Instant,
     retrieve: Duration,
-}
-
-impl Prepared {
-    /// The answer's token budget.
-    pub fn max_new_tokens(&self) -> usize {
-        self.request.max_new_tokens
-    }
 }
 
 /// What the pipeline hands back: the retrieval, the answer and the time spent waiting.
@@ -74,6 +84,11 @@ pub struct Answered {
     pub retrieval: Retrieval,
     pub answer: Answer,
     pub mode: AnswerMode,
+    /// What retrieval ran on.
+    pub query: String,
+    /// What the edge changed in the request to answer it, in words (fewer clusters than
+    /// configured, turns left out of the prompt, greedy drafts).
+    pub notes: Vec<String>,
     pub retrieve: Duration,
     pub queued: Duration,
 }
@@ -132,6 +147,13 @@ impl AnswerService {
         &self.retrieval
     }
 
+    /// Whether this edge answers in `mode` (`/v1/models` lists only those).
+    pub fn serves(&self, mode: AnswerMode) -> bool {
+        self.backend
+            .as_ref()
+            .is_some_and(|backend| backend.serves(mode))
+    }
+
     /// Checks a parsed body against the limits; errors name the field.
     pub fn validate(&self, body: json::AnswerBody) -> Result<AnswerInput, InvalidArgument> {
         let question = body.question.unwrap_or_default();
@@ -152,29 +174,43 @@ impl AnswerService {
                 ),
             ));
         }
-        let max_tokens = match body.max_tokens {
-            None => self.limits.default_max_tokens,
-            Some(n) if n >= 1 && n as u64 <= self.limits.max_tokens as u64 => n as usize,
-            Some(n) => {
-                return Err(InvalidArgument::new(
-                    "max_tokens",
-                    format!("must be between 1 and {}, got {n}", self.limits.max_tokens),
-                ));
-            }
-        };
         Ok(AnswerInput {
             question: question.to_string(),
+            query: question.to_string(),
+            conversation: Vec::new(),
             k: body.k,
             mode: match body.mode {
                 json::ModeJson::Standard => AnswerMode::Standard,
                 json::ModeJson::Speculative => AnswerMode::Speculative,
             },
-            max_tokens,
+            max_tokens: self.max_tokens(body.max_tokens)?,
+            decoding: Decoding {
+                temperature: body.temperature.unwrap_or(0.0),
+                top_p: body.top_p.unwrap_or(1.0),
+                seed: body.seed.unwrap_or(0),
+                stop: body
+                    .stop
+                    .map(json::StopJson::into_strings)
+                    .unwrap_or_default(),
+            },
         })
     }
 
-    /// Checks the request and retrieves its documents; everything that can refuse a request
-    /// happens here, before a streamed reply starts.
+    /// The answer's token budget: the request's, within the edge's bound, or the default.
+    pub fn max_tokens(&self, asked: Option<i64>) -> Result<usize, InvalidArgument> {
+        match asked {
+            None => Ok(self.limits.default_max_tokens),
+            Some(n) if n >= 1 && n as u64 <= self.limits.max_tokens as u64 => Ok(n as usize),
+            Some(n) => Err(InvalidArgument::new(
+                "max_tokens",
+                format!("must be between 1 and {}, got {n}", self.limits.max_tokens),
+            )),
+        }
+    }
+
+    /// Checks the request, retrieves its documents, has the backend check the prompt and
+    /// takes a place in the queue: everything that can refuse a request happens here,
+    /// before a reply starts.
     pub async fn prepare(
         &self,
         authorization: Option<&str>,
@@ -184,7 +220,7 @@ impl AnswerService {
         let started = Instant::now();
         let prepared = self
             .retrieve(authorization, timeout, input, started)
-            .instrument(tracing::info_span!("answer_retrieve"))
+            .instrument(tracing::info_span!("answer_prepare"))
             .await;
         if let Err(error) = &prepared {
             self.metrics.observe_error(error);
@@ -203,18 +239,28 @@ impl AnswerService {
         let backend = self.backend.clone().ok_or(EdgeError::NoLanguageModel(
             "set `lm_model` (and `lm_drafter` for speculative answers)",
         ))?;
+        // Refused before retrieval: it costs nothing to say.
+        input.decoding.validate().map_err(generation_error)?;
+        if !backend.serves(input.mode) {
+            return Err(InvalidArgument::new(
+                "mode",
+                "this edge's generation backend answers in standard mode only",
+            )
+            .into());
+        }
         let retrieval = self
             .retrieval
             .handle(Incoming {
                 authorization,
                 timeout,
                 input: Ok(RetrieveInput {
-                    query: Some(input.question.clone()),
+                    query: Some(input.query.clone()),
                     vector: None,
                     k: input.k,
                 }),
             })
             .await?;
+        let retrieve = started.elapsed();
         let documents: Vec<Document> = retrieval
             .documents
             .iter()
@@ -225,84 +271,92 @@ impl AnswerService {
                 id: Some(doc.id),
             })
             .collect();
+        let mut notes = Vec::new();
+        let mut speculative = self.limits.speculative;
+        let mut question = input.question;
+        let mut conversation = input.conversation;
+        if input.mode == AnswerMode::Speculative {
+            if documents.len() < speculative.clusters {
+                notes.push(format!(
+                    "{} documents retrieved, fewer than the {} clusters configured: drafted \
+                     from {} clusters",
+                    documents.len(),
+                    speculative.clusters,
+                    documents.len().max(1)
+                ));
+                speculative.clusters = documents.len().max(1);
+            }
+            if !conversation.is_empty() {
+                // Drafts are written from one question: the standalone one retrieval used.
+                notes.push(
+                    "speculative mode answers the standalone question retrieval used; the \
+                     system messages and earlier turns were not read"
+                        .into(),
+                );
+                question = input.query.clone();
+                conversation.clear();
+            }
+            if input.decoding.temperature > 0.0 {
+                notes.push(
+                    "speculative drafts are greedy (the paper's setting); temperature and \
+                     top_p apply in standard mode"
+                        .into(),
+                );
+            }
+        }
+        let request = AnswerRequest {
+            question,
+            documents,
+            mode: input.mode,
+            max_new_tokens: input.max_tokens,
+            speculative,
+            conversation,
+            decoding: input.decoding,
+        };
+        let (request, backend) = tokio::task::spawn_blocking(move || {
+            let checked = backend.check(&request);
+            checked.map(|()| (request, backend))
+        })
+        .await
+        .map_err(EdgeError::TaskFailed)?
+        .map_err(generation_error)?;
+        let admission = self.queue.admit().map_err(queue_error)?;
         Ok(Prepared {
             retrieval,
-            request: AnswerRequest {
-                question: input.question,
-                documents,
-                mode: input.mode,
-                max_new_tokens: input.max_tokens,
-                speculative: self.limits.speculative,
-            },
+            request,
+            query: input.query,
+            notes,
             backend,
+            admission,
             started,
-            retrieve: started.elapsed(),
+            retrieve,
         })
     }
 
-    /// Waits for the language model and answers. `on_text` receives the answer's text as it
-    /// is generated (a streamed reply sends it on).
-    pub async fn generate(
-        &self,
-        prepared: Prepared,
-        on_text: Option<mpsc::UnboundedSender<String>>,
-    ) -> Result<Answered, EdgeError> {
-        let Prepared {
-            retrieval,
-            request,
-            backend,
-            started,
-            retrieve,
-        } = prepared;
-        let mode = request.mode;
-        let span = tracing::info_span!(
-            "answer_generate",
-            ?mode,
-            max_tokens = request.max_new_tokens
-        );
-        let outcome = async {
-            let queued_at = Instant::now();
-            let permit = self.queue.enter().await.map_err(|error| match error {
-                QueueError::Full(bound) => EdgeError::AnswerQueueFull(bound),
-                QueueError::Closed => {
-                    EdgeError::NoLanguageModel("the language model is shutting down")
-                }
-            })?;
-            let queued = queued_at.elapsed();
-            let answer = tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                let mut forward = |text: &str| {
-                    if let Some(sender) = &on_text {
-                        // A client that went away stops receiving; the answer still
-                        // completes (and is counted) rather than stopping the model mid-batch.
-                        let _ = sender.send(text.to_string());
-                    }
-                };
-                backend.answer(&request, &mut forward)
-            })
-            .await
-            .map_err(EdgeError::TaskFailed)?
-            .map_err(|error| match error.field() {
-                Some(field) => {
-                    EdgeError::InvalidArgument(InvalidArgument::new(field, error.to_string()))
-                }
-                None if error.is_retryable() => EdgeError::GenerationUnavailable(error),
-                None => EdgeError::Generation(error),
-            })?;
-            Ok(Answered {
-                retrieval,
-                answer,
-                mode,
-                retrieve,
-                queued,
-            })
-        }
-        .instrument(span)
-        .await;
-        match &outcome {
-            Ok(answered) => self.metrics.observe(answered, started.elapsed()),
-            Err(error) => self.metrics.observe_error(error),
-        }
-        outcome
+    /// Generates the prepared answer: the documents, the answer's text as it is generated,
+    /// then the whole answer (or the failure). Dropping the stream cancels the generation.
+    pub fn stream(&self, prepared: Prepared) -> AnswerStream {
+        stream::start(self.clone(), prepared)
+    }
+
+    pub(crate) fn metrics(&self) -> &AnswerMetrics {
+        &self.metrics
+    }
+}
+
+/// A refusal of the queue as the edge reports it.
+fn queue_error(error: QueueError) -> EdgeError {
+    match error {
+        QueueError::Full(bound) => EdgeError::AnswerQueueFull(bound),
+        QueueError::Closed => EdgeError::NoLanguageModel("the language model is shutting down"),
+    }
+}
+
+/// A backend's failure as the edge reports it: a refused request names its field.
+fn generation_error(error: RagError) -> EdgeError {
+    match error.field() {
+        Some(field) => EdgeError::InvalidArgument(InvalidArgument::new(field, error.to_string())),
+        None if error.is_retryable() => EdgeError::GenerationUnavailable(error),
+        None => EdgeError::Generation(error),
     }
 }

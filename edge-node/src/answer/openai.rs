@@ -1,9 +1,11 @@
 //! OpenAI-compatible chat completions, retrieval-augmented: `POST /v1/chat/completions`
 //! (streaming and not) and `GET /v1/models`, so that the clients people already use (OpenAI
 //! SDKs, LangChain, LlamaIndex) talk to Hasten unchanged. The last user message is the
-//! question the edge retrieves for and answers; the model name picks the mode
+//! question the model answers, with the system messages and earlier turns in its prompt;
+//! retrieval runs on a standalone question ([`super::chat`]). The model name picks the mode
 //! (`hasten-rag` standard, `hasten-rag-speculative` Speculative RAG). Errors have OpenAI's
-//! shape (`{"error": {"message", "type", "param", "code"}}`).
+//! shape (`{"error": {"message", "type", "param", "code"}}`), refusals come before the
+//! reply starts, and a client that leaves cancels its generation.
 
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,17 +13,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::stream::{self, StreamExt};
+use hasten_rag::{AnswerMode, Decoding};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
-use super::json::{AnswerBody, ModeJson};
-use super::{AnswerService, Answered};
+use super::chat::{ChatMessageJson, read_messages, retrieval_query};
+use super::http::finish_reason;
+use super::json::StopJson;
+use super::{AnswerEvent, AnswerInput, AnswerService, Answered};
 use crate::api::json::parse_json_object;
 use crate::api::{EdgeError, InvalidArgument};
 use crate::http::{BodyLimits, client_timeout, read_json_bytes, status_code};
@@ -44,30 +48,39 @@ pub fn chat_routes(service: AnswerService, body: BodyLimits) -> Router {
         .with_state(ChatState { service, body })
 }
 
-#[derive(Debug, Deserialize)]
-struct ChatMessage {
-    role: String,
-    #[serde(default)]
-    content: Value,
-}
-
-/// The fields Hasten reads; clients send many more (temperature, user, ...), which are
-/// accepted and ignored as an OpenAI server ignores what it does not support.
+/// The fields Hasten reads. Fields that change what is generated and that Hasten cannot do
+/// are refused by name ([`unsupported`]); the rest (`user`, `metadata`, ...) are accepted
+/// and ignored as an OpenAI server ignores what does not apply.
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
     model: String,
-    messages: Vec<ChatMessage>,
-    #[serde(default)]
+    messages: Vec<ChatMessageJson>,
     max_tokens: Option<i64>,
-    #[serde(default)]
     max_completion_tokens: Option<i64>,
     #[serde(default)]
     stream: bool,
-    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<StopJson>,
     n: Option<i64>,
+    tools: Option<Value>,
+    functions: Option<Value>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    logit_bias: Option<Value>,
+    response_format: Option<Value>,
     /// Hasten's extension: documents to retrieve (`k`).
-    #[serde(default)]
     k: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,6 +88,63 @@ struct Usage {
     prompt_tokens: usize,
     completion_tokens: usize,
     total_tokens: usize,
+}
+
+impl Usage {
+    fn of(answered: &Answered) -> Self {
+        let answer = &answered.answer;
+        Self {
+            prompt_tokens: answer.prompt_tokens,
+            completion_tokens: answer.generated_tokens,
+            total_tokens: answer.prompt_tokens + answer.generated_tokens,
+        }
+    }
+}
+
+/// The first field of the request that asks for something Hasten does not generate.
+fn unsupported(request: &ChatRequest) -> Option<InvalidArgument> {
+    let non_empty = |value: &Option<Value>| {
+        value.as_ref().is_some_and(|v| match v {
+            Value::Null => false,
+            Value::Array(items) => !items.is_empty(),
+            Value::Object(fields) => !fields.is_empty(),
+            _ => true,
+        })
+    };
+    let refuse = |field: &str, message: &str| Some(InvalidArgument::new(field, message));
+    if request.n.is_some_and(|n| n != 1) {
+        return refuse("n", "only one choice (n = 1) is generated");
+    }
+    if non_empty(&request.tools) || non_empty(&request.functions) {
+        let field = if non_empty(&request.tools) {
+            "tools"
+        } else {
+            "functions"
+        };
+        return refuse(field, "tool calling is not supported");
+    }
+    if request.logprobs == Some(true) || request.top_logprobs.is_some_and(|n| n > 0) {
+        return refuse("logprobs", "log-probabilities are not returned");
+    }
+    for (field, value) in [
+        ("presence_penalty", request.presence_penalty),
+        ("frequency_penalty", request.frequency_penalty),
+    ] {
+        if value.is_some_and(|v| v != 0.0) {
+            return refuse(field, "repetition penalties are not supported; send 0");
+        }
+    }
+    if non_empty(&request.logit_bias) {
+        return refuse("logit_bias", "is not supported");
+    }
+    let format = request.response_format.as_ref().map(|f| &f["type"]);
+    if format.is_some_and(|kind| !kind.is_null() && kind != "text") {
+        return refuse("response_format", "only `text` answers are generated");
+    }
+    if request.stream_options.is_some() && !request.stream {
+        return refuse("stream_options", "is only allowed with `stream: true`");
+    }
+    None
 }
 
 /// An OpenAI-shaped error reply.
@@ -105,12 +175,73 @@ fn from_edge_error(error: EdgeError) -> Response {
         EdgeError::InvalidArgument(invalid) => invalid.message.clone(),
         other => other.to_string(),
     };
-    openai_error(status, kind, param.as_deref(), error.kind(), message)
+    let mut response = openai_error(status, kind, param.as_deref(), error.kind(), message);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
 }
 
-async fn models() -> axum::Json<Value> {
+/// The models this edge can serve: one per answer mode its backend answers in.
+async fn models(State(state): State<ChatState>) -> axum::Json<Value> {
     let model = |id: &str| json!({"id": id, "object": "model", "created": 0, "owned_by": "hasten"});
-    axum::Json(json!({"object": "list", "data": [model(STANDARD_MODEL), model(SPECULATIVE_MODEL)]}))
+    let served: Vec<Value> = [
+        (STANDARD_MODEL, AnswerMode::Standard),
+        (SPECULATIVE_MODEL, AnswerMode::Speculative),
+    ]
+    .into_iter()
+    .filter(|(_, mode)| state.service.serves(*mode))
+    .map(|(id, _)| model(id))
+    .collect();
+    axum::Json(json!({"object": "list", "data": served}))
+}
+
+/// The request as an answer's input; errors name the request's field.
+fn chat_input(
+    service: &AnswerService,
+    request: &ChatRequest,
+    mode: AnswerMode,
+) -> Result<AnswerInput, InvalidArgument> {
+    if let Some(invalid) = unsupported(request) {
+        return Err(invalid);
+    }
+    let conversation = read_messages(&request.messages)?;
+    let query = retrieval_query(&conversation, service.limits().max_question_chars);
+    Ok(AnswerInput {
+        question: conversation.question,
+        query,
+        conversation: conversation.earlier,
+        k: request.k,
+        mode,
+        max_tokens: service.max_tokens(request.max_completion_tokens.or(request.max_tokens))?,
+        decoding: Decoding {
+            temperature: request.temperature.unwrap_or(0.0),
+            top_p: request.top_p.unwrap_or(1.0),
+            seed: request.seed.unwrap_or(0),
+            stop: request
+                .stop
+                .clone()
+                .map(StopJson::into_strings)
+                .unwrap_or_default(),
+        },
+    })
+}
+
+/// A refusal as the chat API names its fields: the prompt's fit is the `messages`'.
+fn chat_error(error: EdgeError) -> EdgeError {
+    match error {
+        EdgeError::InvalidArgument(mut invalid) => {
+            invalid.field = match invalid.field.as_str() {
+                "question" | "documents" => "messages".into(),
+                "max_new_tokens" => "max_tokens".into(),
+                _ => invalid.field,
+            };
+            EdgeError::InvalidArgument(invalid)
+        }
+        other => other,
+    }
 }
 
 async fn chat_completions(
@@ -123,46 +254,14 @@ async fn chat_completions(
         Err(response) => return response,
     };
     let mode = match request.model.as_str() {
-        STANDARD_MODEL => ModeJson::Standard,
-        SPECULATIVE_MODEL => ModeJson::Speculative,
-        other => {
-            return openai_error(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                Some("model"),
-                "model_not_found",
-                format!(
-                    "the model `{other}` does not exist; this edge serves `{STANDARD_MODEL}` and `{SPECULATIVE_MODEL}`"
-                ),
-            );
-        }
+        STANDARD_MODEL => AnswerMode::Standard,
+        SPECULATIVE_MODEL => AnswerMode::Speculative,
+        other => return model_not_found(other),
     };
-    if request.n.is_some_and(|n| n != 1) {
-        return openai_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            Some("n"),
-            "invalid_argument",
-            "only one choice (n = 1) is generated".into(),
-        );
+    if !state.service.serves(mode) {
+        return model_not_found(&request.model);
     }
-    let question = match last_user_message(&request.messages) {
-        Ok(question) => question,
-        Err(invalid) => return from_edge_error(invalid.into()),
-    };
-    let body = AnswerBody {
-        question: Some(question),
-        k: request.k,
-        mode,
-        max_tokens: request.max_completion_tokens.or(request.max_tokens),
-        stream: request.stream,
-    };
-    let input = state.service.validate(body).map_err(|mut invalid| {
-        if invalid.field == "question" {
-            invalid.field = "messages".into();
-        }
-        EdgeError::from(invalid)
-    });
+    let input = chat_input(&state.service, &request, mode).map_err(EdgeError::from);
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
@@ -172,60 +271,99 @@ async fn chat_completions(
         .await
     {
         Ok(prepared) => prepared,
-        Err(error) => return from_edge_error(error),
+        Err(error) => return from_edge_error(chat_error(error)),
     };
     let id = completion_id();
     let created = unix_seconds();
-    let model = request.model;
-    let max_tokens = prepared.max_new_tokens();
+    let events = state.service.stream(prepared);
     if !request.stream {
-        return match state.service.generate(prepared, None).await {
+        return match events.answered().await {
             Ok(answered) => {
-                axum::Json(completion(&id, created, &model, answered, max_tokens)).into_response()
+                axum::Json(completion(&id, created, &request.model, answered)).into_response()
             }
             Err(error) => from_edge_error(error),
         };
     }
-    let (sender, receiver) = mpsc::unbounded_channel();
-    let service = state.service.clone();
-    let finished = tokio::spawn(async move { service.generate(prepared, Some(sender)).await });
-    let chunk = {
-        let (id, model) = (id.clone(), model.clone());
-        move |delta: Value, finish: Option<&str>| {
-            json!({
-                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            })
-        }
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|options| options.include_usage);
+    let chunks = ChunkWriter {
+        id,
+        created,
+        model: request.model,
+        include_usage,
     };
-    let first = chunk(json!({"role": "assistant", "content": ""}), None);
-    let head = stream::once(async move { data_event(&first) });
-    let text_chunk = chunk.clone();
-    let deltas = stream::unfold(receiver, move |mut receiver| {
-        let text_chunk = text_chunk.clone();
-        async move {
-            let text = receiver.recv().await?;
-            Some((
-                data_event(&text_chunk(json!({"content": text}), None)),
-                receiver,
-            ))
-        }
-    });
-    let tail = stream::once(async move {
-        let last = match finished.await {
-            Ok(Ok(answered)) => {
-                let finish = finish_reason(&answered, max_tokens);
-                chunk(json!({}), Some(finish))
-            }
-            Ok(Err(error)) => json!({"error": {"message": error.to_string(), "type": "server_error", "code": error.kind()}}),
-            Err(join) => json!({"error": {"message": join.to_string(), "type": "server_error", "code": "internal"}}),
-        };
-        stream::iter([data_event(&last), Event::default().data("[DONE]")])
-    })
-    .flatten();
-    Sse::new(head.chain(deltas).chain(tail).map(Ok::<_, Infallible>))
+    let events = events.flat_map(move |event| stream::iter(chunks.events(event)));
+    Sse::new(events.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
         .into_response()
+}
+
+fn model_not_found(model: &str) -> Response {
+    openai_error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("model"),
+        "model_not_found",
+        format!(
+            "the model `{model}` does not exist on this edge; `GET /v1/models` lists those it serves"
+        ),
+    )
+}
+
+/// Writes an answer's events as `chat.completion.chunk` events.
+struct ChunkWriter {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+impl ChunkWriter {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        let mut chunk = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn events(&self, event: AnswerEvent) -> Vec<Event> {
+        match event {
+            AnswerEvent::Documents(_) => {
+                vec![data_event(
+                    &self.chunk(json!({"role": "assistant", "content": ""}), None),
+                )]
+            }
+            AnswerEvent::Delta(text) => {
+                vec![data_event(&self.chunk(json!({"content": text}), None))]
+            }
+            AnswerEvent::Done(answered) => {
+                let finish = finish_reason(answered.answer.finish);
+                let mut events = vec![data_event(&self.chunk(json!({}), Some(finish)))];
+                if self.include_usage {
+                    let usage = json!({
+                        "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                        "model": self.model, "choices": [], "usage": Usage::of(&answered),
+                    });
+                    events.push(data_event(&usage));
+                }
+                events.push(Event::default().data("[DONE]"));
+                events
+            }
+            AnswerEvent::Failed(error) => vec![
+                data_event(&json!({"error": {
+                    "message": error.to_string(), "type": "server_error", "code": error.kind(),
+                }})),
+                Event::default().data("[DONE]"),
+            ],
+        }
+    }
 }
 
 fn data_event(value: &Value) -> Event {
@@ -243,43 +381,9 @@ async fn read_request(
     parse_json_object(&bytes).map_err(|invalid| from_edge_error(invalid.into()))
 }
 
-/// The text of the last user message (string content, or the text parts of an array).
-fn last_user_message(messages: &[ChatMessage]) -> Result<String, InvalidArgument> {
-    let message = messages
-        .iter()
-        .rev()
-        .find(|m| m.role == "user")
-        .ok_or_else(|| InvalidArgument::new("messages", "needs at least one `user` message"))?;
-    match &message.content {
-        Value::String(text) => Ok(text.clone()),
-        Value::Array(parts) => Ok(parts
-            .iter()
-            .filter(|part| part["type"] == "text")
-            .filter_map(|part| part["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n")),
-        _ => Err(InvalidArgument::new(
-            "messages",
-            "a message's `content` must be text",
-        )),
-    }
-}
-
-fn finish_reason(answered: &Answered, max_tokens: usize) -> &'static str {
-    if answered.answer.generated_tokens >= max_tokens {
-        "length"
-    } else {
-        "stop"
-    }
-}
-
-fn completion(id: &str, created: u64, model: &str, answered: Answered, max_tokens: usize) -> Value {
-    let finish = finish_reason(&answered, max_tokens);
-    let usage = Usage {
-        prompt_tokens: answered.answer.prompt_tokens,
-        completion_tokens: answered.answer.generated_tokens,
-        total_tokens: answered.answer.prompt_tokens + answered.answer.generated_tokens,
-    };
+fn completion(id: &str, created: u64, model: &str, answered: Answered) -> Value {
+    let finish = finish_reason(answered.answer.finish);
+    let usage = Usage::of(&answered);
     let reply = super::http::reply(answered);
     json!({
         "id": id,
@@ -295,8 +399,13 @@ fn completion(id: &str, created: u64, model: &str, answered: Answered, max_token
         // Hasten's extension: what the answer was written from, and where the time went.
         "hasten": {
             "retrieval": reply.retrieval,
+            "query": reply.query,
             "documents": reply.documents,
             "used": reply.used,
+            "prompt_tokens": reply.prompt_tokens,
+            "drafting": reply.drafting,
+            "dropped_turns": reply.dropped_turns,
+            "notes": reply.notes,
             "timings": reply.timings,
         },
     })

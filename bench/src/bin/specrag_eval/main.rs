@@ -40,8 +40,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_rag::{
-    AnswerMode, AnswerRequest, DeviceKind, DraftSelection, LmBackend, LocalLm, SpeculativeSettings,
-    WeightFormat,
+    AnswerMode, AnswerRequest, Decoding, DeviceKind, DraftSelection, LmBackend, LocalLm,
+    SpeculativeSettings, WeightFormat,
 };
 
 use crate::report::{Outcome, QuestionReport, SystemReport, file_name, print_table, summarise};
@@ -244,6 +244,8 @@ fn main() -> Result<()> {
                 draft_tokens: args.draft_tokens,
                 ..SpeculativeSettings::default()
             },
+            conversation: Vec::new(),
+            decoding: Decoding::default(),
         };
         let seed = args.seed.wrapping_add(index as u64);
         let mut outcomes = Vec::with_capacity(systems.len());
@@ -253,7 +255,7 @@ fn main() -> Result<()> {
             bar.set_message(system.name());
             let started = Instant::now();
             let answer = backend
-                .answer(&request, &mut |_| {})
+                .answer(&request, &mut |_: &str| {})
                 .with_context(|| format!("question {index}, system {}", system.name()))?;
             let latency_s = started.elapsed().as_secs_f64();
             let outcome = Outcome::new(system.name(), &answer, latency_s, &question.golds);

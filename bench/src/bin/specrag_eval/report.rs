@@ -35,7 +35,8 @@ impl Outcome {
             prefill_s: answer.timings.prefill.as_secs_f64(),
             decode_s: answer.timings.decode.as_secs_f64(),
             verify_s: answer.timings.verify.as_secs_f64(),
-            generated_tokens: answer.generated_tokens,
+            // Every token decoded: the answer's, and in speculative mode all drafts'.
+            generated_tokens: answer.generated_tokens + answer.drafting.generated_tokens,
             documents_used: answer.documents_used.clone(),
         }
     }

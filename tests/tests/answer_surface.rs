@@ -1,0 +1,268 @@
+//! The answer surface as clients meet it, with real processes and the real small model
+//! (`make models`; skipped, saying so, when HASTEN_LM_DIR is unset): a client that leaves
+//! frees the model for the next, a full queue is a 429 with `Retry-After` before any reply
+//! starts, and `finish_reason` and `usage` count the answer itself in both modes.
+
+// A test fails by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use hasten_core::bundle::CorpusBundle;
+use hasten_tests::answering::{Answering, small_model, start_answering, with_model};
+use hasten_tests::edge::post_json;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+/// The tests here time answers and fill the queue: each needs the machine's two cores to
+/// itself.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+/// A streamed chat request's reply: its status, `Retry-After`, and the body's `data:` lines.
+struct Streamed {
+    status: u16,
+    retry_after: Option<String>,
+    data: Vec<String>,
+}
+
+async fn stream_chat(http: &reqwest::Client, edge: &str, body: &Value) -> Streamed {
+    let response = http
+        .post(format!("http://{edge}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let text = response.text().await.unwrap();
+    let data = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|line| line.trim().to_string())
+        .collect();
+    Streamed {
+        status,
+        retry_after,
+        data,
+    }
+}
+
+fn chat(question: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": "hasten-rag",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "k": 3,
+    })
+}
+
+/// The edge's `hasten_answer_cancelled_total`.
+async fn cancelled(http: &reqwest::Client, edge: &str) -> u64 {
+    let metrics = http
+        .get(format!("http://{edge}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("hasten_answer_cancelled_total "))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_frees_the_model_for_the_next() {
+    let Some(model) = small_model() else { return };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Answering {
+        mut cloud,
+        edge,
+        bundle_dir,
+        ..
+    } = start_answering("answer-cancel", "cancel-edge", &with_model(&model));
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = &bundle.questions[0].question;
+
+    // One honest answer, timed after a first one has warmed the caches.
+    let honest = chat(question, 24, true);
+    assert_eq!(stream_chat(&http, &addr, &honest).await.status, 200);
+    let started = Instant::now();
+    let one = stream_chat(&http, &addr, &honest).await;
+    let one_answer = started.elapsed();
+    assert_eq!(one.status, 200);
+
+    // Streams that ask for long answers and leave after their first event (from one
+    // document each: the prompt the model is reading when its client leaves is read to the
+    // end, a decoding step that cannot be cut).
+    const LEAVING: usize = 4;
+    for i in 0..LEAVING {
+        let mut leaving = chat(&bundle.questions[i + 1].question, 400, true);
+        leaving["k"] = json!(1);
+        let mut response = http
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .json(&leaving)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert!(response.chunk().await.unwrap().is_some());
+        drop(response);
+    }
+    let started = Instant::now();
+    let after = stream_chat(&http, &addr, &honest).await;
+    let waited = started.elapsed();
+    eprintln!("one answer {one_answer:?}; after {LEAVING} abandoned streams {waited:?}");
+    assert_eq!(after.status, 200);
+    assert_eq!(after.data.last().map(String::as_str), Some("[DONE]"));
+    assert!(
+        waited < one_answer * 2 + Duration::from_millis(500),
+        "the honest request took {waited:?}, one answer {one_answer:?}: the abandoned \
+         generations kept the model"
+    );
+    // Every abandoned stream is counted once its generation stops (a waiting one as it
+    // leaves, the generating one at its next step).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cancelled(&http, &addr).await < LEAVING as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "cancellations counted: {}",
+            cancelled(&http, &addr).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(edge);
+    cloud.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_come_before_the_reply_and_the_answer_is_counted_exactly() {
+    let Some(model) = small_model() else { return };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let work = hasten_tests::persistent_work_dir("answer-refusals").unwrap();
+    let config = work.join("edge-queue-1.toml");
+    std::fs::write(&config, "answer_queue = 1\n").unwrap();
+    let mut generation = with_model(&model);
+    generation.extend(["--config".into(), config.display().to_string()]);
+    let Answering {
+        mut cloud,
+        edge,
+        bundle_dir,
+        ..
+    } = start_answering("answer-refusals", "queue-1-edge", &generation);
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = bundle.questions[0].question.clone();
+
+    // A burst: one generates, one waits, the rest are refused with 429 before any stream.
+    let burst = futures::future::join_all((0..8).map(|i| {
+        let (http, addr) = (http.clone(), addr.clone());
+        let body = chat(&bundle.questions[i].question, 48, true);
+        async move { stream_chat(&http, &addr, &body).await }
+    }))
+    .await;
+    let mut refused = 0;
+    for reply in &burst {
+        match reply.status {
+            200 => {
+                assert!(
+                    reply.data.iter().all(|d| !d.contains("\"error\"")),
+                    "a 200 carried an error: {:?}",
+                    reply.data
+                );
+                assert_eq!(reply.data.last().map(String::as_str), Some("[DONE]"));
+            }
+            429 => {
+                refused += 1;
+                assert_eq!(reply.retry_after.as_deref(), Some("1"));
+            }
+            other => panic!("status {other}: {:?}", reply.data),
+        }
+    }
+    assert!(
+        (1..=6).contains(&refused),
+        "{refused} of 8 refused with one generating and one waiting"
+    );
+
+    // A client that waits for each answer before asking again is never refused.
+    for _ in 0..4 {
+        let (status, reply) = post_json(
+            &http,
+            &addr,
+            "/v1/chat/completions",
+            &chat(&question, 8, false),
+        )
+        .await;
+        assert_eq!(status, 200, "{reply}");
+    }
+
+    // Standard mode: one token asked, one token counted, and it ended on the length.
+    let (status, reply) = post_json(
+        &http,
+        &addr,
+        "/v1/chat/completions",
+        &chat(&question, 1, false),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["choices"][0]["finish_reason"], "length", "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 1, "{reply}");
+    let usage = &reply["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + 1
+    );
+    // An answer that ends on its own is a stop, with fewer tokens than allowed.
+    let (_, reply) = post_json(
+        &http,
+        &addr,
+        "/v1/answer",
+        &json!({"question": question, "k": 3, "max_tokens": 200}),
+    )
+    .await;
+    assert_eq!(reply["finish_reason"], "stop", "{reply}");
+    assert!(reply["generated_tokens"].as_u64().unwrap() < 200, "{reply}");
+
+    // Speculative mode: the drafts are reported apart; the answer alone is the completion.
+    let speculative = |max_tokens: u32| {
+        json!({"model": "hasten-rag-speculative", "k": 4, "max_tokens": max_tokens,
+               "messages": [{"role": "user", "content": question}]})
+    };
+    let (status, reply) = post_json(&http, &addr, "/v1/chat/completions", &speculative(64)).await;
+    assert_eq!(status, 200, "{reply}");
+    let completion = reply["usage"]["completion_tokens"].as_u64().unwrap();
+    let drafted = reply["hasten"]["drafting"]["generated_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(completion <= 64, "{reply}");
+    assert!(drafted > completion, "{reply}");
+    let finish = reply["choices"][0]["finish_reason"].as_str().unwrap();
+    assert_eq!(finish == "length", completion == 64, "{reply}");
+    let (_, reply) = post_json(&http, &addr, "/v1/chat/completions", &speculative(1)).await;
+    assert_eq!(reply["choices"][0]["finish_reason"], "length", "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 1, "{reply}");
+
+    // Fewer documents than clusters: fewer clusters, said in the reply, not a 400.
+    let (status, reply) = post_json(
+        &http,
+        &addr,
+        "/v1/answer",
+        &json!({"question": question, "k": 1, "mode": "speculative", "max_tokens": 16}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert!(
+        reply["notes"][0].as_str().unwrap().contains("clusters"),
+        "{reply}"
+    );
+    drop(edge);
+    cloud.stop();
+}
