@@ -1,7 +1,8 @@
 //! JSON over HTTP for people and scripts: `POST /v1/retrieve` (the API), and for operators,
 //! Prometheus and Kubernetes `GET /v1/status`, `/metrics`, `/readyz`, `/healthz` (the admin
-//! routes, on the API's address or an address of their own). Everything about a request
-//! beyond its wire form is the pipeline's.
+//! routes, on the API's address or an address of their own); and how an error is answered
+//! over HTTP, in Hasten's shape or OpenAI's. Everything about a request beyond its wire form
+//! is the pipeline's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +10,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hasten_core::metrics::prometheus::Registry;
+use serde_json::json;
 
 use crate::api::conversions::{error_json, reply_json, status_json};
 use crate::api::json::{RetrieveReply, StatusJson, parse_body};
@@ -103,6 +105,44 @@ impl IntoResponse for EdgeError {
     }
 }
 
+/// An OpenAI-shaped error reply.
+pub(crate) fn openai_error(
+    status: StatusCode,
+    kind: &str,
+    param: Option<&str>,
+    code: &str,
+    message: String,
+) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
+    (status, axum::Json(body)).into_response()
+}
+
+/// An edge error as an OpenAI-shaped reply (a 429 with `Retry-After`).
+pub(crate) fn openai_error_response(error: EdgeError) -> Response {
+    let status = status_code(&error);
+    let (kind, param) = match &error {
+        EdgeError::InvalidArgument(invalid) => {
+            ("invalid_request_error", Some(invalid.field.clone()))
+        }
+        EdgeError::Unauthenticated(_) => ("authentication_error", None),
+        EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
+            ("rate_limit_error", None)
+        }
+        _ => ("server_error", None),
+    };
+    let message = match &error {
+        EdgeError::InvalidArgument(invalid) => invalid.message.clone(),
+        other => other.to_string(),
+    };
+    let mut response = openai_error(status, kind, param.as_deref(), error.kind(), message);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
 async fn retrieve(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -191,8 +231,6 @@ async fn status(State(service): State<EdgeService>) -> axum::Json<StatusJson> {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
-
     use super::*;
 
     #[test]

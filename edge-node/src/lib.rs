@@ -8,7 +8,9 @@
 //! - [`fallback`]: the cloud seam and its QUIC client;
 //! - [`pipeline`]: one request path for both front ends ([`http`], [`grpc`]), whose wire
 //!   types and conversions live in [`api`];
-//! - [`answer`]: `/v1/answer`, retrieval then generation through an `LmBackend`;
+//! - [`answer`]: `/v1/answer`, OpenAI chat completions and `Edge.Answer`, retrieval then
+//!   generation through an `LmBackend`; [`embeddings`]: OpenAI's `/v1/embeddings` with the
+//!   edge's encoder;
 //! - [`warmup`]: filling a fresh edge's cache from a file of questions before it serves;
 //! - [`document_fetch`]: documents of cached entries outside the edge's share of the
 //!   corpus, fetched from the cloud by id;
@@ -19,6 +21,7 @@ pub mod api;
 pub mod caches;
 pub mod config;
 pub mod document_fetch;
+pub mod embeddings;
 pub mod fallback;
 pub mod grpc;
 pub mod has;

@@ -735,6 +735,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .merge(edge_node::answer::spechop::spechop_routes(
             answers.clone(),
             body_limits,
+        ))
+        .merge(edge_node::embeddings::embedding_routes(
+            service.clone(),
+            body_limits,
         ));
     let admin = edge_node::http::admin_routes(service.clone(), registry);
     // Without an admin address of their own, the admin routes share the API's.

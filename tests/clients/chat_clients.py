@@ -9,7 +9,7 @@ import sys
 
 import openai
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 from llama_index.core.llms import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
 
@@ -166,9 +166,32 @@ def probe(client, stream):
     return seen
 
 
+def embeddings():
+    """The edge's encoder through the OpenAI SDK (base64 vectors, its default) and
+    LangChain's OpenAIEmbeddings (which must not tokenise for OpenAI's models)."""
+    texts = [question, f"Please tell me: {question}", "A recipe for fresh pasta with eggs and flour."]
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    sdk = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+    langchain = OpenAIEmbeddings(
+        model="all-MiniLM-L6-v2",
+        base_url=base_url,
+        api_key="unused",
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    return {
+        "models": sorted(m.id for m in client.models.list()),
+        "sdk": [list(d.embedding) for d in sdk.data],
+        "usage": sdk.usage.prompt_tokens,
+        "langchain": langchain.embed_documents(texts),
+        "langchain_query": langchain.embed_query(question),
+    }
+
+
 clients = {"openai": OpenAIClient(), "langchain": LangChainClient(), "llamaindex": LlamaIndexClient()}
 report = {
     "versions": {"openai": openai.__version__},
+    "embeddings": embeddings(),
     "clients": {
         name: {"invoke": probe(client, False), "stream": probe(client, True)}
         for name, client in clients.items()

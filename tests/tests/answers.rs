@@ -270,7 +270,7 @@ async fn the_openai_sdk_talks_to_the_edge_unchanged() {
     let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(
         seen["models"],
-        json!(["hasten-rag", "hasten-rag-speculative"]),
+        json!(["all-MiniLM-L6-v2", "hasten-rag", "hasten-rag-speculative"]),
         "{seen}"
     );
     let content = seen["content"].as_str().unwrap();

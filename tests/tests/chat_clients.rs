@@ -62,6 +62,33 @@ fn check_client(name: &str, seen: &Value) {
     assert_eq!(seeded[0], seeded[1], "{name}: {seen}");
 }
 
+/// `/v1/embeddings` through both clients: the same unit vectors of the encoder's dimension,
+/// a question nearer its rewording than a recipe.
+fn check_embeddings(seen: &Value) {
+    assert_eq!(
+        seen["models"],
+        serde_json::json!(["all-MiniLM-L6-v2", "hasten-rag", "hasten-rag-speculative"]),
+        "{seen}"
+    );
+    let vectors =
+        |key: &str| -> Vec<Vec<f64>> { serde_json::from_value(seen[key].clone()).unwrap() };
+    let (sdk, langchain) = (vectors("sdk"), vectors("langchain"));
+    assert_eq!(sdk.len(), 3);
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    for (a, b) in sdk.iter().zip(&langchain) {
+        assert_eq!(a.len(), 384);
+        assert!((dot(a, a) - 1.0).abs() < 1e-4, "not unit length");
+        assert!(
+            a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6),
+            "clients disagree"
+        );
+    }
+    let query: Vec<f64> = serde_json::from_value(seen["langchain_query"].clone()).unwrap();
+    assert!(query.iter().zip(&sdk[0]).all(|(x, y)| (x - y).abs() < 1e-6));
+    assert!(dot(&sdk[0], &sdk[1]) > dot(&sdk[0], &sdk[2]), "{seen}");
+    assert!(seen["usage"].as_u64().unwrap() > 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn langchain_llamaindex_and_the_openai_sdk_read_the_conversation_and_sample_as_asked() {
     let Some(model) = small_model() else { return };
@@ -115,6 +142,7 @@ async fn langchain_llamaindex_and_the_openai_sdk_read_the_conversation_and_sampl
             "{client}"
         );
     }
+    check_embeddings(&seen["embeddings"]);
     let openai = &seen["clients"]["openai"]["invoke"];
     // usage and Hasten's own report agree; the follow-up was retrieved with the turn before.
     assert_eq!(

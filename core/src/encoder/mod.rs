@@ -216,6 +216,12 @@ impl TextEncoder {
     /// Encodes many texts, in batches sorted by token count so that padding stays small.
     /// The result is in the order of `texts`.
     pub fn encode(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EncoderError> {
+        self.encode_counted(texts).map(|(vectors, _)| vectors)
+    }
+
+    /// [`TextEncoder::encode`], and the tokens the model read (each text cut at
+    /// [`MAX_TOKENS`]), as embedding APIs report their usage.
+    pub fn encode_counted(&self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, usize), EncoderError> {
         let encodings = self
             .tokenizer
             .encode_batch(texts.to_vec(), true)
@@ -229,7 +235,8 @@ impl TextEncoder {
                 out[i] = vector;
             }
         }
-        Ok(out)
+        let tokens = encodings.iter().map(tokenizers::Encoding::len).sum();
+        Ok((out, tokens))
     }
 
     /// One forward pass over `batch`, padded to the longest.

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,7 +28,10 @@ use super::json::StopJson;
 use super::{AnswerEvent, AnswerInput, AnswerService, Answered};
 use crate::api::json::parse_json_object;
 use crate::api::{EdgeError, InvalidArgument};
-use crate::http::{BodyLimits, client_timeout, read_json_bytes, status_code};
+use crate::embeddings::EMBEDDING_MODEL;
+use crate::http::{
+    BodyLimits, client_timeout, openai_error, openai_error_response, read_json_bytes,
+};
 
 /// The models `/v1/models` lists: one per answer mode.
 pub const STANDARD_MODEL: &str = "hasten-rag";
@@ -147,44 +150,8 @@ fn unsupported(request: &ChatRequest) -> Option<InvalidArgument> {
     None
 }
 
-/// An OpenAI-shaped error reply.
-fn openai_error(
-    status: StatusCode,
-    kind: &str,
-    param: Option<&str>,
-    code: &str,
-    message: String,
-) -> Response {
-    let body = json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
-    (status, axum::Json(body)).into_response()
-}
-
-fn from_edge_error(error: EdgeError) -> Response {
-    let status = status_code(&error);
-    let (kind, param) = match &error {
-        EdgeError::InvalidArgument(invalid) => {
-            ("invalid_request_error", Some(invalid.field.clone()))
-        }
-        EdgeError::Unauthenticated(_) => ("authentication_error", None),
-        EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
-            ("rate_limit_error", None)
-        }
-        _ => ("server_error", None),
-    };
-    let message = match &error {
-        EdgeError::InvalidArgument(invalid) => invalid.message.clone(),
-        other => other.to_string(),
-    };
-    let mut response = openai_error(status, kind, param.as_deref(), error.kind(), message);
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    response
-}
-
-/// The models this edge can serve: one per answer mode its backend answers in.
+/// The models this edge can serve: one per answer mode its backend answers in, and its
+/// encoder for `/v1/embeddings`.
 async fn models(State(state): State<ChatState>) -> axum::Json<Value> {
     let model = |id: &str| json!({"id": id, "object": "model", "created": 0, "owned_by": "hasten"});
     let served: Vec<Value> = [
@@ -194,6 +161,7 @@ async fn models(State(state): State<ChatState>) -> axum::Json<Value> {
     .into_iter()
     .filter(|(_, mode)| state.service.serves(*mode))
     .map(|(id, _)| model(id))
+    .chain(std::iter::once(model(EMBEDDING_MODEL)))
     .collect();
     axum::Json(json!({"object": "list", "data": served}))
 }
@@ -271,7 +239,7 @@ async fn chat_completions(
         .await
     {
         Ok(prepared) => prepared,
-        Err(error) => return from_edge_error(chat_error(error)),
+        Err(error) => return openai_error_response(chat_error(error)),
     };
     let id = completion_id();
     let created = unix_seconds();
@@ -281,7 +249,7 @@ async fn chat_completions(
             Ok(answered) => {
                 axum::Json(completion(&id, created, &request.model, answered)).into_response()
             }
-            Err(error) => from_edge_error(error),
+            Err(error) => openai_error_response(error),
         };
     }
     let include_usage = request
@@ -377,8 +345,8 @@ async fn read_request(
 ) -> Result<ChatRequest, Response> {
     let bytes = read_json_bytes(headers, body, limits)
         .await
-        .map_err(from_edge_error)?;
-    parse_json_object(&bytes).map_err(|invalid| from_edge_error(invalid.into()))
+        .map_err(openai_error_response)?;
+    parse_json_object(&bytes).map_err(|invalid| openai_error_response(invalid.into()))
 }
 
 fn completion(id: &str, created: u64, model: &str, answered: Answered) -> Value {
