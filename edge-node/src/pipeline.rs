@@ -9,7 +9,7 @@ use hasten_core::encoder::TextEncoder;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::api::conversions::ReplyOptions;
+use crate::api::ReplyOptions;
 use crate::api::{EdgeError, InvalidArgument, RequestLimits, RetrieveInput};
 use crate::caches::{CacheStats, Eviction, SkipReason};
 use crate::fallback::quic::{CloudLink, CloudLinkStatus, QuicCloudClient};

@@ -69,6 +69,19 @@ pub struct ForwardRequest<'a> {
     /// Runs only the first this many layers (`None`: all); their KV is what comes back, and
     /// the last of them is the one whose attention is returned. No logits then.
     pub layers: Option<usize>,
+    /// Asked between the chunks of a long prompt: `true` ends the pass with
+    /// [`LmError::Interrupted`] (its caller went away).
+    pub interrupt: Option<Interrupt<'a>>,
+}
+
+/// Whether a long pass should stop between its chunks.
+#[derive(Clone, Copy)]
+pub struct Interrupt<'a>(pub &'a dyn Fn() -> bool);
+
+impl std::fmt::Debug for Interrupt<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Interrupt")
+    }
 }
 
 impl<'a> ForwardRequest<'a> {
@@ -82,7 +95,14 @@ impl<'a> ForwardRequest<'a> {
             logits: Logits::Last,
             attention: false,
             layers: None,
+            interrupt: None,
         }
+    }
+
+    /// Stops a long prompt between its chunks once `interrupted` says so.
+    pub fn interruptible(mut self, interrupted: &'a dyn Fn() -> bool) -> Self {
+        self.interrupt = Some(Interrupt(interrupted));
+        self
     }
 
     pub fn past(mut self, past: &'a KvCache) -> Self {
@@ -277,6 +297,13 @@ impl Decoder {
         };
         let mut start = 0;
         while start < t {
+            if start > 0
+                && request
+                    .interrupt
+                    .is_some_and(|Interrupt(interrupted)| interrupted())
+            {
+                return Err(LmError::Interrupted);
+            }
             let end = (start + self.prefill_chunk).min(t);
             let tokens = columns(request.tokens, start..end);
             let positions = columns(request.positions, start..end);
@@ -296,6 +323,7 @@ impl Decoder {
                 },
                 attention: false,
                 layers: None,
+                interrupt: None,
             };
             let out = self.forward_once(&chunk, tokens.len(), end - start)?;
             seen.append(out.kv.clone())?;

@@ -39,6 +39,9 @@ pub enum LmError {
     Device(String, String),
     #[error("invalid request: {0}")]
     InvalidInput(String),
+    /// The caller asked a long pass to stop between its chunks.
+    #[error("the pass was interrupted by its caller")]
+    Interrupted,
     /// A tensor operation failed (boxed: candle's error is large, and rare).
     #[error(transparent)]
     Candle(Box<candle_core::Error>),

@@ -118,6 +118,19 @@ pub fn generate(
     options: &GenerationOptions,
     on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
 ) -> Result<(Vec<Generated>, GenerationTimings)> {
+    generate_interruptible(decoder, prompts, options, &|| false, on_token)
+}
+
+/// [`generate`], whose prompt pass stops between its chunks with
+/// [`LmError::Interrupted`] once `interrupted` says so (a caller that went away), so that
+/// a long prompt is not read to its end for nobody. After the prompt, `on_token` decides.
+pub fn generate_interruptible(
+    decoder: &Decoder,
+    prompts: &[Vec<u32>],
+    options: &GenerationOptions,
+    interrupted: &dyn Fn() -> bool,
+    on_token: impl FnMut(usize, u32) -> ControlFlow<()>,
+) -> Result<(Vec<Generated>, GenerationTimings)> {
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(LmError::InvalidInput(
             "every prompt needs at least one token".into(),
@@ -141,7 +154,8 @@ pub fn generate(
     let out = decoder.forward(
         &ForwardRequest::new(&tokens, &positions)
             .valid(&valid)
-            .logits(Logits::Last),
+            .logits(Logits::Last)
+            .interruptible(interrupted),
     )?;
     let logits = out
         .logits

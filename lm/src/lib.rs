@@ -23,13 +23,13 @@ pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, Role};
 pub use decoder::{
-    Decoder, ForwardOutput, ForwardRequest, LastLayerAttention, Logits, log_softmax,
+    Decoder, ForwardOutput, ForwardRequest, Interrupt, LastLayerAttention, Logits, log_softmax,
 };
 pub use device::DeviceKind;
 pub use error::{LmError, Result};
 pub use generate::{
     Decoded, FinishReason, Generated, GenerationOptions, GenerationTimings, PaddedBatch, Sampling,
-    decode_from, generate, left_pad, score, score_incrementally,
+    decode_from, generate, generate_interruptible, left_pad, score, score_incrementally,
 };
 pub use gguf::{Architecture, GgufFile, ModelConfig, RopeStyle};
 pub use kv::{KvCache, LayerKv};

@@ -430,6 +430,38 @@ fn a_prompt_read_in_chunks_equals_one_read_at_once() {
 }
 
 #[test]
+fn a_long_prompt_stops_between_its_chunks_when_its_caller_leaves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_tiny_model(dir.path(), TinyArch::Qwen2, 31);
+    let decoder = Decoder::load(&path, &Device::Cpu)
+        .expect("load")
+        .with_prefill_chunk(16);
+    let rows = [tokens(83, 50)];
+    let positions = [(0..50).collect::<Vec<u32>>()];
+    let asked = std::cell::Cell::new(0);
+    let left_after_one = || {
+        asked.set(asked.get() + 1);
+        true
+    };
+    let stopped =
+        decoder.forward(&ForwardRequest::new(&rows, &positions).interruptible(&left_after_one));
+    assert!(matches!(stopped, Err(hasten_lm::LmError::Interrupted)));
+    assert_eq!(asked.get(), 1, "asked once, before the second chunk");
+    // Asked before each chunk after the first (50 tokens: 4 chunks); one that stays gets
+    // the whole pass.
+    let stays = || {
+        asked.set(asked.get() + 1);
+        false
+    };
+    asked.set(0);
+    let out = decoder
+        .forward(&ForwardRequest::new(&rows, &positions).interruptible(&stays))
+        .expect("forward");
+    assert_eq!(asked.get(), 3);
+    assert_eq!(out.kv.len(), 50);
+}
+
+#[test]
 fn a_pass_over_the_first_layers_equals_those_layers_of_a_full_pass() {
     let (_dir, _path, decoder) = tiny(TinyArch::Qwen2, 19);
     let prompt = tokens(51, 12);

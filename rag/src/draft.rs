@@ -3,7 +3,9 @@
 
 use std::ops::ControlFlow;
 
-use hasten_lm::{GenerationOptions, GenerationTimings, LanguageModel, Sampling, generate};
+use hasten_lm::{
+    GenerationOptions, GenerationTimings, LanguageModel, Sampling, generate_interruptible,
+};
 
 use crate::error::{RagError, Result};
 use crate::prompt::{ANSWER_LABEL, drafter_prompt};
@@ -69,19 +71,25 @@ pub fn write_drafts(
     // A draft ends with its answer's line: what follows is never parsed, so decoding it
     // would only cost time (and dilute the draft's probability with text nobody reads).
     let mut written: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-    let (generated, generation) = generate(&drafter.decoder, &prompts, &options, |row, id| {
-        if cancelled() {
-            return ControlFlow::Break(());
-        }
-        let Some(tokens) = written.get_mut(row) else {
-            return ControlFlow::Continue(());
-        };
-        tokens.push(id);
-        match drafter.tokenizer.decode(tokens) {
-            Ok(text) if answer_line_ended(&text) => ControlFlow::Break(()),
-            _ => ControlFlow::Continue(()),
-        }
-    })?;
+    let (generated, generation) = generate_interruptible(
+        &drafter.decoder,
+        &prompts,
+        &options,
+        cancelled,
+        |row, id| {
+            if cancelled() {
+                return ControlFlow::Break(());
+            }
+            let Some(tokens) = written.get_mut(row) else {
+                return ControlFlow::Continue(());
+            };
+            tokens.push(id);
+            match drafter.tokenizer.decode(tokens) {
+                Ok(text) if answer_line_ended(&text) => ControlFlow::Break(()),
+                _ => ControlFlow::Continue(()),
+            }
+        },
+    )?;
 
     // log P(rationale, answer | subset prompt): the log-probabilities the drafter gave its
     // own tokens as it wrote them (a draft that stopped at once scores log 1 = 0).

@@ -14,7 +14,7 @@ pub enum RagError {
     Cancelled,
     /// The language model failed (loading, tokenising or a forward pass).
     #[error("language model: {0}")]
-    Lm(#[from] hasten_lm::LmError),
+    Lm(#[source] hasten_lm::LmError),
     /// A remote generation worker failed or could not be reached. `retryable`: the worker is
     /// down, busy or too slow, so the same request may succeed later or elsewhere.
     #[error("generation worker at {endpoint}: {source}")]
@@ -24,6 +24,16 @@ pub enum RagError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl From<hasten_lm::LmError> for RagError {
+    /// A pass interrupted because its caller went away is the answer's cancellation.
+    fn from(error: hasten_lm::LmError) -> Self {
+        match error {
+            hasten_lm::LmError::Interrupted => Self::Cancelled,
+            other => Self::Lm(other),
+        }
+    }
 }
 
 impl RagError {

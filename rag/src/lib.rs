@@ -17,6 +17,7 @@ pub mod eval;
 pub mod prompt;
 pub mod queue;
 pub mod request;
+pub mod sink;
 pub mod speculative;
 pub mod standard;
 pub mod stop;
@@ -24,7 +25,7 @@ pub mod subsets;
 pub mod verify;
 
 pub use answer::{Answer, AnswerTimings, BackendInfo, DraftReport, DraftingTokens, Finish};
-pub use backend::{AnswerSink, LmBackend, LocalLm};
+pub use backend::{LmBackend, LocalLm};
 pub use error::{RagError, Result};
 /// The roles of a conversation's turns, re-exported so callers need not name hasten-lm.
 pub use hasten_lm::Role;
@@ -35,3 +36,4 @@ pub use request::{
     AnswerMode, AnswerRequest, ChatTurn, Decoding, Document, DraftSelection, MAX_DRAFTS,
     MAX_NEW_TOKENS, MAX_STOP_STRINGS, SpeculativeSettings,
 };
+pub use sink::AnswerSink;

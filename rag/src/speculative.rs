@@ -9,12 +9,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::answer::{Answer, AnswerTimings, DraftReport, DraftingTokens, Finish};
-use crate::backend::AnswerSink;
 use crate::cluster::kmeans;
 use crate::draft::{Draft, write_drafts};
 use crate::error::{RagError, Result};
 use crate::prompt::{drafter_prompt, verifier_context};
 use crate::request::{AnswerRequest, Document, DraftSelection, SpeculativeSettings};
+use crate::sink::AnswerSink;
 use crate::stop::cut_at_stop;
 use crate::subsets::{one_per_cluster, without_clustering};
 use crate::verify::{Verdict, verify};

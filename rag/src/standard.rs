@@ -5,13 +5,15 @@ use std::cell::RefCell;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use hasten_lm::{FinishReason, GenerationOptions, LanguageModel, TextStream, generate};
+use hasten_lm::{
+    FinishReason, GenerationOptions, LanguageModel, TextStream, generate_interruptible,
+};
 
 use crate::answer::{Answer, AnswerTimings, DraftingTokens, Finish};
-use crate::backend::AnswerSink;
 use crate::error::{RagError, Result};
 use crate::prompt::{StandardPrompt, standard_prompt};
 use crate::request::{AnswerRequest, Document};
+use crate::sink::AnswerSink;
 use crate::stop::StopStrings;
 
 /// The prompt standard mode would read (how a request is checked before it is queued).
@@ -48,16 +50,20 @@ pub fn answer_standard(
     let mut text = String::new();
     let mut stops = StopStrings::new(&request.decoding.stop);
     let mut cancelled = false;
+    // Asked while the prompt is read (between its chunks) and at every token after it.
+    let sink = RefCell::new(sink);
+    let interrupted = || sink.borrow().cancelled();
     // The tokenizer's text for the latest token; released below through the stop strings.
     let decoded = RefCell::new(String::new());
     let mut on_delta = |delta: &str| decoded.borrow_mut().push_str(delta);
     let mut stream = TextStream::new(&model.tokenizer, &mut on_delta);
-    let (generated, timings) = generate(
+    let (generated, timings) = generate_interruptible(
         &model.decoder,
         std::slice::from_ref(&prompt.ids),
         &options,
+        &interrupted,
         |_, id| {
-            if sink.cancelled() {
+            if interrupted() {
                 cancelled = true;
                 return ControlFlow::Break(());
             }
@@ -65,7 +71,7 @@ pub fn answer_standard(
             let released = stops.push(&std::mem::take(&mut *decoded.borrow_mut()));
             if !released.is_empty() {
                 first_text.get_or_insert_with(|| started.elapsed());
-                sink.text(&released);
+                sink.borrow_mut().text(&released);
                 text.push_str(&released);
             }
             if stops.stopped() {
@@ -82,7 +88,7 @@ pub fn answer_standard(
     let rest = stops.finish();
     if !rest.is_empty() {
         first_text.get_or_insert_with(|| started.elapsed());
-        sink.text(&rest);
+        sink.borrow_mut().text(&rest);
         text.push_str(&rest);
     }
     let finish = match generated.first().map(|g| g.finish) {

@@ -101,7 +101,7 @@ async fn a_client_that_leaves_frees_the_model_for_the_next() {
 
     // Streams that ask for long answers and leave after their first event (from one
     // document each: the prompt the model is reading when its client leaves is read to the
-    // end, a decoding step that cannot be cut).
+    // end of its current 512-token chunk, which cannot be cut).
     const LEAVING: usize = 4;
     for i in 0..LEAVING {
         let mut leaving = chat(&bundle.questions[i + 1].question, 400, true);

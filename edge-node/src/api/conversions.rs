@@ -10,18 +10,10 @@ use super::json::{
     CloudLinkJson, DocumentJson, ErrorDetail, ErrorJson, LinkJson, MatchedQueryJson, OutcomeJson,
     RetrieveBody, RetrieveReply, StatusJson, TimingsJson,
 };
-use super::{EdgeError, RetrieveInput};
+use super::{EdgeError, ReplyOptions, RetrieveInput};
 use crate::fallback::quic::CloudLink;
 use crate::pipeline::EdgeStatus;
 use crate::retrieval::{MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings};
-
-/// How replies are shaped for this deployment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ReplyOptions {
-    /// Show the text of the cached query an acceptance went through (another user's
-    /// question); its id and score are always shown.
-    pub matched_query_text: bool,
-}
 
 impl From<RetrieveBody> for RetrieveInput {
     fn from(body: RetrieveBody) -> Self {

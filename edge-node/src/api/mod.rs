@@ -35,6 +35,14 @@ pub struct ValidRequest {
     pub k: usize,
 }
 
+/// How replies are shaped for this deployment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyOptions {
+    /// Show the text of the cached query an acceptance went through (another user's
+    /// question); its id and score are always shown.
+    pub matched_query_text: bool,
+}
+
 /// A request the edge refuses; `field` names what to fix.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
