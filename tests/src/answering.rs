@@ -30,6 +30,16 @@ pub fn small_model() -> Option<PathBuf> {
     Some(path)
 }
 
+/// The Python interpreter of a client venv named by the environment variable `var` (`make
+/// test` installs them); `None` when it is unset, saying which test is skipped.
+pub fn client_python(var: &str, test: &str) -> Option<PathBuf> {
+    let python = std::env::var_os(var).map(PathBuf::from);
+    if python.is_none() {
+        eprintln!("{var} is unset: skipping {test}");
+    }
+    python
+}
+
 /// A cloud index and an edge over the small test bundle.
 pub struct Answering {
     pub cloud: ManagedProcess,

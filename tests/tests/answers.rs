@@ -5,10 +5,12 @@
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_tests::answering::{Answering, START_TIMEOUT, small_model, start_answering, with_model};
+use hasten_tests::answering::{
+    Answering, START_TIMEOUT, client_python, small_model, start_answering, with_model,
+};
 use hasten_tests::edge::post_json;
 use hasten_tests::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index,
@@ -227,21 +229,10 @@ async fn an_edge_without_a_model_says_so_and_a_bad_model_file_stops_the_start() 
     cloud.stop();
 }
 
-/// The OpenAI Python SDK's interpreter (`make test` installs it); `None` skips, saying so.
-fn openai_python() -> Option<PathBuf> {
-    match std::env::var_os("HASTEN_OPENAI_PYTHON") {
-        Some(python) => Some(PathBuf::from(python)),
-        None => {
-            eprintln!("HASTEN_OPENAI_PYTHON is unset: skipping the OpenAI SDK test");
-            None
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_sdk_talks_to_the_edge_unchanged() {
     let Some(model) = small_model() else { return };
-    let Some(python) = openai_python() else {
+    let Some(python) = client_python("HASTEN_OPENAI_PYTHON", "the OpenAI SDK test") else {
         return;
     };
     let Answering {

@@ -8,22 +8,11 @@
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_tests::answering::{Answering, small_model, start_answering, with_model};
+use hasten_tests::answering::{Answering, client_python, small_model, start_answering, with_model};
 use serde_json::Value;
-
-/// The clients' interpreter (`make test` installs it); `None` skips, saying so.
-fn clients_python() -> Option<PathBuf> {
-    match std::env::var_os("HASTEN_RAG_CLIENTS_PYTHON") {
-        Some(python) => Some(PathBuf::from(python)),
-        None => {
-            eprintln!("HASTEN_RAG_CLIENTS_PYTHON is unset: skipping the chat clients test");
-            None
-        }
-    }
-}
 
 /// What one client saw on one transport.
 fn check_client(name: &str, seen: &Value) {
@@ -92,7 +81,7 @@ fn check_embeddings(seen: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn langchain_llamaindex_and_the_openai_sdk_read_the_conversation_and_sample_as_asked() {
     let Some(model) = small_model() else { return };
-    let Some(python) = clients_python() else {
+    let Some(python) = client_python("HASTEN_RAG_CLIENTS_PYTHON", "the chat clients test") else {
         return;
     };
     let Answering {
