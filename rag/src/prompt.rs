@@ -72,10 +72,13 @@ pub fn standard_prompt(
         ));
         model.chat.prompt(&model.tokenizer, &messages)
     };
+    let encoded = encode_documents(model, documents)?;
     let mut dropped_turns = 0;
     loop {
         let earlier = &turns[dropped_turns..];
-        match fit_documents(model, documents, &reserved, |texts| build(earlier, texts)) {
+        match fit_documents(model, documents, &encoded, &reserved, |texts| {
+            build(earlier, texts)
+        }) {
             Err(RagError::InvalidRequest {
                 field: "question", ..
             }) if dropped_turns < turns.len() => dropped_turns += 1,
@@ -108,7 +111,8 @@ pub fn drafter_prompt(
         tokens: draft_tokens,
         field: "speculative.draft_tokens",
     };
-    fit_documents(model, documents, &reserved, |texts| {
+    let encoded = encode_documents(model, documents)?;
+    fit_documents(model, documents, &encoded, &reserved, |texts| {
         let mut ids = model.chat.prompt(
             &model.tokenizer,
             &[
@@ -161,11 +165,20 @@ struct Reserved {
     field: &'static str,
 }
 
+/// The documents' texts as token ids, once per prompt (fitting may build it several times).
+fn encode_documents(model: &LanguageModel, documents: &[&Document]) -> Result<Vec<Vec<u32>>> {
+    Ok(documents
+        .iter()
+        .map(|d| model.tokenizer.encode(d.text.trim()))
+        .collect::<hasten_lm::Result<_>>()?)
+}
+
 /// Builds the prompt with every document's text cut to one token budget, the largest (up to
 /// [`DOCUMENT_TOKEN_CAP`]) with which prompt plus the reserved new tokens fit the context.
 fn fit_documents(
     model: &LanguageModel,
     documents: &[&Document],
+    encoded: &[Vec<u32>],
     reserved: &Reserved,
     build: impl Fn(&[String]) -> hasten_lm::Result<Vec<u32>>,
 ) -> Result<Vec<u32>> {
@@ -181,10 +194,6 @@ fn fit_documents(
     }
     let reserved = reserved.tokens;
     let room = context - reserved;
-    let encoded: Vec<Vec<u32>> = documents
-        .iter()
-        .map(|d| model.tokenizer.encode(d.text.trim()))
-        .collect::<hasten_lm::Result<_>>()?;
     let empty = vec![String::new(); documents.len()];
     let overhead = build(&empty)?.len();
     if overhead + MIN_DOCUMENT_TOKENS * documents.len() > room {

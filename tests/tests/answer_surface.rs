@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::answering::{Answering, small_model, start_answering, with_model};
 use hasten_tests::edge::post_json;
+use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -61,19 +62,11 @@ fn chat(question: &str, max_tokens: u32, stream: bool) -> Value {
 }
 
 /// The edge's `hasten_answer_cancelled_total`.
-async fn cancelled(http: &reqwest::Client, edge: &str) -> u64 {
-    let metrics = http
-        .get(format!("http://{edge}/metrics"))
-        .send()
+async fn cancelled(edge: &str) -> u64 {
+    Scrape::of(edge)
         .await
         .unwrap()
-        .text()
-        .await
-        .unwrap();
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("hasten_answer_cancelled_total "))
-        .map_or(0, |n| n.trim().parse().unwrap())
+        .value("hasten_answer_cancelled_total", &[]) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,11 +123,11 @@ async fn a_client_that_leaves_frees_the_model_for_the_next() {
     // Every abandoned stream is counted once its generation stops (a waiting one as it
     // leaves, the generating one at its next step).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while cancelled(&http, &addr).await < LEAVING as u64 {
+    while cancelled(&addr).await < LEAVING as u64 {
         assert!(
             Instant::now() < deadline,
             "cancellations counted: {}",
-            cancelled(&http, &addr).await
+            cancelled(&addr).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -219,7 +219,7 @@ impl AnswerService {
     ) -> Result<Prepared, EdgeError> {
         let started = Instant::now();
         let prepared = self
-            .retrieve(authorization, timeout, input, started)
+            .checked_and_admitted(authorization, timeout, input, started)
             .instrument(tracing::info_span!("answer_prepare"))
             .await;
         if let Err(error) = &prepared {
@@ -228,7 +228,7 @@ impl AnswerService {
         prepared
     }
 
-    async fn retrieve(
+    async fn checked_and_admitted(
         &self,
         authorization: Option<&str>,
         timeout: Result<Option<Duration>, InvalidArgument>,
