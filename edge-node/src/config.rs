@@ -6,11 +6,11 @@ use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
-use hasten_kv_worker::fusion::FusionMode;
-use hasten_kv_worker::routing::KvRouting;
-use hasten_kv_worker::store::Variant;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
+use hasten_worker_api::kv::FusionMode;
+use hasten_worker_api::kv::Variant;
+use hasten_worker_api::kv::routing::KvRouting;
 use serde::{Deserialize, Serialize};
 
 use crate::retrieval::RetrievalPolicy;

@@ -29,19 +29,19 @@ use hasten_core::bundle::{CorpusBundle, read_manifest};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
-use hasten_kv_worker::FusionSettings;
-use hasten_kv_worker::client::KvPool;
-use hasten_kv_worker::fusion::FusionMode;
-use hasten_kv_worker::routing::KvRouting;
-use hasten_kv_worker::store::Variant;
 use hasten_lm::LanguageModel;
-use hasten_lm_worker::RemoteLm;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::quic::client_config;
 use hasten_proto::tls::{MutualTls, TrustRoots};
 use hasten_proto::v1::edge_server::EdgeServer;
 use hasten_rag::{LmBackend, LocalLm, SpeculativeSettings};
+use hasten_worker_api::RemoteLm;
+use hasten_worker_api::kv::FusionMode;
+use hasten_worker_api::kv::FusionSettings;
+use hasten_worker_api::kv::KvPool;
+use hasten_worker_api::kv::Variant;
+use hasten_worker_api::kv::routing::KvRouting;
 use serde::Serialize;
 
 #[derive(Parser)]

@@ -2,7 +2,7 @@
 //! every edge configured with the pool (`kv_pool`) routes by the same ready workers: a
 //! `KvPoolAssignment` command, proposed to one control-plane node after another until one
 //! commits it. The assignment is the ready workers' addresses; rendezvous hashing over them
-//! (`hasten_kv_worker::routing`) gives each chunk's owner on every edge alike.
+//! (`hasten_worker_api::kv::routing`) gives each chunk's owner on every edge alike.
 
 use std::time::Duration;
 

@@ -6,9 +6,7 @@ use hasten_proto::v1 as pb;
 use crate::fusion::{FusionMode, FusionSettings};
 use crate::store::Variant;
 use crate::worker::{ChunkInput, GenerateRequest, Generated, WorkerError, WorkerInfo};
-
-/// The recompute ratio when a request names none (the paper's r = 15%).
-pub const DEFAULT_RATIO: f64 = 0.15;
+use hasten_worker_api::kv::DEFAULT_RATIO;
 
 fn invalid(field: &'static str, message: impl Into<String>) -> WorkerError {
     WorkerError::Invalid {
@@ -27,27 +25,11 @@ pub fn mode_from_proto(value: i32) -> Result<FusionMode, WorkerError> {
     }
 }
 
-pub fn mode_proto(mode: FusionMode) -> pb::FusionMode {
-    match mode {
-        FusionMode::FullPrefill => pb::FusionMode::FullPrefill,
-        FusionMode::FullReuse => pb::FusionMode::FullReuse,
-        FusionMode::CacheBlend => pb::FusionMode::Cacheblend,
-        FusionMode::FusionRag => pb::FusionMode::Fusionrag,
-    }
-}
-
 pub fn variant_from_proto(value: i32) -> Result<Variant, WorkerError> {
     match pb::KvVariant::try_from(value) {
         Ok(pb::KvVariant::Unspecified | pb::KvVariant::Similarity) => Ok(Variant::Similarity),
         Ok(pb::KvVariant::FullReuse) => Ok(Variant::FullReuse),
         Err(_) => Err(invalid("variant", format!("unknown KV variant {value}"))),
-    }
-}
-
-pub fn variant_proto(variant: Variant) -> pb::KvVariant {
-    match variant {
-        Variant::FullReuse => pb::KvVariant::FullReuse,
-        Variant::Similarity => pb::KvVariant::Similarity,
     }
 }
 

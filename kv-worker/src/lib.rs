@@ -8,7 +8,6 @@
 //! selection; CacheBlend's deviation-based selection as the baseline). The [`store`] keeps
 //! each chunk's KV once, on disk and in memory tiers by heat.
 
-pub mod client;
 pub mod config;
 pub mod conversions;
 pub mod engine;
@@ -19,7 +18,6 @@ pub mod preprocess;
 pub mod progress;
 pub mod prompt;
 pub mod quality;
-pub mod routing;
 pub mod service;
 pub mod store;
 pub mod worker;

@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::conversions::{answer_proto, info_proto, request_from_proto};
 use crate::metrics::WorkerMetrics;
+use hasten_worker_api::generation::{answer_proto, info_proto, request_from_proto};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
 

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use edge_node::replication::apply::kv_pool_workers;
 use hasten_kv_operator::publish::{AssignmentPublisher, ControlPlanePublisher, PublishError};
-use hasten_kv_worker::client::KvPool;
-use hasten_kv_worker::fusion::{FusionMode, FusionSettings};
-use hasten_kv_worker::routing::KvRouting;
-use hasten_kv_worker::store::Variant;
 use hasten_proto::control::{self, FollowStatus};
 use hasten_proto::v1::KvPoolAssignment;
 use hasten_tests::cluster::Cluster;
+use hasten_worker_api::kv::KvPool;
+use hasten_worker_api::kv::Variant;
+use hasten_worker_api::kv::routing::KvRouting;
+use hasten_worker_api::kv::{FusionMode, FusionSettings};
 
 fn assignment(workers: &[&str], version: &str) -> KvPoolAssignment {
     KvPoolAssignment {

@@ -5,9 +5,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use hasten_lm_worker::conversions::{draft_proto, micros, mode_from_proto, mode_proto};
 use hasten_proto::v1 as pb;
 use hasten_rag::AnswerMode;
+use hasten_worker_api::generation::{draft_proto, micros, mode_from_proto, mode_proto};
 use tonic::Status;
 
 use super::http::finish_reason;

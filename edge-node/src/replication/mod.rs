@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hasten_core::DocId;
-use hasten_kv_worker::client::KvPool;
 use hasten_proto::control::{self, ControlAccess, ControlClient, FollowStatus};
 use hasten_proto::v1::{CacheEntry, ControlCommand, CorpusFacts, ProposeRequest, control_command};
+use hasten_worker_api::kv::KvPool;
 use tokio::sync::mpsc;
 
 use crate::fallback::CloudSearch;

@@ -22,6 +22,7 @@ use candle_core::Tensor;
 use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits};
 
 pub use assemble::{Assembled, assemble};
+pub use hasten_worker_api::kv::{FusionMode, FusionSettings};
 pub use mask::recompute_mask;
 pub use segment::SegmentKv;
 
@@ -29,47 +30,6 @@ use crate::error::{KvError, Result};
 
 /// The layer whose deviation CacheBlend selects by (its paper's choice: the second layer).
 pub const CACHEBLEND_LAYER: usize = 1;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub enum FusionMode {
-    #[serde(rename = "full-prefill")]
-    FullPrefill,
-    #[serde(rename = "full-reuse")]
-    FullReuse,
-    #[serde(rename = "cacheblend")]
-    CacheBlend,
-    #[default]
-    #[serde(rename = "fusionrag")]
-    FusionRag,
-}
-
-impl FusionMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::FullPrefill => "full-prefill",
-            Self::FullReuse => "full-reuse",
-            Self::CacheBlend => "cacheblend",
-            Self::FusionRag => "fusionrag",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FusionSettings {
-    pub mode: FusionMode,
-    /// Share of the chunk tokens recomputed (CacheBlend, FusionRAG).
-    pub ratio: f64,
-}
-
-impl Default for FusionSettings {
-    /// FusionRAG at the paper's 15%.
-    fn default() -> Self {
-        Self {
-            mode: FusionMode::FusionRag,
-            ratio: 0.15,
-        }
-    }
-}
 
 /// Where a fused prefill spent its time.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

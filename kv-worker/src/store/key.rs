@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use hasten_worker_api::kv::Variant;
+
 use super::StoreError;
 
 /// Hex digits kept of a SHA-256 in names: 64 bits, collision-free at any corpus size here.
@@ -114,31 +116,6 @@ impl fmt::Display for ChunkRef {
             Self::Id(id) => write!(f, "chunk {id}"),
             Self::Text(hash) => write!(f, "text chunk {hash}"),
         }
-    }
-}
-
-/// How a chunk's KV was computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Variant {
-    /// Prefilled right after the system prompt.
-    FullReuse,
-    /// Recomputed while attending to its most similar chunks (FusionRAG's preprocessing).
-    Similarity,
-}
-
-impl Variant {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::FullReuse => "full-reuse",
-            Self::Similarity => "similarity",
-        }
-    }
-}
-
-impl fmt::Display for Variant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

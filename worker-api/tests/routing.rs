@@ -4,7 +4,7 @@
 //! alternative, is shown to fail the same bound.
 #![allow(clippy::unwrap_used)]
 
-use hasten_kv_worker::routing::{owner, route};
+use hasten_worker_api::kv::routing::{owner, route};
 use proptest::prelude::*;
 
 fn workers(n: usize) -> Vec<String> {

@@ -2,7 +2,7 @@
 //! Retrieved documents go as chunk ids of the edge's corpus version (the worker reads their
 //! stored KV and tokens, never tokenizing the text again); documents without an id go as
 //! text. The worker tried first is the one that owns most of the request's chunks
-//! ([`crate::routing`], so their KV is in its memory) or, round robin, the next in turn. A
+//! ([`super::routing`], so their KV is in its memory) or, round robin, the next in turn. A
 //! worker that is down or full is skipped for the next one; a refusal (unknown chunk, corpus
 //! version not held, context too long) is the answer's error, not retried. The members can
 //! change while serving ([`KvPool::set_workers`]: an operator's assignment through the
@@ -24,13 +24,11 @@ use tokio::runtime::Handle;
 use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Code, Status};
 
+use super::routing::{KvRouting, route};
+use super::{FusionSettings, Variant, mode_proto, variant_proto};
+
 /// How often a call in flight looks whether its caller went away.
 const CANCEL_CHECK: Duration = Duration::from_millis(50);
-
-use crate::conversions::{mode_proto, variant_proto};
-use crate::fusion::FusionSettings;
-use crate::routing::{KvRouting, route};
-use crate::store::Variant;
 
 struct Worker {
     endpoint: String,
@@ -371,7 +369,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::fusion::FusionMode;
+    use crate::kv::FusionMode;
 
     fn pool(workers: &[&str]) -> KvPool {
         let workers: Vec<String> = workers.iter().map(|w| w.to_string()).collect();

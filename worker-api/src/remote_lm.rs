@@ -9,7 +9,7 @@ use tokio::runtime::Handle;
 use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::{Code, Status};
 
-use crate::conversions::{WireError, answer_from_proto, info_from_proto, request_proto};
+use crate::generation::{WireError, answer_from_proto, info_from_proto, request_proto};
 
 /// How often a call in flight looks whether its caller went away.
 const CANCEL_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
