@@ -15,6 +15,8 @@ export HASTEN_MODEL_DIR ?= $(abspath $(MODEL_DIR))
 export HASTEN_LM_DIR ?= $(abspath $(LM_DIR))
 export HASTEN_OPENAI_PYTHON ?= $(abspath $(TOOLS_DIR))/openai-venv/bin/python
 export HASTEN_RAG_CLIENTS_PYTHON ?= $(abspath $(TOOLS_DIR))/rag-clients-venv/bin/python
+# llama.cpp's server (xllamacpp), the real engine of tests/tests/engine.rs.
+export HASTEN_LLAMA_SERVER_PYTHON ?= $(abspath $(TOOLS_DIR))/llama-server-venv/bin/python
 # Prometheus and promtool (Debian's package) and the chart's rules rendered for the
 # monitoring test (tests/tests/monitoring.rs).
 export HASTEN_PROMETHEUS_DIR ?= $(abspath $(TOOLS_DIR))/prometheus-deb/usr/bin

@@ -6,11 +6,10 @@ use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use hasten_engine::ApiKey;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
-use hasten_worker_api::kv::FusionMode;
-use hasten_worker_api::kv::Variant;
-use hasten_worker_api::kv::routing::KvRouting;
+use hasten_worker_api::kv::{DEFAULT_RATIO, FusionMode, KvRouting, Variant};
 use serde::{Deserialize, Serialize};
 
 use crate::retrieval::RetrievalPolicy;
@@ -168,6 +167,25 @@ pub struct EdgeConfig {
     /// rendezvous hashing of chunk ids over `kv_workers`, so every edge given the same list
     /// agrees) or `round-robin`.
     pub kv_routing: KvRouting,
+    /// Base URL of an OpenAI-compatible engine (vLLM, SGLang, TGI, Ollama, llama.cpp's
+    /// server) to generate answers on, `/v1` included (`http://vllm:8000/v1`). Exclusive with
+    /// `lm_model`, `lm_worker` and `kv_workers`.
+    pub lm_engine_url: Option<String>,
+    /// The model the engine serves, as its `/v1/models` names it. Required with
+    /// `lm_engine_url`.
+    pub lm_engine_model: Option<String>,
+    /// The engine's API key, sent as a bearer token and never logged; better set through
+    /// `HASTEN_EDGE_LM_ENGINE_API_KEY` or `lm_engine_api_key_file` than written in a file.
+    pub lm_engine_api_key: Option<ApiKey>,
+    /// File holding the engine's API key (a mounted Secret).
+    pub lm_engine_api_key_file: Option<PathBuf>,
+    /// PEM file of the CA that signed an `https` engine's certificate, beside the system's.
+    pub lm_engine_ca: Option<PathBuf>,
+    /// Longest wait for the engine's next bytes (connection, first token, each chunk);
+    /// beyond it the answer fails as 503.
+    pub lm_engine_timeout_ms: u64,
+    /// Answers sent to the engine at once (it batches them); more wait in `answer_queue`.
+    pub lm_engine_concurrency: usize,
     /// `cpu`, or `cuda` in a build with the `cuda` feature.
     pub lm_device: DeviceKind,
     /// How the models' weights are held: `fast` (Q8_0 for decoding, f32 for prompts; the
@@ -244,10 +262,17 @@ impl Default for EdgeConfig {
             kv_workers: Vec::new(),
             kv_pool: None,
             kv_mode: FusionMode::FusionRag,
-            // FusionRAG's r.
-            kv_recompute_ratio: 0.15,
+            kv_recompute_ratio: DEFAULT_RATIO,
             kv_variant: Variant::Similarity,
             kv_routing: KvRouting::KvAware,
+            lm_engine_url: None,
+            lm_engine_model: None,
+            lm_engine_api_key: None,
+            lm_engine_api_key_file: None,
+            lm_engine_ca: None,
+            // A long prompt on a busy engine takes seconds before its first token.
+            lm_engine_timeout_ms: 30_000,
+            lm_engine_concurrency: 8,
             lm_device: DeviceKind::Cpu,
             lm_weights: WeightFormat::Fast,
             answer_default_tokens: 64,
@@ -431,6 +456,7 @@ impl EdgeConfig {
                 ));
             }
         }
+        self.validate_engine()?;
         if let Some(pool) = &self.kv_pool
             && (self.kv_workers.is_empty()
                 || self.control_plane.is_empty()
@@ -495,6 +521,72 @@ impl EdgeConfig {
                     self.max_k, self.speculative_clusters
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// The engine keys: a URL that can be called, a model, and no other generation backend.
+    fn validate_engine(&self) -> Result<(), ConfigError> {
+        let Some(url) = &self.lm_engine_url else {
+            for (key, set) in [
+                ("lm_engine_model", self.lm_engine_model.is_some()),
+                ("lm_engine_api_key", self.lm_engine_api_key.is_some()),
+                (
+                    "lm_engine_api_key_file",
+                    self.lm_engine_api_key_file.is_some(),
+                ),
+                ("lm_engine_ca", self.lm_engine_ca.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::invalid(
+                        key,
+                        "is set but `lm_engine_url` is not",
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        for (key, set) in [
+            ("lm_model", self.lm_model.is_some()),
+            ("lm_worker", self.lm_worker.is_some()),
+            ("kv_workers", !self.kv_workers.is_empty()),
+        ] {
+            if set {
+                return Err(ConfigError::invalid(
+                    "lm_engine_url",
+                    format!("and `{key}` are both set: answer with one of them"),
+                ));
+            }
+        }
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ConfigError::invalid(
+                "lm_engine_url",
+                format!("`{url}` is not an http:// or https:// URL"),
+            ));
+        }
+        if self
+            .lm_engine_model
+            .as_deref()
+            .is_none_or(|m| m.trim().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "lm_engine_model",
+                "is required with `lm_engine_url`: the model the engine serves",
+            ));
+        }
+        if self.lm_engine_api_key.is_some() && self.lm_engine_api_key_file.is_some() {
+            return Err(ConfigError::invalid(
+                "lm_engine_api_key_file",
+                "and `lm_engine_api_key` are both set: give the key once",
+            ));
+        }
+        for (key, value) in [
+            ("lm_engine_timeout_ms", self.lm_engine_timeout_ms),
+            ("lm_engine_concurrency", self.lm_engine_concurrency as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
         }
         Ok(())
     }

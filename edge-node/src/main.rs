@@ -29,6 +29,7 @@ use hasten_core::bundle::{CorpusBundle, read_manifest};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_engine::{ApiKey, EngineLm};
 use hasten_lm::LanguageModel;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
@@ -40,8 +41,8 @@ use hasten_worker_api::RemoteLm;
 use hasten_worker_api::kv::FusionMode;
 use hasten_worker_api::kv::FusionSettings;
 use hasten_worker_api::kv::KvPool;
+use hasten_worker_api::kv::KvRouting;
 use hasten_worker_api::kv::Variant;
-use hasten_worker_api::kv::routing::KvRouting;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -258,6 +259,30 @@ struct ServeArgs {
     #[arg(long, value_parser = parse_routing)]
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_routing: Option<KvRouting>,
+    /// Base URL of an OpenAI-compatible engine to generate on (http://vllm:8000/v1).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_url: Option<String>,
+    /// The model the engine serves, as its /v1/models names it.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_model: Option<String>,
+    /// File holding the engine's API key (or set HASTEN_EDGE_LM_ENGINE_API_KEY).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_api_key_file: Option<PathBuf>,
+    /// PEM file of the CA that signed an https engine's certificate.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_ca: Option<PathBuf>,
+    /// Longest wait for the engine's next bytes, in ms [default: 30000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_timeout_ms: Option<u64>,
+    /// Answers sent to the engine at once [default: 8].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_concurrency: Option<usize>,
     /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -452,6 +477,20 @@ fn parse_variant(value: &str) -> Result<Variant, String> {
         .map_err(|_| format!("`{value}`: expected similarity or full-reuse"))
 }
 
+/// The engine's API key: given in the configuration, or read from `lm_engine_api_key_file`.
+fn engine_api_key(config: &EdgeConfig) -> Result<Option<ApiKey>> {
+    if let Some(path) = &config.lm_engine_api_key_file {
+        let key = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "configuration: `lm_engine_api_key_file`: reading {}",
+                path.display()
+            )
+        })?;
+        return Ok(Some(ApiKey::new(key.trim())));
+    }
+    Ok(config.lm_engine_api_key.clone())
+}
+
 /// The `/v1/answer` backend; the KV workers' pool when that is the backend (it follows the
 /// pool's assignment with `kv_pool`); the model loaded here when the backend is local
 /// (`/v1/ralm` and `/v1/spechop` run on it).
@@ -487,6 +526,42 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
             local_model: None,
         });
     }
+    if let Some(url) = &config.lm_engine_url {
+        let engine = EngineLm::new(hasten_engine::EngineSettings {
+            url: url.clone(),
+            model: config.lm_engine_model.clone().unwrap_or_default(),
+            api_key: engine_api_key(config)?,
+            timeout: Duration::from_millis(config.lm_engine_timeout_ms),
+            ca_file: config.lm_engine_ca.clone(),
+        })
+        .context("configuration: `lm_engine_url`")?;
+        let engine = Arc::new(engine);
+        // The engine may come up after the edge: answers find it then; this only logs.
+        let probe = Arc::clone(&engine);
+        let model = config.lm_engine_model.clone().unwrap_or_default();
+        tokio::spawn(async move {
+            match probe.probe().await {
+                Ok(models) if models.contains(&model) => {
+                    tracing::info!(engine = probe.url(), %model, "generation engine reached")
+                }
+                Ok(models) => tracing::warn!(
+                    engine = probe.url(),
+                    %model,
+                    ?models,
+                    "the generation engine does not list `lm_engine_model` (some engines answer \
+                     for any name)"
+                ),
+                Err(error) => {
+                    tracing::warn!(engine = probe.url(), %error, "generation engine not reachable yet")
+                }
+            }
+        });
+        return Ok(Backends {
+            answers: Some(engine),
+            kv_pool: None,
+            local_model: None,
+        });
+    }
     if let Some(worker) = &config.lm_worker {
         let remote = RemoteLm::connect_lazy(worker, mutual.map(MutualTls::grpc_client))
             .context("configuration: `lm_worker`")?;
@@ -512,7 +587,9 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         });
     }
     let Some(model) = &config.lm_model else {
-        tracing::info!("no `lm_model` nor `lm_worker`: /v1/answer answers 503");
+        tracing::info!(
+            "no `lm_model`, `lm_worker`, `kv_workers` nor `lm_engine_url`: /v1/answer answers 503"
+        );
         return Ok(Backends {
             answers: None,
             kv_pool: None,
@@ -707,6 +784,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
             max_tokens: config.answer_max_tokens,
             max_question_chars: config.max_query_chars,
             max_queued: config.answer_queue,
+            // An engine batches the answers it is sent; this process's cores do not.
+            concurrency: if config.lm_engine_url.is_some() {
+                config.lm_engine_concurrency
+            } else {
+                1
+            },
             speculative: SpeculativeSettings {
                 drafts: config.speculative_drafts,
                 clusters: config.speculative_clusters,

@@ -27,8 +27,8 @@ pub mod verify;
 pub use answer::{Answer, AnswerTimings, BackendInfo, DraftReport, DraftingTokens, Finish};
 pub use backend::{LmBackend, LocalLm};
 pub use error::{RagError, Result};
-/// The roles of a conversation's turns, re-exported so callers need not name hasten-lm.
-pub use hasten_lm::Role;
+/// A conversation's turns and their roles, re-exported so callers need not name hasten-lm.
+pub use hasten_lm::{ChatMessage, Role};
 /// The load options of [`LocalLm::load_with`], re-exported so callers need not name hasten-lm.
 pub use hasten_lm::{DeviceKind, WeightFormat};
 pub use queue::{Admission, ModelQueue, QueueError};

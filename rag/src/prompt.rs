@@ -10,6 +10,9 @@ use crate::request::{ChatTurn, Document};
 /// Most tokens of one document's text in a prompt: retrieved passages are ~100 words, and a
 /// longer one would crowd out the rest on a small model.
 pub const DOCUMENT_TOKEN_CAP: usize = 384;
+/// [`DOCUMENT_TOKEN_CAP`] in characters, for prompts built without a tokenizer (English
+/// text averages about four characters a token).
+pub const DOCUMENT_CHAR_CAP: usize = DOCUMENT_TOKEN_CAP * 4;
 /// Fewer tokens than this per document make a document useless: refuse instead.
 pub const MIN_DOCUMENT_TOKENS: usize = 8;
 
@@ -60,16 +63,7 @@ pub fn standard_prompt(
         .filter(|turn| turn.role != Role::System)
         .collect();
     let build = |earlier: &[&ChatTurn], texts: &[String]| {
-        let mut messages = vec![ChatMessage::new(Role::System, system.clone())];
-        messages.extend(
-            earlier
-                .iter()
-                .map(|turn| ChatMessage::new(turn.role, turn.content.clone())),
-        );
-        messages.push(ChatMessage::new(
-            Role::User,
-            documents_and_question(documents, texts, question),
-        ));
+        let messages = standard_message_list(&system, earlier, documents, texts, question);
         model.chat.prompt(&model.tokenizer, &messages)
     };
     let encoded = encode_documents(model, documents)?;
@@ -86,6 +80,64 @@ pub fn standard_prompt(
             Err(error) => return Err(error),
         }
     }
+}
+
+/// Standard RAG's prompt as chat messages, for an engine that applies its own chat template
+/// and counts its own tokens: the same instruction, turns and document layout as
+/// [`standard_prompt`], each document cut to [`DOCUMENT_CHAR_CAP`] characters (no tokenizer
+/// here to cut by tokens). Whether it fits is the engine's to say.
+pub fn standard_messages(
+    question: &str,
+    documents: &[&Document],
+    conversation: &[ChatTurn],
+) -> Vec<ChatMessage> {
+    let texts: Vec<String> = documents
+        .iter()
+        .map(|d| cut_at_char_boundary(d.text.trim(), DOCUMENT_CHAR_CAP).to_string())
+        .collect();
+    let earlier: Vec<&ChatTurn> = conversation
+        .iter()
+        .filter(|turn| turn.role != Role::System)
+        .collect();
+    standard_message_list(
+        &system_text(conversation),
+        &earlier,
+        documents,
+        &texts,
+        question,
+    )
+}
+
+fn standard_message_list(
+    system: &str,
+    earlier: &[&ChatTurn],
+    documents: &[&Document],
+    texts: &[String],
+    question: &str,
+) -> Vec<ChatMessage> {
+    let mut messages = vec![ChatMessage::new(Role::System, system)];
+    messages.extend(
+        earlier
+            .iter()
+            .map(|turn| ChatMessage::new(turn.role, turn.content.clone())),
+    );
+    messages.push(ChatMessage::new(
+        Role::User,
+        documents_and_question(documents, texts, question),
+    ));
+    messages
+}
+
+/// The first `max` bytes of `text`, ending on a character boundary.
+fn cut_at_char_boundary(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The standard instruction, then the client's system messages.

@@ -19,7 +19,7 @@ pub enum QueueError {
 pub type WaitingObserver = Box<dyn Fn(usize) + Send + Sync>;
 
 pub struct ModelQueue {
-    /// One permit: the model generates one answer at a time.
+    /// One permit per answer the model generates at once (one, on this process's cores).
     model: Arc<Semaphore>,
     waiting: AtomicUsize,
     max_queued: usize,
@@ -38,8 +38,18 @@ impl std::fmt::Debug for ModelQueue {
 impl ModelQueue {
     /// A queue that lets at most `max_queued` requests wait behind the one generating.
     pub fn new(max_queued: usize, observe: WaitingObserver) -> Self {
+        Self::with_concurrency(1, max_queued, observe)
+    }
+
+    /// A queue in front of a model that generates `concurrency` answers at once (an engine
+    /// that batches them), with at most `max_queued` waiting beyond those.
+    pub fn with_concurrency(
+        concurrency: usize,
+        max_queued: usize,
+        observe: WaitingObserver,
+    ) -> Self {
         Self {
-            model: Arc::new(Semaphore::new(1)),
+            model: Arc::new(Semaphore::new(concurrency.max(1))),
             waiting: AtomicUsize::new(0),
             max_queued,
             observe,

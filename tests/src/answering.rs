@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 
-use crate::{build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index};
+use crate::{
+    build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index, workspace_root,
+};
 
 /// Loading a model and the encoder in a debug test build takes a while on 2 cores.
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -87,4 +89,34 @@ pub fn start_edge(
 /// `--lm-model PATH`.
 pub fn with_model(model: &Path) -> Vec<String> {
     vec!["--lm-model".into(), model.display().to_string()]
+}
+
+/// The name the llama.cpp server of [`start_llama_server`] serves its model under.
+pub const ENGINE_MODEL: &str = "smollm2";
+
+/// llama.cpp's own HTTP server (`tests/clients/llama_server.py`, from the xllamacpp wheel
+/// `make test` installs) serving `model` as [`ENGINE_MODEL`] on a free loopback port, two
+/// requests at a time; `None` when HASTEN_LLAMA_SERVER_PYTHON is unset.
+pub fn start_llama_server(work: &Path, name: &str, model: &Path) -> Option<ManagedProcess> {
+    let python = client_python("HASTEN_LLAMA_SERVER_PYTHON", "the llama.cpp engine tests")?;
+    let script = workspace_root().join("tests/clients/llama_server.py");
+    let args = [
+        script.display().to_string(),
+        model.display().to_string(),
+        "--alias".into(),
+        ENGINE_MODEL.into(),
+        "--parallel".into(),
+        "2".into(),
+    ];
+    Some(ManagedProcess::start(name, &python, args, work, START_TIMEOUT).unwrap())
+}
+
+/// `--lm-engine-url http://ADDR/v1 --lm-engine-model MODEL`.
+pub fn with_engine(addr: &str, model: &str) -> Vec<String> {
+    vec![
+        "--lm-engine-url".into(),
+        format!("http://{addr}/v1"),
+        "--lm-engine-model".into(),
+        model.into(),
+    ]
 }

@@ -47,6 +47,8 @@ pub struct AnswerLimits {
     pub max_question_chars: usize,
     /// Answers waiting for the language model, beyond the one being generated.
     pub max_queued: usize,
+    /// Answers generated at once: 1 on this process's cores, more on an engine that batches.
+    pub concurrency: usize,
     pub speculative: SpeculativeSettings,
 }
 
@@ -131,7 +133,8 @@ impl AnswerService {
             backend,
             local_model,
             limits,
-            queue: Arc::new(ModelQueue::new(
+            queue: Arc::new(ModelQueue::with_concurrency(
+                limits.concurrency,
                 limits.max_queued,
                 Box::new(move |waiting| gauge.set_queue(waiting)),
             )),

@@ -1,0 +1,320 @@
+//! Generation on an engine the team already runs: an edge answering through a real
+//! llama.cpp server (its own HTTP server, from the xllamacpp wheel `make test` installs)
+//! serving the small model (`make models`). Skipped, saying so, without either. No mock
+//! engine: the one fault case that needs an engine that accepts and then says nothing is a
+//! bare TCP listener, and says so.
+
+// A test fails by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use hasten_core::bundle::CorpusBundle;
+use hasten_rag::Document;
+use hasten_rag::prompt::standard_messages;
+use hasten_tests::answering::{
+    Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server, with_engine,
+};
+use hasten_tests::edge::post_json;
+use hasten_tests::persistent_work_dir;
+use loadtest::scrape::Scrape;
+use serde_json::{Value, json};
+
+/// A system message that makes the small model write until `max_tokens`: what a client
+/// that leaves early would otherwise leave running.
+const RAMBLE: &str = "Write a very long, detailed essay of at least 800 words, with many sections.";
+const ESSAY: &str = "Write a long essay about every document.";
+
+fn chat(question: &str, system: Option<&str>, max_tokens: u32) -> Value {
+    let mut messages = Vec::new();
+    if let Some(system) = system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.push(json!({"role": "user", "content": question}));
+    json!({
+        "model": "hasten-rag",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "k": 3,
+    })
+}
+
+fn content(reply: &Value) -> &str {
+    reply["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+/// The engine's `llamacpp:<name>` counter or gauge.
+async fn engine_metric(engine: &str, name: &str) -> f64 {
+    Scrape::of(engine)
+        .await
+        .unwrap()
+        .value(&format!("llamacpp:{name}"), &[])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_answers_through_a_llama_cpp_server() {
+    let Some(model) = small_model() else { return };
+    let work = persistent_work_dir("engine").unwrap();
+    let Some(engine) = start_llama_server(&work, "llama-server", &model) else {
+        return;
+    };
+    let engine_addr = engine.addr("http_addr");
+    let Answering {
+        cloud: _cloud,
+        edge,
+        bundle_dir,
+        ..
+    } = start_answering(
+        "engine",
+        "engine-edge",
+        &with_engine(&engine_addr, ENGINE_MODEL),
+    );
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = bundle.questions[0].question.clone();
+
+    // The edge's answer is the engine's own greedy answer to Hasten's prompt over the
+    // documents the edge retrieved: same text, same prompt tokens.
+    let (status, reply) = post_json(
+        &http,
+        &addr,
+        "/v1/answer",
+        &json!({"question": question, "k": 3, "max_tokens": 32}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let documents: Vec<Document> = reply["documents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| Document {
+            id: d["id"].as_u64(),
+            title: d["title"].as_str().unwrap().to_string(),
+            text: d["text"].as_str().unwrap().to_string(),
+            vector: None,
+        })
+        .collect();
+    assert_eq!(documents.len(), 3);
+    let messages: Vec<Value> =
+        standard_messages(&question, &documents.iter().collect::<Vec<_>>(), &[])
+            .iter()
+            .map(|m| json!({"role": m.role.name(), "content": m.content}))
+            .collect();
+    let direct: Value = http
+        .post(format!("http://{engine_addr}/v1/chat/completions"))
+        .json(&json!({"model": ENGINE_MODEL, "messages": messages, "max_tokens": 32, "temperature": 0}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    eprintln!(
+        "edge: {:?}; engine: {:?}",
+        reply["answer"],
+        content(&direct)
+    );
+    assert_eq!(reply["answer"].as_str().unwrap(), content(&direct).trim());
+    assert_eq!(reply["prompt_tokens"], direct["usage"]["prompt_tokens"]);
+    assert_eq!(
+        reply["generated_tokens"],
+        direct["usage"]["completion_tokens"]
+    );
+    let bare: Value = http
+        .post(format!("http://{engine_addr}/v1/chat/completions"))
+        .json(&json!({"model": ENGINE_MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        reply["prompt_tokens"].as_u64().unwrap()
+            > bare["usage"]["prompt_tokens"].as_u64().unwrap() + 3 * 16,
+        "the documents are in the engine's prompt"
+    );
+
+    // Streamed through the OpenAI surface, with the usage chunk.
+    let mut streamed = chat(&question, None, 32);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let response = http
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let text = response.text().await.unwrap();
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let deltas = chunks
+        .iter()
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .count();
+    assert!(deltas >= 2, "the answer arrives in pieces: {text}");
+    let usage = chunks.iter().find(|c| c["usage"].is_object()).unwrap();
+    assert!(usage["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+
+    // `stop` ends the answer where the stop string starts.
+    let (status, long) = post_json(
+        &http,
+        &addr,
+        "/v1/chat/completions",
+        &chat(ESSAY, Some(RAMBLE), 64),
+    )
+    .await;
+    assert_eq!(status, 200, "{long}");
+    let long_text = content(&long).to_string();
+    let words: Vec<&str> = long_text.split_whitespace().collect();
+    assert!(words.len() > 8, "a long answer to cut: {long_text:?}");
+    let stop = format!(" {}", words[6]);
+    let at = long_text.find(&stop).unwrap();
+    let mut stopped = chat(ESSAY, Some(RAMBLE), 64);
+    stopped["stop"] = json!([stop]);
+    let (status, cut) = post_json(&http, &addr, "/v1/chat/completions", &stopped).await;
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!(content(&cut), long_text[..at].trim());
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+    assert_eq!(long["choices"][0]["finish_reason"], "length");
+
+    // A seeded sampled answer is reproducible.
+    let mut sampled = chat(ESSAY, Some(RAMBLE), 24);
+    sampled["temperature"] = json!(1.0);
+    sampled["seed"] = json!(7);
+    let (_, first) = post_json(&http, &addr, "/v1/chat/completions", &sampled).await;
+    let (_, second) = post_json(&http, &addr, "/v1/chat/completions", &sampled).await;
+    assert_eq!(content(&first), content(&second));
+
+    // Only standard mode is served on an engine for now, and /v1/models says so.
+    let models: Value = http
+        .get(format!("http://{addr}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"hasten-rag") && !ids.contains(&"hasten-rag-speculative"),
+        "{ids:?}"
+    );
+
+    // A client that leaves closes the engine's request: the engine decodes a few tokens
+    // more, not the 400 asked for. The same request run to the end is the control.
+    let mut leaving = chat(ESSAY, Some(RAMBLE), 400);
+    leaving["stream"] = json!(true);
+    let decoded = engine_metric(&engine_addr, "n_decode_total").await;
+    let mut response = http
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&leaving)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(response.chunk().await.unwrap().is_some());
+    drop(response);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while engine_metric(&engine_addr, "requests_processing").await > 0.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the engine never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = engine_metric(&engine_addr, "n_decode_total").await - decoded;
+    let decoded = engine_metric(&engine_addr, "n_decode_total").await;
+    leaving["stream"] = json!(false);
+    let (status, whole) = post_json(&http, &addr, "/v1/chat/completions", &leaving).await;
+    assert_eq!(status, 200, "{whole}");
+    let ran = engine_metric(&engine_addr, "n_decode_total").await - decoded;
+    eprintln!("engine decode steps: {left} for the stream that left, {ran} for the whole answer");
+    assert!(
+        ran >= 300.0,
+        "the control must run long to show anything: {ran}"
+    );
+    assert!(
+        left < ran / 2.0,
+        "the engine kept decoding for a client that left: {left} of {ran}"
+    );
+    let cancelled = Scrape::of(&addr)
+        .await
+        .unwrap()
+        .value("hasten_answer_cancelled_total", &[]);
+    assert!(cancelled >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_is_down_or_silent_is_a_503_within_the_deadline() {
+    let Some(_) = small_model() else { return };
+    // Down: nothing listens on the port.
+    let down = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    // Silent: a bare TCP listener (not an engine, and not a mock of one) that accepts and
+    // never answers, as a hung engine would.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    let _held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut generation = with_engine(&down, ENGINE_MODEL);
+    generation.extend(["--lm-engine-timeout-ms".into(), "1500".into()]);
+    let Answering {
+        cloud,
+        edge,
+        bundle_dir,
+        work,
+    } = start_answering("engine-faults", "down-edge", &generation);
+    let mut hung = with_engine(&silent_addr, ENGINE_MODEL);
+    hung.extend(["--lm-engine-timeout-ms".into(), "1500".into()]);
+    let silent_edge =
+        hasten_tests::answering::start_edge(&work, "silent-edge", &bundle_dir, &cloud, &hung);
+    let http = reqwest::Client::new();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = &bundle.questions[0].question;
+    for (edge, name) in [(&edge, "down"), (&silent_edge, "silent")] {
+        let started = Instant::now();
+        let (status, reply) = post_json(
+            &http,
+            &edge.addr("http_addr"),
+            "/v1/chat/completions",
+            &chat(question, None, 16),
+        )
+        .await;
+        let took = started.elapsed();
+        eprintln!("{name} engine: {status} after {took:?}: {reply}");
+        assert_eq!(status, 503, "{name}: {reply}");
+        assert!(took < Duration::from_secs(10), "{name}: {took:?}");
+    }
+    let log = std::fs::read_to_string(&silent_edge.log).unwrap();
+    assert!(
+        log.contains(&silent_addr),
+        "the engine's address is in the log"
+    );
+}
