@@ -174,6 +174,11 @@ pub struct EdgeConfig {
     /// The model the engine serves, as its `/v1/models` names it. Required with
     /// `lm_engine_url`.
     pub lm_engine_model: Option<String>,
+    /// An OpenAI-compatible engine that writes Speculative RAG's drafts (a smaller model
+    /// than `lm_engine_model`); `lm_engine_url` when absent.
+    pub lm_engine_drafter_url: Option<String>,
+    /// The drafter engine's model; `lm_engine_model` when absent.
+    pub lm_engine_drafter_model: Option<String>,
     /// The engine's API key, sent as a bearer token and never logged; better set through
     /// `HASTEN_EDGE_LM_ENGINE_API_KEY` or `lm_engine_api_key_file` than written in a file.
     pub lm_engine_api_key: Option<ApiKey>,
@@ -267,6 +272,8 @@ impl Default for EdgeConfig {
             kv_routing: KvRouting::KvAware,
             lm_engine_url: None,
             lm_engine_model: None,
+            lm_engine_drafter_url: None,
+            lm_engine_drafter_model: None,
             lm_engine_api_key: None,
             lm_engine_api_key_file: None,
             lm_engine_ca: None,
@@ -530,6 +537,14 @@ impl EdgeConfig {
         let Some(url) = &self.lm_engine_url else {
             for (key, set) in [
                 ("lm_engine_model", self.lm_engine_model.is_some()),
+                (
+                    "lm_engine_drafter_url",
+                    self.lm_engine_drafter_url.is_some(),
+                ),
+                (
+                    "lm_engine_drafter_model",
+                    self.lm_engine_drafter_model.is_some(),
+                ),
                 ("lm_engine_api_key", self.lm_engine_api_key.is_some()),
                 (
                     "lm_engine_api_key_file",
@@ -558,11 +573,18 @@ impl EdgeConfig {
                 ));
             }
         }
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(ConfigError::invalid(
-                "lm_engine_url",
-                format!("`{url}` is not an http:// or https:// URL"),
-            ));
+        for (key, url) in [
+            ("lm_engine_url", Some(url)),
+            ("lm_engine_drafter_url", self.lm_engine_drafter_url.as_ref()),
+        ] {
+            if let Some(url) = url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("`{url}` is not an http:// or https:// URL"),
+                ));
+            }
         }
         if self
             .lm_engine_model
@@ -692,6 +714,48 @@ mod tests {
         config.validate().unwrap();
         config.kv_pool = Some("wiki".into());
         assert!(error(&config).contains("`kv_pool`"), "no namespace");
+    }
+
+    #[test]
+    fn an_engine_needs_a_url_and_a_model_and_no_other_backend() {
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        let mut config = EdgeConfig {
+            bundle: Some("b".into()),
+            lm_engine_url: Some("http://vllm:8000/v1".into()),
+            ..EdgeConfig::default()
+        };
+        assert!(error(&config).contains("`lm_engine_model`"));
+        config.lm_engine_model = Some("Qwen/Qwen2.5-1.5B-Instruct".into());
+        config.validate().unwrap();
+        config.lm_model = Some("m.gguf".into());
+        let both = error(&config);
+        assert!(
+            both.contains("`lm_engine_url`") && both.contains("`lm_model`"),
+            "{both}"
+        );
+        config.lm_model = None;
+        config.kv_workers = vec!["w:7510".into()];
+        assert!(error(&config).contains("`kv_workers`"));
+        config.kv_workers.clear();
+        config.lm_engine_url = Some("vllm:8000".into());
+        assert!(error(&config).contains("not an http"));
+        config.lm_engine_url = Some("https://vllm:8000/v1".into());
+        config.lm_engine_api_key = Some(ApiKey::new("sk-secret"));
+        config.lm_engine_api_key_file = Some("key".into());
+        assert!(error(&config).contains("`lm_engine_api_key_file`"));
+        assert!(
+            !format!("{config:?}").contains("sk-secret"),
+            "the key is never printed"
+        );
+        config.lm_engine_api_key_file = None;
+        config.lm_engine_concurrency = 0;
+        assert!(error(&config).contains("`lm_engine_concurrency`"));
+        config.lm_engine_concurrency = 8;
+        config.lm_engine_url = None;
+        assert!(
+            error(&config).contains("`lm_engine_model`"),
+            "engine keys without the engine are a mistake"
+        );
     }
 
     #[test]

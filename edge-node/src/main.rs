@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use backon::{ExponentialBuilder, Retryable};
 use clap::{Args, Parser, Subcommand};
 use edge_node::answer::metrics::AnswerMetrics;
 use edge_node::answer::{AnswerLimits, AnswerService};
@@ -267,6 +268,14 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_engine_model: Option<String>,
+    /// Engine that writes Speculative RAG's drafts (a smaller model) [default: lm_engine_url].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_drafter_url: Option<String>,
+    /// The drafter engine's model [default: lm_engine_model].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lm_engine_drafter_model: Option<String>,
     /// File holding the engine's API key (or set HASTEN_EDGE_LM_ENGINE_API_KEY).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -477,6 +486,35 @@ fn parse_variant(value: &str) -> Result<Variant, String> {
         .map_err(|_| format!("`{value}`: expected similarity or full-reuse"))
 }
 
+/// Reaches the engine, retrying with jittered backoff until it answers (it may come up after
+/// the edge): says whether it serves `model`, and finds how it scores drafts, which decides
+/// whether speculative mode is served. Standard answers do not wait for this.
+async fn reach_engine(engine: Arc<EngineLm>, model: String) {
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(30))
+        .with_jitter()
+        .without_max_times();
+    let reached = (|| async { Ok::<_, hasten_engine::EngineError>((engine.probe().await?, engine.detect_scoring().await?)) })
+        .retry(backoff)
+        .notify(|error, after| {
+            tracing::warn!(engine = engine.url(), %error, retry_in = ?after, "generation engine not reachable yet")
+        })
+        .await;
+    if let Ok((models, scoring)) = reached {
+        if !models.contains(&model) {
+            tracing::warn!(
+                engine = engine.url(),
+                %model,
+                ?models,
+                "the generation engine does not list `lm_engine_model` (some engines answer for \
+                 any name)"
+            );
+        }
+        tracing::info!(engine = engine.url(), %model, speculative_scoring = %scoring, "generation engine reached");
+    }
+}
+
 /// The engine's API key: given in the configuration, or read from `lm_engine_api_key_file`.
 fn engine_api_key(config: &EdgeConfig) -> Result<Option<ApiKey>> {
     if let Some(path) = &config.lm_engine_api_key_file {
@@ -530,32 +568,18 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         let engine = EngineLm::new(hasten_engine::EngineSettings {
             url: url.clone(),
             model: config.lm_engine_model.clone().unwrap_or_default(),
+            drafter_url: config.lm_engine_drafter_url.clone(),
+            drafter_model: config.lm_engine_drafter_model.clone(),
             api_key: engine_api_key(config)?,
             timeout: Duration::from_millis(config.lm_engine_timeout_ms),
             ca_file: config.lm_engine_ca.clone(),
         })
         .context("configuration: `lm_engine_url`")?;
         let engine = Arc::new(engine);
-        // The engine may come up after the edge: answers find it then; this only logs.
-        let probe = Arc::clone(&engine);
-        let model = config.lm_engine_model.clone().unwrap_or_default();
-        tokio::spawn(async move {
-            match probe.probe().await {
-                Ok(models) if models.contains(&model) => {
-                    tracing::info!(engine = probe.url(), %model, "generation engine reached")
-                }
-                Ok(models) => tracing::warn!(
-                    engine = probe.url(),
-                    %model,
-                    ?models,
-                    "the generation engine does not list `lm_engine_model` (some engines answer \
-                     for any name)"
-                ),
-                Err(error) => {
-                    tracing::warn!(engine = probe.url(), %error, "generation engine not reachable yet")
-                }
-            }
-        });
+        tokio::spawn(reach_engine(
+            Arc::clone(&engine),
+            config.lm_engine_model.clone().unwrap_or_default(),
+        ));
         return Ok(Backends {
             answers: Some(engine),
             kv_pool: None,

@@ -1,11 +1,11 @@
-//! [`EngineLm`]: standard RAG through an engine's streamed chat completions.
+//! [`EngineLm`]: standard RAG through an engine's streamed chat completions, Speculative RAG
+//! through a drafter engine and a verifier engine ([`crate::speculative`]).
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
 use hasten_rag::prompt::standard_messages;
 use hasten_rag::stop::StopStrings;
 use hasten_rag::{
@@ -14,13 +14,14 @@ use hasten_rag::{
 };
 use tokio::runtime::Handle;
 
+use crate::endpoint::Endpoint;
 use crate::error::EngineError;
-use crate::wire::{ChatChunk, ChatRequest, ErrorReply, Message, ModelList, StreamOptions, Usage};
+use crate::llama_cpp::LlamaCpp;
+use crate::speculative::{Engines, draft_all, judge_and_answer};
+use crate::wire::{ChatRequest, Message, ModelList, StreamOptions, Usage};
 
 /// How often a call in flight looks whether its caller went away.
 const CANCEL_CHECK: Duration = Duration::from_millis(50);
-/// Most characters of an engine's error body kept in a message.
-const ERROR_BODY_CHARS: usize = 400;
 
 /// An engine's API key: read from configuration, sent as a bearer token, shown nowhere.
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,25 +40,51 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-/// Where the engine is and how to call it.
+/// Where the engines are and how to call them.
 #[derive(Clone, Debug)]
 pub struct EngineSettings {
-    /// Base URL of the engine's OpenAI API, `/v1` included (`http://vllm:8000/v1`).
+    /// Base URL of the engine's OpenAI API, `/v1` included (`http://vllm:8000/v1`): it
+    /// answers in standard mode and verifies Speculative RAG's drafts.
     pub url: String,
     /// The model the engine serves, as its `/v1/models` names it.
     pub model: String,
-    /// Sent as a bearer token; never logged.
+    /// The engine that writes Speculative RAG's drafts (a smaller model); `url` when absent.
+    pub drafter_url: Option<String>,
+    /// The drafter engine's model; `model` when absent.
+    pub drafter_model: Option<String>,
+    /// Sent as a bearer token to both engines; never logged.
     pub api_key: Option<ApiKey>,
-    /// Longest wait for the engine's next bytes: the connection, the reply's head, each
+    /// Longest wait for an engine's next bytes: the connection, a reply's head, each
     /// streamed chunk. An engine silent for longer is treated as down.
     pub timeout: Duration,
-    /// PEM file of the CA that signed the engine's certificate, beside the system's roots.
+    /// PEM file of the CA that signed the engines' certificates, beside the system's roots.
     pub ca_file: Option<PathBuf>,
 }
 
+/// Whether the engines can serve Speculative RAG: the verifier's scores are log-probabilities
+/// of text it did not write, which an engine gives or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scoring {
+    /// llama.cpp's server: the text forced by a grammar of its token ids.
+    LlamaCppForcedTokens,
+    /// No way found; the reason.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for Scoring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::LlamaCppForcedTokens => f.write_str("llama.cpp forced-token log-probabilities"),
+            Self::Unavailable(reason) => write!(f, "unavailable: {reason}"),
+        }
+    }
+}
+
 pub struct EngineLm {
-    settings: EngineSettings,
-    http: reqwest::Client,
+    generation: Endpoint,
+    drafter: Endpoint,
+    /// Found once by [`EngineLm::detect_scoring`]; until then speculative mode is not served.
+    scoring: OnceLock<Scoring>,
     /// The runtime the HTTP calls run on; [`LmBackend::answer`] blocks on it, so it is
     /// called from a blocking thread (`spawn_blocking`), as the edge does.
     runtime: Handle,
@@ -66,16 +93,18 @@ pub struct EngineLm {
 impl std::fmt::Debug for EngineLm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EngineLm")
-            .field("settings", &self.settings)
+            .field("engine", &self.generation.base)
+            .field("model", &self.generation.model)
+            .field("drafter", &self.drafter.base)
+            .field("scoring", &self.scoring.get())
             .finish()
     }
 }
 
 impl EngineLm {
-    /// A client of the engine; nothing is called until the first answer or
-    /// [`EngineLm::probe`]. Call within a tokio runtime.
-    pub fn new(mut settings: EngineSettings) -> Result<Self, EngineError> {
-        settings.url = settings.url.trim_end_matches('/').to_string();
+    /// A client of the engines; nothing is called until the first answer, [`EngineLm::probe`]
+    /// or [`EngineLm::detect_scoring`]. Call within a tokio runtime.
+    pub fn new(settings: EngineSettings) -> Result<Self, EngineError> {
         let mut builder = reqwest::Client::builder().connect_timeout(settings.timeout);
         if let Some(path) = &settings.ca_file {
             let pem = std::fs::read(path).map_err(|source| EngineError::CaFile {
@@ -85,83 +114,63 @@ impl EngineLm {
             let ca = reqwest::Certificate::from_pem(&pem).map_err(EngineError::Client)?;
             builder = builder.add_root_certificate(ca);
         }
+        let http = builder.build().map_err(EngineError::Client)?;
+        let key = settings.api_key.map(|key| key.0);
+        let drafter = Endpoint::new(
+            http.clone(),
+            settings.drafter_url.as_deref().unwrap_or(&settings.url),
+            settings
+                .drafter_model
+                .unwrap_or_else(|| settings.model.clone()),
+            key.clone(),
+            settings.timeout,
+        );
         Ok(Self {
-            http: builder.build().map_err(EngineError::Client)?,
-            settings,
+            generation: Endpoint::new(http, &settings.url, settings.model, key, settings.timeout),
+            drafter,
+            scoring: OnceLock::new(),
             runtime: Handle::current(),
         })
     }
 
     pub fn url(&self) -> &str {
-        &self.settings.url
+        &self.generation.base
     }
 
     /// The models the engine lists (`GET /models`): whether it is up, and serves ours.
     pub async fn probe(&self) -> Result<Vec<String>, EngineError> {
-        let url = format!("{}/models", self.settings.url);
-        let call = async {
-            let response = self
-                .authorized(self.http.get(&url))
-                .send()
-                .await
-                .map_err(|source| http_error(&url, source))?;
-            let response = success(&url, response).await?;
-            response
-                .json::<ModelList>()
-                .await
-                .map_err(|source| EngineError::Reply {
-                    url: url.clone(),
-                    message: source.to_string(),
-                })
-        };
-        let list = tokio::time::timeout(self.settings.timeout, call)
-            .await
-            .map_err(|_| self.timed_out(&url))??;
+        let url = format!("{}/models", self.generation.base);
+        let list: ModelList = self.generation.get_json(&url).await?;
         Ok(list.data.into_iter().map(|m| m.id).collect())
     }
 
-    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.settings.api_key {
-            Some(key) => request.bearer_auth(&key.0),
-            None => request,
+    /// Finds, once, how the verifier engine scores drafts, which decides whether speculative
+    /// mode is served. An engine that cannot be reached is an error (ask again later).
+    pub async fn detect_scoring(&self) -> Result<Scoring, EngineError> {
+        if let Some(scoring) = self.scoring.get() {
+            return Ok(scoring.clone());
         }
+        let scoring = if LlamaCpp::detect(&self.generation).await? {
+            Scoring::LlamaCppForcedTokens
+        } else {
+            Scoring::Unavailable(
+                "the engine is not a llama.cpp server, the one engine whose prompt \
+                 log-probabilities Hasten reads so far"
+                    .into(),
+            )
+        };
+        Ok(self.scoring.get_or_init(|| scoring).clone())
     }
 
-    fn timed_out(&self, url: &str) -> EngineError {
-        EngineError::Timeout {
-            url: url.to_string(),
-            seconds: self.settings.timeout.as_secs_f64(),
-        }
-    }
-
-    /// The engine's failure as the answer's: a refused prompt is the request's error (the
-    /// engine alone knows whether it fits its context); anything else is the engine's,
-    /// retryable when it is down, busy or slow.
+    /// The engine's failure as the answer's.
     fn failed(&self, error: EngineError) -> RagError {
-        if let EngineError::Status {
-            status: 400,
-            message,
-            ..
-        } = &error
-        {
-            return RagError::InvalidRequest {
-                field: "messages",
-                message: format!("were refused by the generation engine: {message}"),
-            };
-        }
-        tracing::warn!(engine = %self.settings.url, error = %error, "generation engine failed");
-        RagError::Worker {
-            endpoint: self.settings.url.clone(),
-            retryable: error.is_retryable(),
-            source: Box::new(error),
-        }
+        failed(&self.generation.base, error)
     }
 
-    /// Runs `work` for at most the call's deadline, giving up as soon as the caller leaves
-    /// (which drops the request, closing it upstream).
+    /// Runs `work` until it ends, giving up as soon as the caller leaves (which drops the
+    /// engine requests in flight, closing them upstream). Deadlines are the work's own.
     async fn guarded<T>(
         &self,
-        url: &str,
         sink: &dyn AnswerSink,
         work: impl Future<Output = T>,
     ) -> Result<T, RagError> {
@@ -181,9 +190,7 @@ impl EngineLm {
         tokio::select! {
             biased;
             () = left => Err(RagError::Cancelled),
-            outcome = tokio::time::timeout(self.settings.timeout, work) => {
-                outcome.map_err(|_| self.failed(self.timed_out(url)))
-            }
+            outcome = work => Ok(outcome),
         }
     }
 
@@ -196,7 +203,7 @@ impl EngineLm {
         let documents: Vec<&Document> = request.documents.iter().collect();
         let messages = standard_messages(&request.question, &documents, &request.conversation);
         let body = ChatRequest {
-            model: &self.settings.model,
+            model: &self.generation.model,
             messages: messages
                 .iter()
                 .map(|m| Message {
@@ -213,19 +220,13 @@ impl EngineLm {
             top_p: request.decoding.top_p,
             seed: request.decoding.seed,
             stop: &request.decoding.stop,
+            logprobs: false,
+            top_logprobs: None,
         };
-        let url = format!("{}/chat/completions", self.settings.url);
-        let send = self.authorized(self.http.post(&url)).json(&body).send();
-        let response = self
-            .guarded(&url, &*sink, send)
-            .await?
-            .map_err(|source| self.failed(http_error(&url, source)))?;
-        let response = self
-            .guarded(&url, &*sink, success(&url, response))
+        let mut events = self
+            .guarded(&*sink, self.generation.chat_stream(&body))
             .await?
             .map_err(|error| self.failed(error))?;
-
-        let mut events = response.bytes_stream().eventsource();
         // The engine applies the stop strings too; this also ends the answer with an engine
         // that ignores them, and closes the request when it does.
         let mut stops = StopStrings::new(&request.decoding.stop);
@@ -235,30 +236,13 @@ impl EngineLm {
         let mut usage: Option<Usage> = None;
         let mut deltas = 0usize;
         loop {
-            let Some(event) = self.guarded(&url, &*sink, events.next()).await? else {
-                if engine_finish.is_none() {
-                    return Err(self.failed(EngineError::Reply {
-                        url,
-                        message: "the stream ended before the answer did".into(),
-                    }));
-                }
+            let Some(chunk) = self
+                .guarded(&*sink, events.next())
+                .await?
+                .map_err(|error| self.failed(error))?
+            else {
                 break;
             };
-            let event = event.map_err(|source| {
-                self.failed(EngineError::Reply {
-                    url: url.clone(),
-                    message: source.to_string(),
-                })
-            })?;
-            if event.data.trim() == "[DONE]" {
-                break;
-            }
-            let chunk: ChatChunk = serde_json::from_str(&event.data).map_err(|source| {
-                self.failed(EngineError::Reply {
-                    url: url.clone(),
-                    message: format!("{source} in {}", clip(&event.data)),
-                })
-            })?;
             usage = chunk.usage.or(usage);
             let Some(choice) = chunk.choices.into_iter().next() else {
                 continue;
@@ -281,6 +265,12 @@ impl EngineLm {
             }
         }
         let stopped_by_string = stops.stopped();
+        if engine_finish.is_none() && !stopped_by_string {
+            return Err(self.failed(EngineError::Reply {
+                url: events.url,
+                message: "the stream ended before the answer did".into(),
+            }));
+        }
         let rest = stops.finish();
         if !rest.is_empty() {
             first_text.get_or_insert_with(|| started.elapsed());
@@ -314,6 +304,39 @@ impl EngineLm {
             dropped_turns: 0,
         })
     }
+
+    async fn answer_speculative(
+        &self,
+        request: &AnswerRequest,
+        sink: &mut dyn AnswerSink,
+    ) -> Result<Answer, RagError> {
+        let started = Instant::now();
+        let engines = Engines {
+            drafter: &self.drafter,
+            verifier: &self.generation,
+        };
+        let drafted = self.guarded(&*sink, draft_all(&engines, request)).await??;
+        let answer = self
+            .guarded(
+                &*sink,
+                judge_and_answer(&engines, request, drafted, started),
+            )
+            .await??;
+        if !answer.text.is_empty() {
+            sink.text(&answer.text);
+        }
+        Ok(answer)
+    }
+
+    /// The verifier engine's verdicts on `(rationale, answer)` drafts of `question`, as
+    /// speculative mode computes them.
+    pub async fn verify(
+        &self,
+        question: &str,
+        drafts: &[(&str, &str)],
+    ) -> Result<hasten_rag::verify::Verification, EngineError> {
+        crate::speculative::verify(&self.generation, question, drafts).await
+    }
 }
 
 impl LmBackend for EngineLm {
@@ -325,62 +348,70 @@ impl LmBackend for EngineLm {
         request.validate()?;
         let _span = tracing::info_span!(
             "engine_answer",
-            engine = %self.settings.url,
+            engine = %self.generation.base,
+            mode = ?request.mode,
             documents = request.documents.len()
         )
         .entered();
         match request.mode {
             AnswerMode::Standard => self.runtime.block_on(self.answer_standard(request, sink)),
+            AnswerMode::Speculative if self.serves(AnswerMode::Speculative) => self
+                .runtime
+                .block_on(self.answer_speculative(request, sink)),
             AnswerMode::Speculative => Err(RagError::InvalidRequest {
                 field: "mode",
-                message: "speculative is not served by this edge's generation engine".into(),
+                message: format!(
+                    "speculative is not served by this edge's generation engine ({})",
+                    self.scoring
+                        .get()
+                        .map_or_else(|| "not reached yet".to_string(), ToString::to_string)
+                ),
             }),
         }
     }
 
-    /// Speculative RAG needs the verifier's log-probabilities of text it did not write,
-    /// which this backend does not read from engines yet.
     fn serves(&self, mode: AnswerMode) -> bool {
-        mode == AnswerMode::Standard
+        match mode {
+            AnswerMode::Standard => true,
+            AnswerMode::Speculative => self.scoring.get() == Some(&Scoring::LlamaCppForcedTokens),
+        }
     }
 
     fn info(&self) -> BackendInfo {
         BackendInfo {
-            drafter: self.settings.model.clone(),
-            verifier: self.settings.model.clone(),
-            device: format!("engine {}", self.settings.url),
+            drafter: self.drafter.model.clone(),
+            verifier: self.generation.model.clone(),
+            device: format!(
+                "engine {} (drafts on {}; speculative scoring: {})",
+                self.generation.base,
+                self.drafter.base,
+                self.scoring
+                    .get()
+                    .map_or_else(|| "not detected yet".to_string(), ToString::to_string)
+            ),
         }
     }
 }
 
-fn http_error(url: &str, source: reqwest::Error) -> EngineError {
-    EngineError::Http {
-        url: url.to_string(),
-        source,
-    }
-}
-
-/// The response when its status is a success; else the engine's error message.
-async fn success(url: &str, response: reqwest::Response) -> Result<reqwest::Response, EngineError> {
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response);
-    }
-    let body = response.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<ErrorReply>(&body)
-        .map(|reply| reply.error.message)
-        .unwrap_or_else(|_| clip(&body).to_string());
-    Err(EngineError::Status {
-        url: url.to_string(),
-        status: status.as_u16(),
+/// An engine's failure as an answer's: a refused prompt is the request's error (the engine
+/// alone knows whether it fits its context); anything else is the engine's, retryable when
+/// it is down, busy or slow.
+pub fn failed(engine: &str, error: EngineError) -> RagError {
+    if let EngineError::Status {
+        status: 400,
         message,
-    })
-}
-
-/// At most [`ERROR_BODY_CHARS`] characters of `text`.
-fn clip(text: &str) -> &str {
-    match text.char_indices().nth(ERROR_BODY_CHARS) {
-        Some((end, _)) => &text[..end],
-        None => text,
+        ..
+    } = &error
+    {
+        return RagError::InvalidRequest {
+            field: "messages",
+            message: format!("were refused by the generation engine: {message}"),
+        };
+    }
+    tracing::warn!(engine, error = %error, "generation engine failed");
+    RagError::Worker {
+        endpoint: engine.to_string(),
+        retryable: error.is_retryable(),
+        source: Box::new(error),
     }
 }

@@ -1,4 +1,4 @@
-//! Generation on an engine a team already runs: [`EngineLm`], an [`hasten_rag::LmBackend`]
+//! Generation on engines a team already runs: [`EngineLm`], an [`hasten_rag::LmBackend`]
 //! that answers through any OpenAI-compatible server (vLLM, SGLang, TGI, Ollama, llama.cpp's
 //! server). The edge keeps retrieval and the prompt; the engine keeps the model, its GPUs and
 //! its batching.
@@ -7,11 +7,16 @@
 //! chat template and counts its own tokens, so the prompt goes as messages
 //! ([`hasten_rag::prompt::standard_messages`]). Sampling, stop strings and `max_tokens` carry
 //! through; a client that leaves closes the upstream request, which a streaming engine reads
-//! as a cancellation.
+//! as a cancellation. Speculative RAG drafts on a drafter engine and verifies on the main one
+//! ([`speculative`]), where that engine gives log-probabilities of text it did not write
+//! ([`Scoring`]).
 
 mod backend;
+mod endpoint;
 mod error;
+mod llama_cpp;
+pub mod speculative;
 mod wire;
 
-pub use backend::{ApiKey, EngineLm, EngineSettings};
+pub use backend::{ApiKey, EngineLm, EngineSettings, Scoring};
 pub use error::EngineError;

@@ -15,6 +15,13 @@ pub struct ChatRequest<'a> {
     pub seed: u64,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub stop: &'a [String],
+    /// Asks for each generated token's log-probability (drafts are scored by them).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub logprobs: bool,
+    /// Alternatives per token with `logprobs`: none wanted, but some engines send 20
+    /// unless told.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -44,6 +51,19 @@ pub struct ChunkChoice {
     pub delta: Delta,
     #[serde(default)]
     pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub logprobs: Option<ChunkLogprobs>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ChunkLogprobs {
+    #[serde(default)]
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct TokenLogprob {
+    pub logprob: f32,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -78,4 +98,68 @@ pub struct ModelList {
 #[derive(Debug, Deserialize)]
 pub struct ModelEntry {
     pub id: String,
+}
+
+// llama.cpp's own routes, at the server's root.
+
+/// `POST /apply-template`: messages rendered by the model's chat template, ending with the
+/// assistant's turn opened.
+#[derive(Debug, Serialize)]
+pub struct ApplyTemplate<'a> {
+    pub messages: Vec<Message<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Rendered {
+    pub prompt: String,
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Serialize)]
+pub struct Tokenize<'a> {
+    pub content: &'a str,
+    /// No BOS: the pieces of a prompt are tokenised apart and joined.
+    pub add_special: bool,
+    /// Whether marker text (`<|im_end|>`) becomes the marker's token.
+    pub parse_special: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Tokens {
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Serialize)]
+pub struct Detokenize<'a> {
+    pub tokens: &'a [u32],
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Detokenized {
+    pub content: String,
+}
+
+/// `POST /completion` continuing `prompt` with exactly the tokens a grammar of token ids
+/// allows, reporting each one's log-probability under the model.
+#[derive(Debug, Serialize)]
+pub struct ForcedCompletion<'a> {
+    pub prompt: &'a [u32],
+    pub n_predict: usize,
+    pub n_probs: u32,
+    pub temperature: f32,
+    pub grammar: String,
+    pub cache_prompt: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Completion {
+    #[serde(default)]
+    pub completion_probabilities: Vec<CompletionProbability>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionProbability {
+    pub id: u32,
+    pub logprob: f32,
 }

@@ -91,10 +91,7 @@ pub fn standard_messages(
     documents: &[&Document],
     conversation: &[ChatTurn],
 ) -> Vec<ChatMessage> {
-    let texts: Vec<String> = documents
-        .iter()
-        .map(|d| cut_at_char_boundary(d.text.trim(), DOCUMENT_CHAR_CAP).to_string())
-        .collect();
+    let texts = capped_texts(documents);
     let earlier: Vec<&ChatTurn> = conversation
         .iter()
         .filter(|turn| turn.role != Role::System)
@@ -126,6 +123,14 @@ fn standard_message_list(
         documents_and_question(documents, texts, question),
     ));
     messages
+}
+
+/// The documents' texts cut to [`DOCUMENT_CHAR_CAP`], for prompts built without a tokenizer.
+fn capped_texts(documents: &[&Document]) -> Vec<String> {
+    documents
+        .iter()
+        .map(|d| cut_at_char_boundary(d.text.trim(), DOCUMENT_CHAR_CAP).to_string())
+        .collect()
 }
 
 /// The first `max` bytes of `text`, ending on a character boundary.
@@ -167,29 +172,49 @@ pub fn drafter_prompt(
     fit_documents(model, documents, &encoded, &reserved, |texts| {
         let mut ids = model.chat.prompt(
             &model.tokenizer,
-            &[
-                ChatMessage::new(Role::System, DRAFT_INSTRUCTION),
-                ChatMessage::new(
-                    Role::User,
-                    documents_and_question(documents, texts, question),
-                ),
-            ],
+            &drafter_message_list(documents, texts, question),
         )?;
         ids.extend_from_slice(&prefix);
         Ok(ids)
     })
 }
 
+/// The drafter's prompt for one subset as chat messages, for an engine (documents cut to
+/// [`DOCUMENT_CHAR_CAP`] characters, as in [`standard_messages`]). The engine's reply is
+/// asked to open with [`RATIONALE_PREFIX`] rather than started with it: not every engine
+/// continues a partial assistant turn.
+pub fn drafter_messages(question: &str, documents: &[&Document]) -> Vec<ChatMessage> {
+    drafter_message_list(documents, &capped_texts(documents), question)
+}
+
+fn drafter_message_list(
+    documents: &[&Document],
+    texts: &[String],
+    question: &str,
+) -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::new(Role::System, DRAFT_INSTRUCTION),
+        ChatMessage::new(
+            Role::User,
+            documents_and_question(documents, texts, question),
+        ),
+    ]
+}
+
 /// The verifier's context: the question alone (the paper's verifier skips the documents and
 /// judges the draft by its rationale).
 pub fn verifier_context(model: &LanguageModel, question: &str) -> Result<Vec<u32>> {
-    Ok(model.chat.prompt(
-        &model.tokenizer,
-        &[
-            ChatMessage::new(Role::System, VERIFY_INSTRUCTION),
-            ChatMessage::new(Role::User, format!("Question: {}", question.trim())),
-        ],
-    )?)
+    Ok(model
+        .chat
+        .prompt(&model.tokenizer, &verifier_messages(question))?)
+}
+
+/// [`verifier_context`] as chat messages, for an engine.
+pub fn verifier_messages(question: &str) -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::new(Role::System, VERIFY_INSTRUCTION),
+        ChatMessage::new(Role::User, format!("Question: {}", question.trim())),
+    ]
 }
 
 /// A draft as the verifier reads it (and as its consistency is scored).

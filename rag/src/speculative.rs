@@ -169,21 +169,27 @@ pub fn document_subsets(request: &AnswerRequest) -> Result<Vec<Vec<usize>>> {
     ))
 }
 
-/// The verifier's verdicts and the tokens it read. A lone draft needs no verdict, and the
-/// random-selection ablation skips verification as in the paper; both score 0 there.
+/// A draft left unjudged scores 0 on both counts.
+pub const UNJUDGED: Verdict = Verdict {
+    consistency: 0.0,
+    reflection: 0.0,
+};
+
+/// Whether `drafts` drafts go to the verifier: a lone draft needs no verdict, and the
+/// random-selection ablation skips verification as in the paper; both score
+/// [`UNJUDGED`] there.
+pub fn verdicts_needed(drafts: usize, settings: &SpeculativeSettings) -> bool {
+    drafts >= 2 && !matches!(settings.selection, DraftSelection::Random { .. })
+}
+
+/// The verifier's verdicts and the tokens it read.
 fn judge(
     verifier: &LanguageModel,
     request: &AnswerRequest,
     drafts: &[Draft],
 ) -> Result<(Vec<Verdict>, usize)> {
-    let unjudged = Verdict {
-        consistency: 0.0,
-        reflection: 0.0,
-    };
-    let skip =
-        drafts.len() < 2 || matches!(request.speculative.selection, DraftSelection::Random { .. });
-    if skip {
-        return Ok((vec![unjudged; drafts.len()], 0));
+    if !verdicts_needed(drafts.len(), &request.speculative) {
+        return Ok((vec![UNJUDGED; drafts.len()], 0));
     }
     let pairs: Vec<(&str, &str)> = drafts
         .iter()
@@ -193,7 +199,8 @@ fn judge(
     Ok((verification.verdicts, verification.tokens))
 }
 
-fn report(draft: &Draft, verdict: Verdict) -> DraftReport {
+/// A draft as reported, with the verifier's verdict and the score it is chosen by.
+pub fn report(draft: &Draft, verdict: Verdict) -> DraftReport {
     DraftReport {
         documents: draft.documents.clone(),
         rationale: draft.rationale.clone(),
@@ -208,7 +215,7 @@ fn report(draft: &Draft, verdict: Verdict) -> DraftReport {
 /// The index of the final draft: the best score (the first of equals), or a seeded random
 /// one for the ablation. A draft with an empty answer (the drafter stopped at once, which
 /// also makes its log-probability 0, the highest possible) is only chosen when all are empty.
-fn choose(reports: &[DraftReport], settings: &SpeculativeSettings) -> Result<usize> {
+pub fn choose(reports: &[DraftReport], settings: &SpeculativeSettings) -> Result<usize> {
     let answered: Vec<usize> = (0..reports.len())
         .filter(|&i| !reports[i].answer.is_empty())
         .collect();

@@ -10,8 +10,11 @@
 use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_engine::{EngineLm, EngineSettings, Scoring};
+use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use hasten_rag::Document;
-use hasten_rag::prompt::standard_messages;
+use hasten_rag::prompt::{VERIFY_INSTRUCTION, draft_text, standard_messages};
+use hasten_rag::verify::verify;
 use hasten_tests::answering::{
     Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server, with_engine,
 };
@@ -200,24 +203,49 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
     let (_, second) = post_json(&http, &addr, "/v1/chat/completions", &sampled).await;
     assert_eq!(content(&first), content(&second));
 
-    // Only standard mode is served on an engine for now, and /v1/models says so.
-    let models: Value = http
-        .get(format!("http://{addr}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
+    // Speculative RAG on the engine: drafts written there, judged by its log-probabilities.
+    let started = Instant::now();
+    loop {
+        let models: Value = http
+            .get(format!("http://{addr}/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if models.to_string().contains("hasten-rag-speculative") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "speculative never listed: {models}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, speculative) = post_json(
+        &http,
+        &addr,
+        "/v1/answer",
+        &json!({"question": question, "k": 4, "mode": "speculative", "max_tokens": 32}),
+    )
+    .await;
+    assert_eq!(status, 200, "{speculative}");
+    let drafts = speculative["drafts"].as_array().unwrap();
+    assert_eq!(drafts.len(), 5, "m = 5 drafts: {speculative}");
+    let answers: Vec<&str> = drafts
         .iter()
-        .map(|m| m["id"].as_str().unwrap())
+        .map(|d| d["answer"].as_str().unwrap())
         .collect();
+    eprintln!("speculative: {:?} from {answers:?}", speculative["answer"]);
+    assert!(answers.contains(&speculative["answer"].as_str().unwrap()));
     assert!(
-        ids.contains(&"hasten-rag") && !ids.contains(&"hasten-rag-speculative"),
-        "{ids:?}"
+        drafts.iter().all(|d| d["score"].as_f64().unwrap() < 0.0),
+        "every draft was scored: {speculative}"
+    );
+    assert!(
+        speculative["prompt_tokens"].as_u64().unwrap() > 0,
+        "the verifier read the drafts"
     );
 
     // A client that leaves closes the engine's request: the engine decodes a few tokens
@@ -317,4 +345,116 @@ async fn an_engine_that_is_down_or_silent_is_a_503_within_the_deadline() {
         log.contains(&silent_addr),
         "the engine's address is in the log"
     );
+}
+
+/// Speculative RAG's verification scores read from the engine equal the in-process
+/// runtime's one-pass scores of the same GGUF within a stated tolerance: llama.cpp's kernels
+/// quantise activations (Q8_1 against Q4_1 weights) where the runtime, with the weights as
+/// stored, does the same through candle's, so the sums of 20-40 token log-probabilities
+/// differ by rounding only. Scoring the draft one position off (its context without the
+/// opened turn's newline) must fall outside the tolerance, or the comparison shows nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_verification_scores_equal_the_runtime_one_pass_scores() {
+    let Some(model) = small_model() else { return };
+    let work = persistent_work_dir("engine-scores").unwrap();
+    let Some(server) = start_llama_server(&work, "llama-server", &model) else {
+        return;
+    };
+    let engine_addr = server.addr("http_addr");
+    let engine = EngineLm::new(EngineSettings {
+        url: format!("http://{engine_addr}/v1"),
+        model: ENGINE_MODEL.into(),
+        drafter_url: None,
+        drafter_model: None,
+        api_key: None,
+        timeout: Duration::from_secs(60),
+        ca_file: None,
+    })
+    .unwrap();
+    assert_eq!(
+        engine.detect_scoring().await.unwrap(),
+        Scoring::LlamaCppForcedTokens
+    );
+
+    let question = "Who was the first woman to win a Nobel Prize?";
+    let drafts = [
+        (
+            "The documents say Marie Curie won the Nobel Prize in Physics in 1903.",
+            "Marie Curie",
+        ),
+        (
+            "The documents mention the Nobel Prize in Literature of 1909.",
+            "Selma Lagerlöf",
+        ),
+        ("Paris is the capital of France.", "Berlin"),
+    ];
+    let remote = engine.verify(question, &drafts).await.unwrap();
+    let local = tokio::task::spawn_blocking(move || {
+        let device = DeviceKind::Cpu.open().unwrap();
+        let lm = LanguageModel::load_with(&model, &device, WeightFormat::AsStored).unwrap();
+        verify(&lm, question, &drafts).unwrap()
+    })
+    .await
+    .unwrap();
+    eprintln!("engine {remote:?}\nruntime {local:?}");
+    assert_eq!(remote.tokens, local.tokens, "the same tokens read");
+    // A draft's sum (~30 tokens): 0.05 nats a token, or 3% of the sum; the reply's one
+    // token: 0.25 nats. (Seen: 0.28-0.82 and 0.02-0.16.)
+    let close = |a: f32, b: f32| (a - b).abs() <= 1.5_f32.max(0.03 * b.abs());
+    for (r, l) in remote.verdicts.iter().zip(&local.verdicts) {
+        assert!(close(r.consistency, l.consistency), "{r:?} against {l:?}");
+        assert!((r.reflection - l.reflection).abs() <= 0.25, "{r:?} against {l:?}");
+    }
+
+    // The same draft scored one position off: outside the tolerance.
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        let request = http.post(format!("http://{engine_addr}{path}")).json(&body);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let rendered = post(
+        "/apply-template",
+        json!({"messages": [
+            {"role": "system", "content": VERIFY_INSTRUCTION},
+            {"role": "user", "content": format!("Question: {question}")},
+        ]}),
+    )
+    .await;
+    let ids = |reply: Value| -> Vec<u64> {
+        reply["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let mut context = ids(post(
+        "/tokenize",
+        json!({"content": rendered["prompt"], "add_special": false, "parse_special": true}),
+    )
+    .await);
+    context.pop();
+    let draft = ids(post(
+        "/tokenize",
+        json!({"content": draft_text(drafts[0].0, drafts[0].1), "add_special": false}),
+    )
+    .await);
+    let grammar: Vec<String> = draft.iter().map(|id| format!("<[{id}]>")).collect();
+    let shifted = post(
+        "/completion",
+        json!({"prompt": context, "n_predict": draft.len(), "n_probs": 1, "temperature": 0,
+               "grammar": format!("root ::= {}", grammar.join(" "))}),
+    )
+    .await;
+    let off: f32 = shifted["completion_probabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["logprob"].as_f64().unwrap() as f32)
+        .sum();
+    eprintln!(
+        "one position off: {off} against {}",
+        local.verdicts[0].consistency
+    );
+    assert!(!close(off, local.verdicts[0].consistency));
 }

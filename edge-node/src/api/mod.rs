@@ -157,7 +157,7 @@ pub enum EdgeError {
     #[error("internal error: generation failed")]
     Generation(#[source] hasten_rag::RagError),
     /// The generation worker is down, busy or too slow (HTTP 503).
-    #[error("the generation worker is unavailable; retry shortly")]
+    #[error("the generation backend (worker or engine) is unavailable; retry shortly")]
     GenerationUnavailable(#[source] hasten_rag::RagError),
     /// Iterative RAG (`/v1/ralm`) failed on a valid request (HTTP 500).
     #[error("internal error: iterative RAG failed")]

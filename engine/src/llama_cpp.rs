@@ -1,0 +1,119 @@
+//! Prompt log-probabilities from llama.cpp's server. It returns no log-probabilities of a
+//! prompt (`echo` is ignored), but a grammar of token ids forces any continuation, and the
+//! server reports each forced token's log-probability as the model gave it, before the
+//! grammar and the sampler act: text the model did not write, scored token by token in one
+//! request, exactly as a forward pass over it would.
+
+use hasten_rag::ChatMessage;
+
+use crate::endpoint::Endpoint;
+use crate::error::EngineError;
+use crate::wire::{
+    ApplyTemplate, Completion, Detokenize, Detokenized, ForcedCompletion, Message, Rendered,
+    Tokenize, Tokens,
+};
+
+pub struct LlamaCpp<'a> {
+    endpoint: &'a Endpoint,
+}
+
+impl<'a> LlamaCpp<'a> {
+    pub fn new(endpoint: &'a Endpoint) -> Self {
+        Self { endpoint }
+    }
+
+    /// Whether the engine is a llama.cpp server (it answers `GET /props`).
+    pub async fn detect(endpoint: &Endpoint) -> Result<bool, EngineError> {
+        let url = format!("{}/props", endpoint.root);
+        match endpoint.get_json::<serde_json::Value>(&url).await {
+            Ok(props) => Ok(props.get("default_generation_settings").is_some()),
+            Err(EngineError::Status { status, .. }) if status == 404 || status == 405 => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// `messages` as the model's chat template lays them out, the assistant's turn opened.
+    pub async fn render(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        let body = ApplyTemplate {
+            messages: messages
+                .iter()
+                .map(|m| Message {
+                    role: m.role.name(),
+                    content: &m.content,
+                })
+                .collect(),
+        };
+        let url = format!("{}/apply-template", self.endpoint.root);
+        let rendered: Rendered = self.endpoint.post_json(&url, &body).await?;
+        Ok(rendered.prompt)
+    }
+
+    /// `text`'s token ids; `markers`: whether marker text becomes the markers' tokens (for
+    /// template text, never for a client's or a model's text).
+    pub async fn tokenize(&self, text: &str, markers: bool) -> Result<Vec<u32>, EngineError> {
+        let url = format!("{}/tokenize", self.endpoint.root);
+        let body = Tokenize {
+            content: text,
+            add_special: false,
+            parse_special: markers,
+        };
+        let tokens: Tokens = self.endpoint.post_json(&url, &body).await?;
+        Ok(tokens.tokens)
+    }
+
+    pub async fn detokenize(&self, tokens: &[u32]) -> Result<String, EngineError> {
+        let url = format!("{}/detokenize", self.endpoint.root);
+        let text: Detokenized = self
+            .endpoint
+            .post_json(&url, &Detokenize { tokens })
+            .await?;
+        Ok(text.content)
+    }
+
+    /// The log-probability of each of `forced` following `prompt` and the forced tokens
+    /// before it.
+    pub async fn forced_logprobs(
+        &self,
+        prompt: &[u32],
+        forced: &[u32],
+    ) -> Result<Vec<f32>, EngineError> {
+        if forced.is_empty() {
+            return Ok(Vec::new());
+        }
+        let grammar = forced
+            .iter()
+            .map(|id| format!("<[{id}]>"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let body = ForcedCompletion {
+            prompt,
+            n_predict: forced.len(),
+            n_probs: 1,
+            temperature: 0.0,
+            grammar: format!("root ::= {grammar}"),
+            cache_prompt: true,
+        };
+        let url = format!("{}/completion", self.endpoint.root);
+        let completion: Completion = self.endpoint.post_json(&url, &body).await?;
+        let written: Vec<u32> = completion
+            .completion_probabilities
+            .iter()
+            .map(|p| p.id)
+            .collect();
+        if written != forced {
+            return Err(EngineError::Reply {
+                url,
+                message: format!(
+                    "asked to continue with {} forced tokens, it wrote {:?}",
+                    forced.len(),
+                    written
+                ),
+            });
+        }
+        Ok(completion
+            .completion_probabilities
+            .iter()
+            .map(|p| p.logprob)
+            .collect())
+    }
+}
