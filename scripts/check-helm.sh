@@ -117,6 +117,10 @@ check render-certmanager render certmanager --set tls.mutual.certManager.enabled
 # The KV operator with the example pool, monitored.
 check render-kv-pools render kv-pools --set kvOperator.enabled=true --set kvPools.enabled=true \
   --set edge.kvPool=example "${monitoring_on[@]}" --set monitoring.forceCRDs=true
+# Generation on an engine the team runs (edge.lmEngine), its API key from a Secret.
+check render-lm-engine render lm-engine \
+  --set edge.lmEngine.url=http://vllm.llm.svc.cluster.local:8000/v1 \
+  --set edge.lmEngine.model=Qwen/Qwen2.5-1.5B-Instruct --set edge.lmEngine.apiKeySecret=vllm-key
 
 # The stateless tiers under HorizontalPodAutoscalers: the Deployments leave replicas to them.
 # A control plane scaled from 3 to 5: ordinals 3 and 4 (ids 4, 5) join, the founders found.
@@ -292,6 +296,11 @@ check refuses-autoscaled-daemonset refuses autoscaled-daemonset 'edge.autoscalin
   --set edge.autoscaling.enabled=true --set edge.kind=DaemonSet
 check refuses-autoscaling-bounds refuses autoscaling-bounds 'minReplicas' \
   --set cloud.router.autoscaling.enabled=true --set cloud.router.autoscaling.minReplicas=9
+check refuses-engine-without-model refuses engine-without-model 'edge.lmEngine.model' \
+  --set edge.lmEngine.url=http://vllm:8000/v1
+check refuses-engine-and-kv-pool refuses engine-and-kv-pool 'edge.lmEngine.url and edge.kvPool' \
+  --set kvOperator.enabled=true --set kvPools.enabled=true --set edge.kvPool=example \
+  --set edge.lmEngine.url=http://vllm:8000/v1 --set edge.lmEngine.model=m
 check refuses-unknown-kv-pool refuses unknown-kv-pool 'edge.kvPool: "wiki" must name a pool' \
   --set kvOperator.enabled=true --set kvPools.enabled=true --set edge.kvPool=wiki
 check refuses-autoscaled-pool-static-edges refuses autoscaled-pool-static-edges \
@@ -361,7 +370,7 @@ validator_rejects_unknown_fields() {
   echo "kubernetes-validate rejects unknown fields"
 }
 check validator-self-test validator_rejects_unknown_fields
-for name in default production monitoring devcerts mtls mtls-rotation certmanager kv-pools autoscaling cp-scaled cp-shrunk corpus-green corpus-green-mtls corpus-blue; do
+for name in default production monitoring devcerts mtls mtls-rotation certmanager kv-pools autoscaling cp-scaled cp-shrunk corpus-green corpus-green-mtls corpus-blue lm-engine; do
   for version in "${KUBERNETES_VERSIONS[@]}"; do
     if [ -f "$out/$name/core.yaml" ]; then
       check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
@@ -414,7 +423,7 @@ else
     check config-check env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check "$bindir" \
       "$out/default.yaml" "$out/production.yaml" "$out/monitoring.yaml" "$out/devcerts.yaml" \
       "$out/mtls.yaml" "$out/mtls-rotation.yaml" "$out/certmanager.yaml" "$out/cp-scaled.yaml" \
-      "$out/kv-pools.yaml" "$out/corpus-blue.yaml" "$out/corpus-green.yaml"
+      "$out/kv-pools.yaml" "$out/corpus-blue.yaml" "$out/corpus-green.yaml" "$out/lm-engine.yaml"
     # What the KV operator renders for its workers, as its golden files pin it.
     check config-check-kv-workers env CONFIG_CHECK_DIR="$out/configs" "$py" "$helper" config-check \
       "$bindir" kv-operator/tests/golden/*.yaml

@@ -48,7 +48,17 @@ pub fn api_routes(service: EdgeService, body: BodyLimits) -> Router {
 
 /// `GET /v1/status`, `/metrics`, `/readyz` and `/healthz`: what operators, Prometheus and
 /// Kubernetes read. The status and metrics name every tenant and its traffic.
-pub fn admin_routes(service: EdgeService, registry: Registry) -> Router {
+/// What generates answers and in which modes, asked at each status request (the answer
+/// service's `generation`; a function, so that this module does not depend on the answer
+/// service's, which depends on it).
+pub type GenerationStatus =
+    Arc<dyn Fn() -> Option<(hasten_rag::BackendInfo, Vec<hasten_rag::AnswerMode>)> + Send + Sync>;
+
+pub fn admin_routes(
+    service: EdgeService,
+    generation: GenerationStatus,
+    registry: Registry,
+) -> Router {
     let observability = hasten_core::metrics::routes(
         registry,
         {
@@ -62,7 +72,7 @@ pub fn admin_routes(service: EdgeService, registry: Registry) -> Router {
     );
     Router::new()
         .route("/v1/status", get(status))
-        .with_state(service)
+        .with_state((service, generation))
         .merge(observability)
 }
 
@@ -225,8 +235,10 @@ pub(crate) fn client_timeout(headers: &HeaderMap) -> Result<Option<Duration>, In
         })
 }
 
-async fn status(State(service): State<EdgeService>) -> axum::Json<StatusJson> {
-    axum::Json(status_json(service.status()))
+async fn status(
+    State((service, generation)): State<(EdgeService, GenerationStatus)>,
+) -> axum::Json<StatusJson> {
+    axum::Json(status_json(service.status(), generation()))
 }
 
 #[cfg(test)]

@@ -847,7 +847,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
             service.clone(),
             body_limits,
         ));
-    let admin = edge_node::http::admin_routes(service.clone(), registry);
+    let generation = {
+        let answers = answers.clone();
+        Arc::new(move || answers.generation())
+    };
+    let admin = edge_node::http::admin_routes(service.clone(), generation, registry);
     // Without an admin address of their own, the admin routes share the API's.
     let (api, admin) = match admin_listener {
         Some(listener) => (api, Some((listener, admin))),

@@ -415,3 +415,44 @@ pub fn failed(engine: &str, error: EngineError) -> RagError {
         source: Box::new(error),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_key_is_never_printed() {
+        let settings = EngineSettings {
+            url: "http://e/v1".into(),
+            model: "m".into(),
+            drafter_url: None,
+            drafter_model: None,
+            api_key: Some(ApiKey::new("sk-very-secret")),
+            timeout: Duration::from_secs(1),
+            ca_file: None,
+        };
+        assert!(!format!("{settings:?}").contains("sk-very-secret"));
+    }
+
+    #[test]
+    fn a_refused_prompt_is_the_requests_error_and_a_down_engine_is_retryable() {
+        let refused = failed(
+            "http://e/v1",
+            EngineError::Status {
+                url: "u".into(),
+                status: 400,
+                message: "context too long".into(),
+            },
+        );
+        assert_eq!(refused.field(), Some("messages"));
+        let down = failed(
+            "http://e/v1",
+            EngineError::Timeout {
+                url: "u".into(),
+                seconds: 1.0,
+            },
+        );
+        assert!(down.is_retryable());
+        assert!(down.to_string().contains("http://e/v1"));
+    }
+}

@@ -211,3 +211,33 @@ fn clip(text: &str) -> &str {
         None => text,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_the_base_without_its_api_version() {
+        let endpoint = |base: &str| {
+            Endpoint::new(
+                reqwest::Client::new(),
+                base,
+                "m".into(),
+                None,
+                Duration::from_secs(1),
+            )
+        };
+        let vllm = endpoint("http://vllm:8000/v1/");
+        assert_eq!(vllm.base, "http://vllm:8000/v1");
+        assert_eq!(vllm.root, "http://vllm:8000");
+        let proxied = endpoint("https://gw.example/llm");
+        assert_eq!(proxied.root, "https://gw.example/llm");
+    }
+
+    #[test]
+    fn error_bodies_are_clipped_on_a_character_boundary() {
+        let long = "é".repeat(ERROR_BODY_CHARS + 10);
+        assert_eq!(clip(&long).chars().count(), ERROR_BODY_CHARS);
+        assert_eq!(clip("short"), "short");
+    }
+}

@@ -45,3 +45,26 @@ impl EngineError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_engine_down_busy_or_slow_is_worth_retrying() {
+        let status = |status| EngineError::Status {
+            url: "u".into(),
+            status,
+            message: String::new(),
+        };
+        assert!(status(503).is_retryable());
+        assert!(status(429).is_retryable());
+        assert!(!status(400).is_retryable());
+        assert!(!status(404).is_retryable());
+        let timeout = EngineError::Timeout {
+            url: "u".into(),
+            seconds: 1.0,
+        };
+        assert!(timeout.is_retryable());
+    }
+}

@@ -223,6 +223,27 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let status: Value = http
+        .get(format!("http://{addr}/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let generation = &status["generation"];
+    assert_eq!(
+        generation["modes"],
+        json!(["standard", "speculative"]),
+        "{status}"
+    );
+    assert!(
+        generation["device"]
+            .as_str()
+            .unwrap()
+            .contains("llama.cpp forced-token log-probabilities"),
+        "the status says how drafts are scored: {generation}"
+    );
     let (status, speculative) = post_json(
         &http,
         &addr,
@@ -403,7 +424,10 @@ async fn engine_verification_scores_equal_the_runtime_one_pass_scores() {
     let close = |a: f32, b: f32| (a - b).abs() <= 1.5_f32.max(0.03 * b.abs());
     for (r, l) in remote.verdicts.iter().zip(&local.verdicts) {
         assert!(close(r.consistency, l.consistency), "{r:?} against {l:?}");
-        assert!((r.reflection - l.reflection).abs() <= 0.25, "{r:?} against {l:?}");
+        assert!(
+            (r.reflection - l.reflection).abs() <= 0.25,
+            "{r:?} against {l:?}"
+        );
     }
 
     // The same draft scored one position off: outside the tolerance.

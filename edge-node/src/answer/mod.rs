@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use hasten_lm::LanguageModel;
 use hasten_rag::{
-    Admission, Answer, AnswerMode, AnswerRequest, ChatTurn, Decoding, Document, LmBackend,
-    ModelQueue, QueueError, RagError, SpeculativeSettings,
+    Admission, Answer, AnswerMode, AnswerRequest, BackendInfo, ChatTurn, Decoding, Document,
+    LmBackend, ModelQueue, QueueError, RagError, SpeculativeSettings,
 };
 use tracing::Instrument;
 
@@ -155,6 +155,17 @@ impl AnswerService {
         self.backend
             .as_ref()
             .is_some_and(|backend| backend.serves(mode))
+    }
+
+    /// What generates this edge's answers, and in which modes (for `/v1/status`); `None`
+    /// without a backend.
+    pub fn generation(&self) -> Option<(BackendInfo, Vec<AnswerMode>)> {
+        let backend = self.backend.as_ref()?;
+        let modes = [AnswerMode::Standard, AnswerMode::Speculative]
+            .into_iter()
+            .filter(|&mode| backend.serves(mode))
+            .collect();
+        Some((backend.info(), modes))
     }
 
     /// Checks a parsed body against the limits; errors name the field.

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hasten_proto::v1 as pb;
+use hasten_rag::{AnswerMode, BackendInfo};
 
 use super::json::{
-    CloudLinkJson, DocumentJson, ErrorDetail, ErrorJson, LinkJson, MatchedQueryJson, OutcomeJson,
-    RetrieveBody, RetrieveReply, StatusJson, TimingsJson,
+    CloudLinkJson, DocumentJson, ErrorDetail, ErrorJson, GenerationJson, LinkJson,
+    MatchedQueryJson, OutcomeJson, RetrieveBody, RetrieveReply, StatusJson, TimingsJson,
 };
 use super::{EdgeError, ReplyOptions, RetrieveInput};
 use crate::fallback::quic::CloudLink;
@@ -170,7 +171,12 @@ impl From<&CloudLink> for CloudLinkJson {
 }
 
 /// The edge's state as `GET /v1/status` shows it.
-pub fn status_json(status: EdgeStatus) -> StatusJson {
+/// The status of an edge's retrieval and of its generation backend (`generation`, from
+/// `AnswerService::generation`).
+pub fn status_json(
+    status: EdgeStatus,
+    generation: Option<(BackendInfo, Vec<AnswerMode>)>,
+) -> StatusJson {
     StatusJson {
         policy: format!("{:?}", status.policy),
         tau: status.tau,
@@ -197,6 +203,18 @@ pub fn status_json(status: EdgeStatus) -> StatusJson {
         held_documents: status.documents.held,
         fetched_documents: status.documents.fetched,
         pending_documents: status.documents.pending,
+        generation: generation.map(|(info, modes)| GenerationJson {
+            verifier: info.verifier,
+            drafter: info.drafter,
+            device: info.device,
+            modes: modes
+                .into_iter()
+                .map(|mode| match mode {
+                    AnswerMode::Standard => "standard".to_string(),
+                    AnswerMode::Speculative => "speculative".to_string(),
+                })
+                .collect(),
+        }),
     }
 }
 

@@ -142,6 +142,19 @@ pub struct StatusJson {
     pub fetched_documents: u64,
     /// Such documents waiting to be fetched.
     pub pending_documents: usize,
+    /// What generates answers; absent on an edge without a language model.
+    pub generation: Option<GenerationJson>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GenerationJson {
+    pub verifier: String,
+    pub drafter: String,
+    /// Where it runs: this process's device, a worker, or an engine (with how the engine
+    /// scores speculative drafts).
+    pub device: String,
+    /// The answer modes served (`standard`, `speculative`).
+    pub modes: Vec<String>,
 }
 
 /// Error body of every failed request.

@@ -287,6 +287,19 @@ every workload template, so that `helm template` and `helm install` stop with th
 {{- if and .Values.edge.autoscaling.enabled (not (dig "requests" "cpu" "" .Values.edge.resources)) }}
 {{- fail "edge.autoscaling.enabled: set edge.resources.requests.cpu, which the CPU target is a share of" }}
 {{- end }}
+{{- with .Values.edge.lmEngine }}
+{{- if .url }}
+{{- if not (or (hasPrefix "http://" .url) (hasPrefix "https://" .url)) }}
+{{- fail (printf "edge.lmEngine.url: %q is not an http:// or https:// URL" .url) }}
+{{- end }}
+{{- if not .model }}
+{{- fail "edge.lmEngine.model: name the model the engine serves (as its /v1/models lists it)" }}
+{{- end }}
+{{- if $.Values.edge.kvPool }}
+{{- fail "edge.lmEngine.url and edge.kvPool are both set: the edges generate on one of them" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and .Values.edge.tenants.secretName (not .Values.edge.tenants.key) }}
 {{- fail "edge.tenants.key: name the key of the Secret edge.tenants.secretName that holds the tenants file (e.g. tenants.toml)" }}
 {{- end }}
@@ -386,6 +399,14 @@ tenants file as tenants/tenants.toml.
           items:
             - key: {{ if .root.Values.controlPlane.auth.secretName }}{{ .root.Values.controlPlane.auth.key }}{{ else }}token{{ end }}
               path: control-plane/token
+              mode: 0440
+      {{- end }}
+      {{- if and .tenants .root.Values.edge.lmEngine.url .root.Values.edge.lmEngine.apiKeySecret }}
+      - secret:
+          name: {{ .root.Values.edge.lmEngine.apiKeySecret }}
+          items:
+            - key: {{ .root.Values.edge.lmEngine.apiKeySecretKey }}
+              path: engine/api-key
               mode: 0440
       {{- end }}
       {{- if and .tenants .root.Values.edge.tenants.secretName }}
