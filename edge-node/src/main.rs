@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use backon::{ExponentialBuilder, Retryable};
 use clap::{Args, Parser, Subcommand};
 use edge_node::answer::metrics::AnswerMetrics;
-use edge_node::answer::{AnswerLimits, AnswerService};
+use edge_node::answer::{AnswerLimits, AnswerService, IterativeModel};
 use edge_node::api::ReplyOptions;
 use edge_node::api::RequestLimits;
 use edge_node::caches::{Eviction, TenantCaches};
@@ -31,7 +31,6 @@ use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_engine::{ApiKey, EngineLm};
-use hasten_lm::LanguageModel;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::quic::client_config;
@@ -530,12 +529,12 @@ fn engine_api_key(config: &EdgeConfig) -> Result<Option<ApiKey>> {
 }
 
 /// The `/v1/answer` backend; the KV workers' pool when that is the backend (it follows the
-/// pool's assignment with `kv_pool`); the model loaded here when the backend is local
-/// (`/v1/ralm` and `/v1/spechop` run on it).
+/// pool's assignment with `kv_pool`); what `/v1/ralm` and `/v1/spechop` step (the model
+/// loaded here, or the engine).
 struct Backends {
     answers: Option<Arc<dyn LmBackend>>,
     kv_pool: Option<Arc<KvPool>>,
-    local_model: Option<Arc<LanguageModel>>,
+    iterative: Option<IterativeModel>,
 }
 
 fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<Backends> {
@@ -561,7 +560,7 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         return Ok(Backends {
             answers: Some(Arc::clone(&pool) as Arc<dyn LmBackend>),
             kv_pool: Some(pool),
-            local_model: None,
+            iterative: None,
         });
     }
     if let Some(url) = &config.lm_engine_url {
@@ -581,9 +580,9 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
             config.lm_engine_model.clone().unwrap_or_default(),
         ));
         return Ok(Backends {
-            answers: Some(engine),
+            answers: Some(Arc::clone(&engine) as Arc<dyn LmBackend>),
             kv_pool: None,
-            local_model: None,
+            iterative: Some(IterativeModel::Engine(engine)),
         });
     }
     if let Some(worker) = &config.lm_worker {
@@ -607,7 +606,7 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         return Ok(Backends {
             answers: Some(remote),
             kv_pool: None,
-            local_model: None,
+            iterative: None,
         });
     }
     let Some(model) = &config.lm_model else {
@@ -617,7 +616,7 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         return Ok(Backends {
             answers: None,
             kv_pool: None,
-            local_model: None,
+            iterative: None,
         });
     };
     let drafter = config.lm_drafter.as_ref().unwrap_or(model);
@@ -632,11 +631,11 @@ fn language_backend(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<B
         took_ms = started.elapsed().as_millis() as u64,
         "language models loaded"
     );
-    let local_model = Some(Arc::clone(backend.verifier()));
+    let iterative = Some(IterativeModel::Local(Arc::clone(backend.verifier())));
     Ok(Backends {
         answers: Some(Arc::new(backend)),
         kv_pool: None,
-        local_model,
+        iterative,
     })
 }
 
@@ -672,7 +671,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let Backends {
         answers: backend,
         kv_pool,
-        local_model,
+        iterative,
     } = language_backend(&config, mutual.as_ref())?;
     let bundle_dir = config.bundle.clone().unwrap_or_default();
     // With a fraction, only the edge's share stays in memory; the rest comes from the cloud.
@@ -802,7 +801,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let answers = AnswerService::new(
         service.clone(),
         backend,
-        local_model,
+        iterative,
         AnswerLimits {
             default_max_tokens: config.answer_default_tokens,
             max_tokens: config.answer_max_tokens,

@@ -328,6 +328,33 @@ impl EngineLm {
         Ok(answer)
     }
 
+    /// The engine that answers (and verifies), for the modules that call it directly.
+    pub(crate) fn generation_endpoint(&self) -> &Endpoint {
+        &self.generation
+    }
+
+    /// The runtime the engine calls run on, for blocking callers.
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    /// Iterative RAG's steps for `question` on the engine (`/v1/ralm`); needs a llama.cpp
+    /// server (token ids in and out).
+    pub fn ralm(
+        &self,
+        question: &str,
+        settings: hasten_spec_retrieval::ralm::RalmSettings,
+    ) -> Result<crate::ralm::EngineRalm<'_>, hasten_spec_retrieval::SpecError> {
+        if self.scoring.get() != Some(&Scoring::LlamaCppForcedTokens) {
+            return Err(hasten_spec_retrieval::SpecError::InvalidRequest(
+                "iterative RAG on an engine needs llama.cpp's server (token ids in and out), \
+                 and this edge's engine is not one or was not reached yet"
+                    .into(),
+            ));
+        }
+        crate::ralm::EngineRalm::new(self, question, settings)
+    }
+
     /// The verifier engine's verdicts on `(rationale, answer)` drafts of `question`, as
     /// speculative mode computes them.
     pub async fn verify(

@@ -15,6 +15,7 @@ mod backend;
 mod endpoint;
 mod error;
 mod llama_cpp;
+pub mod ralm;
 pub mod speculative;
 mod wire;
 

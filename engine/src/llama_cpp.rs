@@ -9,9 +9,16 @@ use hasten_rag::ChatMessage;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::wire::{
-    ApplyTemplate, Completion, Detokenize, Detokenized, ForcedCompletion, Message, Rendered,
-    Tokenize, Tokens,
+    ApplyTemplate, Completion, Detokenize, Detokenized, ForcedCompletion, GreedyCompletion,
+    GreedyContinuation, Message, Rendered, Tokenize, Tokens,
 };
+
+/// Tokens a greedy continuation wrote, and whether the model ended its turn with them (the
+/// end-of-turn token itself is not among them).
+pub struct Continued {
+    pub tokens: Vec<u32>,
+    pub ended: bool,
+}
 
 pub struct LlamaCpp<'a> {
     endpoint: &'a Endpoint,
@@ -68,6 +75,31 @@ impl<'a> LlamaCpp<'a> {
             .post_json(&url, &Detokenize { tokens })
             .await?;
         Ok(text.content)
+    }
+
+    /// Up to `count` greedy tokens after `prompt`, computed from scratch: the same prompt
+    /// always gives the same tokens.
+    pub async fn continue_greedy(
+        &self,
+        prompt: &[u32],
+        count: usize,
+    ) -> Result<Continued, EngineError> {
+        let url = format!("{}/completion", self.endpoint.root);
+        let body = GreedyCompletion {
+            prompt,
+            n_predict: count,
+            temperature: 0.0,
+            // A prefill continued from the server's cache is not bit-identical to one from
+            // scratch (other batch shapes), and greedy decoding amplifies the difference: a
+            // step must be a pure function of its tokens, so each is computed whole.
+            cache_prompt: false,
+            return_tokens: true,
+        };
+        let reply: GreedyContinuation = self.endpoint.post_json(&url, &body).await?;
+        Ok(Continued {
+            tokens: reply.tokens,
+            ended: reply.stop_type == "eos",
+        })
     }
 
     /// The log-probability of each of `forced` following `prompt` and the forced tokens

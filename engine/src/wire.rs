@@ -163,3 +163,23 @@ pub struct CompletionProbability {
     pub id: u32,
     pub logprob: f32,
 }
+
+/// `POST /completion` continuing `prompt` greedily for `n_predict` tokens, the tokens
+/// returned as ids.
+#[derive(Debug, Serialize)]
+pub struct GreedyCompletion<'a> {
+    pub prompt: &'a [u32],
+    pub n_predict: usize,
+    pub temperature: f32,
+    pub cache_prompt: bool,
+    pub return_tokens: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GreedyContinuation {
+    #[serde(default)]
+    pub tokens: Vec<u32>,
+    /// `eos` when the model ended its turn, `limit` at `n_predict`.
+    #[serde(default)]
+    pub stop_type: String,
+}

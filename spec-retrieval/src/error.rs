@@ -14,6 +14,14 @@ pub enum SpecError {
     NoDocument,
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A remote generation engine failed; `retryable` when it is down, busy or slow.
+    #[error("generation engine at {endpoint}")]
+    Generation {
+        endpoint: String,
+        retryable: bool,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, SpecError>;

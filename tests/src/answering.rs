@@ -120,3 +120,30 @@ pub fn with_engine(addr: &str, model: &str) -> Vec<String> {
         model.into(),
     ]
 }
+
+/// Waits until the edge at `edge` has reached its engine and found how it scores drafts
+/// (`/v1/status` lists speculative among its modes).
+pub async fn wait_engine_detected(http: &reqwest::Client, edge: &str) {
+    let started = std::time::Instant::now();
+    loop {
+        let status: serde_json::Value = http
+            .get(format!("http://{edge}/v1/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if status["generation"]["modes"]
+            .as_array()
+            .is_some_and(|modes| modes.iter().any(|m| m == "speculative"))
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the edge never reached its engine: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

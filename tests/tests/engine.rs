@@ -16,7 +16,8 @@ use hasten_rag::Document;
 use hasten_rag::prompt::{VERIFY_INSTRUCTION, draft_text, standard_messages};
 use hasten_rag::verify::verify;
 use hasten_tests::answering::{
-    Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server, with_engine,
+    Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server,
+    wait_engine_detected, with_engine,
 };
 use hasten_tests::edge::post_json;
 use hasten_tests::persistent_work_dir;
@@ -204,25 +205,7 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
     assert_eq!(content(&first), content(&second));
 
     // Speculative RAG on the engine: drafts written there, judged by its log-probabilities.
-    let started = Instant::now();
-    loop {
-        let models: Value = http
-            .get(format!("http://{addr}/v1/models"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if models.to_string().contains("hasten-rag-speculative") {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "speculative never listed: {models}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_engine_detected(&http, &addr).await;
     let status: Value = http
         .get(format!("http://{addr}/v1/status"))
         .send()

@@ -1,5 +1,6 @@
-//! What the edge's iterative endpoints (`/v1/ralm`, `/v1/spechop`) share: the local model
-//! behind the answers' queue, the cloud as their exact retriever, and their HTTP plumbing.
+//! What the edge's iterative endpoints (`/v1/ralm`, `/v1/spechop`) share: the model they
+//! step (loaded here, or a llama.cpp engine) behind the answers' queue, the cloud as their
+//! exact retriever, and their HTTP plumbing.
 
 use std::sync::Arc;
 use std::sync::mpsc::sync_channel;
@@ -8,6 +9,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
+use hasten_engine::EngineLm;
 use hasten_lm::LanguageModel;
 use hasten_rag::RagError;
 use hasten_spec_retrieval::{RetrievalError, RetrievedDocument, SpecError};
@@ -23,6 +25,16 @@ use crate::http::{BodyLimits, read_json_bytes};
 use crate::pipeline::EdgeService;
 use crate::retrieval::{EngineError, RetrievalEngine};
 use crate::tenants::Tenant;
+
+/// What iterative requests generate with, step by step.
+#[derive(Clone)]
+pub enum IterativeModel {
+    /// The model loaded in this process (`lm_model`).
+    Local(Arc<LanguageModel>),
+    /// An engine that takes and returns token ids (llama.cpp's server, `lm_engine_url`):
+    /// `/v1/ralm` only so far.
+    Engine(Arc<EngineLm>),
+}
 
 /// The edge's retrieval engine, for a blocking thread that must wait on the runtime where
 /// the QUIC connection and its timers are driven.
@@ -78,21 +90,38 @@ pub(super) fn edge_error(error: SpecError) -> EdgeError {
             },
         },
         SpecError::Lm(error) => EdgeError::Generation(RagError::Lm(error)),
+        SpecError::Generation {
+            endpoint,
+            retryable,
+            source,
+        } => {
+            let error = RagError::Worker {
+                endpoint,
+                retryable,
+                source,
+            };
+            if retryable {
+                EdgeError::GenerationUnavailable(error)
+            } else {
+                EdgeError::Generation(error)
+            }
+        }
         other => EdgeError::IterativeFailed(other),
     }
 }
 
 impl AnswerService {
-    /// Runs `work` on the model loaded here, on a blocking thread, once the answers' queue
+    /// Runs `work` on the iterative model, on a blocking thread, once the answers' queue
     /// admits it; returns its result and the milliseconds it queued.
-    pub(super) async fn on_local_model<T: Send + 'static>(
+    pub(super) async fn on_iterative_model<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&LanguageModel, &EdgeService, EngineHandle) -> Result<T, EdgeError>
+        work: impl FnOnce(&IterativeModel, &EdgeService, EngineHandle) -> Result<T, EdgeError>
         + Send
         + 'static,
     ) -> Result<(T, f64), EdgeError> {
-        let model = self.local_model.clone().ok_or(EdgeError::NoLanguageModel(
-            "iterative RAG runs on a model loaded here: set `lm_model`",
+        let model = self.iterative.clone().ok_or(EdgeError::NoLanguageModel(
+            "iterative RAG runs on a model loaded here (`lm_model`) or on a llama.cpp engine \
+             (`lm_engine_url`)",
         ))?;
         let started = Instant::now();
         let permit = self.queue.enter().await.map_err(super::queue_error)?;

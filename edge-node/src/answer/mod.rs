@@ -24,7 +24,6 @@ mod stream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hasten_lm::LanguageModel;
 use hasten_rag::{
     Admission, Answer, AnswerMode, AnswerRequest, BackendInfo, ChatTurn, Decoding, Document,
     LmBackend, ModelQueue, QueueError, RagError, SpeculativeSettings,
@@ -34,6 +33,7 @@ use tracing::Instrument;
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
 use crate::pipeline::{EdgeService, Incoming};
 use crate::retrieval::Retrieval;
+pub use iterative::IterativeModel;
 use metrics::AnswerMetrics;
 pub use stream::{AnswerEvent, AnswerStream};
 
@@ -111,9 +111,9 @@ impl Answered {
 pub struct AnswerService {
     retrieval: EdgeService,
     backend: Option<Arc<dyn LmBackend>>,
-    /// The model loaded here, when the backend is local: iterative and multi-hop RAG
-    /// (`/v1/ralm`, `/v1/spechop`) run on it step by step.
-    local_model: Option<Arc<LanguageModel>>,
+    /// What iterative and multi-hop RAG (`/v1/ralm`, `/v1/spechop`) run on step by step:
+    /// the model loaded here, or a llama.cpp engine (`/v1/ralm` only).
+    iterative: Option<IterativeModel>,
     limits: AnswerLimits,
     queue: Arc<ModelQueue>,
     metrics: Arc<AnswerMetrics>,
@@ -123,7 +123,7 @@ impl AnswerService {
     pub fn new(
         retrieval: EdgeService,
         backend: Option<Arc<dyn LmBackend>>,
-        local_model: Option<Arc<LanguageModel>>,
+        iterative: Option<IterativeModel>,
         limits: AnswerLimits,
         metrics: Arc<AnswerMetrics>,
     ) -> Self {
@@ -131,7 +131,7 @@ impl AnswerService {
         Self {
             retrieval,
             backend,
-            local_model,
+            iterative,
             limits,
             queue: Arc::new(ModelQueue::with_concurrency(
                 limits.concurrency,

@@ -11,17 +11,16 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
-use hasten_lm::LanguageModel;
 use hasten_spec_retrieval::ralm::{
-    LocalDocumentCache, Os3Settings, RalmGenerator, RalmOutput, RalmSettings, SpeculationSettings,
-    SpeculationStats, Stride, run_sequential, run_speculative,
+    LocalDocumentCache, Os3Settings, RalmGenerator, RalmOutput, RalmSettings, RalmStepper,
+    SpeculationSettings, SpeculationStats, Stride, run_sequential, run_speculative,
 };
 use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use super::AnswerService;
-use super::iterative::{EngineHandle, edge_error, respond, retrieved};
+use super::iterative::{EngineHandle, IterativeModel, edge_error, respond, retrieved};
 use crate::api::{EdgeError, InvalidArgument};
 use crate::fallback::CloudSearch;
 use crate::http::BodyLimits;
@@ -121,7 +120,7 @@ impl AnswerService {
         })
     }
 
-    /// Runs one iterative-RAG request on the local model, behind the answers' queue.
+    /// Runs one iterative-RAG request on the iterative model, behind the answers' queue.
     pub async fn ralm(&self, input: RalmInput) -> Result<RalmReply, EdgeError> {
         let span = tracing::info_span!(
             "ralm",
@@ -129,7 +128,7 @@ impl AnswerService {
             max_tokens = input.max_tokens
         );
         let (output, queued_ms) = self
-            .on_local_model(move |model, service, engine| run(model, service, engine, &input))
+            .on_iterative_model(move |model, service, engine| run(model, service, engine, &input))
             .instrument(span)
             .await?;
         Ok(RalmReply::new(output, queued_ms))
@@ -137,7 +136,7 @@ impl AnswerService {
 }
 
 fn run(
-    model: &LanguageModel,
+    model: &IterativeModel,
     service: &crate::pipeline::EdgeService,
     engine: EngineHandle,
     input: &RalmInput,
@@ -146,13 +145,20 @@ fn run(
         max_new_tokens: input.max_tokens,
         ..RalmSettings::default()
     };
-    let generator = RalmGenerator::new(model, &input.question, settings).map_err(edge_error)?;
+    let generator: Box<dyn RalmStepper + '_> = match model {
+        IterativeModel::Local(model) => {
+            Box::new(RalmGenerator::new(model, &input.question, settings).map_err(edge_error)?)
+        }
+        IterativeModel::Engine(engine) => {
+            Box::new(engine.ralm(&input.question, settings).map_err(edge_error)?)
+        }
+    };
     let cloud = CloudRetriever(engine);
     let encoder = service.encoder().as_ref();
     match &input.speculation {
-        None => run_sequential(&generator, encoder, &cloud),
+        None => run_sequential(generator.as_ref(), encoder, &cloud),
         Some(speculation) => run_speculative(
-            &generator,
+            generator.as_ref(),
             encoder,
             &cloud,
             &mut LocalDocumentCache::new(),

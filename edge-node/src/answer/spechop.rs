@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use super::AnswerService;
-use super::iterative::{EngineHandle, edge_error, respond, retrieved};
+use super::iterative::{EngineHandle, IterativeModel, edge_error, respond, retrieved};
 use crate::api::{EdgeError, InvalidArgument};
 use crate::http::BodyLimits;
 use crate::pipeline::EdgeService;
@@ -165,7 +165,13 @@ impl AnswerService {
         );
         let started = std::time::Instant::now();
         let (outcome, queued_ms) = self
-            .on_local_model(move |model, service, engine| {
+            .on_iterative_model(move |model, service, engine| {
+                let IterativeModel::Local(model) = model else {
+                    return Err(EdgeError::NoLanguageModel(
+                        "SpecHop runs on a model loaded here (`lm_model`); on an engine only \
+                         /v1/ralm is served so far",
+                    ));
+                };
                 run(model, service, engine, tenant, &input)
             })
             .instrument(span)

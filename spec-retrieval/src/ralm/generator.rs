@@ -26,11 +26,60 @@ use crate::retriever::RetrievedDocument;
 pub const RALM_INSTRUCTION: &str =
     "Answer the question using the document. Explain the answer in a few sentences.";
 
+/// A step's prompt as chat messages: the instruction, then the document (`text`, already cut
+/// to [`RalmSettings::document_tokens`]) and the question.
+pub fn ralm_messages(title: &str, text: &str, question: &str) -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::new(Role::System, RALM_INSTRUCTION),
+        ChatMessage::new(
+            Role::User,
+            format!("Document: {title}\n{text}\n\nQuestion: {question}"),
+        ),
+    ]
+}
+
+/// Refuses what no step can run: an empty question, a zero interval or token budget.
+pub fn check_request(question: &str, settings: &RalmSettings) -> Result<()> {
+    if question.trim().is_empty() {
+        return Err(SpecError::InvalidRequest("the question is empty".into()));
+    }
+    if settings.interval == 0 || settings.max_new_tokens == 0 {
+        return Err(SpecError::InvalidRequest(format!(
+            "interval ({}) and max_new_tokens ({}) must be at least 1",
+            settings.interval, settings.max_new_tokens
+        )));
+    }
+    Ok(())
+}
+
+/// The retrieval query after a step: the question, then `generated_tail` (the last
+/// [`RalmSettings::query_tokens`] generated tokens, as text). Before the first step the
+/// query is the question alone.
+pub fn query_after(question: &str, generated_tail: &str) -> String {
+    format!("{question}\n{}", generated_tail.trim())
+}
+
 /// Tokens a step produced and whether the answer ended with them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct StepTokens {
+pub struct StepTokens {
     pub tokens: Vec<u32>,
     pub finished: bool,
+}
+
+/// What a run needs of the model: the retrieval query after the tokens so far, the next
+/// step's greedy tokens reading a document, and the answer's text. [`RalmGenerator`] runs it
+/// in this process; an engine that continues token ids (hasten-engine) runs it remotely.
+/// Implementations must be pure functions of (document, generated tokens), or speculation
+/// would not be lossless.
+pub trait RalmStepper: Sync {
+    fn settings(&self) -> &RalmSettings;
+    /// The retrieval query after `generated`: the question and the last
+    /// [`RalmSettings::query_tokens`] generated tokens.
+    fn query_text(&self, generated: &[u32]) -> Result<String>;
+    /// The next step's tokens after `generated`, reading `document`.
+    fn step(&self, document: &RetrievedDocument, generated: &[u32]) -> Result<StepTokens>;
+    /// The answer's text.
+    fn text(&self, generated: &[u32]) -> Result<String>;
 }
 
 /// Documents whose prefilled prompt a request keeps: a run reads a handful, and one
@@ -62,15 +111,7 @@ pub struct RalmGenerator<'a> {
 
 impl<'a> RalmGenerator<'a> {
     pub fn new(model: &'a LanguageModel, question: &str, settings: RalmSettings) -> Result<Self> {
-        if question.trim().is_empty() {
-            return Err(SpecError::InvalidRequest("the question is empty".into()));
-        }
-        if settings.interval == 0 || settings.max_new_tokens == 0 {
-            return Err(SpecError::InvalidRequest(format!(
-                "interval ({}) and max_new_tokens ({}) must be at least 1",
-                settings.interval, settings.max_new_tokens
-            )));
-        }
+        check_request(question, &settings)?;
         Ok(Self {
             model,
             question: question.trim().to_owned(),
@@ -79,30 +120,26 @@ impl<'a> RalmGenerator<'a> {
         })
     }
 
-    pub fn settings(&self) -> &RalmSettings {
-        &self.settings
-    }
-
     pub fn model(&self) -> &LanguageModel {
         self.model
     }
+}
 
-    /// The retrieval query after `generated`: the question and the last generated tokens.
-    pub fn query_text(&self, generated: &[u32]) -> Result<String> {
+impl RalmStepper for RalmGenerator<'_> {
+    fn settings(&self) -> &RalmSettings {
+        &self.settings
+    }
+
+    fn query_text(&self, generated: &[u32]) -> Result<String> {
         let tail = &generated[generated.len().saturating_sub(self.settings.query_tokens)..];
         if tail.is_empty() {
             return Ok(self.question.clone());
         }
         let text = self.model.tokenizer.decode(tail)?;
-        Ok(format!("{}\n{}", self.question, text.trim()))
+        Ok(query_after(&self.question, &text))
     }
 
-    /// The next step's tokens after `generated`, reading `document`.
-    pub(crate) fn step(
-        &self,
-        document: &RetrievedDocument,
-        generated: &[u32],
-    ) -> Result<StepTokens> {
+    fn step(&self, document: &RetrievedDocument, generated: &[u32]) -> Result<StepTokens> {
         let budget = self.settings.max_new_tokens.saturating_sub(generated.len());
         let count = self.settings.interval.min(budget);
         if count == 0 {
@@ -165,11 +202,12 @@ impl<'a> RalmGenerator<'a> {
         })
     }
 
-    /// The answer's text.
-    pub fn text(&self, generated: &[u32]) -> Result<String> {
+    fn text(&self, generated: &[u32]) -> Result<String> {
         Ok(self.model.tokenizer.decode(generated)?.trim().to_owned())
     }
+}
 
+impl RalmGenerator<'_> {
     /// `document`'s prompt prefilled, from this request's cache or computed now.
     fn prompt_kv(&self, document: &RetrievedDocument) -> Result<Arc<PromptKv>> {
         if let Some(kept) = self.lock_prompts().prompts.get(&document.id) {
@@ -217,16 +255,9 @@ impl<'a> RalmGenerator<'a> {
         } else {
             document.text.to_string()
         };
-        let user = format!(
-            "Document: {}\n{}\n\nQuestion: {}",
-            document.title, text, self.question
-        );
         Ok(self.model.chat.prompt(
             &self.model.tokenizer,
-            &[
-                ChatMessage::new(Role::System, RALM_INSTRUCTION),
-                ChatMessage::new(Role::User, user),
-            ],
+            &ralm_messages(&document.title, &text, &self.question),
         )?)
     }
 }

@@ -19,7 +19,10 @@ mod tests;
 use std::time::Duration;
 
 pub use cache::{LocalDocumentCache, Speculator};
-pub use generator::RalmGenerator;
+pub use generator::{
+    RALM_INSTRUCTION, RalmGenerator, RalmStepper, StepTokens, check_request, query_after,
+    ralm_messages,
+};
 pub use os3::{Os3Settings, StrideScheduler};
 pub use sequential::run_sequential;
 pub use speculative::run_speculative;

@@ -2,14 +2,14 @@
 
 use std::time::Instant;
 
-use super::generator::RalmGenerator;
+use super::generator::RalmStepper;
 use super::{RalmOutput, RalmTimings};
 use crate::error::{Result, SpecError};
 use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument, exact_search};
 
 /// Runs one request sequentially: retrieve, generate `interval` tokens, repeat.
 pub fn run_sequential(
-    generator: &RalmGenerator<'_>,
+    generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
     exact: &dyn ExactRetriever,
 ) -> Result<RalmOutput> {
@@ -45,7 +45,7 @@ pub fn run_sequential(
 
 /// The query vector after `generated`, timed.
 pub(super) fn encode(
-    generator: &RalmGenerator<'_>,
+    generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
     generated: &[u32],
     timings: &mut RalmTimings,

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::cache::Speculator;
-use super::generator::{RalmGenerator, StepTokens};
+use super::generator::{RalmStepper, StepTokens};
 use super::os3::{StrideScheduler, Verified};
 use super::sequential::{encode, top_one};
 use super::{RalmOutput, RalmTimings, SpeculationSettings, SpeculationStats, Stride};
@@ -34,7 +34,7 @@ fn first_mismatch(speculated: &[u64], exact: &[u64]) -> Option<usize> {
 /// Runs one request with RaLMSpec. `speculator` is the request's own (a fresh
 /// [`LocalDocumentCache`](super::LocalDocumentCache) in production).
 pub fn run_speculative(
-    generator: &RalmGenerator<'_>,
+    generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
     exact: &dyn ExactRetriever,
     speculator: &mut dyn Speculator,
@@ -51,8 +51,8 @@ pub fn run_speculative(
 }
 
 /// The mutable state of one run.
-struct Run<'g, 'm> {
-    generator: &'g RalmGenerator<'m>,
+struct Run<'g> {
+    generator: &'g dyn RalmStepper,
     generated: Vec<u32>,
     documents: Vec<u64>,
     finished: bool,
@@ -60,7 +60,7 @@ struct Run<'g, 'm> {
     stats: SpeculationStats,
 }
 
-impl Run<'_, '_> {
+impl Run<'_> {
     fn step(&mut self, document: &RetrievedDocument) -> Result<(StepTokens, Duration)> {
         let started = Instant::now();
         let step = self.generator.step(document, &self.generated)?;
@@ -76,7 +76,7 @@ impl Run<'_, '_> {
 }
 
 pub(super) fn run_with_verifier(
-    generator: &RalmGenerator<'_>,
+    generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
     exact: &dyn ExactRetriever,
     speculator: &mut dyn Speculator,
@@ -225,7 +225,7 @@ pub(super) fn run_with_verifier(
 
 /// A retrieval with nothing to speculate from (the request's first): exact, then its step.
 fn cold_step(
-    run: &mut Run<'_, '_>,
+    run: &mut Run<'_>,
     exact: &dyn ExactRetriever,
     speculator: &mut dyn Speculator,
     query: &[f32],
@@ -246,7 +246,7 @@ fn cold_step(
 /// The speculation step run while a verification is in flight, from the text as it stands;
 /// its tokens are kept aside until the verification confirms everything before them.
 fn step_ahead(
-    run: &mut Run<'_, '_>,
+    run: &mut Run<'_>,
     encoder: &dyn QueryEncoder,
     speculator: &mut dyn Speculator,
 ) -> Result<Option<(Speculated, StepTokens, Duration)>> {

@@ -1,0 +1,144 @@
+//! Iterative RAG's generation steps on llama.cpp's server ([`EngineRalm`]): each step sends
+//! the document's prompt and the answer's tokens so far as token ids and gets the next greedy
+//! tokens back, so a step is the same pure function of (document, tokens) as in process and
+//! RaLMSpec's rollbacks stay lossless. The server's prompt cache is not used for steps: a
+//! prefill continued from it is not bit-identical to one from scratch, which was enough for
+//! a speculative run's greedy tokens to leave the sequential run's (measured on llama.cpp
+//! b11549). Each step pays its whole prompt instead.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use hasten_spec_retrieval::RetrievedDocument;
+use hasten_spec_retrieval::SpecError;
+use hasten_spec_retrieval::ralm::{
+    RalmSettings, RalmStepper, StepTokens, check_request, query_after, ralm_messages,
+};
+
+use crate::EngineLm;
+use crate::endpoint::Endpoint;
+use crate::error::EngineError;
+use crate::llama_cpp::LlamaCpp;
+
+/// One request's generation steps on the engine.
+pub struct EngineRalm<'a> {
+    engine: &'a EngineLm,
+    question: String,
+    settings: RalmSettings,
+    /// Each document's prompt as token ids, tokenised once per request.
+    prompts: Mutex<HashMap<u64, Vec<u32>>>,
+}
+
+impl<'a> EngineRalm<'a> {
+    pub fn new(
+        engine: &'a EngineLm,
+        question: &str,
+        settings: RalmSettings,
+    ) -> Result<Self, SpecError> {
+        check_request(question, &settings)?;
+        Ok(Self {
+            engine,
+            question: question.trim().to_owned(),
+            settings,
+            prompts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn endpoint(&self) -> &Endpoint {
+        self.engine.generation_endpoint()
+    }
+
+    fn failed(&self, error: EngineError) -> SpecError {
+        SpecError::Generation {
+            endpoint: self.endpoint().base.clone(),
+            retryable: error.is_retryable(),
+            source: Box::new(error),
+        }
+    }
+
+    /// Runs an engine call from the blocking thread a run is on.
+    fn call<T>(&self, work: impl Future<Output = Result<T, EngineError>>) -> Result<T, SpecError> {
+        self.engine
+            .runtime()
+            .block_on(work)
+            .map_err(|error| self.failed(error))
+    }
+
+    /// `document`'s prompt (its first [`RalmSettings::document_tokens`] tokens), ending in
+    /// the open assistant turn the generated tokens continue.
+    async fn prompt(&self, document: &RetrievedDocument) -> Result<Vec<u32>, EngineError> {
+        let api = LlamaCpp::new(self.endpoint());
+        let tokens = api.tokenize(&document.text, false).await?;
+        let text = if tokens.len() > self.settings.document_tokens {
+            api.detokenize(&tokens[..self.settings.document_tokens])
+                .await?
+        } else {
+            document.text.to_string()
+        };
+        let rendered = api
+            .render(&ralm_messages(&document.title, &text, &self.question))
+            .await?;
+        api.tokenize(&rendered, true).await
+    }
+}
+
+impl RalmStepper for EngineRalm<'_> {
+    fn settings(&self) -> &RalmSettings {
+        &self.settings
+    }
+
+    fn query_text(&self, generated: &[u32]) -> Result<String, SpecError> {
+        let tail = &generated[generated.len().saturating_sub(self.settings.query_tokens)..];
+        if tail.is_empty() {
+            return Ok(self.question.clone());
+        }
+        let text = self.call(LlamaCpp::new(self.endpoint()).detokenize(tail))?;
+        Ok(query_after(&self.question, &text))
+    }
+
+    fn step(
+        &self,
+        document: &RetrievedDocument,
+        generated: &[u32],
+    ) -> Result<StepTokens, SpecError> {
+        let budget = self.settings.max_new_tokens.saturating_sub(generated.len());
+        let count = self.settings.interval.min(budget);
+        if count == 0 {
+            return Ok(StepTokens {
+                tokens: Vec::new(),
+                finished: true,
+            });
+        }
+        let kept = self
+            .prompts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&document.id)
+            .cloned();
+        let mut prompt = match kept {
+            Some(prompt) => prompt,
+            None => {
+                let prompt = self.call(self.prompt(document))?;
+                self.prompts
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(document.id, prompt.clone());
+                prompt
+            }
+        };
+        prompt.extend_from_slice(generated);
+        let continued =
+            self.call(LlamaCpp::new(self.endpoint()).continue_greedy(&prompt, count))?;
+        let finished = continued.ended
+            || generated.len() + continued.tokens.len() >= self.settings.max_new_tokens;
+        Ok(StepTokens {
+            tokens: continued.tokens,
+            finished,
+        })
+    }
+
+    fn text(&self, generated: &[u32]) -> Result<String, SpecError> {
+        let text = self.call(LlamaCpp::new(self.endpoint()).detokenize(generated))?;
+        Ok(text.trim().to_owned())
+    }
+}
