@@ -338,21 +338,36 @@ impl EngineLm {
         &self.runtime
     }
 
-    /// Iterative RAG's steps for `question` on the engine (`/v1/ralm`); needs a llama.cpp
-    /// server (token ids in and out).
+    /// Iterative RAG's steps for `question` on the engine (`/v1/ralm`).
     pub fn ralm(
         &self,
         question: &str,
         settings: hasten_spec_retrieval::ralm::RalmSettings,
     ) -> Result<crate::ralm::EngineRalm<'_>, hasten_spec_retrieval::SpecError> {
-        if self.scoring.get() != Some(&Scoring::LlamaCppForcedTokens) {
-            return Err(hasten_spec_retrieval::SpecError::InvalidRequest(
-                "iterative RAG on an engine needs llama.cpp's server (token ids in and out), \
-                 and this edge's engine is not one or was not reached yet"
-                    .into(),
-            ));
-        }
+        self.takes_token_ids()?;
         crate::ralm::EngineRalm::new(self, question, settings)
+    }
+
+    /// A multi-hop agent with `hops` hops on the engine (`/v1/spechop`).
+    pub fn hop_agent(
+        &self,
+        hops: usize,
+    ) -> Result<crate::hop::EngineHopAgent<'_>, hasten_spec_retrieval::SpecError> {
+        self.takes_token_ids()?;
+        Ok(crate::hop::EngineHopAgent::new(self, hops))
+    }
+
+    /// Iterative and multi-hop RAG step through token ids, which only llama.cpp's server
+    /// takes and returns here.
+    fn takes_token_ids(&self) -> Result<(), hasten_spec_retrieval::SpecError> {
+        if self.scoring.get() == Some(&Scoring::LlamaCppForcedTokens) {
+            return Ok(());
+        }
+        Err(hasten_spec_retrieval::SpecError::InvalidRequest(
+            "iterative and multi-hop RAG on an engine need llama.cpp's server (token ids in and \
+             out), and this edge's engine is not one or was not reached yet"
+                .into(),
+        ))
     }
 
     /// The verifier engine's verdicts on `(rationale, answer)` drafts of `question`, as

@@ -14,6 +14,7 @@
 mod backend;
 mod endpoint;
 mod error;
+pub mod hop;
 mod llama_cpp;
 pub mod ralm;
 pub mod speculative;

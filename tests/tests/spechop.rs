@@ -13,8 +13,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_tests::answering::{Answering, small_model, start_answering, with_model};
+use hasten_tests::answering::{
+    Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server,
+    wait_engine_detected, with_engine, with_model,
+};
 use hasten_tests::edge::post_json;
+use hasten_tests::persistent_work_dir;
 use serde_json::{Value, json};
 
 async fn spechop(http: &reqwest::Client, edge: &str, body: Value) -> Value {
@@ -115,4 +119,49 @@ async fn spechop_on_the_edge_follows_the_sequential_agent() {
         assert_eq!(status, 400, "{body}: {reply}");
         assert_eq!(reply["error"]["field"], field, "{body}: {reply}");
     }
+}
+
+/// The same agent on llama.cpp's server (`lm_engine_url`): each line the engine's greedy
+/// continuation of the prompt's token ids, so SpecHop with the strict verifier still
+/// follows the sequential agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spechop_on_an_engine_follows_the_sequential_agent() {
+    let Some(model) = small_model() else { return };
+    let work = persistent_work_dir("spechop-engine").unwrap();
+    let Some(engine) = start_llama_server(&work, "llama-server", &model) else {
+        return;
+    };
+    let Answering {
+        cloud: _cloud,
+        edge,
+        bundle_dir,
+        ..
+    } = start_answering(
+        "spechop-engine",
+        "spechop-engine-edge",
+        &with_engine(&engine.addr("http_addr"), ENGINE_MODEL),
+    );
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    wait_engine_detected(&http, &addr).await;
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = &bundle.questions[1].question;
+    let spec = spechop(&http, &addr, json!({"question": question, "threads": 2})).await;
+    let sequential = spechop(
+        &http,
+        &addr,
+        json!({"question": question, "speculate": false}),
+    )
+    .await;
+    assert_same_run(&spec, &sequential, "on the engine, 2 threads");
+    assert_eq!(
+        sequential["hops"].as_array().unwrap().len(),
+        2,
+        "{sequential}"
+    );
+    assert!(stat(&spec, "speculated") >= 2, "{spec}");
+    assert!(
+        !sequential["answer"].as_str().unwrap().is_empty(),
+        "{sequential}"
+    );
 }

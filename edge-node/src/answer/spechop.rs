@@ -16,9 +16,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::post;
-use hasten_lm::LanguageModel;
 use hasten_spec_retrieval::hop::{
-    Hop, HopOutcome, HopSettings, HopSpeculator, HopStats, LmHopAgent, Verifier,
+    Hop, HopAgent, HopOutcome, HopSettings, HopSpeculator, HopStats, LmHopAgent, Verifier,
     run_sequential_agent, run_spechop,
 };
 use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument, SpecError};
@@ -166,12 +165,6 @@ impl AnswerService {
         let started = std::time::Instant::now();
         let (outcome, queued_ms) = self
             .on_iterative_model(move |model, service, engine| {
-                let IterativeModel::Local(model) = model else {
-                    return Err(EdgeError::NoLanguageModel(
-                        "SpecHop runs on a model loaded here (`lm_model`); on an engine only \
-                         /v1/ralm is served so far",
-                    ));
-                };
                 run(model, service, engine, tenant, &input)
             })
             .instrument(span)
@@ -189,13 +182,20 @@ impl AnswerService {
 }
 
 fn run(
-    model: &LanguageModel,
+    model: &IterativeModel,
     service: &EdgeService,
     engine: EngineHandle,
     tenant: Tenant,
     input: &SpecHopInput,
 ) -> Result<HopOutcome, EdgeError> {
-    let agent = LmHopAgent::new(model, input.settings.max_hops);
+    let agent: Box<dyn HopAgent + '_> = match model {
+        IterativeModel::Local(model) => Box::new(LmHopAgent::new(model, input.settings.max_hops)),
+        IterativeModel::Engine(engine) => Box::new(
+            engine
+                .hop_agent(input.settings.max_hops)
+                .map_err(edge_error)?,
+        ),
+    };
     let encoder = service.encoder().as_ref();
     let exact: Arc<dyn ExactRetriever> = Arc::new(CachingCloudRetriever {
         engine: engine.clone(),
@@ -203,14 +203,14 @@ fn run(
     });
     match input.speculation {
         None => run_sequential_agent(
-            &agent,
+            agent.as_ref(),
             &input.question,
             encoder,
             exact.as_ref(),
             &input.settings,
         ),
         Some((threads, verifier)) => run_spechop(
-            &agent,
+            agent.as_ref(),
             &input.question,
             encoder,
             &exact,

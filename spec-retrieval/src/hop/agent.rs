@@ -17,7 +17,9 @@ next search query on one line, or the final answer on one line when asked for it
 const READ_INSTRUCTION: &str =
     "Answer the search query from the documents in a few words, on one line.";
 /// Tokens of one document in the reading prompt.
-const DOCUMENT_TOKENS: usize = 160;
+pub const DOCUMENT_TOKENS: usize = 160;
+/// Most tokens of a sub-query, a sub-answer or the answer.
+pub const LINE_TOKENS: usize = 24;
 
 /// [`HopAgent`] on a local model with a fixed number of hops.
 pub struct LmHopAgent<'a> {
@@ -32,7 +34,7 @@ impl<'a> LmHopAgent<'a> {
         Self {
             model,
             hops,
-            line_tokens: 24,
+            line_tokens: LINE_TOKENS,
         }
     }
 
@@ -57,19 +59,7 @@ impl<'a> LmHopAgent<'a> {
             |_, _| ControlFlow::Continue(()),
         )?;
         let tokens = results.pop().map(|r| r.tokens).unwrap_or_default();
-        let text = tokenizer.decode(&tokens)?;
-        Ok(text.lines().next().unwrap_or("").trim().to_owned())
-    }
-
-    fn transcript(question: &str, hops: &[Hop]) -> String {
-        let mut text = format!("Question: {question}\n");
-        for hop in hops {
-            text.push_str(&format!(
-                "Search: {}\nFound: {}\n",
-                hop.query, hop.sub_answer
-            ));
-        }
-        text
+        Ok(first_line(&tokenizer.decode(&tokens)?))
     }
 
     fn clip(&self, text: &str) -> Result<String> {
@@ -84,27 +74,8 @@ impl<'a> LmHopAgent<'a> {
 impl HopAgent for LmHopAgent<'_> {
     fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> Result<Action> {
         let answer = must_answer || hops.len() >= self.hops;
-        let (ask, prefix) = if answer {
-            ("Give the final answer.", "Answer:")
-        } else {
-            ("Write the next search query.", "Search:")
-        };
-        let messages = [
-            ChatMessage::new(Role::System, PLAN_INSTRUCTION),
-            ChatMessage::new(
-                Role::User,
-                format!("{}\n{ask}", Self::transcript(question, hops)),
-            ),
-        ];
-        let line = self.line(&messages, prefix)?;
-        Ok(if answer {
-            Action::Answer(line)
-        } else if line.is_empty() {
-            // An empty query would retrieve at random: search the question itself instead.
-            Action::Search(question.to_owned())
-        } else {
-            Action::Search(line)
-        })
+        let (messages, prefix) = plan_prompt(question, hops, answer);
+        Ok(action(question, answer, self.line(&messages, prefix)?))
     }
 
     fn read(
@@ -114,22 +85,74 @@ impl HopAgent for LmHopAgent<'_> {
         query: &str,
         documents: &[RetrievedDocument],
     ) -> Result<String> {
-        if documents.is_empty() {
-            return Err(SpecError::NoDocument);
-        }
-        let mut user = String::new();
-        for document in documents {
-            user.push_str(&format!(
-                "Document: {}\n{}\n\n",
-                document.title,
-                self.clip(&document.text)?
-            ));
-        }
-        user.push_str(&format!("Question: {question}\nSearch query: {query}"));
-        let messages = [
-            ChatMessage::new(Role::System, READ_INSTRUCTION),
-            ChatMessage::new(Role::User, user),
-        ];
-        self.line(&messages, "")
+        let clipped = documents
+            .iter()
+            .map(|d| Ok((d.title.as_ref(), self.clip(&d.text)?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.line(&read_prompt(question, query, &clipped)?, "")
     }
+}
+
+/// The planning prompt after `hops`, and the start forced on the reply: a search query, or
+/// the final answer when `answer`.
+pub fn plan_prompt(question: &str, hops: &[Hop], answer: bool) -> (Vec<ChatMessage>, &'static str) {
+    let (ask, prefix) = if answer {
+        ("Give the final answer.", "Answer:")
+    } else {
+        ("Write the next search query.", "Search:")
+    };
+    let messages = vec![
+        ChatMessage::new(Role::System, PLAN_INSTRUCTION),
+        ChatMessage::new(Role::User, format!("{}\n{ask}", transcript(question, hops))),
+    ];
+    (messages, prefix)
+}
+
+/// The move a planning line stands for.
+pub fn action(question: &str, answer: bool, line: String) -> Action {
+    if answer {
+        Action::Answer(line)
+    } else if line.is_empty() {
+        // An empty query would retrieve at random: search the question itself instead.
+        Action::Search(question.to_owned())
+    } else {
+        Action::Search(line)
+    }
+}
+
+/// The reading prompt: each document (title and text, already cut to
+/// [`DOCUMENT_TOKENS`]), the question and the hop's query.
+pub fn read_prompt(
+    question: &str,
+    query: &str,
+    documents: &[(&str, String)],
+) -> Result<Vec<ChatMessage>> {
+    if documents.is_empty() {
+        return Err(SpecError::NoDocument);
+    }
+    let mut user = String::new();
+    for (title, text) in documents {
+        user.push_str(&format!("Document: {title}\n{text}\n\n"));
+    }
+    user.push_str(&format!("Question: {question}\nSearch query: {query}"));
+    Ok(vec![
+        ChatMessage::new(Role::System, READ_INSTRUCTION),
+        ChatMessage::new(Role::User, user),
+    ])
+}
+
+/// The first line of what the model wrote.
+pub fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or("").trim().to_owned()
+}
+
+fn transcript(question: &str, hops: &[Hop]) -> String {
+    let mut text = format!("Question: {question}\n");
+    for hop in hops {
+        text.push_str(&format!(
+            "Search: {}\nFound: {}\n",
+            hop.query, hop.sub_answer
+        ));
+    }
+    text
 }

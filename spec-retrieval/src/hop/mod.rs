@@ -15,7 +15,9 @@ mod run;
 mod tests;
 mod verify;
 
-pub use agent::LmHopAgent;
+pub use agent::{
+    DOCUMENT_TOKENS, LINE_TOKENS, LmHopAgent, action, first_line, plan_prompt, read_prompt,
+};
 pub use run::{run_sequential_agent, run_spechop};
 pub use verify::{Verifier, token_set_jaccard};
 

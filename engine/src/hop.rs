@@ -1,0 +1,87 @@
+//! SpecHop's agent on llama.cpp's server ([`EngineHopAgent`]): the same prompts as the
+//! in-process agent (`hasten_spec_retrieval::hop`), each line the engine's greedy
+//! continuation of the prompt's token ids, computed from scratch (see [`crate::ralm`]), so
+//! equal inputs give equal moves and speculation stays lossless.
+
+use hasten_spec_retrieval::hop::{
+    Action, DOCUMENT_TOKENS, Hop, HopAgent, LINE_TOKENS, action, first_line, plan_prompt,
+    read_prompt,
+};
+use hasten_spec_retrieval::{RetrievedDocument, SpecError};
+
+use crate::EngineLm;
+use crate::error::EngineError;
+use crate::llama_cpp::LlamaCpp;
+
+/// A multi-hop agent with a fixed number of hops, on the engine.
+pub struct EngineHopAgent<'a> {
+    engine: &'a EngineLm,
+    hops: usize,
+}
+
+impl<'a> EngineHopAgent<'a> {
+    pub fn new(engine: &'a EngineLm, hops: usize) -> Self {
+        Self { engine, hops }
+    }
+
+    fn call<T>(&self, work: impl Future<Output = Result<T, EngineError>>) -> Result<T, SpecError> {
+        self.engine
+            .runtime()
+            .block_on(work)
+            .map_err(|error| SpecError::Generation {
+                endpoint: self.engine.url().to_string(),
+                retryable: error.is_retryable(),
+                source: Box::new(error),
+            })
+    }
+
+    /// One greedy line after `messages` and a forced start of the reply (`prefix`).
+    fn line(
+        &self,
+        messages: &[hasten_rag::ChatMessage],
+        prefix: &str,
+    ) -> Result<String, SpecError> {
+        let api = LlamaCpp::new(self.engine.generation_endpoint());
+        self.call(async {
+            let rendered = api.render(messages).await?;
+            let mut prompt = api.tokenize(&rendered, true).await?;
+            prompt.extend(api.tokenize(prefix, false).await?);
+            let continued = api.continue_greedy(&prompt, LINE_TOKENS).await?;
+            Ok(first_line(&api.detokenize(&continued.tokens).await?))
+        })
+    }
+
+    /// `text` cut to [`DOCUMENT_TOKENS`] of the engine's tokens.
+    fn clip(&self, text: &str) -> Result<String, SpecError> {
+        let api = LlamaCpp::new(self.engine.generation_endpoint());
+        self.call(async {
+            let tokens = api.tokenize(text, false).await?;
+            if tokens.len() <= DOCUMENT_TOKENS {
+                return Ok(text.to_owned());
+            }
+            api.detokenize(&tokens[..DOCUMENT_TOKENS]).await
+        })
+    }
+}
+
+impl HopAgent for EngineHopAgent<'_> {
+    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> Result<Action, SpecError> {
+        let answer = must_answer || hops.len() >= self.hops;
+        let (messages, prefix) = plan_prompt(question, hops, answer);
+        Ok(action(question, answer, self.line(&messages, prefix)?))
+    }
+
+    fn read(
+        &self,
+        question: &str,
+        _hops: &[Hop],
+        query: &str,
+        documents: &[RetrievedDocument],
+    ) -> Result<String, SpecError> {
+        let clipped = documents
+            .iter()
+            .map(|d| Ok((d.title.as_ref(), self.clip(&d.text)?)))
+            .collect::<Result<Vec<_>, SpecError>>()?;
+        self.line(&read_prompt(question, query, &clipped)?, "")
+    }
+}
