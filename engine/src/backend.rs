@@ -357,10 +357,14 @@ impl EngineLm {
         Ok(crate::hop::EngineHopAgent::new(self, hops))
     }
 
-    /// Iterative and multi-hop RAG step through token ids, which only llama.cpp's server
-    /// takes and returns here.
+    /// Whether iterative and multi-hop RAG can step on the engine: they go through token
+    /// ids, which only llama.cpp's server takes and returns here (known once it was reached).
+    pub fn steps_token_ids(&self) -> bool {
+        self.scoring.get() == Some(&Scoring::LlamaCppForcedTokens)
+    }
+
     fn takes_token_ids(&self) -> Result<(), hasten_spec_retrieval::SpecError> {
-        if self.scoring.get() == Some(&Scoring::LlamaCppForcedTokens) {
+        if self.steps_token_ids() {
             return Ok(());
         }
         Err(hasten_spec_retrieval::SpecError::InvalidRequest(

@@ -123,6 +123,14 @@ impl AnswerService {
             "iterative RAG runs on a model loaded here (`lm_model`) or on a llama.cpp engine \
              (`lm_engine_url`)",
         ))?;
+        if let IterativeModel::Engine(engine) = &model
+            && !engine.steps_token_ids()
+        {
+            return Err(EdgeError::NoLanguageModel(
+                "iterative RAG on an engine steps through token ids, which only llama.cpp's \
+                 server takes here: this edge's engine is another, or was not reached yet",
+            ));
+        }
         let started = Instant::now();
         let permit = self.queue.enter().await.map_err(super::queue_error)?;
         let queued_ms = started.elapsed().as_secs_f64() * 1e3;
