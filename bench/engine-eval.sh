@@ -3,7 +3,7 @@
 # over SQuAD-dev's articles, one edge generating in process (`lm_model`) and one generating on
 # llama.cpp's own server (`lm_engine_url`, the xllamacpp wheel `make clients` installs), both
 # serving SmolLM2-135M-Instruct Q4_1 on this machine's cores (2 threads each; the questions go
-# one at a time, so they never compete). bench/engine_eval.py asks every question of both
+# one at a time, so they never compete). bench/answer_eval.py asks every question of both
 # edges in turn and scores the answers. Writes run/engine-eval/report.json.
 #
 # usage: bench/engine-eval.sh [--limit N] [--k K]    (default 100 questions, k = 5)
@@ -50,6 +50,6 @@ start_edge() {
 start_edge in-process --lm-model "$model"
 start_edge engine --lm-engine-url "http://$(field "$run/llama.ready" http_addr)/v1" --lm-engine-model smollm2
 echo "edges ready; asking" >&2
-python3 bench/engine_eval.py --edge "in-process=$(field "$run/in-process.ready" http_addr)" \
+python3 bench/answer_eval.py --edge "in-process=$(field "$run/in-process.ready" http_addr)" \
   --edge "engine=$(field "$run/engine.ready" http_addr)" --questions "$bundle/questions.jsonl" \
   --out "$run/report.json" "$@"

@@ -8,7 +8,7 @@
 //! ([`hasten_rag::prompt::standard_messages`]). Sampling, stop strings and `max_tokens` carry
 //! through; a client that leaves closes the upstream request, which a streaming engine reads
 //! as a cancellation. Speculative RAG drafts on a drafter engine and verifies on the main one
-//! ([`speculative`]), where that engine gives log-probabilities of text it did not write
+//! (`speculative`), where that engine gives log-probabilities of text it did not write
 //! ([`Scoring`]).
 
 mod backend;
@@ -17,7 +17,7 @@ mod error;
 pub mod hop;
 mod llama_cpp;
 pub mod ralm;
-pub mod speculative;
+mod speculative;
 mod wire;
 
 pub use backend::{ApiKey, EngineLm, EngineSettings, Scoring};

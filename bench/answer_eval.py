@@ -4,7 +4,7 @@ exact match, F1 and containment against the gold answers (SQuAD v1.1's normalisa
 definition hasten_rag::eval implements), and each answer's latency as its client sees it
 (time to the first text and to the end of the stream).
 
-usage: engine_eval.py --edge NAME=HOST:PORT [--edge ...] --questions FILE [--limit 100]
+usage: answer_eval.py --edge NAME=HOST:PORT [--edge ...] --questions FILE [--limit 100]
                       [--k 5] [--max-tokens 32] --out REPORT.json
 
 Questions are JSON lines with `question` and `answers`; `--limit` takes them evenly spread
