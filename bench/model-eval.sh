@@ -21,29 +21,15 @@ mkdir -p "$run"
 bundle=$run/bundle
 [ -d "$bundle" ] || "$bin/cloud-index" build --squad "$data/squad-dev-v1.1-visible.json" --out "$bundle"
 
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-wait_ready() { for _ in $(seq 6000); do [ -s "$1" ] && return; sleep 0.1; done; echo "$1 never came" >&2; exit 1; }
-field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
-
-rm -f "$run"/*.ready "$run"/cloud.pem
-"$bin/cloud-index" serve --bundle "$bundle" --quic-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
-  --metrics-addr 127.0.0.1:0 --dev-cert-out "$run/cloud.pem" --ready-file "$run/cloud.ready" \
-  > "$run/cloud.log" 2>&1 &
-pids+=($!)
-wait_ready "$run/cloud.ready"
+. bench/loopback.sh
+start_cloud "$bin" "$bundle"
 edges=()
 for pair in smollm2-135m:SmolLM2-135M-Instruct.Q4_1.gguf \
   qwen2.5-coder-0.5b:qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
   qwen2.5-coder-1.5b:qwen2.5-coder-1.5b-instruct-q4_k_m.gguf; do
   name=${pair%%:*} file=$HASTEN_LM_DIR/${pair#*:}
   [ -f "$file" ] || { echo "$file not installed (make models-large): skipping $name" >&2; continue; }
-  RAYON_NUM_THREADS=2 "$bin/edge-node" serve --bundle "$bundle" \
-    --cloud-addr "$(field "$run/cloud.ready" quic_addr)" --cloud-ca "$run/cloud.pem" \
-    --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --lm-model "$file" \
-    --ready-file "$run/$name.ready" > "$run/$name.log" 2>&1 &
-  pids+=($!)
-  wait_ready "$run/$name.ready"
+  start_edge "$bin" "$bundle" "$name" --lm-model "$file"
   edges+=(--edge "$name=$(field "$run/$name.ready" http_addr)")
 done
 echo "edges ready; asking" >&2

@@ -147,3 +147,24 @@ pub async fn wait_engine_detected(http: &reqwest::Client, edge: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A llama.cpp server on the small model and a cloud index with an edge generating on it.
+pub struct OnEngine {
+    pub engine: ManagedProcess,
+    pub answering: Answering,
+}
+
+/// Starts [`start_llama_server`] and an edge on it ([`start_answering`] with
+/// [`with_engine`]) in the work directory `work_name`; `None`, saying why, without the
+/// model or the server.
+pub fn start_on_engine(work_name: &str, edge_name: &str) -> Option<OnEngine> {
+    let model = small_model()?;
+    let work = persistent_work_dir(work_name).unwrap();
+    let engine = start_llama_server(&work, "llama-server", &model)?;
+    let answering = start_answering(
+        work_name,
+        edge_name,
+        &with_engine(&engine.addr("http_addr"), ENGINE_MODEL),
+    );
+    Some(OnEngine { engine, answering })
+}

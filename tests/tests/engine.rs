@@ -16,8 +16,8 @@ use hasten_rag::Document;
 use hasten_rag::prompt::{VERIFY_INSTRUCTION, draft_text, standard_messages};
 use hasten_rag::verify::verify;
 use hasten_tests::answering::{
-    Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server,
-    wait_engine_detected, with_engine,
+    Answering, ENGINE_MODEL, OnEngine, small_model, start_answering, start_llama_server,
+    start_on_engine, wait_engine_detected, with_engine,
 };
 use hasten_tests::edge::post_json;
 use hasten_tests::persistent_work_dir;
@@ -57,22 +57,20 @@ async fn engine_metric(engine: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_answers_through_a_llama_cpp_server() {
-    let Some(model) = small_model() else { return };
-    let work = persistent_work_dir("engine").unwrap();
-    let Some(engine) = start_llama_server(&work, "llama-server", &model) else {
+    let Some(OnEngine {
+        engine,
+        answering:
+            Answering {
+                cloud: _cloud,
+                edge,
+                bundle_dir,
+                ..
+            },
+    }) = start_on_engine("engine", "engine-edge")
+    else {
         return;
     };
     let engine_addr = engine.addr("http_addr");
-    let Answering {
-        cloud: _cloud,
-        edge,
-        bundle_dir,
-        ..
-    } = start_answering(
-        "engine",
-        "engine-edge",
-        &with_engine(&engine_addr, ENGINE_MODEL),
-    );
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();

@@ -9,11 +9,10 @@
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::answering::{
-    Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server,
-    wait_engine_detected, with_engine, with_model,
+    Answering, OnEngine, small_model, start_answering, start_on_engine, wait_engine_detected,
+    with_model,
 };
 use hasten_tests::edge::post_json;
-use hasten_tests::persistent_work_dir;
 use serde_json::{Value, json};
 
 async fn ralm(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {
@@ -115,21 +114,19 @@ async fn check_lossless(
 /// sequential run's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ralmspec_on_an_engine_answers_as_the_sequential_run() {
-    let Some(model) = small_model() else { return };
-    let work = persistent_work_dir("ralm-engine").unwrap();
-    let Some(engine) = start_llama_server(&work, "llama-server", &model) else {
+    let Some(OnEngine {
+        engine: _engine,
+        answering:
+            Answering {
+                cloud: _cloud,
+                edge,
+                bundle_dir,
+                ..
+            },
+    }) = start_on_engine("ralm-engine", "ralm-engine-edge")
+    else {
         return;
     };
-    let Answering {
-        cloud: _cloud,
-        edge,
-        bundle_dir,
-        ..
-    } = start_answering(
-        "ralm-engine",
-        "ralm-engine-edge",
-        &with_engine(&engine.addr("http_addr"), ENGINE_MODEL),
-    );
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     wait_engine_detected(&http, &addr).await;

@@ -14,11 +14,10 @@
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::answering::{
-    Answering, ENGINE_MODEL, small_model, start_answering, start_llama_server,
-    wait_engine_detected, with_engine, with_model,
+    Answering, OnEngine, small_model, start_answering, start_on_engine, wait_engine_detected,
+    with_model,
 };
 use hasten_tests::edge::post_json;
-use hasten_tests::persistent_work_dir;
 use serde_json::{Value, json};
 
 async fn spechop(http: &reqwest::Client, edge: &str, body: Value) -> Value {
@@ -126,21 +125,19 @@ async fn spechop_on_the_edge_follows_the_sequential_agent() {
 /// follows the sequential agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spechop_on_an_engine_follows_the_sequential_agent() {
-    let Some(model) = small_model() else { return };
-    let work = persistent_work_dir("spechop-engine").unwrap();
-    let Some(engine) = start_llama_server(&work, "llama-server", &model) else {
+    let Some(OnEngine {
+        engine: _engine,
+        answering:
+            Answering {
+                cloud: _cloud,
+                edge,
+                bundle_dir,
+                ..
+            },
+    }) = start_on_engine("spechop-engine", "spechop-engine-edge")
+    else {
         return;
     };
-    let Answering {
-        cloud: _cloud,
-        edge,
-        bundle_dir,
-        ..
-    } = start_answering(
-        "spechop-engine",
-        "spechop-engine-edge",
-        &with_engine(&engine.addr("http_addr"), ENGINE_MODEL),
-    );
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     wait_engine_detected(&http, &addr).await;
