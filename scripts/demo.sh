@@ -48,9 +48,14 @@ print(f"2 replicated HaS edges: DAR {shared['dar']:.3f}, {shared['cross_edge_acc
 SUMMARY
 
 lm_dir=${HASTEN_LM_DIR:-models/lm}
-lm_model=$lm_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+lm_drafter=$lm_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+lm_model=$lm_drafter
+# The 0.5B model answers far better at twice the time (bench/README.md, "Answering models
+# side by side": F1 0.368 against 0.087); used when `make models-large` installed it.
+[ -f "$lm_dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" ] && lm_model=$lm_dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 echo
-echo "answers through /v1/answer: a cloud index and one edge answering with $(basename "$lm_model") (drafter and verifier)"
+echo "answers through /v1/answer: a cloud index and one edge answering with $(basename "$lm_model"), drafts by $(basename "$lm_drafter")"
+[ "$lm_model" = "$lm_drafter" ] && echo "(the 135M model rarely answers right; \`make models-large\` installs a 0.5B model this demo then uses)"
 rm -f "$run"/answer-*.ready "$run"/answer-cloud.pem
 "$bin/cloud-index" serve --bundle "$bundle" --quic-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
   --metrics-addr 127.0.0.1:0 --dev-cert-out "$run/answer-cloud.pem" --ready-file "$run/answer-cloud.ready" \
@@ -60,23 +65,32 @@ trap 'kill $cloud_pid ${edge_pid:-} 2>/dev/null || true' EXIT
 for _ in $(seq 600); do [ -s "$run/answer-cloud.ready" ] && break; sleep 0.1; done
 quic=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["quic_addr"])' "$run/answer-cloud.ready")
 "$bin/edge-node" serve --bundle "$bundle" --cloud-addr "$quic" --cloud-ca "$run/answer-cloud.pem" \
-  --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --lm-model "$lm_model" \
+  --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --lm-model "$lm_model" --lm-drafter "$lm_drafter" \
   --ready-file "$run/answer-edge.ready" > "$run/answer-edge.log" 2>&1 &
 edge_pid=$!
 for _ in $(seq 1200); do [ -s "$run/answer-edge.ready" ] && break; sleep 0.1; done
 edge=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http_addr"])' "$run/answer-edge.ready")
 python3 - "$edge" "$bundle/questions.jsonl" <<'ANSWERS'
 import json, sys, urllib.request
+sys.path.insert(0, "bench")
+from answer_eval import score
 edge, questions = sys.argv[1], sys.argv[2]
 asked = [json.loads(line) for line in open(questions)][:2]
+scores = {"standard": [], "speculative": []}
 for q in asked:
     for mode in ("standard", "speculative"):
         body = json.dumps({"question": q["question"], "k": 5, "mode": mode, "max_tokens": 32}).encode()
         request = urllib.request.Request(f"http://{edge}/v1/answer", body, {"Content-Type": "application/json"})
         reply = json.load(urllib.request.urlopen(request, timeout=300))
         t = reply["timings"]
-        print(f"[{mode:>11}] {q['question']}\n              -> {reply['answer'].strip()!r} (gold: {q['answers'][0]!r})")
+        scored = score(reply["answer"], q["answers"])
+        scores[mode].append(scored)
+        print(f"[{mode:>11}] {q['question']}\n              -> {reply['answer'].strip()!r} (gold: {q['answers'][0]!r}; "
+              f"EM {scored['em']:.0f}, F1 {scored['f1']:.2f})")
         print(f"              retrieve {t['retrieve_ms']:.0f} ms ({reply['retrieval']}), prefill {t['prefill_ms']:.0f} ms, "
               f"first token {t['first_token_ms']:.0f} ms, decode {t['decode_ms']:.0f} ms, verify {t['verify_ms']:.0f} ms, "
               f"total {t['total_ms']:.0f} ms, {reply['generated_tokens']} tokens")
+for mode, rows in scores.items():
+    print(f"{mode}: EM {sum(r['em'] for r in rows) / len(rows):.2f}, F1 {sum(r['f1'] for r in rows) / len(rows):.2f} "
+          f"over {len(rows)} questions (too few to rank anything; see bench/README.md for 100-question runs)")
 ANSWERS
