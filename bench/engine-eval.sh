@@ -12,27 +12,18 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-. bench/models.sh
-target=$(cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-bin=$target/release
-data=${DATA_DIR:-../shared/data}
 tools=${TOOLS_DIR:-models/tools}
 llama_python=${HASTEN_LLAMA_SERVER_PYTHON:-$tools/llama-server-venv/bin/python}
 run=run/engine-eval
-mkdir -p "$run"
-bundle=$run/bundle
-[ -d "$bundle" ] || "$bin/cloud-index" build --squad "$data/squad-dev-v1.1-visible.json" --out "$bundle"
-
 . bench/loopback.sh
 rm -f "$run"/llama.ready
 "$llama_python" tests/clients/llama_server.py "$model" --alias smollm2 --parallel 1 --ctx 4096 \
   --threads 2 --ready-file "$run/llama.ready" > "$run/llama.log" 2>&1 &
 pids+=($!)
-start_cloud "$bin" "$bundle"
+start_cloud
 wait_ready "$run/llama.ready"
-start_edge "$bin" "$bundle" in-process --lm-model "$model"
-start_edge "$bin" "$bundle" engine --lm-engine-url "http://$(field "$run/llama.ready" http_addr)/v1" \
+start_edge in-process --lm-model "$model"
+start_edge engine --lm-engine-url "http://$(field "$run/llama.ready" http_addr)/v1" \
   --lm-engine-model smollm2
 echo "edges ready; asking" >&2
 python3 bench/answer_eval.py --edge "in-process=$(field "$run/in-process.ready" http_addr)" \

@@ -11,25 +11,16 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-. bench/models.sh
-target=$(cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-bin=$target/release
-data=${DATA_DIR:-../shared/data}
 run=run/model-eval
-mkdir -p "$run"
-bundle=$run/bundle
-[ -d "$bundle" ] || "$bin/cloud-index" build --squad "$data/squad-dev-v1.1-visible.json" --out "$bundle"
-
 . bench/loopback.sh
-start_cloud "$bin" "$bundle"
+start_cloud
 edges=()
 for pair in smollm2-135m:SmolLM2-135M-Instruct.Q4_1.gguf \
   qwen2.5-coder-0.5b:qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
   qwen2.5-coder-1.5b:qwen2.5-coder-1.5b-instruct-q4_k_m.gguf; do
   name=${pair%%:*} file=$HASTEN_LM_DIR/${pair#*:}
   [ -f "$file" ] || { echo "$file not installed (make models-large): skipping $name" >&2; continue; }
-  start_edge "$bin" "$bundle" "$name" --lm-model "$file"
+  start_edge "$name" --lm-model "$file"
   edges+=(--edge "$name=$(field "$run/$name.ready" http_addr)")
 done
 echo "edges ready; asking" >&2

@@ -18,7 +18,7 @@ use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::llama_cpp::LlamaCpp;
 use crate::speculative::{Engines, draft_all, judge_and_answer};
-use crate::wire::{ChatRequest, Message, ModelList, StreamOptions, Usage};
+use crate::wire::{self, ChatRequest, ModelList, StreamOptions, Usage};
 
 /// How often a call in flight looks whether its caller went away.
 const CANCEL_CHECK: Duration = Duration::from_millis(50);
@@ -204,13 +204,7 @@ impl EngineLm {
         let messages = standard_messages(&request.question, &documents, &request.conversation);
         let body = ChatRequest {
             model: &self.generation.model,
-            messages: messages
-                .iter()
-                .map(|m| Message {
-                    role: m.role.name(),
-                    content: &m.content,
-                })
-                .collect(),
+            messages: wire::messages(&messages),
             stream: true,
             stream_options: StreamOptions {
                 include_usage: true,
@@ -442,7 +436,7 @@ impl LmBackend for EngineLm {
 /// An engine's failure as an answer's: a refused prompt is the request's error (the engine
 /// alone knows whether it fits its context); anything else is the engine's, retryable when
 /// it is down, busy or slow.
-pub fn failed(engine: &str, error: EngineError) -> RagError {
+pub(crate) fn failed(engine: &str, error: EngineError) -> RagError {
     if let EngineError::Status {
         status: 400,
         message,

@@ -78,10 +78,7 @@ impl HopAgent for EngineHopAgent<'_> {
         query: &str,
         documents: &[RetrievedDocument],
     ) -> Result<String, SpecError> {
-        let clipped = documents
-            .iter()
-            .map(|d| Ok((d.title.as_ref(), self.clip(&d.text)?)))
-            .collect::<Result<Vec<_>, SpecError>>()?;
-        self.line(&read_prompt(question, query, &clipped)?, "")
+        let messages = read_prompt(question, query, documents, |text| self.clip(text))?;
+        self.line(&messages, "")
     }
 }

@@ -9,8 +9,8 @@ use hasten_rag::ChatMessage;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::wire::{
-    ApplyTemplate, Completion, Detokenize, Detokenized, ForcedCompletion, GreedyCompletion,
-    GreedyContinuation, Message, Rendered, Tokenize, Tokens,
+    self, ApplyTemplate, Completion, Detokenize, Detokenized, ForcedCompletion, GreedyCompletion,
+    GreedyContinuation, Rendered, Tokenize, Tokens,
 };
 
 /// Tokens a greedy continuation wrote, and whether the model ended its turn with them (the
@@ -42,13 +42,7 @@ impl<'a> LlamaCpp<'a> {
     /// `messages` as the model's chat template lays them out, the assistant's turn opened.
     pub async fn render(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
         let body = ApplyTemplate {
-            messages: messages
-                .iter()
-                .map(|m| Message {
-                    role: m.role.name(),
-                    content: &m.content,
-                })
-                .collect(),
+            messages: wire::messages(messages),
         };
         let url = format!("{}/apply-template", self.endpoint.root);
         let rendered: Rendered = self.endpoint.post_json(&url, &body).await?;

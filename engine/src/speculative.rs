@@ -12,7 +12,7 @@ use hasten_rag::prompt::{
     RATIONALE_PREFIX, REFLECTION_STATEMENT, REFLECTION_YES, draft_text, drafter_messages,
     verifier_messages,
 };
-use hasten_rag::speculative::{UNJUDGED, choose, document_subsets, report, verdicts_needed};
+use hasten_rag::speculative::{UNJUDGED, document_subsets, reported, verdicts_needed};
 use hasten_rag::stop::cut_at_stop;
 use hasten_rag::verify::{Verdict, Verification};
 use hasten_rag::{
@@ -20,10 +20,11 @@ use hasten_rag::{
     Role,
 };
 
+use crate::backend::failed;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::llama_cpp::LlamaCpp;
-use crate::wire::{ChatRequest, Message, StreamOptions};
+use crate::wire::{self, ChatRequest, StreamOptions};
 
 /// One draft and what writing it cost.
 struct Written {
@@ -45,7 +46,7 @@ async fn write_draft(
     let messages = drafter_messages(question, &chosen);
     let body = ChatRequest {
         model: &drafter.model,
-        messages: wire_messages(&messages),
+        messages: wire::messages(&messages),
         stream: true,
         stream_options: StreamOptions {
             include_usage: true,
@@ -97,16 +98,6 @@ async fn write_draft(
         prompt_tokens,
         generated_tokens: logprobs.len(),
     })
-}
-
-fn wire_messages(messages: &[ChatMessage]) -> Vec<Message<'_>> {
-    messages
-        .iter()
-        .map(|m| Message {
-            role: m.role.name(),
-            content: &m.content,
-        })
-        .collect()
 }
 
 /// The verifier engine's verdicts on `(rationale, answer)` drafts, laid out as the local
@@ -196,7 +187,7 @@ pub async fn draft_all(
         )
     }))
     .await
-    .map_err(|error| engine_failed(engines.drafter, error))?;
+    .map_err(|error| failed(&engines.drafter.base, error))?;
     Ok(Drafted {
         drafting: DraftingTokens {
             prompt_tokens: written.iter().map(|w| w.prompt_tokens).sum(),
@@ -225,7 +216,7 @@ pub async fn judge_and_answer(
             .collect();
         let verification = verify(engines.verifier, &request.question, &pairs)
             .await
-            .map_err(|error| engine_failed(engines.verifier, error))?;
+            .map_err(|error| failed(&engines.verifier.base, error))?;
         (verification.verdicts, verification.tokens)
     } else {
         (vec![UNJUDGED; drafted.drafts.len()], 0)
@@ -235,16 +226,11 @@ pub async fn judge_and_answer(
     } else {
         Duration::ZERO
     };
-    let reports: Vec<_> = drafted
-        .drafts
-        .iter()
-        .zip(&verdicts)
-        .map(|(draft, verdict)| report(draft, *verdict))
-        .collect();
-    let best = &reports[choose(&reports, &request.speculative)?];
+    let (reports, chosen) = reported(&drafted.drafts, &verdicts, &request.speculative)?;
+    let best = &reports[chosen];
     let (text, answer_tokens, finish) = bounded_answer(engines.verifier, &best.answer, request)
         .await
-        .map_err(|error| engine_failed(engines.verifier, error))?;
+        .map_err(|error| failed(&engines.verifier.base, error))?;
     let total = started.elapsed();
     Ok(Answer {
         text,
@@ -288,9 +274,4 @@ async fn bounded_answer(
         kept.len(),
         Finish::Length,
     ))
-}
-
-/// An engine's failure as the answer's (see `EngineLm::failed`).
-pub fn engine_failed(endpoint: &Endpoint, error: EngineError) -> RagError {
-    crate::backend::failed(&endpoint.base, error)
 }

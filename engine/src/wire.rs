@@ -30,6 +30,17 @@ pub struct Message<'a> {
     pub content: &'a str,
 }
 
+/// Chat messages in their wire form, borrowing their text.
+pub fn messages(messages: &[hasten_rag::ChatMessage]) -> Vec<Message<'_>> {
+    messages
+        .iter()
+        .map(|m| Message {
+            role: m.role.name(),
+            content: &m.content,
+        })
+        .collect()
+}
+
 #[derive(Debug, Serialize)]
 pub struct StreamOptions {
     /// Asks for a last chunk with the request's token counts.

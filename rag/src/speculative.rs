@@ -56,13 +56,7 @@ pub fn answer_speculative(
         Duration::ZERO
     };
 
-    let reports: Vec<DraftReport> = drafting
-        .drafts
-        .iter()
-        .zip(&verdicts)
-        .map(|(draft, verdict)| report(draft, *verdict))
-        .collect();
-    let chosen = choose(&reports, settings)?;
+    let (reports, chosen) = reported(&drafting.drafts, &verdicts, settings)?;
     let best = &reports[chosen];
     tracing::debug!(chosen, score = best.score, "draft chosen");
     let (text, answer_tokens, finish) = bounded_answer(drafter, &best.answer, request)?;
@@ -199,8 +193,23 @@ fn judge(
     Ok((verification.verdicts, verification.tokens))
 }
 
+/// The drafts as reported with their verdicts, and the index of the one answered with.
+pub fn reported(
+    drafts: &[Draft],
+    verdicts: &[Verdict],
+    settings: &SpeculativeSettings,
+) -> Result<(Vec<DraftReport>, usize)> {
+    let reports: Vec<DraftReport> = drafts
+        .iter()
+        .zip(verdicts)
+        .map(|(draft, verdict)| report(draft, *verdict))
+        .collect();
+    let chosen = choose(&reports, settings)?;
+    Ok((reports, chosen))
+}
+
 /// A draft as reported, with the verifier's verdict and the score it is chosen by.
-pub fn report(draft: &Draft, verdict: Verdict) -> DraftReport {
+fn report(draft: &Draft, verdict: Verdict) -> DraftReport {
     DraftReport {
         documents: draft.documents.clone(),
         rationale: draft.rationale.clone(),
@@ -215,7 +224,7 @@ pub fn report(draft: &Draft, verdict: Verdict) -> DraftReport {
 /// The index of the final draft: the best score (the first of equals), or a seeded random
 /// one for the ablation. A draft with an empty answer (the drafter stopped at once, which
 /// also makes its log-probability 0, the highest possible) is only chosen when all are empty.
-pub fn choose(reports: &[DraftReport], settings: &SpeculativeSettings) -> Result<usize> {
+fn choose(reports: &[DraftReport], settings: &SpeculativeSettings) -> Result<usize> {
     let answered: Vec<usize> = (0..reports.len())
         .filter(|&i| !reports[i].answer.is_empty())
         .collect();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 
+use crate::edge::wait_for;
 use crate::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index, workspace_root,
 };
@@ -124,28 +125,18 @@ pub fn with_engine(addr: &str, model: &str) -> Vec<String> {
 /// Waits until the edge at `edge` has reached its engine and found how it scores drafts
 /// (`/v1/status` lists speculative among its modes).
 pub async fn wait_engine_detected(http: &reqwest::Client, edge: &str) {
-    let started = std::time::Instant::now();
-    loop {
-        let status: serde_json::Value = http
-            .get(format!("http://{edge}/v1/status"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if status["generation"]["modes"]
-            .as_array()
-            .is_some_and(|modes| modes.iter().any(|m| m == "speculative"))
-        {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the edge never reached its engine: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for(
+        http,
+        edge,
+        "the edge never reached its engine",
+        Duration::from_secs(30),
+        |status| {
+            status["generation"]["modes"]
+                .as_array()
+                .is_some_and(|modes| modes.iter().any(|m| m == "speculative"))
+        },
+    )
+    .await;
 }
 
 /// A llama.cpp server on the small model and a cloud index with an edge generating on it.

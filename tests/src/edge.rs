@@ -39,6 +39,19 @@ pub async fn post_json(
     (status, response.json().await.expect("a JSON body"))
 }
 
+/// Opens a streamed chat completion of `body` and leaves after its first event, as a client
+/// that gives up does (the connection closes with the reply unread).
+pub async fn leave_after_first_event(http: &reqwest::Client, edge: &str, body: &Value) {
+    let mut response = http
+        .post(format!("http://{edge}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("the edge answers HTTP");
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(response.chunk().await.expect("a first event").is_some());
+}
+
 /// `GET /v1/status`.
 pub async fn status(http: &reqwest::Client, edge: &str) -> Value {
     http.get(format!("http://{edge}/v1/status"))

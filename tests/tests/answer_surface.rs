@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::answering::{Answering, small_model, start_answering, with_model};
-use hasten_tests::edge::post_json;
+use hasten_tests::edge::{leave_after_first_event, post_json};
 use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -99,15 +99,7 @@ async fn a_client_that_leaves_frees_the_model_for_the_next() {
     for i in 0..LEAVING {
         let mut leaving = chat(&bundle.questions[i + 1].question, 400, true);
         leaving["k"] = json!(1);
-        let mut response = http
-            .post(format!("http://{addr}/v1/chat/completions"))
-            .json(&leaving)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 200);
-        assert!(response.chunk().await.unwrap().is_some());
-        drop(response);
+        leave_after_first_event(&http, &addr, &leaving).await;
     }
     let started = Instant::now();
     let after = stream_chat(&http, &addr, &honest).await;

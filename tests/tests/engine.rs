@@ -19,7 +19,7 @@ use hasten_tests::answering::{
     Answering, ENGINE_MODEL, OnEngine, small_model, start_answering, start_llama_server,
     start_on_engine, wait_engine_detected, with_engine,
 };
-use hasten_tests::edge::post_json;
+use hasten_tests::edge::{leave_after_first_event, post_json};
 use hasten_tests::persistent_work_dir;
 use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
@@ -103,15 +103,14 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
             .iter()
             .map(|m| json!({"role": m.role.name(), "content": m.content}))
             .collect();
-    let direct: Value = http
-        .post(format!("http://{engine_addr}/v1/chat/completions"))
-        .json(&json!({"model": ENGINE_MODEL, "messages": messages, "max_tokens": 32, "temperature": 0}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, direct) = post_json(
+        &http,
+        &engine_addr,
+        "/v1/chat/completions",
+        &json!({"model": ENGINE_MODEL, "messages": messages, "max_tokens": 32, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{direct}");
     eprintln!(
         "edge: {:?}; engine: {:?}",
         reply["answer"],
@@ -123,15 +122,13 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
         reply["generated_tokens"],
         direct["usage"]["completion_tokens"]
     );
-    let bare: Value = http
-        .post(format!("http://{engine_addr}/v1/chat/completions"))
-        .json(&json!({"model": ENGINE_MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 1}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, bare) = post_json(
+        &http,
+        &engine_addr,
+        "/v1/chat/completions",
+        &json!({"model": ENGINE_MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 1}),
+    )
+    .await;
     assert!(
         reply["prompt_tokens"].as_u64().unwrap()
             > bare["usage"]["prompt_tokens"].as_u64().unwrap() + 3 * 16,
@@ -204,14 +201,7 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
 
     // Speculative RAG on the engine: drafts written there, judged by its log-probabilities.
     wait_engine_detected(&http, &addr).await;
-    let status: Value = http
-        .get(format!("http://{addr}/v1/status"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = hasten_tests::edge::status(&http, &addr).await;
     let generation = &status["generation"];
     assert_eq!(
         generation["modes"],
@@ -255,15 +245,7 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
     let mut leaving = chat(ESSAY, Some(RAMBLE), 400);
     leaving["stream"] = json!(true);
     let decoded = engine_metric(&engine_addr, "n_decode_total").await;
-    let mut response = http
-        .post(format!("http://{addr}/v1/chat/completions"))
-        .json(&leaving)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    assert!(response.chunk().await.unwrap().is_some());
-    drop(response);
+    leave_after_first_event(&http, &addr, &leaving).await;
     let started = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     while engine_metric(&engine_addr, "requests_processing").await > 0.0 {
@@ -413,9 +395,9 @@ async fn engine_verification_scores_equal_the_runtime_one_pass_scores() {
 
     // The same draft scored one position off: outside the tolerance.
     let http = reqwest::Client::new();
-    let post = |path: &str, body: Value| {
-        let request = http.post(format!("http://{engine_addr}{path}")).json(&body);
-        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    let post = |path: &'static str, body: Value| {
+        let (http, engine_addr) = (&http, &engine_addr);
+        async move { post_json(http, engine_addr, path, &body).await.1 }
     };
     let rendered = post(
         "/apply-template",

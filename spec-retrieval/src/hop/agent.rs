@@ -85,11 +85,8 @@ impl HopAgent for LmHopAgent<'_> {
         query: &str,
         documents: &[RetrievedDocument],
     ) -> Result<String> {
-        let clipped = documents
-            .iter()
-            .map(|d| Ok((d.title.as_ref(), self.clip(&d.text)?)))
-            .collect::<Result<Vec<_>>>()?;
-        self.line(&read_prompt(question, query, &clipped)?, "")
+        let messages = read_prompt(question, query, documents, |text| self.clip(text))?;
+        self.line(&messages, "")
     }
 }
 
@@ -120,19 +117,24 @@ pub fn action(question: &str, answer: bool, line: String) -> Action {
     }
 }
 
-/// The reading prompt: each document (title and text, already cut to
-/// [`DOCUMENT_TOKENS`]), the question and the hop's query.
+/// The reading prompt: each document (its title, and its text as `clip` cuts it to
+/// [`DOCUMENT_TOKENS`] of the model's tokens), the question and the hop's query.
 pub fn read_prompt(
     question: &str,
     query: &str,
-    documents: &[(&str, String)],
+    documents: &[RetrievedDocument],
+    clip: impl Fn(&str) -> Result<String>,
 ) -> Result<Vec<ChatMessage>> {
     if documents.is_empty() {
         return Err(SpecError::NoDocument);
     }
     let mut user = String::new();
-    for (title, text) in documents {
-        user.push_str(&format!("Document: {title}\n{text}\n\n"));
+    for document in documents {
+        user.push_str(&format!(
+            "Document: {}\n{}\n\n",
+            document.title,
+            clip(&document.text)?
+        ));
     }
     user.push_str(&format!("Question: {question}\nSearch query: {query}"));
     Ok(vec![
