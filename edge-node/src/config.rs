@@ -202,6 +202,9 @@ pub struct EdgeConfig {
     pub answer_max_tokens: usize,
     /// Answers waiting for the language model behind the one generating; beyond it 429.
     pub answer_queue: usize,
+    /// Answers one tenant may have waiting or generating at once; beyond it 429, so one
+    /// client cannot fill the queue. Unset: the queue alone bounds a tenant.
+    pub answer_queue_per_tenant: Option<usize>,
     /// Speculative RAG: drafts per answer (paper: m = 5).
     pub speculative_drafts: usize,
     /// Speculative RAG: document clusters, one document of each per draft (paper: k = 2).
@@ -286,6 +289,7 @@ impl Default for EdgeConfig {
             answer_max_tokens: 512,
             // A 135M model answers in about a second on 2 cores: 16 waiting is ~15 s.
             answer_queue: 16,
+            answer_queue_per_tenant: None,
             speculative_drafts: 5,
             speculative_clusters: 2,
         }
@@ -499,6 +503,12 @@ impl EdgeConfig {
                     hasten_rag::MAX_NEW_TOKENS,
                     self.answer_max_tokens
                 ),
+            ));
+        }
+        if self.answer_queue_per_tenant == Some(0) {
+            return Err(ConfigError::invalid(
+                "answer_queue_per_tenant",
+                "must be at least 1 (leave it unset for no per-tenant bound)",
             ));
         }
         if !(1..=self.answer_max_tokens).contains(&self.answer_default_tokens) {

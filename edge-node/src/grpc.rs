@@ -52,9 +52,10 @@ impl From<EdgeError> for Status {
             | EdgeError::UnsupportedMediaType => Status::invalid_argument(message),
             EdgeError::BodyTimeout(_) => Status::deadline_exceeded(message),
             EdgeError::Unauthenticated(_) => Status::unauthenticated(message),
-            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
-                Status::resource_exhausted(message)
-            }
+            EdgeError::EdgeBusy(_)
+            | EdgeError::CloudBusy(_)
+            | EdgeError::AnswerQueueFull(_)
+            | EdgeError::TenantAnswersFull { .. } => Status::resource_exhausted(message),
             EdgeError::DeadlineExceeded(_) => Status::deadline_exceeded(message),
             EdgeError::Unavailable(_)
             | EdgeError::NoLanguageModel(_)

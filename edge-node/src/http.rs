@@ -84,9 +84,10 @@ pub(crate) fn status_code(error: &EdgeError) -> StatusCode {
         EdgeError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         EdgeError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         EdgeError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-        EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
+        EdgeError::EdgeBusy(_)
+        | EdgeError::CloudBusy(_)
+        | EdgeError::AnswerQueueFull(_)
+        | EdgeError::TenantAnswersFull { .. } => StatusCode::TOO_MANY_REQUESTS,
         EdgeError::NoLanguageModel(_) => StatusCode::SERVICE_UNAVAILABLE,
         EdgeError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
         EdgeError::Unavailable(_) | EdgeError::GenerationUnavailable(_) => {
@@ -104,7 +105,10 @@ impl IntoResponse for EdgeError {
         let status = status_code(&self);
         let body = axum::Json(error_json(&self));
         match self {
-            EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
+            EdgeError::EdgeBusy(_)
+            | EdgeError::CloudBusy(_)
+            | EdgeError::AnswerQueueFull(_)
+            | EdgeError::TenantAnswersFull { .. } => {
                 (status, [(header::RETRY_AFTER, "1")], body).into_response()
             }
             EdgeError::Unauthenticated(_) => {
@@ -135,9 +139,10 @@ pub(crate) fn openai_error_response(error: EdgeError) -> Response {
             ("invalid_request_error", Some(invalid.field.clone()))
         }
         EdgeError::Unauthenticated(_) => ("authentication_error", None),
-        EdgeError::EdgeBusy(_) | EdgeError::CloudBusy(_) | EdgeError::AnswerQueueFull(_) => {
-            ("rate_limit_error", None)
-        }
+        EdgeError::EdgeBusy(_)
+        | EdgeError::CloudBusy(_)
+        | EdgeError::AnswerQueueFull(_)
+        | EdgeError::TenantAnswersFull { .. } => ("rate_limit_error", None),
         _ => ("server_error", None),
     };
     let message = match &error {

@@ -807,6 +807,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             max_tokens: config.answer_max_tokens,
             max_question_chars: config.max_query_chars,
             max_queued: config.answer_queue,
+            per_tenant: config.answer_queue_per_tenant,
             // An engine batches the answers it is sent; this process's cores do not.
             concurrency: if config.lm_engine_url.is_some() {
                 config.lm_engine_concurrency

@@ -1,10 +1,13 @@
 //! Answers over chunks whose KV is reused: one loaded model, the system prompt's KV computed
 //! once, a fused prefill and greedy decoding from the cache it leaves.
 
+use std::cell::Cell;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hasten_lm::{Decoded, GenerationOptions, LanguageModel, Sampling, TextStream, decode_from};
+use hasten_rag::AnswerSink;
 
 use crate::error::Result;
 use crate::fusion::{FusedPrefill, FusionSettings, PrefillTimings, SegmentKv, prefill};
@@ -74,39 +77,50 @@ impl KvEngine {
         )
     }
 
-    /// Greedy decoding from a fused prefill, calling `on_text` with each piece of text.
+    /// Greedy decoding from a fused prefill, giving `sink` each piece of text; stops after
+    /// the first piece the sink's caller is no longer there for.
     pub fn decode(
         &self,
         fused: FusedPrefill,
         max_new_tokens: usize,
-        on_text: &mut dyn FnMut(&str),
+        sink: &mut dyn AnswerSink,
     ) -> Result<Decoded> {
         let options = GenerationOptions {
             max_new_tokens,
             stop_tokens: stop_tokens(&self.model),
             sampling: Sampling::default(),
         };
-        let mut stream = TextStream::new(&self.model.tokenizer, on_text);
+        // The token callback holds the text callback, so the caller's departure is read
+        // where the text is given, once per piece.
+        let left = Cell::new(false);
+        let mut on_text = |delta: &str| {
+            sink.text(delta);
+            left.set(sink.cancelled());
+        };
+        let mut stream = TextStream::new(&self.model.tokenizer, &mut on_text);
         let decoded = decode_from(
             &self.model.decoder,
             fused.cache,
             fused.logits,
             vec![fused.next_position],
             &options,
-            |_, id| stream.push(id),
+            |_, id| match stream.push(id) {
+                ControlFlow::Continue(()) if left.get() => ControlFlow::Break(()),
+                flow => flow,
+            },
         )?;
         stream.finish()?;
         Ok(decoded)
     }
 
-    /// Answers `question` over `chunks` (greedy), calling `on_text` with each piece of text.
+    /// Answers `question` over `chunks` (greedy), giving `sink` each piece of text.
     pub fn answer(
         &self,
         question: &str,
         chunks: &[&SegmentKv],
         settings: FusionSettings,
         max_new_tokens: usize,
-        on_text: &mut dyn FnMut(&str),
+        sink: &mut dyn AnswerSink,
     ) -> Result<KvAnswer> {
         let started = Instant::now();
         let _span = tracing::info_span!(
@@ -122,11 +136,12 @@ impl KvEngine {
             fused.recomputed.clone(),
             fused.timings,
         );
-        let mut text = String::new();
-        let decoded = self.decode(fused, max_new_tokens, &mut |delta| {
-            on_text(delta);
-            text.push_str(delta);
-        })?;
+        let mut keeping = KeepingText {
+            sink,
+            text: String::new(),
+        };
+        let decoded = self.decode(fused, max_new_tokens, &mut keeping)?;
+        let text = keeping.text;
         let total = started.elapsed();
         let tokens = decoded
             .results
@@ -147,5 +162,22 @@ impl KvEngine {
                 total,
             },
         })
+    }
+}
+
+/// Passes the answer's text on and keeps a copy of it.
+struct KeepingText<'a> {
+    sink: &'a mut dyn AnswerSink,
+    text: String,
+}
+
+impl AnswerSink for KeepingText<'_> {
+    fn text(&mut self, delta: &str) {
+        self.sink.text(delta);
+        self.text.push_str(delta);
+    }
+
+    fn cancelled(&self) -> bool {
+        self.sink.cancelled()
     }
 }

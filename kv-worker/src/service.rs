@@ -10,7 +10,7 @@ use futures::Stream;
 use futures::stream::{self, StreamExt};
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_server::KvGeneration;
-use hasten_rag::{ModelQueue, QueueError};
+use hasten_rag::{AnswerSink, ModelQueue, QueueError};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -75,6 +75,26 @@ pub fn status(error: &WorkerError) -> (Status, &'static str) {
     }
 }
 
+type KvEventSender = mpsc::UnboundedSender<Result<pb::KvGenerateEvent, Status>>;
+
+/// Sends the answer's text to the caller's stream; a caller that went away (the stream
+/// dropped) stops the decoding.
+struct Forward<'a> {
+    sender: &'a KvEventSender,
+}
+
+impl AnswerSink for Forward<'_> {
+    fn text(&mut self, delta: &str) {
+        let _ = self.sender.send(Ok(pb::KvGenerateEvent {
+            event: Some(pb::kv_generate_event::Event::Delta(delta.to_string())),
+        }));
+    }
+
+    fn cancelled(&self) -> bool {
+        self.sender.is_closed()
+    }
+}
+
 #[tonic::async_trait]
 impl KvGeneration for KvGenerationService {
     type GenerateStream = EventStream;
@@ -120,13 +140,14 @@ impl KvGeneration for KvGenerationService {
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let _span = span.entered();
-            let mut forward = |text: &str| {
-                // A caller that went away stops receiving; the answer still completes.
-                let _ = sender.send(Ok(pb::KvGenerateEvent {
-                    event: Some(pb::kv_generate_event::Event::Delta(text.to_string())),
-                }));
-            };
-            let last = match worker.generate(&request, &mut forward) {
+            let mut forward = Forward { sender: &sender };
+            let generated = worker.generate(&request, &mut forward);
+            if sender.is_closed() {
+                // The caller went away: decoding stopped at its next piece of text.
+                metrics.observe_error("cancelled");
+                return;
+            }
+            let last = match generated {
                 Ok(generated) => {
                     let mode = request.settings.mode.name();
                     metrics.observe(

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use hasten_rag::AnswerSink;
+
 use crate::engine::{KvAnswer, KvEngine};
 use crate::error::KvError;
 use crate::fusion::{FusionSettings, SegmentKv};
@@ -220,11 +222,12 @@ impl KvWorker {
         }
     }
 
-    /// Answers `request`, calling `on_text` with each piece of the answer as it is decoded.
+    /// Answers `request`, giving `sink` each piece of the answer as it is decoded; stops
+    /// early once the sink's caller went away.
     pub fn generate(
         &self,
         request: &GenerateRequest,
-        on_text: &mut dyn FnMut(&str),
+        sink: &mut dyn AnswerSink,
     ) -> Result<Generated, WorkerError> {
         self.validate(request)?;
         let started = Instant::now();
@@ -271,7 +274,7 @@ impl KvWorker {
             &refs,
             request.settings,
             request.max_new_tokens,
-            on_text,
+            sink,
         )?;
         // The answer's clock starts at the prefill; the request's at its arrival here.
         answer.timings.first_token += load;

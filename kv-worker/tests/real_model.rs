@@ -54,7 +54,13 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
     let settings = |mode, ratio| FusionSettings { mode, ratio };
     let answer = |mode, ratio| {
         engine
-            .answer(QUESTION, &refs, settings(mode, ratio), 16, &mut |_| {})
+            .answer(
+                QUESTION,
+                &refs,
+                settings(mode, ratio),
+                16,
+                &mut |_: &str| {},
+            )
             .unwrap()
     };
     let full = answer(FusionMode::FullPrefill, 0.0);

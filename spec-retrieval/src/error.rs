@@ -1,5 +1,3 @@
-use crate::retriever::RetrievalError;
-
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     #[error("language model: {0}")]
@@ -14,6 +12,9 @@ pub enum SpecError {
     NoDocument,
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// The caller went away; the run stopped before its next step.
+    #[error("the caller went away")]
+    Cancelled,
     /// A remote generation engine failed; `retryable` when it is down, busy or slow.
     #[error("generation engine at {endpoint}")]
     Generation {
@@ -25,3 +26,14 @@ pub enum SpecError {
 }
 
 pub type Result<T> = std::result::Result<T, SpecError>;
+
+/// A retriever's failure, whatever its transport.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RetrievalError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+impl RetrievalError {
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(error.into())
+    }
+}

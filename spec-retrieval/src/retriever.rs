@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::error::{Result, SpecError};
+use crate::error::{Result, RetrievalError, SpecError};
 
 /// A retrieved document with what speculation needs: its text for the prompt and its vector,
 /// so the per-request cache can rank it with the exact retriever's own metric.
@@ -14,17 +14,6 @@ pub struct RetrievedDocument {
     pub title: Arc<str>,
     pub text: Arc<str>,
     pub vector: Arc<[f32]>,
-}
-
-/// A retriever's failure, whatever its transport.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct RetrievalError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
-
-impl RetrievalError {
-    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        Self(error.into())
-    }
 }
 
 /// The exact retriever: top-`k` by inner product for each query, best first, in one call.

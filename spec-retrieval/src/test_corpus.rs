@@ -10,7 +10,8 @@ use hasten_core::vector::dot;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::retriever::{ExactRetriever, QueryEncoder, RetrievalError, RetrievedDocument};
+use crate::error::RetrievalError;
+use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument};
 
 pub const DIMENSION: usize = 32;
 

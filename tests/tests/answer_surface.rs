@@ -251,3 +251,123 @@ async fn refusals_come_before_the_reply_and_the_answer_is_counted_exactly() {
     drop(edge);
     cloud.stop();
 }
+
+const ACME: &str = "acme-token-0123456789abcdef";
+const GLOBEX: &str = "globex-token-0123456789abcdef";
+
+/// A non-streaming chat request as `token`'s tenant: status, `Retry-After` and the body.
+async fn chat_as(
+    http: &reqwest::Client,
+    edge: &str,
+    token: &str,
+    body: &Value,
+) -> (u16, Option<String>, Value) {
+    let response = http
+        .post(format!("http://{edge}/v1/chat/completions"))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, retry_after, response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_cannot_fill_the_queue_and_an_iterative_client_that_leaves_frees_the_model() {
+    let Some(model) = small_model() else { return };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let work = hasten_tests::persistent_work_dir("answer-tenants").unwrap();
+    let config = work.join("edge-per-tenant-1.toml");
+    std::fs::write(&config, "answer_queue = 4\nanswer_queue_per_tenant = 1\n").unwrap();
+    let tenants = work.join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        format!("[tenants]\nacme = [\"{ACME}\"]\nglobex = [\"{GLOBEX}\"]\n"),
+    )
+    .unwrap();
+    let mut generation = with_model(&model);
+    generation.extend(
+        [
+            "--config",
+            config.to_str().unwrap(),
+            "--tenants-file",
+            tenants.to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]
+        .map(String::from),
+    );
+    let Answering {
+        mut cloud,
+        edge,
+        bundle_dir,
+        ..
+    } = start_answering("answer-tenants", "tenants-edge", &generation);
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = &bundle.questions[0].question;
+    let short = chat(question, 16, false);
+
+    // One short answer, timed after a first one warmed the caches.
+    assert_eq!(chat_as(&http, &addr, GLOBEX, &short).await.0, 200);
+    let started = Instant::now();
+    assert_eq!(chat_as(&http, &addr, GLOBEX, &short).await.0, 200);
+    let one_answer = started.elapsed();
+
+    // Acme runs a long iterative request (256 tokens, ~26 s here) and gives up on it after
+    // a second.
+    let leaving = {
+        let (http, addr) = (http.clone(), addr.clone());
+        let body = json!({"question": "Write a long story about a dragon.", "max_tokens": 256,
+                          "speculate": false});
+        tokio::spawn(async move {
+            http.post(format!("http://{addr}/v1/ralm"))
+                .bearer_auth(ACME)
+                .json(&body)
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // While it runs, acme is at its bound of one answer in progress: a 429 before any
+    // reply, naming the setting.
+    let (status, retry_after, reply) = chat_as(&http, &addr, ACME, &short).await;
+    assert_eq!(status, 429, "{reply}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(message.contains("answer_queue_per_tenant"), "{reply}");
+    assert!(
+        leaving.await.unwrap().unwrap_err().is_timeout(),
+        "the iterative request was still running when its client left"
+    );
+
+    // Globex is served at once: the abandoned run stopped at its next step (a run that
+    // went on to its 256 tokens would keep the model for many answers' time).
+    let started = Instant::now();
+    let (status, _, reply) = chat_as(&http, &addr, GLOBEX, &short).await;
+    let waited = started.elapsed();
+    eprintln!("one answer {one_answer:?}; after an abandoned iterative run {waited:?}");
+    assert_eq!(status, 200, "{reply}");
+    assert!(
+        waited < one_answer * 2 + Duration::from_millis(500),
+        "the next answer took {waited:?}, one answer {one_answer:?}: the abandoned run \
+         kept the model"
+    );
+    // Acme's place came back with its run.
+    let (status, _, reply) = chat_as(&http, &addr, ACME, &short).await;
+    assert_eq!(status, 200, "{reply}");
+    let cancelled = Scrape::of(&edge.addr("metrics_addr"))
+        .await
+        .unwrap()
+        .value("hasten_answer_cancelled_total", &[]);
+    assert_eq!(cancelled, 1.0);
+    drop(edge);
+    cloud.stop();
+}

@@ -299,6 +299,38 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         CHUNKS as f64
     );
 
+    // A caller that leaves after the first piece of text stops the decoding: the next
+    // request is served in about one short answer's time, not after the abandoned long one
+    // (a worker that decodes on for a gone caller fails this).
+    let short = request(pb::FusionMode::Fusionrag, None, ids(&chunk_ids));
+    let started = std::time::Instant::now();
+    generate(&mut client, short.clone()).await.unwrap();
+    let one_answer = started.elapsed();
+    let mut long = short.clone();
+    // A question the small model answers at length (it stops on its own otherwise).
+    long.question = "Write a long story about a dragon.".into();
+    long.max_new_tokens = 400;
+    let mut abandoned = client.generate(long).await.unwrap().into_inner();
+    assert!(
+        abandoned.message().await.unwrap().is_some(),
+        "a first event"
+    );
+    drop(abandoned);
+    let started = std::time::Instant::now();
+    generate(&mut client, short).await.unwrap();
+    let waited = started.elapsed();
+    eprintln!("one answer {one_answer:?}; after an abandoned stream {waited:?}");
+    assert!(
+        waited < one_answer * 2 + std::time::Duration::from_millis(500),
+        "the next request took {waited:?}, one answer {one_answer:?}: the abandoned \
+         generation kept the model"
+    );
+    let cancelled = Scrape::of(&worker.addr("metrics_addr"))
+        .await
+        .unwrap()
+        .value("hasten_kv_errors_total", &[("reason", "cancelled")]);
+    assert_eq!(cancelled, 1.0);
+
     // An edge over the same bundle answers through the worker: the documents it retrieved go
     // as ids, and the answer is the worker's over those ids in the edge's mode (FusionRAG 15%).
     let mut cloud = start_cloud_index(&work, "cloud", &bundle_dir, "127.0.0.1:0").unwrap();

@@ -154,7 +154,7 @@ fn main() -> Result<()> {
                         variant: Variant::Similarity,
                         max_new_tokens: 1,
                     },
-                    &mut |_| {},
+                    &mut |_: &str| {},
                 )?;
                 memory += generated.memory_hits;
                 disk += generated.disk_hits;

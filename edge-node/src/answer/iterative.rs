@@ -3,6 +3,7 @@
 //! exact retriever, and their HTTP plumbing.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
@@ -12,11 +13,14 @@ use axum::response::{IntoResponse, Response};
 use hasten_engine::EngineLm;
 use hasten_lm::LanguageModel;
 use hasten_rag::RagError;
+use hasten_spec_retrieval::hop::{Action, Hop, HopAgent};
+use hasten_spec_retrieval::ralm::{RalmSettings, RalmStepper, StepTokens};
 use hasten_spec_retrieval::{RetrievalError, RetrievedDocument, SpecError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::AnswerService;
+use super::metrics::AnswerMetrics;
 use crate::api::EdgeError;
 use crate::api::json::parse_json_object;
 use crate::fallback::quic::QuicCloudClient;
@@ -90,6 +94,7 @@ pub(super) fn edge_error(error: SpecError) -> EdgeError {
             },
         },
         SpecError::Lm(error) => EdgeError::Generation(RagError::Lm(error)),
+        SpecError::Cancelled => EdgeError::Generation(RagError::Cancelled),
         SpecError::Generation {
             endpoint,
             retryable,
@@ -110,14 +115,106 @@ pub(super) fn edge_error(error: SpecError) -> EdgeError {
     }
 }
 
+/// Whether the request that started a run went away (its client disconnected); the run
+/// stops before its next step, giving the model to the next request.
+#[derive(Clone, Default)]
+pub(super) struct Departure(Arc<AtomicBool>);
+
+impl Departure {
+    fn check(&self) -> Result<(), SpecError> {
+        if self.0.load(Ordering::Relaxed) {
+            Err(SpecError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Marks the run's [`Departure`] and counts the cancellation when the request's future is
+/// dropped before it finished (waiting in the queue or generating).
+struct LeaveGuard {
+    departure: Departure,
+    metrics: Arc<AnswerMetrics>,
+    finished: bool,
+}
+
+impl Drop for LeaveGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.departure.0.store(true, Ordering::Relaxed);
+            self.metrics.observe_cancelled();
+        }
+    }
+}
+
+/// A RaLM stepper or a hop agent that stops at its next step once its request left.
+pub(super) struct Cancellable<'a, T: ?Sized> {
+    pub inner: &'a T,
+    pub departure: &'a Departure,
+}
+
+impl<T: RalmStepper + ?Sized> RalmStepper for Cancellable<'_, T> {
+    fn settings(&self) -> &RalmSettings {
+        self.inner.settings()
+    }
+
+    fn query_text(&self, generated: &[u32]) -> hasten_spec_retrieval::Result<String> {
+        self.inner.query_text(generated)
+    }
+
+    fn step(
+        &self,
+        document: &RetrievedDocument,
+        generated: &[u32],
+    ) -> hasten_spec_retrieval::Result<StepTokens> {
+        self.departure.check()?;
+        self.inner.step(document, generated)
+    }
+
+    fn text(&self, generated: &[u32]) -> hasten_spec_retrieval::Result<String> {
+        self.inner.text(generated)
+    }
+}
+
+impl<T: HopAgent + ?Sized> HopAgent for Cancellable<'_, T> {
+    fn act(
+        &self,
+        question: &str,
+        hops: &[Hop],
+        must_answer: bool,
+    ) -> hasten_spec_retrieval::Result<Action> {
+        self.departure.check()?;
+        self.inner.act(question, hops, must_answer)
+    }
+
+    fn read(
+        &self,
+        question: &str,
+        hops: &[Hop],
+        query: &str,
+        documents: &[RetrievedDocument],
+    ) -> hasten_spec_retrieval::Result<String> {
+        self.departure.check()?;
+        self.inner.read(question, hops, query, documents)
+    }
+}
+
+/// What a run gets besides its input.
+pub(super) struct RunContext<'a> {
+    pub model: &'a IterativeModel,
+    pub service: &'a EdgeService,
+    pub engine: EngineHandle,
+    pub departure: &'a Departure,
+}
+
 impl AnswerService {
     /// Runs `work` on the iterative model, on a blocking thread, once the answers' queue
-    /// admits it; returns its result and the milliseconds it queued.
+    /// admits it; returns its result and the milliseconds it queued. Dropping the returned
+    /// future (the client left) stops the run before its next step and frees its place.
     pub(super) async fn on_iterative_model<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&IterativeModel, &EdgeService, EngineHandle) -> Result<T, EdgeError>
-        + Send
-        + 'static,
+        tenant: &Tenant,
+        work: impl FnOnce(RunContext<'_>) -> Result<T, EdgeError> + Send + 'static,
     ) -> Result<(T, f64), EdgeError> {
         let model = self.iterative.clone().ok_or(EdgeError::NoLanguageModel(
             "iterative RAG runs on a model loaded here (`lm_model`) or on a llama.cpp engine \
@@ -132,20 +229,33 @@ impl AnswerService {
             ));
         }
         let started = Instant::now();
-        let permit = self.queue.enter().await.map_err(super::queue_error)?;
+        let place = self.tenant_place(tenant)?;
+        let admission = self.queue.admit().map_err(super::queue_error)?;
+        let mut guard = LeaveGuard {
+            departure: Departure::default(),
+            metrics: Arc::clone(&self.metrics),
+            finished: false,
+        };
+        let permit = admission.ready().await.map_err(super::queue_error)?;
         let queued_ms = started.elapsed().as_secs_f64() * 1e3;
         let service = self.retrieval.clone();
         let engine = EngineHandle {
             engine: Arc::clone(service.engine()),
             runtime: tokio::runtime::Handle::current(),
         };
+        let departure = guard.departure.clone();
         let output = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            work(&model, &service, engine)
+            let _held = (permit, place);
+            work(RunContext {
+                model: &model,
+                service: &service,
+                engine,
+                departure: &departure,
+            })
         })
-        .await
-        .map_err(EdgeError::TaskFailed)??;
-        Ok((output, queued_ms))
+        .await;
+        guard.finished = true;
+        Ok((output.map_err(EdgeError::TaskFailed)??, queued_ms))
     }
 
     /// Authenticates a request and parses its JSON body.

@@ -17,6 +17,7 @@ mod iterative;
 pub mod json;
 pub mod metrics;
 pub mod openai;
+mod quota;
 pub mod ralm;
 pub mod spechop;
 mod stream;
@@ -33,8 +34,10 @@ use tracing::Instrument;
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
 use crate::pipeline::{EdgeService, Incoming};
 use crate::retrieval::Retrieval;
+use crate::tenants::Tenant;
 pub use iterative::IterativeModel;
 use metrics::AnswerMetrics;
+use quota::{TenantPlace, TenantQuota};
 pub use stream::{AnswerEvent, AnswerStream};
 
 /// Bounds and defaults of `/v1/answer`.
@@ -49,6 +52,9 @@ pub struct AnswerLimits {
     pub max_queued: usize,
     /// Answers generated at once: 1 on this process's cores, more on an engine that batches.
     pub concurrency: usize,
+    /// Answers one tenant may have waiting or generating at once (`None`: bounded by the
+    /// queue alone).
+    pub per_tenant: Option<usize>,
     pub speculative: SpeculativeSettings,
 }
 
@@ -77,6 +83,7 @@ pub struct Prepared {
     notes: Vec<String>,
     backend: Arc<dyn LmBackend>,
     admission: Admission,
+    place: TenantPlace,
     started: Instant,
     retrieve: Duration,
 }
@@ -116,6 +123,7 @@ pub struct AnswerService {
     iterative: Option<IterativeModel>,
     limits: AnswerLimits,
     queue: Arc<ModelQueue>,
+    quota: Arc<TenantQuota>,
     metrics: Arc<AnswerMetrics>,
 }
 
@@ -138,6 +146,7 @@ impl AnswerService {
                 limits.max_queued,
                 Box::new(move |waiting| gauge.set_queue(waiting)),
             )),
+            quota: TenantQuota::new(limits.per_tenant),
             metrics,
         }
     }
@@ -255,6 +264,8 @@ impl AnswerService {
         ))?;
         // Refused before retrieval: it costs nothing to say.
         input.decoding.validate().map_err(generation_error)?;
+        let tenant = self.retrieval.authenticate(authorization)?;
+        let place = self.tenant_place(&tenant)?;
         if !backend.serves(input.mode) {
             return Err(InvalidArgument::new(
                 "mode",
@@ -342,9 +353,20 @@ impl AnswerService {
             notes,
             backend,
             admission,
+            place,
             started,
             retrieve,
         })
+    }
+
+    /// The tenant's place among the answers in progress.
+    fn tenant_place(&self, tenant: &Tenant) -> Result<TenantPlace, EdgeError> {
+        self.quota
+            .take(tenant)
+            .map_err(|limit| EdgeError::TenantAnswersFull {
+                tenant: tenant.to_string(),
+                limit,
+            })
     }
 
     /// Generates the prepared answer: the documents, the answer's text as it is generated,

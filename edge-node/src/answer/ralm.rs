@@ -20,10 +20,13 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use super::AnswerService;
-use super::iterative::{EngineHandle, IterativeModel, edge_error, respond, retrieved};
+use super::iterative::{
+    Cancellable, EngineHandle, IterativeModel, RunContext, edge_error, respond, retrieved,
+};
 use crate::api::{EdgeError, InvalidArgument};
 use crate::fallback::CloudSearch;
 use crate::http::BodyLimits;
+use crate::tenants::Tenant;
 
 /// How many retrievals RaLMSpec speculates before verifying: a number, or `os3`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -121,31 +124,26 @@ impl AnswerService {
     }
 
     /// Runs one iterative-RAG request on the iterative model, behind the answers' queue.
-    pub async fn ralm(&self, input: RalmInput) -> Result<RalmReply, EdgeError> {
+    pub async fn ralm(&self, tenant: &Tenant, input: RalmInput) -> Result<RalmReply, EdgeError> {
         let span = tracing::info_span!(
             "ralm",
             speculate = input.speculation.is_some(),
             max_tokens = input.max_tokens
         );
         let (output, queued_ms) = self
-            .on_iterative_model(move |model, service, engine| run(model, service, engine, &input))
+            .on_iterative_model(tenant, move |context| run(context, &input))
             .instrument(span)
             .await?;
         Ok(RalmReply::new(output, queued_ms))
     }
 }
 
-fn run(
-    model: &IterativeModel,
-    service: &crate::pipeline::EdgeService,
-    engine: EngineHandle,
-    input: &RalmInput,
-) -> Result<RalmOutput, EdgeError> {
+fn run(context: RunContext<'_>, input: &RalmInput) -> Result<RalmOutput, EdgeError> {
     let settings = RalmSettings {
         max_new_tokens: input.max_tokens,
         ..RalmSettings::default()
     };
-    let generator: Box<dyn RalmStepper + '_> = match model {
+    let generator: Box<dyn RalmStepper + '_> = match context.model {
         IterativeModel::Local(model) => {
             Box::new(RalmGenerator::new(model, &input.question, settings).map_err(edge_error)?)
         }
@@ -153,12 +151,16 @@ fn run(
             Box::new(engine.ralm(&input.question, settings).map_err(edge_error)?)
         }
     };
-    let cloud = CloudRetriever(engine);
-    let encoder = service.encoder().as_ref();
+    let generator = Cancellable {
+        inner: generator.as_ref(),
+        departure: context.departure,
+    };
+    let cloud = CloudRetriever(context.engine);
+    let encoder = context.service.encoder().as_ref();
     match &input.speculation {
-        None => run_sequential(generator.as_ref(), encoder, &cloud),
+        None => run_sequential(&generator, encoder, &cloud),
         Some(speculation) => run_speculative(
-            generator.as_ref(),
+            &generator,
             encoder,
             &cloud,
             &mut LocalDocumentCache::new(),
@@ -248,12 +250,12 @@ pub fn ralm_routes(service: AnswerService, body: BodyLimits) -> Router {
 
 async fn ralm(State(state): State<RalmState>, headers: HeaderMap, body: Body) -> Response {
     let outcome = async {
-        let (_tenant, body): (_, RalmBody) = state
+        let (tenant, body): (_, RalmBody) = state
             .service
             .read_request(&headers, body, state.body)
             .await?;
         let input = state.service.validate_ralm(body)?;
-        state.service.ralm(input).await
+        state.service.ralm(&tenant, input).await
     }
     .await;
     respond(outcome, "iterative RAG")

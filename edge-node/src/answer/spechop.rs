@@ -25,10 +25,11 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
 use super::AnswerService;
-use super::iterative::{EngineHandle, IterativeModel, edge_error, respond, retrieved};
+use super::iterative::{
+    Cancellable, EngineHandle, IterativeModel, RunContext, edge_error, respond, retrieved,
+};
 use crate::api::{EdgeError, InvalidArgument};
 use crate::http::BodyLimits;
-use crate::pipeline::EdgeService;
 use crate::retrieval::StageTimings;
 use crate::tenants::Tenant;
 
@@ -164,9 +165,7 @@ impl AnswerService {
         );
         let started = std::time::Instant::now();
         let (outcome, queued_ms) = self
-            .on_iterative_model(move |model, service, engine| {
-                run(model, service, engine, tenant, &input)
-            })
+            .on_iterative_model(&tenant.clone(), move |context| run(context, tenant, &input))
             .instrument(span)
             .await?;
         Ok(SpecHopReply {
@@ -182,13 +181,11 @@ impl AnswerService {
 }
 
 fn run(
-    model: &IterativeModel,
-    service: &EdgeService,
-    engine: EngineHandle,
+    context: RunContext<'_>,
     tenant: Tenant,
     input: &SpecHopInput,
 ) -> Result<HopOutcome, EdgeError> {
-    let agent: Box<dyn HopAgent + '_> = match model {
+    let agent: Box<dyn HopAgent + '_> = match context.model {
         IterativeModel::Local(model) => Box::new(LmHopAgent::new(model, input.settings.max_hops)),
         IterativeModel::Engine(engine) => Box::new(
             engine
@@ -196,21 +193,26 @@ fn run(
                 .map_err(edge_error)?,
         ),
     };
-    let encoder = service.encoder().as_ref();
+    let agent = Cancellable {
+        inner: agent.as_ref(),
+        departure: context.departure,
+    };
+    let engine = context.engine;
+    let encoder = context.service.encoder().as_ref();
     let exact: Arc<dyn ExactRetriever> = Arc::new(CachingCloudRetriever {
         engine: engine.clone(),
         tenant: tenant.clone(),
     });
     match input.speculation {
         None => run_sequential_agent(
-            agent.as_ref(),
+            &agent,
             &input.question,
             encoder,
             exact.as_ref(),
             &input.settings,
         ),
         Some((threads, verifier)) => run_spechop(
-            agent.as_ref(),
+            &agent,
             &input.question,
             encoder,
             &exact,

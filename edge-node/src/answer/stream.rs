@@ -92,6 +92,7 @@ async fn generate(
         notes,
         backend,
         admission,
+        place,
         started,
         retrieve,
     } = prepared;
@@ -122,9 +123,10 @@ async fn generate(
             events: sink_events,
         };
         let answer = backend.answer(&request, &mut sink);
-        // The model is free before the reply's last event is sent, so a client that asks
-        // again as soon as it has its answer finds it free.
+        // The model (and the tenant's place) is free before the reply's last event is sent,
+        // so a client that asks again as soon as it has its answer finds it free.
         drop(permit);
+        drop(place);
         answer
     })
     .await;

@@ -153,6 +153,12 @@ pub enum EdgeError {
     /// Answers waiting for the language model are at their bound (HTTP 429).
     #[error("{0} answers already waiting for the language model; retry shortly")]
     AnswerQueueFull(usize),
+    /// The tenant has `answer_queue_per_tenant` answers in progress already (HTTP 429).
+    #[error(
+        "tenant {tenant} has {limit} answers in progress, its limit \
+         (`answer_queue_per_tenant`); retry shortly"
+    )]
+    TenantAnswersFull { tenant: String, limit: usize },
     /// The language model failed on a valid request (HTTP 500).
     #[error("internal error: generation failed")]
     Generation(#[source] hasten_rag::RagError),
@@ -173,7 +179,10 @@ impl EdgeError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::BodyTimeout(_) => "body_timeout",
             Self::Unauthenticated(_) => "unauthenticated",
-            Self::EdgeBusy(_) | Self::CloudBusy(_) | Self::AnswerQueueFull(_) => "overloaded",
+            Self::EdgeBusy(_)
+            | Self::CloudBusy(_)
+            | Self::AnswerQueueFull(_)
+            | Self::TenantAnswersFull { .. } => "overloaded",
             Self::DeadlineExceeded(_) => "deadline_exceeded",
             Self::Unavailable(_) | Self::GenerationUnavailable(_) => "unavailable",
             Self::Internal(_)

@@ -6,10 +6,8 @@ use std::sync::mpsc::{Receiver, sync_channel};
 
 use super::verify::token_set_jaccard;
 use super::{Action, Hop, HopAgent, HopOutcome, HopSettings, HopSpeculator, HopStats, Verifier};
-use crate::error::{Result, SpecError};
-use crate::retriever::{
-    ExactRetriever, QueryEncoder, RetrievalError, RetrievedDocument, exact_search,
-};
+use crate::error::{Result, RetrievalError, SpecError};
+use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument, exact_search};
 
 fn ids(documents: &[RetrievedDocument]) -> Vec<u64> {
     documents.iter().map(|d| d.id).collect()

@@ -9,10 +9,8 @@ use super::generator::{RalmStepper, StepTokens};
 use super::os3::{StrideScheduler, Verified};
 use super::sequential::{encode, top_one};
 use super::{RalmOutput, RalmTimings, SpeculationSettings, SpeculationStats, Stride};
-use crate::error::{Result, SpecError};
-use crate::retriever::{
-    ExactRetriever, QueryEncoder, RetrievalError, RetrievedDocument, exact_search,
-};
+use crate::error::{Result, RetrievalError, SpecError};
+use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument, exact_search};
 
 /// A generation step that read a speculated document, awaiting verification.
 #[derive(Debug)]

@@ -181,7 +181,7 @@ fn main() -> Result<()> {
         &warm,
         FusionSettings::default(),
         4,
-        &mut |_| {},
+        &mut |_: &str| {},
     )?;
 
     let mut outcomes: Vec<Vec<Outcome>> = systems.iter().map(|_| Vec::new()).collect();
@@ -222,7 +222,7 @@ fn main() -> Result<()> {
                 fused.timings.recompute.as_secs_f64(),
             ];
             let mut text = String::new();
-            engine.decode(fused, args.max_new_tokens, &mut |delta| {
+            engine.decode(fused, args.max_new_tokens, &mut |delta: &str| {
                 text.push_str(delta)
             })?;
             outcomes[s].push(Outcome {
