@@ -13,7 +13,7 @@ use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
 use crate::batcher::BatchingSettings;
-use crate::router::RouterSettings;
+use crate::replica_set::RouterSettings;
 use crate::searcher::MAX_BATCH;
 use crate::shard_map::ShardMap;
 

@@ -17,8 +17,34 @@ use tokio::sync::watch;
 
 use crate::metrics::CloudMetrics;
 use crate::replica::Replica;
-use crate::router::{RouterError, RouterSettings};
 use crate::shard_map::ShardMap;
+
+/// Timing of the router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouterSettings {
+    /// Deadline of a request that names none.
+    pub request_timeout: Duration,
+    /// Longest one attempt on one replica may take before the next replica is tried.
+    pub attempt_timeout: Duration,
+    /// Period of the health checks.
+    pub health_interval: Duration,
+    /// How long start-up waits for every shard to have a replica that answers.
+    pub startup_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("no client for shard map endpoint `{endpoint}`: {source}")]
+    Endpoint {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("no replica of {0} answered within the start-up timeout")]
+    NoReplica(String),
+    #[error("{0}")]
+    Inconsistent(String),
+}
 
 /// What all shards must agree on.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -164,7 +164,7 @@ impl EngineLm {
 
     /// The engine's failure as the answer's.
     fn failed(&self, error: EngineError) -> RagError {
-        failed(&self.generation.base, error)
+        error.into_answer_error(&self.generation.base)
     }
 
     /// Runs `work` until it ends, giving up as soon as the caller leaves (which drops the
@@ -433,29 +433,6 @@ impl LmBackend for EngineLm {
     }
 }
 
-/// An engine's failure as an answer's: a refused prompt is the request's error (the engine
-/// alone knows whether it fits its context); anything else is the engine's, retryable when
-/// it is down, busy or slow.
-pub(crate) fn failed(engine: &str, error: EngineError) -> RagError {
-    if let EngineError::Status {
-        status: 400,
-        message,
-        ..
-    } = &error
-    {
-        return RagError::InvalidRequest {
-            field: "messages",
-            message: format!("were refused by the generation engine: {message}"),
-        };
-    }
-    tracing::warn!(engine, error = %error, "generation engine failed");
-    RagError::Worker {
-        endpoint: engine.to_string(),
-        retryable: error.is_retryable(),
-        source: Box::new(error),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -472,27 +449,5 @@ mod tests {
             ca_file: None,
         };
         assert!(!format!("{settings:?}").contains("sk-very-secret"));
-    }
-
-    #[test]
-    fn a_refused_prompt_is_the_requests_error_and_a_down_engine_is_retryable() {
-        let refused = failed(
-            "http://e/v1",
-            EngineError::Status {
-                url: "u".into(),
-                status: 400,
-                message: "context too long".into(),
-            },
-        );
-        assert_eq!(refused.field(), Some("messages"));
-        let down = failed(
-            "http://e/v1",
-            EngineError::Timeout {
-                url: "u".into(),
-                seconds: 1.0,
-            },
-        );
-        assert!(down.is_retryable());
-        assert!(down.to_string().contains("http://e/v1"));
     }
 }

@@ -1,5 +1,7 @@
 //! What can go wrong between the edge and an engine.
 
+use hasten_rag::RagError;
+
 /// A failed call to an engine; `url` is the address called.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -44,6 +46,29 @@ impl EngineError {
             Self::Client(_) | Self::CaFile { .. } | Self::Reply { .. } => false,
         }
     }
+
+    /// The failure as an answer's: a refused prompt is the request's error (the engine
+    /// alone knows whether it fits its context); anything else is the engine's, retryable
+    /// when it is down, busy or slow.
+    pub(crate) fn into_answer_error(self, engine: &str) -> RagError {
+        if let Self::Status {
+            status: 400,
+            message,
+            ..
+        } = &self
+        {
+            return RagError::InvalidRequest {
+                field: "messages",
+                message: format!("were refused by the generation engine: {message}"),
+            };
+        }
+        tracing::warn!(engine, error = %self, "generation engine failed");
+        RagError::Worker {
+            endpoint: engine.to_string(),
+            retryable: self.is_retryable(),
+            source: Box::new(self),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -66,5 +91,23 @@ mod tests {
             seconds: 1.0,
         };
         assert!(timeout.is_retryable());
+    }
+
+    #[test]
+    fn a_refused_prompt_is_the_requests_error_and_a_down_engine_is_retryable() {
+        let refused = EngineError::Status {
+            url: "u".into(),
+            status: 400,
+            message: "context too long".into(),
+        }
+        .into_answer_error("http://e/v1");
+        assert_eq!(refused.field(), Some("messages"));
+        let down = EngineError::Timeout {
+            url: "u".into(),
+            seconds: 1.0,
+        }
+        .into_answer_error("http://e/v1");
+        assert!(down.is_retryable());
+        assert!(down.to_string().contains("http://e/v1"));
     }
 }

@@ -20,7 +20,6 @@ use hasten_rag::{
     Role,
 };
 
-use crate::backend::failed;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::llama_cpp::LlamaCpp;
@@ -187,7 +186,7 @@ pub async fn draft_all(
         )
     }))
     .await
-    .map_err(|error| failed(&engines.drafter.base, error))?;
+    .map_err(|error| error.into_answer_error(&engines.drafter.base))?;
     Ok(Drafted {
         drafting: DraftingTokens {
             prompt_tokens: written.iter().map(|w| w.prompt_tokens).sum(),
@@ -216,7 +215,7 @@ pub async fn judge_and_answer(
             .collect();
         let verification = verify(engines.verifier, &request.question, &pairs)
             .await
-            .map_err(|error| failed(&engines.verifier.base, error))?;
+            .map_err(|error| error.into_answer_error(&engines.verifier.base))?;
         (verification.verdicts, verification.tokens)
     } else {
         (vec![UNJUDGED; drafted.drafts.len()], 0)
@@ -230,7 +229,7 @@ pub async fn judge_and_answer(
     let best = &reports[chosen];
     let (text, answer_tokens, finish) = bounded_answer(engines.verifier, &best.answer, request)
         .await
-        .map_err(|error| failed(&engines.verifier.base, error))?;
+        .map_err(|error| error.into_answer_error(&engines.verifier.base))?;
     let total = started.elapsed();
     Ok(Answer {
         text,

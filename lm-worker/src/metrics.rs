@@ -9,8 +9,6 @@ use hasten_core::metrics::prometheus::{
 use hasten_core::metrics::{GENERATION_BUCKETS, TOKEN_RATE_BUCKETS, register};
 use hasten_rag::{Answer, AnswerMode};
 
-use crate::service::mode_label;
-
 #[derive(Debug)]
 pub struct WorkerMetrics {
     answers: IntCounterVec,
@@ -100,7 +98,7 @@ impl WorkerMetrics {
         first_text: Option<Duration>,
         took: Duration,
     ) {
-        let mode = mode_label(mode);
+        let mode = mode.name();
         self.answers.with_label_values(&[mode]).inc();
         self.duration
             .with_label_values(&[mode])

@@ -9,7 +9,7 @@ use futures::Stream;
 use futures::stream::{self, StreamExt};
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::generation_server::Generation;
-use hasten_rag::{AnswerMode, AnswerSink, LmBackend, ModelQueue, QueueError, RagError};
+use hasten_rag::{AnswerSink, LmBackend, ModelQueue, QueueError, RagError};
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -162,13 +162,5 @@ impl Generation for GenerationService {
         _request: Request<pb::GenerationInfoRequest>,
     ) -> Result<Response<pb::GenerationInfo>, Status> {
         Ok(Response::new(info_proto(self.backend.info())))
-    }
-}
-
-/// Whether `mode` is speculative, as a metrics label.
-pub fn mode_label(mode: AnswerMode) -> &'static str {
-    match mode {
-        AnswerMode::Standard => "standard",
-        AnswerMode::Speculative => "speculative",
     }
 }

@@ -139,6 +139,16 @@ pub enum AnswerMode {
     Speculative,
 }
 
+impl AnswerMode {
+    /// The mode's name, as its JSON form and its metrics label spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Standard => "standard",
+            Self::Speculative => "speculative",
+        }
+    }
+}
+
 /// How the final draft is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -7,7 +7,6 @@ use hasten_core::metrics::prometheus::{
     self, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 use hasten_core::metrics::{GENERATION_BUCKETS, TOKEN_RATE_BUCKETS, register};
-use hasten_rag::AnswerMode;
 
 use super::Answered;
 use crate::api::EdgeError;
@@ -22,13 +21,6 @@ pub struct AnswerMetrics {
     generated: IntCounterVec,
     cancelled: IntCounter,
     queue: IntGauge,
-}
-
-fn mode_label(mode: AnswerMode) -> &'static str {
-    match mode {
-        AnswerMode::Standard => "standard",
-        AnswerMode::Speculative => "speculative",
-    }
 }
 
 impl AnswerMetrics {
@@ -109,7 +101,7 @@ impl AnswerMetrics {
     }
 
     pub(crate) fn observe(&self, answered: &Answered, took: Duration) {
-        let mode = mode_label(answered.mode);
+        let mode = answered.mode.name();
         self.answers.with_label_values(&[mode]).inc();
         self.duration
             .with_label_values(&[mode])

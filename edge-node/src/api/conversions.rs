@@ -207,13 +207,7 @@ pub fn status_json(
             verifier: info.verifier,
             drafter: info.drafter,
             device: info.device,
-            modes: modes
-                .into_iter()
-                .map(|mode| match mode {
-                    AnswerMode::Standard => "standard".to_string(),
-                    AnswerMode::Speculative => "speculative".to_string(),
-                })
-                .collect(),
+            modes: modes.into_iter().map(|mode| mode.name().into()).collect(),
         }),
     }
 }
