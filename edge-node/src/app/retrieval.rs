@@ -1,0 +1,174 @@
+//! The retrieval engine: the bundle's documents, the fuzzy and cache channels, the tenants'
+//! caches and the QUIC link to the cloud; warming the cache before serving.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use edge_node::caches::{Eviction, TenantCaches};
+use edge_node::config::EdgeConfig;
+use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
+use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel};
+use edge_node::retrieval::{EngineSettings, RetrievalEngine};
+use edge_node::tenants::{Tenant, TenantDirectory};
+use edge_node::warmup::{read_warm_queries, warm_cache};
+use hasten_core::bundle::CorpusBundle;
+use hasten_core::encoder::TextEncoder;
+use hasten_proto::quic::client_config;
+use hasten_proto::tls::{MutualTls, TrustRoots};
+
+/// Training rows for the cache channel's centroids: the whole bundle up to this many rows
+/// (k-means cost grows with it; 100k rows give every list of a 50k-document cache hundreds
+/// of points).
+const CACHE_TRAINING_ROWS: usize = 100_000;
+
+/// The cache channel, trained on a sample of the whole corpus: cached results hold
+/// documents from anywhere in it, also outside the edge's share.
+fn cache_channel(bundle_dir: &Path, dimension: usize, config: &EdgeConfig) -> Result<CacheChannel> {
+    let sample = CorpusBundle::vector_sample(bundle_dir, CACHE_TRAINING_ROWS)
+        .with_context(|| format!("sampling the bundle {}", bundle_dir.display()))?;
+    let channel = CacheChannel::train(dimension, &sample, config.cache_nlist, config.cache_nprobe)?;
+    let shape = channel.shape();
+    tracing::info!(
+        nlist = shape.nlist,
+        nprobe = shape.nprobe,
+        "cache channel trained"
+    );
+    Ok(channel)
+}
+
+/// The QUIC client configuration toward the cloud: mutual TLS through the deployment's CA,
+/// or trust in `cloud_ca` alone.
+fn cloud_tls(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<quinn::ClientConfig> {
+    if let Some(mutual) = mutual {
+        return Ok(client_config(
+            mutual.trust(),
+            Some(mutual.identity().clone()),
+        )?);
+    }
+    tracing::warn!(
+        "mutual TLS is off (no `tls_ca`): the edge shows no certificate, and control-plane gRPC is plaintext"
+    );
+    let trust = TrustRoots::from_pem_file(&config.cloud_ca).with_context(|| {
+        format!(
+            "loading the cloud CA {} (a dev cloud writes its certificate to run/cloud-dev-cert.pem)",
+            config.cloud_ca.display()
+        )
+    })?;
+    Ok(client_config(&trust, None)?)
+}
+
+pub(super) fn build_engine(
+    config: &EdgeConfig,
+    bundle_dir: &Path,
+    bundle: &CorpusBundle,
+    tenants: &TenantDirectory,
+    mutual: Option<&MutualTls>,
+) -> Result<RetrievalEngine<QuicCloudClient>> {
+    let client_config = cloud_tls(config, mutual)?;
+    let corpus_version = bundle.manifest.corpus_version.clone();
+    let cloud = QuicCloudClient::new(
+        client_config,
+        CloudEndpoint {
+            addr: config.cloud_addr,
+            server_name: config.cloud_server_name.clone(),
+            timeout: Duration::from_millis(config.cloud_timeout_ms),
+            corpus_version: corpus_version.clone(),
+        },
+    )
+    .context("opening the QUIC client endpoint")?;
+    let documents = Arc::new(DocumentStore::from_bundle(bundle));
+    let fuzzy = if config.policy.drafts() && config.fuzzy_channel {
+        let started = Instant::now();
+        let fuzzy = FuzzyChannel::build(
+            &documents,
+            config.corpus_fraction,
+            config.fuzzy_nlist,
+            config.fuzzy_nprobe,
+        )
+        .context("building the fuzzy channel")?;
+        tracing::info!(
+            documents = fuzzy.len(),
+            index = fuzzy.index().description(),
+            nprobe = fuzzy.index().shape().nprobe,
+            seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+            "fuzzy channel built"
+        );
+        Some(fuzzy)
+    } else {
+        None
+    };
+    // With a control plane, evictions come only from its log: one FIFO decider for the
+    // one replicated cache.
+    let eviction = if config.control_plane.is_empty() {
+        Eviction::Fifo(config.cache_capacity)
+    } else {
+        Eviction::FromLog
+    };
+    let caches = TenantCaches::new(
+        config.policy.lookup(),
+        tenants.tenants(),
+        eviction,
+        &cache_channel(bundle_dir, bundle.dimension(), config)?,
+        documents,
+        corpus_version,
+        config.validation_depth,
+    )?;
+    Ok(RetrievalEngine::new(
+        EngineSettings {
+            policy: config.policy,
+            tau: config.tau,
+            fuzzy_candidates: config.fuzzy_candidates,
+            cache_candidates: config.cache_candidates,
+            semantic_threshold: config.semantic_threshold,
+            fuzzy_in_validation: config.fuzzy_in_validation,
+            fuzzy_in_draft: config.fuzzy_in_draft,
+        },
+        Arc::new(caches),
+        fuzzy,
+        cloud,
+    )?)
+}
+
+/// Connects to the cloud until its corpus version is verified once, so that readiness
+/// follows the link before the first fallback.
+pub(super) async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClient>>) {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match engine.cloud().verify_link().await {
+            Ok(()) => return,
+            Err(err) => tracing::debug!(%err, "cloud index not verified yet; retrying"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Fills the shared cache from `warm_queries` once the cloud answers; the edge serves only
+/// after, so that its first requests meet the warmed cache.
+pub(super) async fn warm_before_serving(
+    engine: &Arc<RetrievalEngine<QuicCloudClient>>,
+    encoder: &TextEncoder,
+    path: &Path,
+) -> Result<()> {
+    let questions = read_warm_queries(path).context("configuration: `warm_queries`")?;
+    let started = Instant::now();
+    let texts: Vec<&str> = questions.iter().map(String::as_str).collect();
+    let vectors = encoder
+        .encode(&texts)
+        .context("encoding the warm queries")?;
+    tracing::info!(
+        questions = questions.len(),
+        "waiting for the cloud to warm the cache"
+    );
+    verify_cloud_link(Arc::clone(engine)).await;
+    let report = warm_cache(engine, &Tenant::default_tenant(), questions, vectors).await?;
+    tracing::info!(
+        cached = report.cached,
+        failed = report.failed,
+        seconds = format!("{:.1}", started.elapsed().as_secs_f64()),
+        "cache warmed"
+    );
+    Ok(())
+}
