@@ -13,8 +13,8 @@ use super::json::{
 };
 use super::{EdgeError, ReplyOptions, RetrieveInput};
 use crate::fallback::quic::CloudLink;
-use crate::pipeline::EdgeStatus;
 use crate::retrieval::{MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings};
+use crate::service::retrieve::EdgeStatus;
 
 impl From<RetrieveBody> for RetrieveInput {
     fn from(body: RetrieveBody) -> Self {

@@ -3,6 +3,7 @@
 //! [`json`] (and the generated protobuf types); [`conversions`] turns them into these
 //! types and back.
 
+pub mod answer;
 pub mod conversions;
 pub mod json;
 

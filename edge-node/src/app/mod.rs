@@ -10,18 +10,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use edge_node::answer::metrics::AnswerMetrics;
-use edge_node::answer::{AnswerLimits, AnswerService};
 use edge_node::api::{ReplyOptions, RequestLimits};
 use edge_node::config::EdgeConfig;
 use edge_node::document_fetch::fetch_missing_documents;
 use edge_node::grpc::EdgeGrpc;
 use edge_node::has::in_edge_share;
 use edge_node::http::BodyLimits;
-use edge_node::http_server::{self, HttpServerLimits};
+use edge_node::http::server::{self as http_server, HttpServerLimits};
 use edge_node::metrics::EdgeMetrics;
-use edge_node::pipeline::EdgeService;
 use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
+use edge_node::service::answer::metrics::AnswerMetrics;
+use edge_node::service::answer::{AnswerLimits, AnswerService};
+use edge_node::service::retrieve::EdgeService;
 use edge_node::tenants::TenantDirectory;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
@@ -213,23 +213,19 @@ fn routes(config: &EdgeConfig, services: &Services) -> (axum::Router, axum::Rout
     };
     let (service, answers) = (&services.retrieval, &services.answers);
     let api = edge_node::http::api_routes(service.clone(), body_limits)
-        .merge(edge_node::answer::http::answer_routes(
+        .merge(edge_node::http::answer::answer_routes(
             answers.clone(),
             body_limits,
         ))
-        .merge(edge_node::answer::openai::chat_routes(
+        .merge(edge_node::http::openai::chat_routes(
             answers.clone(),
             body_limits,
         ))
-        .merge(edge_node::answer::ralm::ralm_routes(
+        .merge(edge_node::http::iterative::iterative_routes(
             answers.clone(),
             body_limits,
         ))
-        .merge(edge_node::answer::spechop::spechop_routes(
-            answers.clone(),
-            body_limits,
-        ))
-        .merge(edge_node::embeddings::embedding_routes(
+        .merge(edge_node::http::embeddings::embedding_routes(
             service.clone(),
             body_limits,
         ));

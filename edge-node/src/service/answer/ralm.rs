@@ -1,16 +1,10 @@
-//! `POST /v1/ralm`: iterative RAG on this edge's language model, retrieving from the cloud
+//! Iterative RAG (`POST /v1/ralm`) on this edge's language model, retrieving from the cloud
 //! every few generated tokens: sequentially (`ralm-seq`) or with RaLMSpec (hasten-spec-
 //! retrieval: the request's own document cache speculates, the cloud verifies a stride of
 //! retrievals in one batched search, generation rolls back to the first mismatch), whose
 //! answer is the sequential one token for token. The reply carries the speculation's
 //! statistics.
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::Response;
-use axum::routing::post;
 use hasten_spec_retrieval::ralm::{
     LocalDocumentCache, Os3Settings, RalmGenerator, RalmOutput, RalmSettings, RalmStepper,
     SpeculationSettings, SpeculationStats, Stride, run_sequential, run_speculative,
@@ -21,11 +15,10 @@ use tracing::Instrument;
 
 use super::AnswerService;
 use super::iterative::{
-    Cancellable, EngineHandle, IterativeModel, RunContext, edge_error, respond, retrieved,
+    Cancellable, EngineHandle, IterativeModel, RunContext, edge_error, retrieved,
 };
 use crate::api::{EdgeError, InvalidArgument};
 use crate::fallback::CloudSearch;
-use crate::http::BodyLimits;
 use crate::tenants::Tenant;
 
 /// How many retrievals RaLMSpec speculates before verifying: a number, or `os3`.
@@ -68,7 +61,7 @@ const MAX_STRIDE: u32 = 64;
 impl AnswerService {
     /// Checks a `/v1/ralm` body; errors name the field.
     pub fn validate_ralm(&self, body: RalmBody) -> Result<RalmInput, InvalidArgument> {
-        let question = self.validate(super::json::AnswerBody {
+        let question = self.validate(crate::api::answer::AnswerBody {
             question: body.question,
             max_tokens: body
                 .max_tokens
@@ -233,30 +226,4 @@ impl RalmReply {
             },
         }
     }
-}
-
-#[derive(Clone)]
-struct RalmState {
-    service: AnswerService,
-    body: BodyLimits,
-}
-
-/// `POST /v1/ralm`.
-pub fn ralm_routes(service: AnswerService, body: BodyLimits) -> Router {
-    Router::new()
-        .route("/v1/ralm", post(ralm))
-        .with_state(RalmState { service, body })
-}
-
-async fn ralm(State(state): State<RalmState>, headers: HeaderMap, body: Body) -> Response {
-    let outcome = async {
-        let (tenant, body): (_, RalmBody) = state
-            .service
-            .read_request(&headers, body, state.body)
-            .await?;
-        let input = state.service.validate_ralm(body)?;
-        state.service.ralm(&tenant, input).await
-    }
-    .await;
-    respond(outcome, "iterative RAG")
 }

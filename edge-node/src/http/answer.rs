@@ -15,13 +15,15 @@ use axum::routing::post;
 use futures::StreamExt;
 use hasten_rag::Finish;
 
-use super::json::{AnswerBody, AnswerReply, AnswerTimingsJson, DraftJson, DraftingJson, ModeJson};
-use super::{AnswerEvent, AnswerInput, AnswerService, Answered};
 use crate::api::EdgeError;
+use crate::api::answer::{
+    AnswerBody, AnswerReply, AnswerTimingsJson, DraftJson, DraftingJson, ModeJson,
+};
 use crate::api::conversions::error_json;
 use crate::api::json::{DocumentJson, OutcomeJson, parse_json_object};
 use crate::http::{BodyLimits, client_timeout, read_json_bytes};
 use crate::retrieval::Outcome;
+use crate::service::answer::{AnswerEvent, AnswerInput, AnswerService, Answered};
 
 #[derive(Clone)]
 struct AnswerState {

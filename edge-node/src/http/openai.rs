@@ -2,7 +2,7 @@
 //! (streaming and not) and `GET /v1/models`, so that the clients people already use (OpenAI
 //! SDKs, LangChain, LlamaIndex) talk to Hasten unchanged. The last user message is the
 //! question the model answers, with the system messages and earlier turns in its prompt;
-//! retrieval runs on a standalone question ([`super::chat`]). The model name picks the mode
+//! retrieval runs on a standalone question ([`crate::service::answer::chat`]). The model name picks the mode
 //! (`hasten-rag` standard, `hasten-rag-speculative` Speculative RAG). Errors have OpenAI's
 //! shape (`{"error": {"message", "type", "param", "code"}}`), refusals come before the
 //! reply starts, and a client that leaves cancels its generation.
@@ -22,16 +22,16 @@ use hasten_rag::{AnswerMode, Decoding};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::chat::{ChatMessageJson, read_messages, retrieval_query};
-use super::http::finish_reason;
-use super::json::StopJson;
-use super::{AnswerEvent, AnswerInput, AnswerService, Answered};
+use super::answer::finish_reason;
+use crate::api::answer::StopJson;
 use crate::api::json::parse_json_object;
 use crate::api::{EdgeError, InvalidArgument};
-use crate::embeddings::EMBEDDING_MODEL;
+use crate::http::embeddings::EMBEDDING_MODEL;
 use crate::http::{
     BodyLimits, client_timeout, openai_error, openai_error_response, read_json_bytes,
 };
+use crate::service::answer::chat::{ChatMessageJson, read_messages, retrieval_query};
+use crate::service::answer::{AnswerEvent, AnswerInput, AnswerService, Answered};
 
 /// The models `/v1/models` lists: one per answer mode.
 pub const STANDARD_MODEL: &str = "hasten-rag";
@@ -352,7 +352,7 @@ async fn read_request(
 fn completion(id: &str, created: u64, model: &str, answered: Answered) -> Value {
     let finish = finish_reason(answered.answer.finish);
     let usage = Usage::of(&answered);
-    let reply = super::http::reply(answered);
+    let reply = super::answer::reply(answered);
     json!({
         "id": id,
         "object": "chat.completion",

@@ -10,12 +10,12 @@ use hasten_rag::AnswerMode;
 use hasten_worker_api::generation::{draft_proto, micros, mode_from_proto, mode_proto};
 use tonic::Status;
 
-use super::http::finish_reason;
-use super::json::{AnswerBody, ModeJson, StopJson};
-use super::{AnswerEvent, AnswerService, Answered};
+use crate::api::answer::{AnswerBody, ModeJson, StopJson};
 use crate::api::json::{DocumentJson, OutcomeJson};
 use crate::api::{EdgeError, InvalidArgument};
+use crate::http::answer::finish_reason;
 use crate::retrieval::Outcome;
+use crate::service::answer::{AnswerEvent, AnswerService, Answered};
 
 pub type AnswerEvents = Pin<Box<dyn Stream<Item = Result<pb::AnswerEvent, Status>> + Send>>;
 

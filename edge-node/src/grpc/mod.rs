@@ -1,5 +1,7 @@
 //! The gRPC twins of `POST /v1/retrieve` and `POST /v1/answer`. Everything about a request
-//! beyond its wire form is the pipeline's.
+//! beyond its wire form is the services' ([`crate::service`]).
+
+pub mod answer;
 
 use std::time::Duration;
 
@@ -8,11 +10,11 @@ use hasten_proto::v1::edge_server::Edge;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use crate::answer::AnswerService;
-use crate::answer::grpc::{AnswerEvents, answer_events};
 use crate::api::conversions::reply_proto;
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
-use crate::pipeline::{EdgeService, Incoming};
+use crate::grpc::answer::{AnswerEvents, answer_events};
+use crate::service::answer::AnswerService;
+use crate::service::retrieve::{EdgeService, Incoming};
 
 #[derive(Clone)]
 pub struct EdgeGrpc {

@@ -2,7 +2,13 @@
 //! Prometheus and Kubernetes `GET /v1/status`, `/metrics`, `/readyz`, `/healthz` (the admin
 //! routes, on the API's address or an address of their own); and how an error is answered
 //! over HTTP, in Hasten's shape or OpenAI's. Everything about a request beyond its wire form
-//! is the pipeline's.
+//! is the services' ([`crate::service`]).
+
+pub mod answer;
+pub mod embeddings;
+pub mod iterative;
+pub mod openai;
+pub mod server;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +25,7 @@ use serde_json::json;
 use crate::api::conversions::{error_json, reply_json, status_json};
 use crate::api::json::{RetrieveReply, StatusJson, parse_body};
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
-use crate::pipeline::{EdgeService, Incoming};
+use crate::service::retrieve::{EdgeService, Incoming};
 
 /// Header in which a client says how long it will wait, in milliseconds: the edge gives up
 /// (504) when it passes and passes what remains on to the cloud.

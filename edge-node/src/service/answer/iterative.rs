@@ -1,33 +1,26 @@
 //! What the edge's iterative endpoints (`/v1/ralm`, `/v1/spechop`) share: the model they
 //! step (loaded here, or a llama.cpp engine) behind the answers' queue, the cloud as their
-//! exact retriever, and their HTTP plumbing.
+//! exact retriever, and stopping a run whose client left.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use axum::body::Body;
-use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
 use hasten_engine::EngineLm;
 use hasten_lm::LanguageModel;
 use hasten_rag::RagError;
 use hasten_spec_retrieval::hop::{Action, Hop, HopAgent};
 use hasten_spec_retrieval::ralm::{RalmSettings, RalmStepper, StepTokens};
 use hasten_spec_retrieval::{RetrievalError, RetrievedDocument, SpecError};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::AnswerService;
 use super::metrics::AnswerMetrics;
 use crate::api::EdgeError;
-use crate::api::json::parse_json_object;
 use crate::fallback::quic::QuicCloudClient;
 use crate::fallback::{CloudDocument, CloudError};
-use crate::http::{BodyLimits, read_json_bytes};
-use crate::pipeline::EdgeService;
 use crate::retrieval::{EngineError, RetrievalEngine};
+use crate::service::retrieve::EdgeService;
 use crate::tenants::Tenant;
 
 /// What iterative requests generate with, step by step.
@@ -256,36 +249,5 @@ impl AnswerService {
         .await;
         guard.finished = true;
         Ok((output.map_err(EdgeError::TaskFailed)??, queued_ms))
-    }
-
-    /// Authenticates a request and parses its JSON body.
-    pub(super) async fn read_request<B: DeserializeOwned>(
-        &self,
-        headers: &HeaderMap,
-        body: Body,
-        limits: BodyLimits,
-    ) -> Result<(Tenant, B), EdgeError> {
-        let authorization = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let tenant = self
-            .retrieval
-            .authenticate(authorization)
-            .map_err(EdgeError::from)?;
-        let bytes = read_json_bytes(headers, body, limits).await?;
-        Ok((tenant, parse_json_object(&bytes)?))
-    }
-}
-
-/// The reply, or the error as JSON (logged when the edge is at fault).
-pub(super) fn respond<R: Serialize>(outcome: Result<R, EdgeError>, what: &str) -> Response {
-    match outcome {
-        Ok(reply) => axum::Json(reply).into_response(),
-        Err(error) => {
-            if error.is_server_side() {
-                tracing::warn!(error = %error, source = ?std::error::Error::source(&error), "{what} failed");
-            }
-            error.into_response()
-        }
     }
 }

@@ -1,4 +1,4 @@
-//! `POST /v1/spechop`: a multi-hop agent on this edge's language model (a sub-query, its
+//! Multi-hop RAG (`POST /v1/spechop`): a multi-hop agent on this edge's language model (a sub-query, its
 //! documents and a one-line sub-answer per hop, then the answer), sequential or with
 //! SpecHop (hasten-spec-retrieval): while a hop's exact retrieval is in flight at the cloud,
 //! the agent goes on from the edge's own guess, HaS's draft (cache and fuzzy channels
@@ -10,12 +10,6 @@
 
 use std::sync::Arc;
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::Response;
-use axum::routing::post;
 use hasten_spec_retrieval::hop::{
     Hop, HopAgent, HopOutcome, HopSettings, HopSpeculator, HopStats, LmHopAgent, Verifier,
     run_sequential_agent, run_spechop,
@@ -26,10 +20,9 @@ use tracing::Instrument;
 
 use super::AnswerService;
 use super::iterative::{
-    Cancellable, EngineHandle, IterativeModel, RunContext, edge_error, respond, retrieved,
+    Cancellable, EngineHandle, IterativeModel, RunContext, edge_error, retrieved,
 };
 use crate::api::{EdgeError, InvalidArgument};
-use crate::http::BodyLimits;
 use crate::retrieval::StageTimings;
 use crate::tenants::Tenant;
 
@@ -91,7 +84,7 @@ impl AnswerService {
     /// Checks a `/v1/spechop` body; errors name the field.
     pub fn validate_spechop(&self, body: SpecHopBody) -> Result<SpecHopInput, InvalidArgument> {
         let question = self
-            .validate(super::json::AnswerBody {
+            .validate(crate::api::answer::AnswerBody {
                 question: body.question,
                 ..Default::default()
             })?
@@ -301,30 +294,4 @@ pub struct SpecHopReply {
 pub struct SpecHopTimingsJson {
     pub queue_ms: f64,
     pub total_ms: f64,
-}
-
-#[derive(Clone)]
-struct SpecHopState {
-    service: AnswerService,
-    body: BodyLimits,
-}
-
-/// `POST /v1/spechop`.
-pub fn spechop_routes(service: AnswerService, body: BodyLimits) -> Router {
-    Router::new()
-        .route("/v1/spechop", post(spechop))
-        .with_state(SpecHopState { service, body })
-}
-
-async fn spechop(State(state): State<SpecHopState>, headers: HeaderMap, body: Body) -> Response {
-    let outcome = async {
-        let (tenant, body): (_, SpecHopBody) = state
-            .service
-            .read_request(&headers, body, state.body)
-            .await?;
-        let input = state.service.validate_spechop(body)?;
-        state.service.spechop(tenant, input).await
-    }
-    .await;
-    respond(outcome, "multi-hop RAG")
 }

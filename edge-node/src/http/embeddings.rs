@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::api::json::parse_json_object;
 use crate::api::{EdgeError, InvalidArgument};
 use crate::http::{BodyLimits, openai_error_response, read_json_bytes};
-use crate::pipeline::EdgeService;
+use crate::service::retrieve::EdgeService;
 
 /// The model `/v1/models` lists for embeddings.
 pub const EMBEDDING_MODEL: &str = "all-MiniLM-L6-v2";

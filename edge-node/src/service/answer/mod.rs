@@ -11,12 +11,8 @@
 //! at once.
 
 pub mod chat;
-pub mod grpc;
-pub mod http;
 mod iterative;
-pub mod json;
 pub mod metrics;
-pub mod openai;
 mod quota;
 pub mod ralm;
 pub mod spechop;
@@ -31,9 +27,10 @@ use hasten_rag::{
 };
 use tracing::Instrument;
 
+use crate::api::answer as answer_json;
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
-use crate::pipeline::{EdgeService, Incoming};
 use crate::retrieval::Retrieval;
+use crate::service::retrieve::{EdgeService, Incoming};
 use crate::tenants::Tenant;
 pub use iterative::IterativeModel;
 use metrics::AnswerMetrics;
@@ -178,7 +175,7 @@ impl AnswerService {
     }
 
     /// Checks a parsed body against the limits; errors name the field.
-    pub fn validate(&self, body: json::AnswerBody) -> Result<AnswerInput, InvalidArgument> {
+    pub fn validate(&self, body: answer_json::AnswerBody) -> Result<AnswerInput, InvalidArgument> {
         let question = body.question.unwrap_or_default();
         let question = question.trim();
         if question.is_empty() {
@@ -203,8 +200,8 @@ impl AnswerService {
             conversation: Vec::new(),
             k: body.k,
             mode: match body.mode {
-                json::ModeJson::Standard => AnswerMode::Standard,
-                json::ModeJson::Speculative => AnswerMode::Speculative,
+                answer_json::ModeJson::Standard => AnswerMode::Standard,
+                answer_json::ModeJson::Speculative => AnswerMode::Speculative,
             },
             max_tokens: self.max_tokens(body.max_tokens)?,
             decoding: Decoding {
@@ -213,7 +210,7 @@ impl AnswerService {
                 seed: body.seed.unwrap_or(0),
                 stop: body
                     .stop
-                    .map(json::StopJson::into_strings)
+                    .map(answer_json::StopJson::into_strings)
                     .unwrap_or_default(),
             },
         })
