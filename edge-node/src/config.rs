@@ -205,6 +205,10 @@ pub struct EdgeConfig {
     /// Answers one tenant may have waiting or generating at once; beyond it 429, so one
     /// client cannot fill the queue. Unset: the queue alone bounds a tenant.
     pub answer_queue_per_tenant: Option<usize>,
+    /// Whether the model rewrites a chat's follow-up question into a standalone one for
+    /// retrieval (one short generation per follow-up); off: the last user message, with
+    /// the previous user turn when it is short or refers back.
+    pub chat_query_rewrite: bool,
     /// Speculative RAG: drafts per answer (paper: m = 5).
     pub speculative_drafts: usize,
     /// Speculative RAG: document clusters, one document of each per draft (paper: k = 2).
@@ -290,6 +294,7 @@ impl Default for EdgeConfig {
             // A 135M model answers in about a second on 2 cores: 16 waiting is ~15 s.
             answer_queue: 16,
             answer_queue_per_tenant: None,
+            chat_query_rewrite: false,
             speculative_drafts: 5,
             speculative_clusters: 2,
         }

@@ -7,10 +7,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use hasten_rag::prompt::standard_messages;
+use hasten_rag::rewrite::{REWRITE_TOKENS, rewrite_messages, standalone_question};
 use hasten_rag::stop::StopStrings;
 use hasten_rag::{
-    Answer, AnswerMode, AnswerRequest, AnswerSink, AnswerTimings, BackendInfo, Document,
-    DraftingTokens, Finish, LmBackend, RagError,
+    Answer, AnswerMode, AnswerRequest, AnswerSink, AnswerTimings, BackendInfo, ChatMessage,
+    ChatTurn, Decoding, Document, DraftingTokens, Finish, LmBackend, RagError,
 };
 use tokio::runtime::Handle;
 
@@ -202,18 +203,57 @@ impl EngineLm {
         let started = Instant::now();
         let documents: Vec<&Document> = request.documents.iter().collect();
         let messages = standard_messages(&request.question, &documents, &request.conversation);
+        let completion = self
+            .complete(&messages, request.max_new_tokens, &request.decoding, sink)
+            .await?;
+        let total = started.elapsed();
+        let first_token = completion.first_text.unwrap_or(total);
+        Ok(Answer {
+            text: completion.text.trim().to_string(),
+            rationale: None,
+            documents_used: (0..request.documents.len()).collect(),
+            drafts: Vec::new(),
+            timings: AnswerTimings {
+                // The engine reads the prompt and writes the first token in one wait.
+                prefill: first_token,
+                first_token,
+                decode: total.saturating_sub(first_token),
+                verify: Duration::ZERO,
+                total,
+            },
+            prompt_tokens: completion.usage.map_or(0, |u| u.prompt_tokens),
+            // Without usage, one streamed delta is about one token.
+            generated_tokens: completion
+                .usage
+                .map_or(completion.deltas, |u| u.completion_tokens),
+            finish: completion.finish,
+            drafting: DraftingTokens::default(),
+            dropped_turns: 0,
+        })
+    }
+
+    /// One chat completion on the answering engine, its text streamed to `sink` as it
+    /// comes; the caller leaving closes the request.
+    async fn complete(
+        &self,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+        decoding: &Decoding,
+        sink: &mut dyn AnswerSink,
+    ) -> Result<Completion, RagError> {
+        let started = Instant::now();
         let body = ChatRequest {
             model: &self.generation.model,
-            messages: wire::messages(&messages),
+            messages: wire::messages(messages),
             stream: true,
             stream_options: StreamOptions {
                 include_usage: true,
             },
-            max_tokens: request.max_new_tokens,
-            temperature: request.decoding.temperature,
-            top_p: request.decoding.top_p,
-            seed: request.decoding.seed,
-            stop: &request.decoding.stop,
+            max_tokens,
+            temperature: decoding.temperature,
+            top_p: decoding.top_p,
+            seed: decoding.seed,
+            stop: &decoding.stop,
             logprobs: false,
             top_logprobs: None,
         };
@@ -223,12 +263,9 @@ impl EngineLm {
             .map_err(|error| self.failed(error))?;
         // The engine applies the stop strings too; this also ends the answer with an engine
         // that ignores them, and closes the request when it does.
-        let mut stops = StopStrings::new(&request.decoding.stop);
-        let mut text = String::new();
-        let mut first_text: Option<Duration> = None;
+        let mut stops = StopStrings::new(&decoding.stop);
+        let mut completion = Completion::default();
         let mut engine_finish: Option<String> = None;
-        let mut usage: Option<Usage> = None;
-        let mut deltas = 0usize;
         loop {
             let Some(chunk) = self
                 .guarded(&*sink, events.next())
@@ -237,7 +274,7 @@ impl EngineLm {
             else {
                 break;
             };
-            usage = chunk.usage.or(usage);
+            completion.usage = chunk.usage.or(completion.usage);
             let Some(choice) = chunk.choices.into_iter().next() else {
                 continue;
             };
@@ -247,12 +284,14 @@ impl EngineLm {
             let Some(delta) = choice.delta.content.filter(|d| !d.is_empty()) else {
                 continue;
             };
-            deltas += 1;
+            completion.deltas += 1;
             let released = stops.push(&delta);
             if !released.is_empty() {
-                first_text.get_or_insert_with(|| started.elapsed());
+                completion
+                    .first_text
+                    .get_or_insert_with(|| started.elapsed());
                 sink.text(&released);
-                text.push_str(&released);
+                completion.text.push_str(&released);
             }
             if stops.stopped() {
                 break;
@@ -267,36 +306,17 @@ impl EngineLm {
         }
         let rest = stops.finish();
         if !rest.is_empty() {
-            first_text.get_or_insert_with(|| started.elapsed());
+            completion
+                .first_text
+                .get_or_insert_with(|| started.elapsed());
             sink.text(&rest);
-            text.push_str(&rest);
+            completion.text.push_str(&rest);
         }
-        let finish = match engine_finish.as_deref() {
+        completion.finish = match engine_finish.as_deref() {
             Some("length") if !stopped_by_string => Finish::Length,
             _ => Finish::Stop,
         };
-        let total = started.elapsed();
-        let first_token = first_text.unwrap_or(total);
-        Ok(Answer {
-            text: text.trim().to_string(),
-            rationale: None,
-            documents_used: (0..request.documents.len()).collect(),
-            drafts: Vec::new(),
-            timings: AnswerTimings {
-                // The engine reads the prompt and writes the first token in one wait.
-                prefill: first_token,
-                first_token,
-                decode: total.saturating_sub(first_token),
-                verify: Duration::ZERO,
-                total,
-            },
-            prompt_tokens: usage.map_or(0, |u| u.prompt_tokens),
-            // Without usage, one streamed delta is about one token.
-            generated_tokens: usage.map_or(deltas, |u| u.completion_tokens),
-            finish,
-            drafting: DraftingTokens::default(),
-            dropped_turns: 0,
-        })
+        Ok(completion)
     }
 
     async fn answer_speculative(
@@ -379,6 +399,17 @@ impl EngineLm {
     }
 }
 
+/// What one chat completion gave.
+#[derive(Default)]
+struct Completion {
+    text: String,
+    finish: Finish,
+    usage: Option<Usage>,
+    /// Text chunks streamed (about one token each).
+    deltas: usize,
+    first_text: Option<Duration>,
+}
+
 impl LmBackend for EngineLm {
     fn answer(
         &self,
@@ -408,6 +439,23 @@ impl LmBackend for EngineLm {
                 ),
             }),
         }
+    }
+
+    fn rewrite_query(
+        &self,
+        conversation: &[ChatTurn],
+        question: &str,
+    ) -> Option<Result<String, RagError>> {
+        let messages = rewrite_messages(conversation, question);
+        let completion = self.runtime.block_on(self.complete(
+            &messages,
+            REWRITE_TOKENS,
+            &Decoding::default(),
+            &mut |_: &str| {},
+        ));
+        Some(completion.and_then(|completion| {
+            standalone_question(&completion.text).ok_or(RagError::Rewrite(completion.text))
+        }))
     }
 
     fn serves(&self, mode: AnswerMode) -> bool {

@@ -8,7 +8,8 @@ use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 
 use crate::answer::{Answer, BackendInfo};
 use crate::error::Result;
-use crate::request::{AnswerMode, AnswerRequest};
+use crate::request::{AnswerMode, AnswerRequest, ChatTurn};
+use crate::rewrite::rewrite_locally;
 use crate::sink::AnswerSink;
 use crate::speculative::{answer_speculative, check_speculative};
 use crate::standard::{answer_standard, prompt_for};
@@ -21,6 +22,13 @@ pub trait LmBackend: Send + Sync {
     /// a caller checks before it takes a place in the queue or starts a reply.
     fn check(&self, request: &AnswerRequest) -> Result<()> {
         request.validate()
+    }
+
+    /// Rewrites a chat's last question into a standalone one for retrieval, from the
+    /// conversation before it ([`crate::rewrite`]); `None` when this backend cannot.
+    fn rewrite_query(&self, conversation: &[ChatTurn], question: &str) -> Option<Result<String>> {
+        let _ = (conversation, question);
+        None
     }
 
     /// Whether this backend answers in `mode`.
@@ -104,6 +112,10 @@ impl LmBackend for LocalLm {
             AnswerMode::Standard => prompt_for(&self.verifier, request).map(drop),
             AnswerMode::Speculative => check_speculative(&self.drafter, &self.verifier, request),
         }
+    }
+
+    fn rewrite_query(&self, conversation: &[ChatTurn], question: &str) -> Option<Result<String>> {
+        Some(rewrite_locally(&self.verifier, conversation, question))
     }
 
     fn info(&self) -> BackendInfo {

@@ -12,6 +12,9 @@ pub enum RagError {
     /// The caller went away; generation stopped at the next step.
     #[error("the answer was cancelled: its client went away")]
     Cancelled,
+    /// A query rewrite gave no question (the model's reply is kept for the log).
+    #[error("the query rewrite gave no question: {0:?}")]
+    Rewrite(String),
     /// The language model failed (loading, tokenising or a forward pass).
     #[error("language model: {0}")]
     Lm(#[source] hasten_lm::LmError),
@@ -48,7 +51,7 @@ impl RagError {
     pub fn field(&self) -> Option<&'static str> {
         match self {
             Self::InvalidRequest { field, .. } => Some(field),
-            Self::Lm(_) | Self::Worker { .. } | Self::Cancelled => None,
+            Self::Lm(_) | Self::Worker { .. } | Self::Cancelled | Self::Rewrite(_) => None,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod eval;
 pub mod prompt;
 pub mod queue;
 pub mod request;
+pub mod rewrite;
 pub mod sink;
 pub mod speculative;
 pub mod standard;

@@ -146,16 +146,14 @@ pub struct OnEngine {
 }
 
 /// Starts [`start_llama_server`] and an edge on it ([`start_answering`] with
-/// [`with_engine`]) in the work directory `work_name`; `None`, saying why, without the
-/// model or the server.
-pub fn start_on_engine(work_name: &str, edge_name: &str) -> Option<OnEngine> {
+/// [`with_engine`] and the edge flags `extra`) in the work directory `work_name`; `None`,
+/// saying why, without the model or the server.
+pub fn start_on_engine(work_name: &str, edge_name: &str, extra: &[String]) -> Option<OnEngine> {
     let model = small_model()?;
     let work = persistent_work_dir(work_name).unwrap();
     let engine = start_llama_server(&work, "llama-server", &model)?;
-    let answering = start_answering(
-        work_name,
-        edge_name,
-        &with_engine(&engine.addr("http_addr"), ENGINE_MODEL),
-    );
+    let mut generation = with_engine(&engine.addr("http_addr"), ENGINE_MODEL);
+    generation.extend_from_slice(extra);
+    let answering = start_answering(work_name, edge_name, &generation);
     Some(OnEngine { engine, answering })
 }

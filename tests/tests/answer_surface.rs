@@ -371,3 +371,59 @@ async fn one_tenant_cannot_fill_the_queue_and_an_iterative_client_that_leaves_fr
     drop(edge);
     cloud.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_chat_query_rewrite_a_follow_up_is_retrieved_as_the_models_standalone_question() {
+    let Some(model) = small_model() else { return };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let work = hasten_tests::persistent_work_dir("answer-rewrite").unwrap();
+    let config = work.join("edge-rewrite.toml");
+    std::fs::write(&config, "chat_query_rewrite = true\n").unwrap();
+    let mut generation = with_model(&model);
+    generation.extend(["--config".into(), config.display().to_string()]);
+    let Answering {
+        mut cloud, edge, ..
+    } = start_answering("answer-rewrite", "rewrite-edge", &generation);
+    let http = reqwest::Client::new();
+    let addr = edge.addr("http_addr");
+    let (first, follow_up) = ("Who won Super Bowl 50?", "Who did they beat?");
+    let body = json!({
+        "model": "hasten-rag",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": "The Denver Broncos."},
+            {"role": "user", "content": follow_up},
+        ],
+    });
+    let (status, reply) = post_json(&http, &addr, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{reply}");
+
+    // The same rewrite, run here on the same model: retrieval ran on exactly it, not on the
+    // rule's "Who won Super Bowl 50? Who did they beat?".
+    // Loaded as the edge loads it (`lm_weights` fast): greedy decoding is exact per format.
+    let local = hasten_rag::LocalLm::load_with(
+        &model,
+        &model,
+        hasten_rag::DeviceKind::Cpu,
+        hasten_rag::WeightFormat::Fast,
+    )
+    .unwrap();
+    let conversation = [
+        hasten_rag::ChatTurn::new(hasten_rag::Role::User, first),
+        hasten_rag::ChatTurn::new(hasten_rag::Role::Assistant, "The Denver Broncos."),
+    ];
+    let expected =
+        hasten_rag::rewrite::rewrite_locally(local.verifier(), &conversation, follow_up).unwrap();
+    eprintln!("rewritten: {expected:?}");
+    assert_eq!(reply["hasten"]["query"], expected.as_str(), "{reply}");
+    assert_ne!(expected, format!("{first} {follow_up}"));
+    let notes = reply["hasten"]["notes"].to_string();
+    assert!(notes.contains("rewrite"), "{reply}");
+
+    // A first question has nothing to rewrite: retrieval runs on it as asked.
+    let (_, reply) = post_json(&http, &addr, "/v1/chat/completions", &chat(first, 8, false)).await;
+    assert_eq!(reply["hasten"]["query"], first, "{reply}");
+    drop(edge);
+    cloud.stop();
+}

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_engine::{EngineLm, EngineSettings, Scoring};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
-use hasten_rag::Document;
 use hasten_rag::prompt::{VERIFY_INSTRUCTION, draft_text, standard_messages};
+use hasten_rag::rewrite::{REWRITE_TOKENS, rewrite_messages, standalone_question};
 use hasten_rag::verify::verify;
+use hasten_rag::{ChatTurn, Document, Role};
 use hasten_tests::answering::{
     Answering, ENGINE_MODEL, OnEngine, small_model, start_answering, start_llama_server,
     start_on_engine, wait_engine_detected, with_engine,
@@ -55,6 +56,15 @@ async fn engine_metric(engine: &str, name: &str) -> f64 {
         .value(&format!("llamacpp:{name}"), &[])
 }
 
+/// `--config` of a file turning `chat_query_rewrite` on, in the work directory `work_name`.
+fn rewrite_config(work_name: &str) -> Vec<String> {
+    let path = persistent_work_dir(work_name)
+        .unwrap()
+        .join("edge-rewrite.toml");
+    std::fs::write(&path, "chat_query_rewrite = true\n").unwrap();
+    vec!["--config".into(), path.display().to_string()]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_answers_through_a_llama_cpp_server() {
     let Some(OnEngine {
@@ -66,7 +76,7 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
                 bundle_dir,
                 ..
             },
-    }) = start_on_engine("engine", "engine-edge")
+    }) = start_on_engine("engine", "engine-edge", &rewrite_config("engine"))
     else {
         return;
     };
@@ -190,6 +200,42 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
     assert_eq!(content(&cut), long_text[..at].trim());
     assert_eq!(cut["choices"][0]["finish_reason"], "stop");
     assert_eq!(long["choices"][0]["finish_reason"], "length");
+
+    // With `chat_query_rewrite`, a follow-up is retrieved as the engine's own greedy
+    // rewrite of it (Hasten's rewrite prompt, sent here directly afterwards, without the
+    // server's prompt cache: a prefill continued from it is not bit-identical to a fresh
+    // one, and the edge's request was the first of this prompt).
+    let (status, reply) = post_json(
+        &http,
+        &addr,
+        "/v1/chat/completions",
+        &json!({"model": "hasten-rag", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Who won Super Bowl 50?"},
+            {"role": "assistant", "content": "The Denver Broncos."},
+            {"role": "user", "content": "Who did they beat?"},
+        ]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    let conversation = [
+        ChatTurn::new(Role::User, "Who won Super Bowl 50?"),
+        ChatTurn::new(Role::Assistant, "The Denver Broncos."),
+    ];
+    let rewrite: Vec<Value> = rewrite_messages(&conversation, "Who did they beat?")
+        .iter()
+        .map(|m| json!({"role": m.role.name(), "content": m.content}))
+        .collect();
+    let (_, direct) = post_json(
+        &http,
+        &engine_addr,
+        "/v1/chat/completions",
+        &json!({"model": ENGINE_MODEL, "messages": rewrite, "max_tokens": REWRITE_TOKENS,
+                "temperature": 0, "cache_prompt": false}),
+    )
+    .await;
+    let expected = standalone_question(content(&direct)).unwrap();
+    eprintln!("rewritten by the engine: {expected:?}");
+    assert_eq!(reply["hasten"]["query"], expected.as_str(), "{reply}");
 
     // A seeded sampled answer is reproducible.
     let mut sampled = chat(ESSAY, Some(RAMBLE), 24);

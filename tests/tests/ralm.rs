@@ -123,7 +123,7 @@ async fn ralmspec_on_an_engine_answers_as_the_sequential_run() {
                 bundle_dir,
                 ..
             },
-    }) = start_on_engine("ralm-engine", "ralm-engine-edge")
+    }) = start_on_engine("ralm-engine", "ralm-engine-edge", &[])
     else {
         return;
     };

@@ -134,7 +134,7 @@ async fn spechop_on_an_engine_follows_the_sequential_agent() {
                 bundle_dir,
                 ..
             },
-    }) = start_on_engine("spechop-engine", "spechop-engine-edge")
+    }) = start_on_engine("spechop-engine", "spechop-engine-edge", &[])
     else {
         return;
     };

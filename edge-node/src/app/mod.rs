@@ -182,6 +182,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
             max_question_chars: config.max_query_chars,
             max_queued: config.answer_queue,
             per_tenant: config.answer_queue_per_tenant,
+            rewrite_queries: config.chat_query_rewrite,
             // An engine batches the answers it is sent; this process's cores do not.
             concurrency: if config.lm_engine_url.is_some() {
                 config.lm_engine_concurrency

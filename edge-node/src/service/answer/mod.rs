@@ -52,6 +52,9 @@ pub struct AnswerLimits {
     /// Answers one tenant may have waiting or generating at once (`None`: bounded by the
     /// queue alone).
     pub per_tenant: Option<usize>,
+    /// Whether a chat's follow-up is rewritten by the model into a standalone question for
+    /// retrieval (`chat_query_rewrite`), instead of the rule of [`chat::retrieval_query`].
+    pub rewrite_queries: bool,
     pub speculative: SpeculativeSettings,
 }
 
@@ -270,13 +273,15 @@ impl AnswerService {
             )
             .into());
         }
+        let mut notes = Vec::new();
+        let query = self.standalone_query(&backend, &input, &mut notes).await?;
         let retrieval = self
             .retrieval
             .handle(Incoming {
                 authorization,
                 timeout,
                 input: Ok(RetrieveInput {
-                    query: Some(input.query.clone()),
+                    query: Some(query.clone()),
                     vector: None,
                     k: input.k,
                 }),
@@ -293,7 +298,6 @@ impl AnswerService {
                 id: Some(doc.id),
             })
             .collect();
-        let mut notes = Vec::new();
         let mut speculative = self.limits.speculative;
         let mut question = input.question;
         let mut conversation = input.conversation;
@@ -315,7 +319,7 @@ impl AnswerService {
                      system messages and earlier turns were not read"
                         .into(),
                 );
-                question = input.query.clone();
+                question = query.clone();
                 conversation.clear();
             }
             if input.decoding.temperature > 0.0 {
@@ -346,13 +350,65 @@ impl AnswerService {
         Ok(Prepared {
             retrieval,
             request,
-            query: input.query,
+            query,
             notes,
             backend,
             admission,
             place,
             started,
             retrieve,
+        })
+    }
+
+    /// What retrieval runs on: the input's query, or with `chat_query_rewrite` and earlier
+    /// turns, the model's standalone rewrite of the question (the rule's query when the
+    /// backend cannot rewrite or the rewrite fails, said in `notes`). The rewrite runs
+    /// outside the answers' queue: it is one short generation.
+    async fn standalone_query(
+        &self,
+        backend: &Arc<dyn LmBackend>,
+        input: &AnswerInput,
+        notes: &mut Vec<String>,
+    ) -> Result<String, EdgeError> {
+        let follows_up = input
+            .conversation
+            .iter()
+            .any(|turn| turn.role == hasten_rag::Role::User);
+        if !self.limits.rewrite_queries || !follows_up {
+            return Ok(input.query.clone());
+        }
+        let (backend, conversation, question) = (
+            Arc::clone(backend),
+            input.conversation.clone(),
+            input.question.clone(),
+        );
+        let rewritten =
+            tokio::task::spawn_blocking(move || backend.rewrite_query(&conversation, &question))
+                .instrument(tracing::info_span!("answer_rewrite"))
+                .await
+                .map_err(EdgeError::TaskFailed)?;
+        Ok(match rewritten {
+            Some(Ok(query)) => {
+                notes
+                    .push("retrieval ran on the model's standalone rewrite of the question".into());
+                query.chars().take(self.limits.max_question_chars).collect()
+            }
+            None => {
+                notes.push(
+                    "this edge's generation backend cannot rewrite queries: retrieval ran on \
+                     the standalone-question rule"
+                        .into(),
+                );
+                input.query.clone()
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, "query rewrite failed; the rule's query is used");
+                notes.push(
+                    "the query rewrite failed: retrieval ran on the standalone-question rule"
+                        .into(),
+                );
+                input.query.clone()
+            }
         })
     }
 
