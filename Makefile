@@ -23,7 +23,7 @@ export HASTEN_PROMETHEUS_DIR ?= $(abspath $(TOOLS_DIR))/prometheus-deb/usr/bin
 # (Not HASTEN_TEST_*: hasten-core's configuration tests read that prefix.)
 export HASTEN_RULES_FILE ?= $(abspath $(TOOLS_DIR))/test-rules/rules.yaml
 
-.PHONY: help deps models models-large clients monitoring build demo test lint fmt crd
+.PHONY: help deps models models-large clients monitoring build demo test test-answers-large lint fmt crd
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -62,6 +62,13 @@ demo: deps models build
 test: deps models clients monitoring
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
+
+# The answer surface's tests (the client libraries, cancellation, refusals, accounting,
+# query rewriting) again on Qwen2.5-Coder-0.5B-Instruct (`make models-large`).
+test-answers-large: deps models-large clients
+	$(CARGO) build --workspace --bins
+	HASTEN_ANSWER_MODEL=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf $(CARGO) test -p hasten-tests \
+		--no-fail-fast --test chat_clients --test answer_surface --test answers
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -15,22 +15,17 @@ seen = {"sdk": openai.__version__}
 
 seen["models"] = sorted(m.id for m in client.models.list())
 
-reply = client.chat.completions.create(
-    model="hasten-rag",
-    messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}],
-    max_tokens=24,
-)
+messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+reply = client.chat.completions.create(model="hasten-rag", messages=messages, max_tokens=24)
 seen["content"] = reply.choices[0].message.content
 seen["finish_reason"] = reply.choices[0].finish_reason
 seen["usage"] = reply.usage.model_dump()
 seen["documents"] = len((reply.model_extra or {}).get("hasten", {}).get("documents", []))
 
 pieces = []
+# The same request streamed: the same prompt, so the same greedy answer.
 for chunk in client.chat.completions.create(
-    model="hasten-rag",
-    messages=[{"role": "user", "content": question}],
-    max_tokens=24,
-    stream=True,
+    model="hasten-rag", messages=messages, max_tokens=24, stream=True
 ):
     if chunk.choices and chunk.choices[0].delta.content:
         pieces.append(chunk.choices[0].delta.content)

@@ -18,13 +18,16 @@ use crate::{
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
 const SMALL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// SmolLM2-135M-Instruct from HASTEN_LM_DIR (`make models`); `None` when it is unset.
+/// SmolLM2-135M-Instruct from HASTEN_LM_DIR (`make models`), or the file of that directory
+/// named by HASTEN_ANSWER_MODEL (how the answer tests run on a larger model, `make
+/// test-answers-large`); `None` when HASTEN_LM_DIR is unset.
 pub fn small_model() -> Option<PathBuf> {
     let Some(dir) = std::env::var_os("HASTEN_LM_DIR") else {
         eprintln!("HASTEN_LM_DIR is unset: skipping the answer tests");
         return None;
     };
-    let path = Path::new(&dir).join(SMALL_MODEL);
+    let file = std::env::var_os("HASTEN_ANSWER_MODEL").unwrap_or_else(|| SMALL_MODEL.into());
+    let path = Path::new(&dir).join(file);
     assert!(
         path.is_file(),
         "HASTEN_LM_DIR is set but {} is missing",
