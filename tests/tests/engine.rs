@@ -369,6 +369,22 @@ async fn an_engine_that_is_down_or_silent_is_a_503_within_the_deadline() {
         eprintln!("{name} engine: {status} after {took:?}: {reply}");
         assert_eq!(status, 503, "{name}: {reply}");
         assert!(took < Duration::from_secs(10), "{name}: {took:?}");
+        // Streamed too: a status before the stream starts (an SDK retries a 503), not a 200
+        // whose stream carries the error.
+        let mut streamed = chat(question, None, 16);
+        streamed["stream"] = json!(true);
+        let response = http
+            .post(format!(
+                "http://{}/v1/chat/completions",
+                edge.addr("http_addr")
+            ))
+            .json(&streamed)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap();
+        assert_eq!(status, 503, "{name}, streamed: {body}");
     }
     let log = std::fs::read_to_string(&silent_edge.log).unwrap();
     assert!(

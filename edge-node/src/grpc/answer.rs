@@ -108,7 +108,7 @@ pub async fn answer_events(
         .and_then(|body| service.validate(body))
         .map_err(EdgeError::from);
     let prepared = service.prepare(authorization, timeout, input).await?;
-    let events = service.stream(prepared).map(|event| match event {
+    let events = service.stream(prepared).await?.map(|event| match event {
         AnswerEvent::Documents(retrieval) => Ok(event_of(pb::answer_event::Event::Documents(
             pb::RetrievedDocuments {
                 outcome: outcome(retrieval.outcome) as i32,

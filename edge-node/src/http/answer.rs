@@ -53,7 +53,10 @@ async fn answer(State(state): State<AnswerState>, headers: HeaderMap, body: Body
         Ok(prepared) => prepared,
         Err(error) => return error.into_response(),
     };
-    let events = state.service.stream(prepared);
+    let events = match state.service.stream(prepared).await {
+        Ok(events) => events,
+        Err(error) => return error.into_response(),
+    };
     if !stream {
         return match events.answered().await {
             Ok(answered) => axum::Json(reply(answered)).into_response(),

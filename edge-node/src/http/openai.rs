@@ -243,7 +243,10 @@ async fn chat_completions(
     };
     let id = completion_id();
     let created = unix_seconds();
-    let events = state.service.stream(prepared);
+    let events = match state.service.stream(prepared).await {
+        Ok(events) => events,
+        Err(error) => return openai_error_response(error),
+    };
     if !request.stream {
         return match events.answered().await {
             Ok(answered) => {

@@ -4,7 +4,8 @@
 //! backend's check of the prompt, admission to the queue), so a refusal is a status code,
 //! never an error inside a reply that has started. [`AnswerService::stream`] then generates
 //! through an [`LmBackend`] (standard RAG, or Speculative RAG) and yields the answer as
-//! [`AnswerEvent`]s; dropping the stream cancels the generation within one decoding step.
+//! [`AnswerEvent`]s once the first text is written, so that a backend found down is a
+//! status too; dropping the stream cancels the generation within one decoding step.
 //!
 //! Generation uses every core, so answers take the language model one at a time, in
 //! arrival order, behind a bounded queue ([`ModelQueue`]); beyond it a request is refused
@@ -423,9 +424,12 @@ impl AnswerService {
     }
 
     /// Generates the prepared answer: the documents, the answer's text as it is generated,
-    /// then the whole answer (or the failure). Dropping the stream cancels the generation.
-    pub fn stream(&self, prepared: Prepared) -> AnswerStream {
-        stream::start(self.clone(), prepared)
+    /// then the whole answer (or a failure after the first text). Returns once the first
+    /// text is written: a failure before it (the backend down, slow or refusing) is the
+    /// error, so a streaming reply has not started. Dropping the stream (or this future)
+    /// cancels the generation.
+    pub async fn stream(&self, prepared: Prepared) -> Result<AnswerStream, EdgeError> {
+        stream::start(self.clone(), prepared).await
     }
 
     pub(crate) fn metrics(&self) -> &AnswerMetrics {

@@ -1,8 +1,10 @@
 //! One answer as a stream of events, the same for every front end: the retrieved documents,
-//! the answer's text as it is generated, then the whole answer or the failure. The
-//! generation runs in a task of its own and stops at its next step once the stream is
-//! dropped (the client went away), giving its queue place back.
+//! the answer's text as it is generated, then the whole answer or the failure. The stream
+//! is handed out once the first text is written (a failure before it is the caller's
+//! error, not an event). The generation runs in a task of its own and stops at its next
+//! step once the stream is dropped (the client went away), giving its queue place back.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -29,6 +31,8 @@ pub enum AnswerEvent {
 
 /// The events of one answer; dropping it cancels the generation.
 pub struct AnswerStream {
+    /// Events read before the stream was handed out ([`AnswerStream::started`]), first.
+    seen: VecDeque<AnswerEvent>,
     events: mpsc::UnboundedReceiver<AnswerEvent>,
 }
 
@@ -36,11 +40,32 @@ impl Stream for AnswerStream {
     type Item = AnswerEvent;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<AnswerEvent>> {
+        if let Some(event) = self.seen.pop_front() {
+            return Poll::Ready(Some(event));
+        }
         self.events.poll_recv(cx)
     }
 }
 
 impl AnswerStream {
+    /// Waits until the generation has written its first text, ended, or failed: a failure
+    /// before any text (the backend down or refusing, the queue closing) is returned as the
+    /// error, so that a front end answers it with a status rather than inside a reply it
+    /// has started. The events read meanwhile come first from the stream returned.
+    async fn started(mut self) -> Result<Self, EdgeError> {
+        while let Some(event) = self.events.recv().await {
+            match event {
+                AnswerEvent::Failed(error) => return Err(error),
+                AnswerEvent::Documents(_) => self.seen.push_back(event),
+                AnswerEvent::Delta(_) | AnswerEvent::Done(_) => {
+                    self.seen.push_back(event);
+                    break;
+                }
+            }
+        }
+        Ok(self)
+    }
+
     /// Waits for the end of the answer, skipping the documents and the text.
     pub async fn answered(mut self) -> Result<Answered, EdgeError> {
         while let Some(event) = self.events.recv().await {
@@ -69,7 +94,10 @@ impl AnswerSink for EdgeSink {
     }
 }
 
-pub(super) fn start(service: AnswerService, prepared: Prepared) -> AnswerStream {
+pub(super) async fn start(
+    service: AnswerService,
+    prepared: Prepared,
+) -> Result<AnswerStream, EdgeError> {
     let (sender, events) = mpsc::unbounded_channel();
     let span = tracing::info_span!(
         "answer_generate",
@@ -77,7 +105,12 @@ pub(super) fn start(service: AnswerService, prepared: Prepared) -> AnswerStream 
         max_tokens = prepared.request.max_new_tokens
     );
     tokio::spawn(generate(service, prepared, sender).instrument(span));
-    AnswerStream { events }
+    AnswerStream {
+        seen: VecDeque::new(),
+        events,
+    }
+    .started()
+    .await
 }
 
 async fn generate(
