@@ -61,6 +61,24 @@ fn chat(question: &str, max_tokens: u32, stream: bool) -> Value {
     })
 }
 
+/// A cloud index and an edge answering with `model`, configured by the TOML `config` (and
+/// the flags `extra`), in the work directory `work_name`.
+fn start_configured(
+    work_name: &str,
+    model: &std::path::Path,
+    config: &str,
+    extra: &[String],
+) -> Answering {
+    let path = hasten_tests::persistent_work_dir(work_name)
+        .unwrap()
+        .join("edge.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut generation = with_model(model);
+    generation.extend(["--config".into(), path.display().to_string()]);
+    generation.extend_from_slice(extra);
+    start_answering(work_name, &format!("{work_name}-edge"), &generation)
+}
+
 /// The edge's `hasten_answer_cancelled_total`.
 async fn cancelled(edge: &str) -> u64 {
     Scrape::of(edge)
@@ -131,17 +149,12 @@ async fn a_client_that_leaves_frees_the_model_for_the_next() {
 async fn refusals_come_before_the_reply_and_the_answer_is_counted_exactly() {
     let Some(model) = small_model() else { return };
     let _alone = ONE_AT_A_TIME.lock().await;
-    let work = hasten_tests::persistent_work_dir("answer-refusals").unwrap();
-    let config = work.join("edge-queue-1.toml");
-    std::fs::write(&config, "answer_queue = 1\n").unwrap();
-    let mut generation = with_model(&model);
-    generation.extend(["--config".into(), config.display().to_string()]);
     let Answering {
         mut cloud,
         edge,
         bundle_dir,
         ..
-    } = start_answering("answer-refusals", "queue-1-edge", &generation);
+    } = start_configured("answer-refusals", &model, "answer_queue = 1\n", &[]);
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -281,20 +294,24 @@ async fn chat_as(
 async fn one_tenant_cannot_fill_the_queue_and_an_iterative_client_that_leaves_frees_the_model() {
     let Some(model) = small_model() else { return };
     let _alone = ONE_AT_A_TIME.lock().await;
-    let work = hasten_tests::persistent_work_dir("answer-tenants").unwrap();
-    let config = work.join("edge-per-tenant-1.toml");
-    std::fs::write(&config, "answer_queue = 4\nanswer_queue_per_tenant = 1\n").unwrap();
-    let tenants = work.join("tenants.toml");
+    let tenants = hasten_tests::persistent_work_dir("answer-tenants")
+        .unwrap()
+        .join("tenants.toml");
     std::fs::write(
         &tenants,
         format!("[tenants]\nacme = [\"{ACME}\"]\nglobex = [\"{GLOBEX}\"]\n"),
     )
     .unwrap();
-    let mut generation = with_model(&model);
-    generation.extend(
-        [
-            "--config",
-            config.to_str().unwrap(),
+    let Answering {
+        mut cloud,
+        edge,
+        bundle_dir,
+        ..
+    } = start_configured(
+        "answer-tenants",
+        &model,
+        "answer_queue = 4\nanswer_queue_per_tenant = 1\n",
+        &[
             "--tenants-file",
             tenants.to_str().unwrap(),
             "--metrics-addr",
@@ -302,12 +319,6 @@ async fn one_tenant_cannot_fill_the_queue_and_an_iterative_client_that_leaves_fr
         ]
         .map(String::from),
     );
-    let Answering {
-        mut cloud,
-        edge,
-        bundle_dir,
-        ..
-    } = start_answering("answer-tenants", "tenants-edge", &generation);
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -376,14 +387,9 @@ async fn one_tenant_cannot_fill_the_queue_and_an_iterative_client_that_leaves_fr
 async fn with_chat_query_rewrite_a_follow_up_is_retrieved_as_the_models_standalone_question() {
     let Some(model) = small_model() else { return };
     let _alone = ONE_AT_A_TIME.lock().await;
-    let work = hasten_tests::persistent_work_dir("answer-rewrite").unwrap();
-    let config = work.join("edge-rewrite.toml");
-    std::fs::write(&config, "chat_query_rewrite = true\n").unwrap();
-    let mut generation = with_model(&model);
-    generation.extend(["--config".into(), config.display().to_string()]);
     let Answering {
         mut cloud, edge, ..
-    } = start_answering("answer-rewrite", "rewrite-edge", &generation);
+    } = start_configured("answer-rewrite", &model, "chat_query_rewrite = true\n", &[]);
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let (first, follow_up) = ("Who won Super Bowl 50?", "Who did they beat?");
