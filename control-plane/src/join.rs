@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use hasten_core::retry::RetryDelays;
 use hasten_proto::control::{ControlAccess, connect};
 use hasten_proto::v1::{MemberRequest, StatusRequest};
 
@@ -20,7 +21,7 @@ enum Round {
 
 /// Asks `peers` (gRPC addresses of members) until node `id` at `address` is a member.
 pub async fn join_group(id: u64, address: String, peers: Vec<String>, access: ControlAccess) {
-    let mut wait = FIRST_RETRY;
+    let mut waits = RetryDelays::new(FIRST_RETRY, MAX_RETRY);
     let mut rounds = 0u32;
     loop {
         match round(id, &address, &peers, &access).await {
@@ -36,8 +37,7 @@ pub async fn join_group(id: u64, address: String, peers: Vec<String>, access: Co
                 }
             }
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(MAX_RETRY);
+        tokio::time::sleep(waits.next_delay()).await;
     }
 }
 

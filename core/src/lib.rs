@@ -14,6 +14,7 @@ pub mod logging;
 pub mod metrics;
 pub mod progress;
 pub mod ranking;
+pub mod retry;
 pub mod threads;
 pub mod vector;
 

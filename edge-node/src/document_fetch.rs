@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use hasten_core::retry::RetryDelays;
+
 use crate::caches::TenantCaches;
 use crate::fallback::{CloudDocument, CloudError, CloudSearch};
 use crate::has::EdgeDocument;
@@ -13,22 +15,22 @@ use crate::has::EdgeDocument;
 /// travels in a few requests of ~0.5 MB each.
 pub const FETCH_BATCH: usize = 256;
 
-/// Waits after a failed fetch, doubling up to [`MAX_RETRY_WAIT`].
+/// Waits after a failed fetch, doubling up to [`MAX_RETRY_WAIT`], with jitter.
 const FIRST_RETRY_WAIT: Duration = Duration::from_millis(100);
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
 
 /// Fetches the documents `caches` misses from `cloud` as entries name them, for the edge's
 /// lifetime. A failed fetch is retried with backoff.
 pub async fn fetch_missing_documents<C: CloudSearch>(caches: &TenantCaches, cloud: &C) {
-    let mut wait = FIRST_RETRY_WAIT;
+    let mut waits = RetryDelays::new(FIRST_RETRY_WAIT, MAX_RETRY_WAIT);
     loop {
         match fetch_once(caches, cloud).await {
-            Ok(Some(_)) => wait = FIRST_RETRY_WAIT,
+            Ok(Some(_)) => waits.reset(),
             Ok(None) => caches.missing_added().await,
             Err(err) => {
+                let wait = waits.next_delay();
                 tracing::warn!(%err, retry_in = ?wait, "fetching cached entries' documents failed");
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(MAX_RETRY_WAIT);
             }
         }
     }

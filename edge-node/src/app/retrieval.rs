@@ -15,6 +15,7 @@ use edge_node::tenants::{Tenant, TenantDirectory};
 use edge_node::warmup::{read_warm_queries, warm_cache};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_core::retry::RetryDelays;
 use hasten_proto::quic::client_config;
 use hasten_proto::tls::{MutualTls, TrustRoots};
 
@@ -134,14 +135,13 @@ pub(super) fn build_engine(
 /// Connects to the cloud until its corpus version is verified once, so that readiness
 /// follows the link before the first fallback.
 pub(super) async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClient>>) {
-    let mut wait = Duration::from_millis(200);
+    let mut waits = RetryDelays::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         match engine.cloud().verify_link().await {
             Ok(()) => return,
             Err(err) => tracing::debug!(%err, "cloud index not verified yet; retrying"),
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(waits.next_delay()).await;
     }
 }
 

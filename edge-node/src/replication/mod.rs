@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hasten_core::DocId;
+use hasten_core::retry::RetryDelays;
 use hasten_proto::control::{self, ControlAccess, ControlClient, FollowStatus};
 use hasten_proto::v1::{CacheEntry, ControlCommand, CorpusFacts, ProposeRequest, control_command};
 use hasten_worker_api::kv::KvPool;
@@ -32,7 +33,7 @@ const PROPOSAL_QUEUE: usize = 4096;
 /// a peer system's writes the same way.
 pub const ENTRIES_PER_PROPOSAL: usize = 256;
 
-/// First wait before re-proposing; doubles up to `MAX_RETRY`.
+/// First wait before re-proposing; doubles up to `MAX_RETRY`, with jitter.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
 
@@ -256,7 +257,7 @@ impl Proposer {
     /// Proposes `commands` until they commit or are refused for good. A retried proposal
     /// is applied once: every entry carries its origin sequence.
     async fn propose(&mut self, commands: &[ControlCommand]) -> Proposed {
-        let mut wait = FIRST_RETRY;
+        let mut waits = RetryDelays::new(FIRST_RETRY, MAX_RETRY);
         loop {
             if self.client.is_none() {
                 let endpoint = match &self.leader {
@@ -309,8 +310,7 @@ impl Proposer {
             // The leader may have moved: back to the configured nodes, which name the next.
             self.leader = None;
             self.turn += 1;
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(MAX_RETRY);
+            tokio::time::sleep(waits.next_delay()).await;
         }
     }
 

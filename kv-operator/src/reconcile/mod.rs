@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hasten_core::retry::jittered;
 use hasten_proto::v1::KvPoolAssignment;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
@@ -133,10 +134,11 @@ pub fn error_policy(pool: Arc<KvWorkerPool>, error: &Error, ctx: Arc<Context>) -
     Action::requeue(delay)
 }
 
-/// 5 s after the first failure, doubling, at most 5 minutes.
+/// 5 s after the first failure, doubling, at most 5 minutes, each with up to as much again
+/// at random (operators restarted together do not requeue in lockstep).
 pub fn backoff(failures: u32) -> Duration {
     let exponent = failures.saturating_sub(1).min(6);
-    Duration::from_secs(5 << exponent).min(Duration::from_secs(300))
+    jittered(Duration::from_secs(5 << exponent).min(Duration::from_secs(300)))
 }
 
 async fn publish_event(
