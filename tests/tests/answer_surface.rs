@@ -26,19 +26,28 @@ struct Streamed {
     data: Vec<String>,
 }
 
-async fn stream_chat(http: &reqwest::Client, edge: &str, body: &Value) -> Streamed {
-    let response = http
-        .post(format!("http://{edge}/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+/// A chat request, as `token`'s tenant when given: its status, `Retry-After` and body text.
+async fn post_chat(
+    http: &reqwest::Client,
+    edge: &str,
+    token: Option<&str>,
+    body: &Value,
+) -> (u16, Option<String>, String) {
+    let mut request = http.post(format!("http://{edge}/v1/chat/completions"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.json(body).send().await.unwrap();
     let status = response.status().as_u16();
     let retry_after = response
         .headers()
         .get("retry-after")
         .map(|v| v.to_str().unwrap().to_string());
-    let text = response.text().await.unwrap();
+    (status, retry_after, response.text().await.unwrap())
+}
+
+async fn stream_chat(http: &reqwest::Client, edge: &str, body: &Value) -> Streamed {
+    let (status, retry_after, text) = post_chat(http, edge, None, body).await;
     let data = text
         .lines()
         .filter_map(|line| line.strip_prefix("data:"))
@@ -275,19 +284,8 @@ async fn chat_as(
     token: &str,
     body: &Value,
 ) -> (u16, Option<String>, Value) {
-    let response = http
-        .post(format!("http://{edge}/v1/chat/completions"))
-        .bearer_auth(token)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    (status, retry_after, response.json().await.unwrap())
+    let (status, retry_after, text) = post_chat(http, edge, Some(token), body).await;
+    (status, retry_after, serde_json::from_str(&text).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
