@@ -18,6 +18,12 @@ use crate::{
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
 const SMALL_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// Held by each answer test of a test binary while it generates: two models decoding at
+/// once on the machine's two cores (a llama.cpp server's threads spin-wait) slowed one
+/// engine draft past the edge's 30 s deadline in CI, and the tests that time answers need
+/// the cores to themselves.
+pub static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// SmolLM2-135M-Instruct from HASTEN_LM_DIR (`make models`), or the file of that directory
 /// named by HASTEN_ANSWER_MODEL (how the answer tests run on a larger model, `make
 /// test-answers-large`); `None` when HASTEN_LM_DIR is unset.

@@ -9,15 +9,10 @@
 use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_tests::answering::{Answering, small_model, start_answering, with_model};
+use hasten_tests::answering::{Answering, ONE_AT_A_TIME, small_model, start_answering, with_model};
 use hasten_tests::edge::{leave_after_first_event, post_json};
 use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
-
-/// The tests here time answers and fill the queue: each needs the machine's two cores to
-/// itself.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
 /// A streamed chat request's reply: its status, `Retry-After`, and the body's `data:` lines.
 struct Streamed {

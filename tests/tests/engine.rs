@@ -17,8 +17,8 @@ use hasten_rag::rewrite::{REWRITE_TOKENS, rewrite_messages, standalone_question}
 use hasten_rag::verify::verify;
 use hasten_rag::{ChatTurn, Document, Role};
 use hasten_tests::answering::{
-    Answering, ENGINE_MODEL, OnEngine, small_model, start_answering, start_llama_server,
-    start_on_engine, wait_engine_detected, with_engine,
+    Answering, ENGINE_MODEL, ONE_AT_A_TIME, OnEngine, small_model, start_answering,
+    start_llama_server, start_on_engine, wait_engine_detected, with_engine,
 };
 use hasten_tests::edge::{leave_after_first_event, post_json};
 use hasten_tests::persistent_work_dir;
@@ -67,6 +67,7 @@ fn rewrite_config(work_name: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_answers_through_a_llama_cpp_server() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(OnEngine {
         engine,
         answering:
@@ -325,6 +326,7 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_is_down_or_silent_is_a_503_within_the_deadline() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(_) = small_model() else { return };
     // Down: nothing listens on the port.
     let down = {
@@ -401,6 +403,7 @@ async fn an_engine_that_is_down_or_silent_is_a_503_within_the_deadline() {
 /// opened turn's newline) must fall outside the tolerance, or the comparison shows nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_verification_scores_equal_the_runtime_one_pass_scores() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(model) = small_model() else { return };
     let work = persistent_work_dir("engine-scores").unwrap();
     let Some(server) = start_llama_server(&work, "llama-server", &model) else {

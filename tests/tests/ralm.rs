@@ -9,8 +9,8 @@
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::answering::{
-    Answering, OnEngine, small_model, start_answering, start_on_engine, wait_engine_detected,
-    with_model,
+    Answering, ONE_AT_A_TIME, OnEngine, small_model, start_answering, start_on_engine,
+    wait_engine_detected, with_model,
 };
 use hasten_tests::edge::post_json;
 use serde_json::{Value, json};
@@ -21,6 +21,7 @@ async fn ralm(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ralmspec_on_the_edge_answers_as_the_sequential_run() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(model) = small_model() else { return };
     // The cloud process lives as long as its binding: kept to the end of the test.
     let Answering {
@@ -114,6 +115,7 @@ async fn check_lossless(
 /// sequential run's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ralmspec_on_an_engine_answers_as_the_sequential_run() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(OnEngine {
         engine: _engine,
         answering:

@@ -14,8 +14,8 @@
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::answering::{
-    Answering, OnEngine, small_model, start_answering, start_on_engine, wait_engine_detected,
-    with_model,
+    Answering, ONE_AT_A_TIME, OnEngine, small_model, start_answering, start_on_engine,
+    wait_engine_detected, with_model,
 };
 use hasten_tests::edge::post_json;
 use serde_json::{Value, json};
@@ -39,6 +39,7 @@ fn assert_same_run(spec: &Value, sequential: &Value, what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spechop_on_the_edge_follows_the_sequential_agent() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(model) = small_model() else { return };
     // The cloud process lives as long as its binding: kept to the end of the test.
     let Answering {
@@ -125,6 +126,7 @@ async fn spechop_on_the_edge_follows_the_sequential_agent() {
 /// follows the sequential agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spechop_on_an_engine_follows_the_sequential_agent() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(OnEngine {
         engine: _engine,
         answering:
