@@ -51,6 +51,10 @@ pub enum Logits {
     /// (batch, vocab) at the last new token of every row.
     #[default]
     Last,
+    /// (batch, n, vocab) at the last n new tokens of every row: what scoring a
+    /// continuation reads, without the output projection of every context position (a
+    /// vocabulary-wide row each, gigabytes for a batch of long rows).
+    Trailing(usize),
     /// (batch, tokens, vocab) at every new token.
     All,
 }
@@ -276,10 +280,16 @@ impl Decoder {
 
     pub fn forward(&self, request: &ForwardRequest<'_>) -> Result<ForwardOutput> {
         let (batch, t) = self.validate(request)?;
+        // Chunks compute logits in the last chunk alone.
+        let last_chunk = (t.max(1) - 1) % self.prefill_chunk + 1;
         let chunkable = matches!(request.mask, AttentionMask::Causal)
             && !request.attention
             && request.layers.is_none()
-            && request.logits != Logits::All;
+            && match request.logits {
+                Logits::None | Logits::Last => true,
+                Logits::Trailing(n) => n <= last_chunk,
+                Logits::All => false,
+            };
         if chunkable && t > self.prefill_chunk {
             return self.forward_in_chunks(request, t);
         }
@@ -421,6 +431,11 @@ impl Decoder {
                 )?;
                 Some(self.output.forward(&x)?)
             }
+            Logits::Trailing(n) => {
+                let x = x.i((.., t - n.., ..))?.contiguous()?;
+                let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_eps as f32)?;
+                Some(self.output.forward(&x)?)
+            }
             Logits::All => {
                 let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_eps as f32)?;
                 Some(self.output.forward(&x)?)
@@ -542,6 +557,13 @@ impl Decoder {
             )));
         }
         self.rope.check(request.positions)?;
+        if let Logits::Trailing(n) = request.logits
+            && (n == 0 || n > t)
+        {
+            return Err(LmError::InvalidInput(format!(
+                "trailing logits of {n} tokens need 1 to {t} (the pass's new tokens)"
+            )));
+        }
         if let Some(layers) = request.layers
             && (layers == 0 || layers > self.layers.len() || request.logits != Logits::None)
         {

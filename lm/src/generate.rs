@@ -341,11 +341,15 @@ pub fn score(decoder: &Decoder, pairs: &[(Vec<u32>, Vec<u32>)]) -> Result<Vec<Ve
         positions,
         valid,
     } = left_pad(&rows, 0);
-    let width = tokens.first().map_or(0, Vec::len);
+    // Continuations sit at the right end of the padded rows; the token at column c is
+    // predicted by the logits at column c - 1, so the longest continuation and one column
+    // before it are all that is read.
+    let longest = pairs.iter().map(|(_, c)| c.len()).max().unwrap_or(0);
+    let trailing = longest + 1;
     let out = decoder.forward(
         &ForwardRequest::new(&tokens, &positions)
             .valid(&valid)
-            .logits(Logits::All),
+            .logits(Logits::Trailing(trailing)),
     )?;
     let logits = out
         .logits
@@ -355,8 +359,9 @@ pub fn score(decoder: &Decoder, pairs: &[(Vec<u32>, Vec<u32>)]) -> Result<Vec<Ve
         .iter()
         .enumerate()
         .map(|(row, (_, continuation))| {
-            // The token at column c is predicted by the logits at column c - 1.
-            let first = width - continuation.len();
+            // The logits hold the last `trailing` columns: the continuation starts at
+            // their column `trailing - len`, predicted by the one before it.
+            let first = trailing - continuation.len();
             continuation
                 .iter()
                 .enumerate()

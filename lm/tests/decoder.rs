@@ -631,3 +631,50 @@ fn flat_values(packed: &PackedKv) -> Vec<f32> {
         })
         .collect()
 }
+
+#[test]
+fn trailing_logits_are_the_last_columns_of_all_logits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_tiny_model(dir.path(), TinyArch::Qwen2, 33);
+    let whole = Decoder::load(&path, &Device::Cpu)
+        .expect("load")
+        .with_prefill_chunk(usize::MAX);
+    // 50 tokens in chunks of 16: the last chunk holds 2, so 2 trailing columns are read in
+    // chunks and 9 in one pass.
+    let chunked = Decoder::load(&path, &Device::Cpu)
+        .expect("load")
+        .with_prefill_chunk(16);
+    let prompts = vec![tokens(84, 50), tokens(85, 31)];
+    let batch = hasten_lm::left_pad(&prompts, 0);
+    let request = ForwardRequest::new(&batch.tokens, &batch.positions).valid(&batch.valid);
+    let all = whole
+        .forward(&request.clone().logits(Logits::All))
+        .expect("all")
+        .logits
+        .expect("logits");
+    for (decoder, n) in [(&whole, 9), (&chunked, 9), (&chunked, 2)] {
+        let trailing = decoder
+            .forward(&request.clone().logits(Logits::Trailing(n)))
+            .expect("trailing")
+            .logits
+            .expect("logits");
+        assert_eq!(trailing.dims(), &[2, n, all.dim(2).expect("vocab")]);
+        let last = all.narrow(1, 50 - n, n).expect("last columns");
+        let diff = max_abs_diff(&last, &trailing);
+        assert!(diff < TOLERANCE, "{n} trailing columns differ by {diff}");
+        // Broken variant: the window one column early.
+        let early = all.narrow(1, 49 - n, n).expect("early columns");
+        assert!(
+            max_abs_diff(&early, &trailing) > 0.1,
+            "a shifted window went unnoticed"
+        );
+    }
+    for n in [0, 51] {
+        assert!(
+            whole
+                .forward(&request.clone().logits(Logits::Trailing(n)))
+                .is_err(),
+            "{n} trailing columns of 50 is refused"
+        );
+    }
+}

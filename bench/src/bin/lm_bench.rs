@@ -6,7 +6,10 @@
 //! `--repeat` runs. Decode: B sequences with their own prompts of `--decode-context` tokens
 //! (16 by default), prefilled, then
 //! `--decode-tokens` greedy steps of one token per sequence; aggregate tokens/s = B x steps
-//! / time of the steps. Every measurement has one untimed warm-up run first.
+//! / time of the steps. Scoring: the verifier's pass over `--score-rows` rows of
+//! `--score-context` + `--score-tokens` tokens, log-probabilities at the continuation's
+//! positions alone (what `score` does) against at every position (what it did before).
+//! Every measurement has one untimed warm-up run first.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,7 +17,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use hasten_lm::{
-    DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, WeightFormat, left_pad,
+    DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, WeightFormat, left_pad, log_softmax,
 };
 
 #[derive(Parser, Debug)]
@@ -45,6 +48,15 @@ struct Args {
     /// Runs per measurement; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// Rows of a scoring pass (0: no scoring measurement).
+    #[arg(long, default_value_t = 5)]
+    score_rows: usize,
+    /// Context tokens of each scored row (a verifier's question and rationale).
+    #[arg(long, default_value_t = 160)]
+    score_context: usize,
+    /// Scored tokens at the end of each row.
+    #[arg(long, default_value_t = 48)]
+    score_tokens: usize,
     #[arg(long, default_value = "cpu")]
     device: DeviceKind,
     /// How weights are held: as_stored, q8_0 (types without SIMD kernels re-quantised) or f32.
@@ -160,6 +172,12 @@ fn main() -> Result<()> {
         }));
     }
 
+    let scoring = if args.score_rows == 0 {
+        serde_json::Value::Null
+    } else {
+        measure_scoring(&model, &text_ids, &args)?
+    };
+
     let report = serde_json::json!({
         "runtime": "hasten-lm",
         "model": args.model,
@@ -168,6 +186,7 @@ fn main() -> Result<()> {
         "threads": args.threads,
         "prefill": prefill,
         "decode": decode,
+        "scoring": scoring,
     });
     let text = serde_json::to_string_pretty(&report)?;
     match &args.out {
@@ -177,4 +196,60 @@ fn main() -> Result<()> {
         None => println!("{text}"),
     }
     Ok(())
+}
+
+/// Seconds of one scoring pass (median) with log-probabilities at the scored positions
+/// alone and at every position, and the logits each held.
+fn measure_scoring(
+    model: &LanguageModel,
+    text_ids: &[u32],
+    args: &Args,
+) -> Result<serde_json::Value> {
+    let width = args.score_context + args.score_tokens;
+    if args.score_tokens == 0 || args.score_rows * 5 + width > text_ids.len() {
+        bail!("--score-tokens must be at least 1 and the rows fit the bench's text");
+    }
+    let rows: Vec<Vec<u32>> = (0..args.score_rows)
+        .map(|r| text_ids[r * 5..r * 5 + width].to_vec())
+        .collect();
+    let batch = left_pad(&rows, 0);
+    let time = |logits: Logits| -> Result<(f64, usize)> {
+        let mut seconds = Vec::new();
+        let mut held = 0;
+        for run in 0..=args.repeat {
+            let start = Instant::now();
+            let out = model.decoder.forward(
+                &ForwardRequest::new(&batch.tokens, &batch.positions)
+                    .valid(&batch.valid)
+                    .logits(logits),
+            )?;
+            let logits = out.logits.context("scoring logits")?;
+            held = logits.elem_count() * 4;
+            log_softmax(&logits)?;
+            if run > 0 {
+                seconds.push(start.elapsed().as_secs_f64());
+            }
+        }
+        Ok((median(seconds), held))
+    };
+    let (trailing_s, trailing_bytes) = time(Logits::Trailing(args.score_tokens + 1))?;
+    let (all_s, all_bytes) = time(Logits::All)?;
+    eprintln!(
+        "scoring {} rows of {width} tokens: {trailing_s:.3} s at the scored positions, \
+         {all_s:.3} s at every position ({:.2}x); logits {:.1} MB against {:.1} MB",
+        args.score_rows,
+        all_s / trailing_s,
+        trailing_bytes as f64 / 1e6,
+        all_bytes as f64 / 1e6,
+    );
+    Ok(serde_json::json!({
+        "rows": args.score_rows,
+        "context": args.score_context,
+        "scored_tokens": args.score_tokens,
+        "scored_positions_s": trailing_s,
+        "every_position_s": all_s,
+        "speedup": all_s / trailing_s,
+        "scored_positions_logit_bytes": trailing_bytes,
+        "every_position_logit_bytes": all_bytes,
+    }))
 }
