@@ -58,6 +58,9 @@ Subcommands:
       The cert-manager Certificate of RENDERED names exactly the DNS names of the certificate
       Helm generated in GENERATED, with server and client auth, into the Secret the workloads
       mount.
+  pre-stop RENDERED...
+      Every serving container (edge, router, shard) sleeps in a preStop hook, for less than
+      its pod's terminationGracePeriodSeconds.
   rollouts-differ BEFORE AFTER
       Every workload of both renders has another checksum/secrets annotation in AFTER.
   kv-worker-policy RENDERED GOLDEN...
@@ -86,7 +89,7 @@ import zipfile
 
 from check_helm_common import exit_on, fail, load_docs
 from check_helm_tls import certificate_names, corpus_update, extra_ca_handshake, mtls_files, mtls_handshake, mtls_names
-from check_helm_workloads import check_files, edge_kv_wiring, kv_worker_policy, rollouts_differ, secret_rollouts
+from check_helm_workloads import check_files, edge_kv_wiring, kv_worker_policy, pre_stop, rollouts_differ, secret_rollouts
 
 REGISTRY = "https://registry.npmjs.org/"
 
@@ -446,6 +449,8 @@ def main():
         extra_ca_handshake(*args)
     elif command == "certificate-names" and len(args) == 2:
         certificate_names(*args)
+    elif command == "pre-stop" and args:
+        pre_stop(args)
     elif command == "rollouts-differ" and len(args) == 2:
         rollouts_differ(*args)
     elif command == "kv-worker-policy" and len(args) >= 2:

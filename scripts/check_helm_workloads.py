@@ -121,6 +121,35 @@ def secret_rollouts(rendered_files):
     print(f"{checked} pod templates mounting Secrets roll when they change")
 
 
+SERVING_CONTAINERS = {"edge", "router", "shard"}
+
+
+def pre_stop(rendered_files):
+    """Every serving container (edge, router, shard) keeps serving for a preStop sleep after
+    its pod is marked terminating, and the pod's grace period outlasts that sleep."""
+    errors = []
+    checked = 0
+    for path in rendered_files:
+        for doc in load_docs(path):
+            spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+            for container in spec.get("containers", []):
+                if container["name"] not in SERVING_CONTAINERS:
+                    continue
+                checked += 1
+                where = f"{path}: {doc['kind']} {doc['metadata']['name']} container {container['name']}"
+                command = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+                if len(command) != 2 or command[0] != "sleep" or not command[1].isdigit() or int(command[1]) < 1:
+                    errors.append(f"{where}: no preStop sleep ({command})")
+                    continue
+                grace = int(spec.get("terminationGracePeriodSeconds", 30))
+                if int(command[1]) >= grace:
+                    errors.append(f"{where}: preStop sleeps {command[1]} s of a {grace} s grace period")
+    if checked == 0:
+        errors.append("no serving containers rendered")
+    exit_on(errors)
+    print(f"{checked} serving containers sleep before SIGTERM, within their grace period")
+
+
 def rollouts_differ(before, after):
     """Every workload of both renders carries another checksum/secrets in AFTER: a change of
     what the pods trust rolls them."""

@@ -216,7 +216,26 @@ on (it supersedes tls.cloud), else tls.cloud's; empty in dev-certificate mode.
 Checks of values that would otherwise render a deployment that cannot work. Included by
 every workload template, so that `helm template` and `helm install` stop with the message.
 */}}
+{{- /*
+A serving container's preStop hook: it keeps serving for `seconds` after the pod is marked
+terminating, while Services and kube-proxy stop routing to it, then the kubelet sends
+SIGTERM and the server drains. `sleep` is coreutils' in the image.
+*/}}
+{{- define "hasten.preStop" -}}
+{{- if gt (int .) 0 }}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", {{ int . | toString | quote }}]
+{{- end }}
+{{- end }}
+
 {{- define "hasten.validate" -}}
+{{- range $key, $pod := dict "edge" .Values.edge "cloud.router" .Values.cloud.router "cloud.shard" .Values.cloud.shard }}
+{{- if ge (int $pod.preStopSeconds) (int $pod.terminationGracePeriodSeconds) }}
+{{- fail (printf "%s.preStopSeconds (%v) must be below %s.terminationGracePeriodSeconds (%v): the grace period covers the preStop sleep and the drain after SIGTERM" $key $pod.preStopSeconds $key $pod.terminationGracePeriodSeconds) }}
+{{- end }}
+{{- end }}
 {{- if and (not (include "hasten.mtls.enabled" .)) (not .Values.tls.cloud.secretName) (not .Values.tls.cloud.generate) (not .Values.tls.allowDevCerts) }}
 {{- fail "tls: set tls.mutual.secretName (a Secret with ca.crt, tls.crt and tls.key for every component) or tls.mutual.generate=true for mutual TLS, or tls.cloud.secretName (a Secret with tls.crt, tls.key and ca.crt for the router) or tls.cloud.generate=true. Without any, the router generates a dev certificate inside its pod that the edges cannot verify, so the edges cannot start; set tls.allowDevCerts=true only to try the cloud tier and control plane on their own." }}
 {{- end }}
@@ -232,6 +251,13 @@ every workload template, so that `helm template` and `helm install` stop with th
 {{- end }}
 {{- if .Values.kvPools.enabled }}
 {{- range .Values.kvPools.pools }}
+{{- $sha := dig "model" "sha256" "" (.spec | default dict) }}
+{{- if and (dig "model" "path" "" (.spec | default dict)) (not (regexMatch "^[0-9a-f]{64}$" $sha)) }}
+{{- fail (printf "kvPools.pools[%s].spec.model.sha256: %q is not a SHA-256 (64 lowercase hex digits): set the digest of the model file (`sha256sum %s`); the workers refuse any other file" .name $sha .spec.model.path) }}
+{{- end }}
+{{- if regexMatch "^0{64}$" $sha }}
+{{- fail (printf "kvPools.pools[%s].spec.model.sha256 is the all-zero placeholder: set the digest of the model file (`sha256sum %s`); the workers refuse any other file" .name .spec.model.path) }}
+{{- end }}
 {{- if and .autoscaling .autoscaling.enabled }}
 {{- if not (and (ge (int .autoscaling.minReplicas) 1) (le (int .autoscaling.minReplicas) (int .autoscaling.maxReplicas))) }}
 {{- fail (printf "kvPools.pools[%s].autoscaling: minReplicas (%v) must be at least 1 and at most maxReplicas (%v)" .name .autoscaling.minReplicas .autoscaling.maxReplicas) }}
