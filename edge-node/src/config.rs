@@ -32,6 +32,11 @@ pub struct EdgeConfig {
     /// HTTP connections open at once; beyond it a new one is closed at once (idle sockets
     /// cannot exhaust the file descriptors).
     pub max_connections: usize,
+    /// HTTP connections one client address may hold open at once (at most
+    /// `max_connections`; unset, a quarter of it), so that one client's idle sockets cannot
+    /// refuse every other client. Clients behind a proxy or load balancer that does not
+    /// keep their address share the proxy's: raise it there.
+    pub max_connections_per_client: Option<usize>,
     /// Longest a client may take to send a request's head, or to start the next request
     /// on an open connection, in milliseconds.
     pub header_timeout_ms: u64,
@@ -226,6 +231,7 @@ impl Default for EdgeConfig {
             // Far above what 2 cores serve (a few thousand requests a second on a few dozen
             // connections), far below a process's file descriptor limit.
             max_connections: 4096,
+            max_connections_per_client: None,
             header_timeout_ms: 10_000,
             body_timeout_ms: 10_000,
             // Within Kubernetes' default 30 s termination grace, with room to spare.
@@ -302,6 +308,13 @@ impl Default for EdgeConfig {
 }
 
 impl EdgeConfig {
+    /// `max_connections_per_client`, or a quarter of `max_connections` when unset: one
+    /// client cannot hold them all, and a proxy in front of many still gets a good share.
+    pub fn connections_per_client(&self) -> usize {
+        self.max_connections_per_client
+            .unwrap_or((self.max_connections / 4).max(1))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.bundle.is_none() {
             return Err(ConfigError::invalid(
@@ -438,6 +451,17 @@ impl EdgeConfig {
             if value == 0 {
                 return Err(ConfigError::invalid(key, "must be at least 1"));
             }
+        }
+        if let Some(per_client) = self.max_connections_per_client
+            && !(1..=self.max_connections).contains(&per_client)
+        {
+            return Err(ConfigError::invalid(
+                "max_connections_per_client",
+                format!(
+                    "must be 1 to max_connections ({}), got {per_client}",
+                    self.max_connections
+                ),
+            ));
         }
         if let Some(worker) = &self.lm_worker {
             if self.lm_model.is_some() {

@@ -64,6 +64,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
+    /// HTTP connections one client address may hold open [default: max_connections / 4].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_connections_per_client: Option<usize>,
     /// Milliseconds to send a request's head, or to start the next one [default: 10000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1,8 +1,9 @@
 //! The edge's HTTP API against clients that open sockets and never finish, as real
 //! processes: an idle or half-sent request is closed after the head or body timeout,
 //! connections beyond `max_connections` are closed at once (and counted) while the ones
-//! held keep the edge answering once they go, and SIGTERM waits for such clients no longer
-//! than the shutdown grace.
+//! held keep the edge answering once they go, one client address holds at most
+//! `max_connections_per_client` of them while other clients are answered, and SIGTERM waits
+//! for such clients no longer than the shutdown grace.
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -124,10 +125,18 @@ async fn connections_beyond_the_bound_are_closed_at_once_and_counted() {
     const MAX: usize = 16;
     let work = persistent_work_dir("edge-connections-bound").unwrap();
     let max = MAX.to_string();
+    // Every connection here comes from 127.0.0.1: no client bound below the global one.
     let (_cloud, edge) = edge(
         &work,
         "edge",
-        &["--max-connections", &max, "--metrics-addr", "127.0.0.1:0"],
+        &[
+            "--max-connections",
+            &max,
+            "--max-connections-per-client",
+            &max,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
     );
     let addr = edge.addr("http_addr");
     assert_eq!(health(&addr).as_deref(), Some("HTTP/1.1 404 Not Found"));
@@ -162,6 +171,85 @@ async fn connections_beyond_the_bound_are_closed_at_once_and_counted() {
         assert!(
             Instant::now() < deadline,
             "the edge did not take new connections again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A connection to `addr` from the loopback address `from` (Linux routes 127.0.0.0/8 to
+/// loopback, so each address is another client to the edge).
+async fn connect_from(from: [u8; 4], addr: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((from, 0).into()).unwrap();
+    let stream = socket.connect(addr.parse().unwrap()).await.unwrap();
+    let stream = stream.into_std().unwrap();
+    // Tokio's sockets are non-blocking; the reads here block with a timeout.
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+/// One client opening as many idle sockets as the edge takes in all (the attack of the
+/// test above, where the client bound equals the global one) holds only its own bound:
+/// the rest are closed at once and another client is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_holds_at_most_its_bound_and_others_are_answered() {
+    const MAX: usize = 16;
+    const PER_CLIENT: usize = 4;
+    let work = persistent_work_dir("edge-connections-per-client").unwrap();
+    let (max, per_client) = (MAX.to_string(), PER_CLIENT.to_string());
+    let (_cloud, edge) = edge(
+        &work,
+        "edge",
+        &[
+            "--max-connections",
+            &max,
+            "--max-connections-per-client",
+            &per_client,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    let addr = edge.addr("http_addr");
+    let greedy = [127, 0, 0, 2];
+    let mut sockets = Vec::new();
+    for _ in 0..MAX {
+        sockets.push(connect_from(greedy, &addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut held = 0;
+    for socket in &mut sockets {
+        match closed_within(socket, Duration::from_millis(200)) {
+            None => held += 1,
+            Some((reply, _)) => assert!(reply.is_empty(), "closed with {reply:?}"),
+        }
+    }
+    assert_eq!(held, PER_CLIENT, "sockets of one client left open");
+    assert_eq!(
+        health(&addr).as_deref(),
+        Some("HTTP/1.1 404 Not Found"),
+        "another client is answered"
+    );
+    let refused = Scrape::of(&edge.addr("metrics_addr")).await.unwrap().value(
+        "hasten_edge_http_connections_refused_total",
+        &[("listener", "api")],
+    );
+    assert_eq!(refused, (MAX - PER_CLIENT) as f64);
+    // Its bound comes back as its sockets close.
+    drop(sockets);
+    let deadline = Instant::now() + SLACK;
+    loop {
+        let mut again = connect_from(greedy, &addr).await;
+        again
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: edge\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        if closed_within(&mut again, SLACK)
+            .is_some_and(|(reply, _)| reply.starts_with("HTTP/1.1 404"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client's bound did not come back"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -269,6 +269,7 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let limits = HttpServerLimits {
         max_connections: config.max_connections,
+        max_connections_per_client: config.connections_per_client(),
         header_timeout: Duration::from_millis(config.header_timeout_ms),
         shutdown_grace: Duration::from_millis(config.shutdown_grace_ms),
     };
@@ -289,6 +290,8 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
         // Operators and probes: few connections, never crowded out by clients.
         let admin_limits = HttpServerLimits {
             max_connections: ADMIN_CONNECTIONS,
+            // Probes come from the node's address: no client bound of their own.
+            max_connections_per_client: ADMIN_CONNECTIONS,
             ..limits
         };
         servers.spawn(http_server::serve(
