@@ -358,7 +358,7 @@ def config_check(bindir, rendered):
     workdir = pathlib.Path(os.environ.get("CONFIG_CHECK_DIR", "/tmp/hasten-config-check"))
     workdir.mkdir(parents=True, exist_ok=True)
     # What the pods set through the environment (see the edge workload's command).
-    pod_env = {"HASTEN_EDGE_EDGE_ID": "check-edge-0", "HASTEN_EDGE_CLOUD_ADDR": "10.96.0.10:7100"}
+    pod_env = {"HASTEN_EDGE_EDGE_ID": "check-edge-0"}
     # Nothing from the caller's environment may configure the binaries (HASTEN_*), and
     # failures should print the message without a backtrace.
     env = {
@@ -393,8 +393,6 @@ def config_check(bindir, rendered):
                 run_env = dict(env)
                 if command[0] == "edge-node":
                     run_env["HASTEN_EDGE_EDGE_ID"] = pod_env["HASTEN_EDGE_EDGE_ID"]
-                    if "cloud_addr" not in expected:
-                        run_env["HASTEN_EDGE_CLOUD_ADDR"] = pod_env["HASTEN_EDGE_CLOUD_ADDR"]
                 if command[0] == "control-plane":
                     args += ["--id", "1"]  # the pod passes its ordinal + 1
                 result = subprocess.run(args, env=run_env, capture_output=True, text=True)
@@ -409,7 +407,7 @@ def config_check(bindir, rendered):
                     continue
                 errors.extend(f"{where}: {message}" for message in not_echoed(expected, printed))
                 if command[0] == "edge-node":
-                    for name, var in (("edge_id", "HASTEN_EDGE_EDGE_ID"), ("cloud_addr", "HASTEN_EDGE_CLOUD_ADDR")):
+                    for name, var in (("edge_id", "HASTEN_EDGE_EDGE_ID"),):
                         if var in run_env and printed.get(name) != run_env[var]:
                             errors.append(f"{where}: {var} did not set `{name}` (got {printed.get(name)!r})")
                 print(f"ok  {where}: {' '.join(command)} --print-config")

@@ -44,8 +44,9 @@ pub struct EdgeConfig {
     pub body_timeout_ms: u64,
     /// Longest requests and connections may take to finish after SIGTERM, in milliseconds.
     pub shutdown_grace_ms: u64,
-    /// The cloud index's QUIC address.
-    pub cloud_addr: SocketAddr,
+    /// The cloud index's QUIC address, `HOST:PORT`: an IP address or a DNS name (resolved
+    /// again whenever the edge reconnects).
+    pub cloud_addr: String,
     /// TLS name on the cloud's certificate.
     pub cloud_server_name: String,
     /// PEM file of the certificate(s) to trust for the cloud (its CA, or its dev certificate)
@@ -220,6 +221,16 @@ pub struct EdgeConfig {
     pub speculative_clusters: usize,
 }
 
+/// `HOST:PORT`, the host an IP address (IPv6 in brackets) or a name, the port a number.
+fn is_host_port(addr: &str) -> bool {
+    addr.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.contains("://")
+            && !host.contains('/')
+            && port.parse::<u16>().is_ok()
+    })
+}
+
 impl Default for EdgeConfig {
     fn default() -> Self {
         Self {
@@ -236,7 +247,7 @@ impl Default for EdgeConfig {
             body_timeout_ms: 10_000,
             // Within Kubernetes' default 30 s termination grace, with room to spare.
             shutdown_grace_ms: 10_000,
-            cloud_addr: SocketAddr::from(([127, 0, 0, 1], 7100)),
+            cloud_addr: "127.0.0.1:7100".into(),
             cloud_server_name: "localhost".into(),
             cloud_ca: PathBuf::from("run/cloud-dev-cert.pem"),
             tls_ca: None,
@@ -414,6 +425,15 @@ impl EdgeConfig {
                 return Err(ConfigError::invalid(key, "must be at least 1 when set"));
             }
         }
+        if !is_host_port(&self.cloud_addr) {
+            return Err(ConfigError::invalid(
+                "cloud_addr",
+                format!(
+                    "`{}` is not `host:port` (an IP address or a DNS name, then the port)",
+                    self.cloud_addr
+                ),
+            ));
+        }
         if self.cloud_timeout_ms == 0 {
             return Err(ConfigError::invalid(
                 "cloud_timeout_ms",
@@ -471,7 +491,7 @@ impl EdgeConfig {
                      this process",
                 ));
             }
-            if worker.contains("://") || worker.rsplit_once(':').is_none() {
+            if !is_host_port(worker) {
                 return Err(ConfigError::invalid(
                     "lm_worker",
                     format!("`{worker}` is not `host:port`"),
@@ -485,11 +505,7 @@ impl EdgeConfig {
                     "and `lm_model` or `lm_worker` are both set: answer with one of them",
                 ));
             }
-            if let Some(bad) = self
-                .kv_workers
-                .iter()
-                .find(|w| w.contains("://") || w.rsplit_once(':').is_none())
-            {
+            if let Some(bad) = self.kv_workers.iter().find(|w| !is_host_port(w)) {
                 return Err(ConfigError::invalid(
                     "kv_workers",
                     format!("`{bad}` is not `host:port`"),
@@ -709,6 +725,36 @@ mod tests {
         config.corpus_fraction = 0.5;
         config.k = 101;
         assert!(config.validate().unwrap_err().to_string().contains("`k`"));
+    }
+
+    #[test]
+    fn the_cloud_address_is_an_ip_or_a_name_with_a_port() {
+        let mut config = EdgeConfig {
+            bundle: Some("b".into()),
+            ..EdgeConfig::default()
+        };
+        for good in [
+            "10.96.0.10:7100",
+            "[fd00::1]:7100",
+            "hasten-router.hasten.svc.cluster.local:7100",
+        ] {
+            config.cloud_addr = good.into();
+            config.validate().unwrap();
+        }
+        for bad in [
+            "hasten-router",
+            "router:",
+            ":7100",
+            "router:99999",
+            "quic://router:7100",
+        ] {
+            config.cloud_addr = bad.into();
+            let error = config.validate().unwrap_err().to_string();
+            assert!(
+                error.contains("`cloud_addr`") && error.contains(bad),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -83,7 +83,7 @@ struct ServeArgs {
     /// Cloud index QUIC address [default: 127.0.0.1:7100].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    cloud_addr: Option<SocketAddr>,
+    cloud_addr: Option<String>,
     /// TLS name of the cloud [default: localhost].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -226,7 +226,7 @@ impl Cluster {
                 None,
             )?,
             CloudEndpoint {
-                addr,
+                addr: addr.to_string(),
                 server_name: "localhost".into(),
                 timeout: Duration::from_secs(60),
                 corpus_version: corpus_version.to_string(),

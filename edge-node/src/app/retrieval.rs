@@ -72,7 +72,7 @@ pub(super) fn build_engine(
     let cloud = QuicCloudClient::new(
         client_config,
         CloudEndpoint {
-            addr: config.cloud_addr,
+            addr: config.cloud_addr.clone(),
             server_name: config.cloud_server_name.clone(),
             timeout: Duration::from_millis(config.cloud_timeout_ms),
             corpus_version: corpus_version.clone(),

@@ -69,6 +69,14 @@ pub trait CloudSearch: Send + Sync + 'static {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CloudError {
+    /// The cloud's address names a host that does not resolve (now: it is looked up again
+    /// on the next connection attempt).
+    #[error("cannot resolve the cloud index's address {addr}: {source}")]
+    Resolve {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot connect to the cloud index at {addr}: {source}")]
     Connect {
         addr: SocketAddr,

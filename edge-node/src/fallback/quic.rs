@@ -57,7 +57,9 @@ pub fn fallback_documents(
 /// Where and how to reach the cloud.
 #[derive(Clone, Debug)]
 pub struct CloudEndpoint {
-    pub addr: SocketAddr,
+    /// `HOST:PORT`: an IP address or a DNS name, resolved again at every connection attempt
+    /// so that an edge follows a cloud whose name now points elsewhere.
+    pub addr: String,
     /// TLS name the cloud's certificate must carry.
     pub server_name: String,
     /// Deadline of one request, connection set-up included.
@@ -172,12 +174,10 @@ impl QuicCloudClient {
     /// A client endpoint on an ephemeral local port. Connects on first use, or on
     /// [`Self::verify_link`].
     pub fn new(config: quinn::ClientConfig, target: CloudEndpoint) -> std::io::Result<Self> {
-        let bind: SocketAddr = if target.addr.is_ipv4() {
-            SocketAddr::from(([0, 0, 0, 0], 0))
-        } else {
-            SocketAddr::from(([0u16; 8], 0))
-        };
-        let mut endpoint = quinn::Endpoint::client(bind)?;
+        // Dual-stack, since a name may resolve to either family; IPv4 alone where the host
+        // has no IPv6.
+        let mut endpoint = quinn::Endpoint::client(SocketAddr::from(([0u16; 8], 0)))
+            .or_else(|_| quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0))))?;
         endpoint.set_default_client_config(config);
         Ok(Self {
             endpoint,
@@ -232,8 +232,22 @@ impl QuicCloudClient {
         Ok(connection)
     }
 
+    /// The cloud's address as it resolves now: the first one this endpoint can reach.
+    async fn resolve(&self) -> Result<SocketAddr, CloudError> {
+        let resolve_error = |source| CloudError::Resolve {
+            addr: self.target.addr.clone(),
+            source,
+        };
+        let ipv6 = self.endpoint.local_addr().map_err(resolve_error)?.is_ipv6();
+        tokio::net::lookup_host(&self.target.addr)
+            .await
+            .map_err(resolve_error)?
+            .find(|addr| ipv6 || addr.is_ipv4())
+            .ok_or_else(|| resolve_error(std::io::Error::other("no address this host can reach")))
+    }
+
     async fn connect(&self) -> Result<quinn::Connection, CloudError> {
-        let addr = self.target.addr;
+        let addr = self.resolve().await?;
         let connection = self
             .endpoint
             .connect(addr, &self.target.server_name)
