@@ -692,7 +692,7 @@ async fn sigterm_ends_subscriptions_and_the_node_restarts_on_its_store() {
 
 /// Bug: a node restarted on a lost (empty) data directory panicked in its Raft task
 /// (`to_commit ... is out of range`) while the process kept answering `/healthz`. Now the
-/// process exits non-zero and says how to recover, and that recovery (the README's
+/// process exits non-zero and says how to recover, and that recovery (docs/operations.md,
 /// "Recovering a control-plane node") brings the node back with everything committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_store_exits_and_recovers_as_the_readme_says() {

@@ -170,7 +170,7 @@ fn report_panic(id: u64, panic: &(dyn std::any::Any + Send)) {
             "this node's log is behind what the group committed: its data directory was lost or \
              restored from an older copy. It cannot rejoin as it is: remove it from the group \
              (RemoveNode on the leader), empty its data directory, start it with `join = true` and \
-             add it back (AddNode); see the README, \"Recovering a control-plane node\""
+             add it back (AddNode); see docs/operations.md, \"Recovering a control-plane node\""
         );
     } else {
         tracing::error!(node = id, %message, "the Raft node failed");

@@ -53,13 +53,13 @@ pub enum StoreError {
     },
     #[error(
         "the control-plane store in {dir} is unreadable ({detail}): restore it from a \
-         backup, or recover the node as the README's \"Recovering a control-plane node\" \
+         backup, or recover the node as docs/operations.md's \"Recovering a control-plane node\" \
          says (it catches up from the others)"
     )]
     Corrupted { dir: String, detail: String },
     #[error(
         "corrupt record {key} in {tree}: {reason}; the store is damaged: restore it from a \
-         backup, or recover the node as the README's \"Recovering a control-plane node\" says"
+         backup, or recover the node as docs/operations.md's \"Recovering a control-plane node\" says"
     )]
     Corrupt {
         tree: &'static str,

@@ -37,7 +37,7 @@ pub enum WalError {
     },
     #[error(
         "the Raft log segment {path} is damaged at byte {offset} ({reason}), before its end: \
-         restore the node from a backup, or recover it as the README's \"Recovering a \
+         restore the node from a backup, or recover it as docs/operations.md's \"Recovering a \
          control-plane node\" says (it catches up from the others)"
     )]
     Corrupt {
