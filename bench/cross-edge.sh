@@ -3,7 +3,7 @@
 # through one HaS edge that sees all traffic, through 4 isolated HaS edges (client i talks
 # to edge i mod 4), and through 4 HaS edges that share their cache through a 3-node Raft
 # control plane. Prints DAR, x-edge acceptances and latency, and the replicated edges' DAR
-# as a share of the single edge's (goal: at least 95%). Figures: bench/README.md.
+# as a share of the single edge's (goal: at least 95%). Figures: docs/benchmarks/retrieval.md.
 #
 # Environment: QUERIES (3000), RATE_QPS (30), TAU (0.2), DATA_DIR (../shared/data),
 # OUT (run/cross-edge/<time>). Reuses the has-eval bundle when present.

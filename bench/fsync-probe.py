@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long this disk's fdatasync takes for a log that appends, against one written into
 space prepared ahead (fallocate'd, or written with zeros and synced): the question behind
-preallocating the control plane's log segments (bench/README, step 17).
+preallocating the control plane's log segments (docs/benchmarks/control-plane.md, step 17).
 
 Several processes (the members of a local cluster) each write RECORD bytes and fdatasync,
 COUNT times, in files of their own under DIR; prints p50/p90/p99 per way of preparing.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target in fuzz/ for a few minutes each and records the outcome in
-# run/fuzz/report.md (figures: bench/README.md, "Fuzzing"). Installs cargo-fuzz from
+# run/fuzz/report.md (figures: docs/benchmarks/fuzzing.md). Installs cargo-fuzz from
 # crates.io when missing. This machine has one stable toolchain: libFuzzer's -Z flags are
 # allowed with RUSTC_BOOTSTRAP=1. Sanitizer: none (the fuzzed paths are safe Rust; a panic
 # or failed assertion is the finding), which keeps the C++ (faiss) link plain.

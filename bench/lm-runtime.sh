@@ -3,7 +3,7 @@
 # script: prefill tokens/s at 128/512/2,048 tokens and decode tokens/s at batch 1 and 5, after
 # 16-token prompts and after 1,024-token prompts (a RAG answer decodes after a long prompt).
 # llama.cpp is llama-cpp-python from PyPI (compiled here at first use, ~5 minutes), driven by
-# bench/lm-peer.py. Figures: bench/README.md, "LM runtime".
+# bench/lm-peer.py. Figures: docs/benchmarks/lm-runtime.md.
 #   bench/lm-runtime.sh [THREADS]      default 2; models: every one `make models(-large)` installed
 # Run it on an idle machine: candle's CPU thread pool spins at barriers, so a busy neighbour
 # costs it far more than its share.

@@ -50,7 +50,7 @@ SUMMARY
 lm_dir=${HASTEN_LM_DIR:-models/lm}
 lm_drafter=$lm_dir/SmolLM2-135M-Instruct.Q4_1.gguf
 lm_model=$lm_drafter
-# The 0.5B model answers far better at twice the time (bench/README.md, "Answering models
+# The 0.5B model answers far better at twice the time (docs/benchmarks/answers.md, "Answering models
 # side by side": F1 0.368 against 0.087); used when `make models-large` installed it.
 [ -f "$lm_dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" ] && lm_model=$lm_dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 echo
@@ -92,5 +92,5 @@ for q in asked:
               f"total {t['total_ms']:.0f} ms, {reply['generated_tokens']} tokens")
 for mode, rows in scores.items():
     print(f"{mode}: EM {sum(r['em'] for r in rows) / len(rows):.2f}, F1 {sum(r['f1'] for r in rows) / len(rows):.2f} "
-          f"over {len(rows)} questions (too few to rank anything; see bench/README.md for 100-question runs)")
+          f"over {len(rows)} questions (too few to rank anything; see docs/benchmarks/answers.md for 100-question runs)")
 ANSWERS

@@ -8,7 +8,7 @@
 //!   room for 256 more entries.
 //!
 //! Both produce the same entries (`lm/tests/decoder.rs` checks it). CPU only: on a GPU the
-//! difference is kernel launches, measured in bench/README's FusionRAG GPU section.
+//! difference is kernel launches, measured in docs/benchmarks/fusionrag.md's GPU section.
 //!
 //! Run: `cargo bench --profile dev --workspace --bench kv_assembly`.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine (no Rust, no network), from the repository root, over what
 # bench/gpu/pack.sh put under .gpu/ (carried there in parts, one per call: .gpu/part-*;
-# see bench/README.md, "GPU runs").
+# see docs/benchmarks/gpu.md).
 #   bench/gpu/device-run.sh probe      what the machine has (GPU, CUDA libraries, glibc)
 #   bench/gpu/device-run.sh build      `cloud-index build --device cuda` over HotpotQA-500
 #   bench/gpu/device-run.sh encoder    encoder bench: candle on the CPU against CUDA

@@ -18,7 +18,7 @@ use crate::searcher::MAX_BATCH;
 use crate::shard_map::ShardMap;
 
 /// Searches a cloud server answers at once. A 1M-vector shard answers ~200-250 searches a
-/// second batched (bench/README.md, "Cloud tier"), so ~500 fit in the default 2 s deadline;
+/// second batched (docs/benchmarks/cloud-tier.md), so ~500 fit in the default 2 s deadline;
 /// twice that absorbs a burst, and a search beyond it would only wait out its deadline in
 /// the queue.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
@@ -80,7 +80,7 @@ impl ServerConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct BatchingConfig {
     /// Coalesce concurrent searches into one batch. A router's batching makes every shard
-    /// search the same batches (bench/README.md, "Cloud tier": shards batching on their own
+    /// search the same batches (docs/benchmarks/cloud-tier.md: shards batching on their own
     /// split into two interleaved groups under closed-loop load).
     pub enabled: bool,
     /// Most query vectors in one batch. 256 is where the matrix product's throughput stops
@@ -210,14 +210,14 @@ pub struct ShardConfig {
     pub tls_extra_ca: Option<PathBuf>,
     /// OpenMP threads for faiss's per-query scans and result merging. 1, because batches go
     /// through OpenBLAS (see `blas_min_batch`), and OpenMP threads running beside OpenBLAS's
-    /// oversubscribe the cores (bench/README.md, "Cloud tier": OpenMP 2 + OpenBLAS 2 ran a
+    /// oversubscribe the cores (docs/benchmarks/cloud-tier.md: OpenMP 2 + OpenBLAS 2 ran a
     /// batch at a third of the speed of OpenMP 1 + OpenBLAS 2 on 2 cores). 0: every core.
     pub openmp_threads: usize,
     /// OpenBLAS threads for the matrix product that searches a batch (0: every core).
     pub openblas_threads: usize,
     /// Smallest batch searched as one matrix product; faiss's default is 20. Measured on 1M
     /// vectors with one thread: one scan per query costs 46 ms each, the matrix product
-    /// ~100 ms plus 7 ms per query, so from 3-4 queries on the product wins (bench/README.md).
+    /// ~100 ms plus 7 ms per query, so from 3-4 queries on the product wins (docs/benchmarks/cloud-tier.md).
     pub blas_min_batch: usize,
     /// Listeners, dev certificate and admission bound.
     pub server: ServerConfig,

@@ -4,7 +4,7 @@
 //!
 //! Both runtimes start as many threads as there are cores. Left alone, a batched search runs
 //! OpenBLAS's threads inside OpenMP's and the two oversubscribe the cores: on 2 cores that
-//! halves batched throughput (bench/README.md). A server therefore sets both counts at start,
+//! halves batched throughput (docs/benchmarks/cloud-tier.md). A server therefore sets both counts at start,
 //! and the batch size from which faiss uses the matrix product at all.
 //!
 //! OpenBLAS is reached through the dynamic loader rather than linked by name, because the

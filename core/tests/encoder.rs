@@ -1,6 +1,6 @@
 //! The encoder against an independent implementation and on real sentence pairs, in every
 //! runtime: ONNX Runtime and candle, and candle on CUDA in a build with the `cuda` feature
-//! (run on a GPU machine; see bench/README.md, encoder).
+//! (run on a GPU machine; see docs/benchmarks/encoder.md).
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

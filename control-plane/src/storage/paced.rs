@@ -3,7 +3,7 @@
 //! (on ext4, one journal): a snapshot's single 8 MB `fsync` held every node's log sync for
 //! its whole 15-20 ms, and unlinking a 64 MiB segment (its blocks freed, and discarded where
 //! the disk is mounted with `discard`) held them at 20-55 ms for 130 ms (`perf trace`,
-//! bench/README). RocksDB paces its files for the same reason (`bytes_per_sync`, and
+//! docs/benchmarks/control-plane.md). RocksDB paces its files for the same reason (`bytes_per_sync`, and
 //! deletion by truncation in chunks).
 
 use std::fs::File;

@@ -166,7 +166,7 @@ impl TextEncoder {
             }))
             .map_err(|e| EncoderError::Tokenizer(e.to_string()))?;
         // Texts per forward pass. candle amortises its per-call matmul overhead over ~32
-        // texts; ONNX Runtime is fastest at a few (bench/README.md, encoder), where the
+        // texts; ONNX Runtime is fastest at a few (docs/benchmarks/encoder.md), where the
         // padding of texts sorted by length is near zero. A GPU needs large batches to fill.
         let (model, batch_size): (Box<dyn HiddenStates>, usize) = match runtime {
             EncoderRuntime::Onnx => (Box::new(OnnxBert::load(model_dir)?), 2),
