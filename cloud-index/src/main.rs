@@ -29,7 +29,8 @@ use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_thre
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
-use hasten_proto::quic::server_config;
+use hasten_proto::quic::{ServerCertificate, server_config};
+use hasten_proto::reload::{ReloadOutcome, ReloadingCertificate};
 use hasten_proto::tls::{Identity, MutualTls, TlsPaths};
 use hasten_proto::v1::cloud_index_server::CloudIndexServer;
 use progress::EncodeProgress;
@@ -405,6 +406,8 @@ fn build(args: BuildArgs) -> Result<()> {
 struct ServerTls {
     identity: Identity,
     mutual: Option<MutualTls>,
+    /// The certificate and key files the identity came from (none for a dev certificate).
+    files: Option<(PathBuf, PathBuf)>,
 }
 
 impl ServerTls {
@@ -427,6 +430,7 @@ impl ServerTls {
             return Ok(Self {
                 identity: mutual.identity().clone(),
                 mutual: Some(mutual),
+                files: Some((paths.cert, paths.key)),
             });
         }
         tracing::warn!(
@@ -438,6 +442,7 @@ impl ServerTls {
             return Ok(Self {
                 identity,
                 mutual: None,
+                files: Some((cert.clone(), key.clone())),
             });
         }
         let dev = DevCertificate::load_or_generate(dev_cert_out, dev_cert_names)
@@ -462,7 +467,37 @@ impl ServerTls {
         Ok(Self {
             identity: dev.identity,
             mutual: None,
+            files: None,
         })
+    }
+
+    /// What QUIC serves: the certificate files read again when they change (a renewed
+    /// Secret is served from the next handshake; gRPC keeps the one read at start), with
+    /// their expiry and reloads in `registry`.
+    fn quic_certificate(
+        &self,
+        registry: &hasten_core::metrics::prometheus::Registry,
+    ) -> Result<ServerCertificate> {
+        let expiry =
+            hasten_core::metrics::register_certificate_expiry(registry, &self.expiries()?)?;
+        let Some((cert, key)) = &self.files else {
+            return Ok(ServerCertificate::Fixed(self.identity.clone()));
+        };
+        let reloads = hasten_core::metrics::register_tls_reloads(registry)?;
+        let path = cert.display().to_string();
+        let certificate = ReloadingCertificate::load(cert, key, move |outcome| match outcome {
+            ReloadOutcome::Reloaded { expires_at } => {
+                reloads.with_label_values(&["served"]).inc();
+                expiry.with_label_values(&["certificate"]).set(expires_at);
+                tracing::info!(%path, "serving the renewed TLS certificate");
+            }
+            ReloadOutcome::Failed(err) => {
+                reloads.with_label_values(&["refused"]).inc();
+                tracing::warn!(%path, error = %err, "the changed TLS certificate cannot serve; keeping the previous one");
+            }
+        })
+        .context("loading the TLS certificate")?;
+        Ok(ServerCertificate::Reloading(Arc::new(certificate)))
     }
 }
 
@@ -473,6 +508,7 @@ struct Listeners {
     /// Already serving (bound before the slow start-up, for liveness probes).
     metrics_addr: SocketAddr,
     tls: ServerTls,
+    certificate: ServerCertificate,
     ready_file: Option<PathBuf>,
 }
 
@@ -492,10 +528,10 @@ async fn serve_observability(
 /// Serves `backend` on QUIC and gRPC until a shutdown signal.
 async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Result<()> {
     let info = backend.info();
-    let ServerTls { identity, mutual } = listeners.tls;
+    let mutual = listeners.tls.mutual;
     let quic = cloud_index::quic::bind(
         listeners.quic_addr,
-        server_config(identity, mutual.as_ref().map(MutualTls::trust))?,
+        server_config(listeners.certificate, mutual.as_ref().map(MutualTls::trust))?,
     )
     .with_context(|| format!("binding QUIC on {}", listeners.quic_addr))?;
     let quic_addr = quic.local_addr()?;
@@ -608,7 +644,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         &config.server.dev_cert_out,
         &config.server.dev_cert_names,
     )?;
-    hasten_core::metrics::register_certificate_expiry(&registry, &tls.expiries()?)?;
+    let certificate = tls.quic_certificate(&registry)?;
     let shard = info.shard_index.to_string();
     let service = ShardService::new(searcher, config.batching.settings(), metrics.clone());
     loaded.store(true, Ordering::Release);
@@ -623,6 +659,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             grpc_addr: config.server.grpc_addr,
             metrics_addr,
             tls,
+            certificate,
             ready_file: config.server.ready_file.clone(),
         },
     )
@@ -683,7 +720,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         &config.server.dev_cert_out,
         &config.server.dev_cert_names,
     )?;
-    hasten_core::metrics::register_certificate_expiry(&registry, &tls.expiries()?)?;
+    let certificate = tls.quic_certificate(&registry)?;
     // Read now, so that a bad file fails the start rather than after the shards answered.
     let control_token = config
         .control_plane_token_file
@@ -734,6 +771,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
             grpc_addr: config.server.grpc_addr,
             metrics_addr,
             tls,
+            certificate,
             ready_file: config.server.ready_file.clone(),
         },
     )

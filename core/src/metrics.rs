@@ -59,7 +59,7 @@ pub fn registry() -> Result<Registry, prometheus::Error> {
 pub fn register_certificate_expiry(
     registry: &Registry,
     certificates: &[(&str, i64)],
-) -> Result<(), prometheus::Error> {
+) -> Result<prometheus::IntGaugeVec, prometheus::Error> {
     let gauge = register(
         registry,
         prometheus::IntGaugeVec::new(
@@ -73,7 +73,28 @@ pub fn register_certificate_expiry(
     for (certificate, expires_at) in certificates {
         gauge.with_label_values(&[*certificate]).set(*expires_at);
     }
-    Ok(())
+    Ok(gauge)
+}
+
+/// `hasten_tls_reloads_total{outcome}`: certificate files read again after they changed,
+/// `served` or `refused` (the previous certificate stayed).
+pub fn register_tls_reloads(
+    registry: &Registry,
+) -> Result<prometheus::IntCounterVec, prometheus::Error> {
+    let reloads = register(
+        registry,
+        prometheus::IntCounterVec::new(
+            prometheus::Opts::new(
+                "hasten_tls_reloads_total",
+                "Certificate files read again after they changed: served, or refused (the previous certificate stays)",
+            ),
+            &["outcome"],
+        )?,
+    )?;
+    for outcome in ["served", "refused"] {
+        reloads.with_label_values(&[outcome]);
+    }
+    Ok(reloads)
 }
 
 /// The registry's metrics in Prometheus's text format.

@@ -9,6 +9,7 @@ pub mod control;
 mod encoded_event;
 pub mod frame;
 pub mod quic;
+pub mod reload;
 pub mod response_size;
 pub mod tls;
 pub mod worker;

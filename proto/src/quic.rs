@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
+use crate::reload::ReloadingCertificate;
 use crate::tls::{Identity, TlsError, TrustRoots, crypto_provider};
 
 /// ALPN protocol of Hasten's search fast path; a peer speaking anything else is refused.
@@ -43,10 +44,19 @@ fn transport_config() -> Arc<quinn::TransportConfig> {
     Arc::new(transport)
 }
 
-/// QUIC server configuration: TLS 1.3 with `identity`, Hasten's ALPN. With `clients`, every
-/// client must show a certificate leading to those roots or its handshake fails.
+/// What a QUIC server shows its clients.
+#[derive(Debug)]
+pub enum ServerCertificate {
+    /// Read once (a development certificate generated at start).
+    Fixed(Identity),
+    /// Read again from its files when they change.
+    Reloading(Arc<ReloadingCertificate>),
+}
+
+/// QUIC server configuration: TLS 1.3 with `certificate`, Hasten's ALPN. With `clients`,
+/// every client must show a certificate leading to those roots or its handshake fails.
 pub fn server_config(
-    identity: Identity,
+    certificate: ServerCertificate,
     clients: Option<&TrustRoots>,
 ) -> Result<quinn::ServerConfig, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(crypto_provider())
@@ -62,7 +72,12 @@ pub fn server_config(
         ),
         None => builder.with_no_client_auth(),
     };
-    let mut tls = builder.with_single_cert(identity.cert_chain, identity.key)?;
+    let mut tls = match certificate {
+        ServerCertificate::Fixed(identity) => {
+            builder.with_single_cert(identity.cert_chain, identity.key)?
+        }
+        ServerCertificate::Reloading(resolver) => builder.with_cert_resolver(resolver),
+    };
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string()))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
