@@ -27,6 +27,7 @@ pub mod fallback;
 pub mod grpc;
 pub mod has;
 pub mod http;
+pub mod keyed_limit;
 pub mod lookup;
 pub mod metrics;
 pub mod replication;

@@ -5,10 +5,8 @@
 //! deadline for each request's head (which also closes a connection idle between
 //! requests), and a bounded drain on shutdown.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,6 +17,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+
+use crate::keyed_limit::KeyedLimit;
 
 /// Bounds of the HTTP server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let clients = Arc::new(ClientConnections::default());
+    let clients = KeyedLimit::new(Some(limits.max_connections_per_client));
     let graceful = GracefulShutdown::new();
     // HTTP/1 only (gRPC has its own listener): sniffing for an HTTP/2 preface would wait
     // on an idle socket before any head timeout starts.
@@ -68,8 +68,7 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let Some(client_slot) = clients.try_take(peer.ip(), limits.max_connections_per_client)
-        else {
+        let Ok(client_slot) = clients.take(&peer.ip()) else {
             refused.inc();
             tracing::debug!(%peer, max = limits.max_connections_per_client, "HTTP connection beyond the client's bound closed");
             continue;
@@ -103,77 +102,5 @@ pub async fn serve(
             grace = ?limits.shutdown_grace,
             "HTTP connections still open after the shutdown grace; closing them"
         );
-    }
-}
-
-/// Open connections per client address. Written here: the maintained limiters (tower's,
-/// governor's) bound requests or rates, not sockets held before any request.
-#[derive(Default)]
-struct ClientConnections {
-    open: Mutex<HashMap<IpAddr, usize>>,
-}
-
-/// One open connection of `client`, given back when dropped.
-struct ClientSlot {
-    clients: Arc<ClientConnections>,
-    client: IpAddr,
-}
-
-impl ClientConnections {
-    /// A slot for `client`, or `None` when it already holds `max`.
-    fn try_take(self: &Arc<Self>, client: IpAddr, max: usize) -> Option<ClientSlot> {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let held = open.entry(client).or_insert(0);
-        if *held >= max {
-            return None;
-        }
-        *held += 1;
-        Some(ClientSlot {
-            clients: Arc::clone(self),
-            client,
-        })
-    }
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut open = self
-            .clients
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = open.get_mut(&self.client) {
-            *held -= 1;
-            if *held == 0 {
-                open.remove(&self.client);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_client_holds_at_most_its_bound_and_gets_slots_back() {
-        let clients = Arc::new(ClientConnections::default());
-        let a: IpAddr = [127, 0, 0, 2].into();
-        let b: IpAddr = [127, 0, 0, 1].into();
-        let held: Vec<ClientSlot> = (0..3).map(|_| clients.try_take(a, 3).unwrap()).collect();
-        assert!(
-            clients.try_take(a, 3).is_none(),
-            "a fourth for the same client"
-        );
-        assert!(
-            clients.try_take(b, 3).is_some(),
-            "another client is not held back"
-        );
-        drop(held);
-        assert!(
-            clients.open.lock().unwrap().is_empty(),
-            "closed clients are forgotten"
-        );
-        assert!(clients.try_take(a, 3).is_some());
     }
 }

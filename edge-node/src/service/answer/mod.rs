@@ -14,7 +14,6 @@
 pub mod chat;
 mod iterative;
 pub mod metrics;
-mod quota;
 pub mod ralm;
 pub mod spechop;
 mod stream;
@@ -30,12 +29,12 @@ use tracing::Instrument;
 
 use crate::api::answer as answer_json;
 use crate::api::{EdgeError, InvalidArgument, RetrieveInput};
+use crate::keyed_limit::{KeyedLimit, Place};
 use crate::retrieval::Retrieval;
 use crate::service::retrieve::{EdgeService, Incoming};
 use crate::tenants::Tenant;
 pub use iterative::IterativeModel;
 use metrics::AnswerMetrics;
-use quota::{TenantPlace, TenantQuota};
 pub use stream::{AnswerEvent, AnswerStream};
 
 /// Bounds and defaults of `/v1/answer`.
@@ -84,7 +83,7 @@ pub struct Prepared {
     notes: Vec<String>,
     backend: Arc<dyn LmBackend>,
     admission: Admission,
-    place: TenantPlace,
+    place: Place<Tenant>,
     started: Instant,
     retrieve: Duration,
 }
@@ -124,7 +123,7 @@ pub struct AnswerService {
     iterative: Option<IterativeModel>,
     limits: AnswerLimits,
     queue: Arc<ModelQueue>,
-    quota: Arc<TenantQuota>,
+    quota: Arc<KeyedLimit<Tenant>>,
     metrics: Arc<AnswerMetrics>,
 }
 
@@ -147,7 +146,7 @@ impl AnswerService {
                 limits.max_queued,
                 Box::new(move |waiting| gauge.set_queue(waiting)),
             )),
-            quota: TenantQuota::new(limits.per_tenant),
+            quota: KeyedLimit::new(limits.per_tenant),
             metrics,
         }
     }
@@ -414,7 +413,7 @@ impl AnswerService {
     }
 
     /// The tenant's place among the answers in progress.
-    fn tenant_place(&self, tenant: &Tenant) -> Result<TenantPlace, EdgeError> {
+    fn tenant_place(&self, tenant: &Tenant) -> Result<Place<Tenant>, EdgeError> {
         self.quota
             .take(tenant)
             .map_err(|limit| EdgeError::TenantAnswersFull {
