@@ -43,6 +43,7 @@ OPEN = {"config"}
 ENUMS = {
     "edge.kind": ["Deployment", "DaemonSet"],
     "image.pullPolicy": ["Always", "IfNotPresent", "Never"],
+    "logFormat": ["json", "text"],
     "tls.mutual.certManager.issuerRef.kind": ["Issuer", "ClusterIssuer"],
 }
 COUNTS = {"replicas", "minReplicas", "maxReplicas", "shards", "replicasPerShard"}

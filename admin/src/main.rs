@@ -127,7 +127,7 @@ enum MembersCommand {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
+    hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
     let cli = Cli::parse();
     let config: AdminConfig = load_config(cli.source.config.as_deref(), "HASTEN_ADMIN_", &cli)?;
     config.validate()?;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hasten_core::config::ConfigError;
+use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
@@ -194,6 +195,8 @@ fn mutual_tls_paths(
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ShardConfig {
+    /// Log lines as `text` or `json` (one object per line).
+    pub log_format: LogFormat,
     /// Corpus bundle to serve: a shard bundle (`cloud-index build --shards`) or a whole
     /// corpus. Required.
     pub bundle: Option<PathBuf>,
@@ -228,6 +231,7 @@ pub struct ShardConfig {
 impl Default for ShardConfig {
     fn default() -> Self {
         Self {
+            log_format: LogFormat::default(),
             bundle: None,
             tls_ca: None,
             tls_cert: None,
@@ -275,6 +279,8 @@ impl ShardConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
+    /// Log lines as `text` or `json` (one object per line).
+    pub log_format: LogFormat,
     /// The starting shard map: `shards[i]` lists the gRPC endpoints (`host:port` or a URI)
     /// of shard i's replicas. Required.
     pub shards: Vec<Vec<String>>,
@@ -317,6 +323,7 @@ pub struct RouterConfig {
 impl Default for RouterConfig {
     fn default() -> Self {
         Self {
+            log_format: LogFormat::default(),
             shards: Vec::new(),
             control_plane: Vec::new(),
             control_plane_token_file: None,

@@ -25,6 +25,7 @@ use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_core::logging::{LogArgs, LogFormat};
 use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
@@ -140,6 +141,9 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
+    #[command(flatten)]
+    #[serde(flatten)]
+    log: LogArgs,
     /// Corpus bundle directory.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -219,6 +223,9 @@ struct RouteArgs {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
+    #[command(flatten)]
+    #[serde(flatten)]
+    log: LogArgs,
     /// One shard's replicas as comma-separated gRPC endpoints (host:port); repeat once per
     /// shard, in shard order.
     #[arg(long = "shard", value_name = "ENDPOINTS")]
@@ -264,7 +271,6 @@ struct RouteArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
     match Cli::parse().command {
         Command::Build(args) => build(args),
         Command::Serve(args) => serve(args).await,
@@ -310,6 +316,7 @@ fn read_imports(
 }
 
 fn build(args: BuildArgs) -> Result<()> {
+    hasten_core::logging::init(LogFormat::Text);
     let sources = CorpusSources {
         squad: args.squad,
         hotpot: args.hotpot,
@@ -589,6 +596,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    hasten_core::logging::init(config.log_format);
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Shard)?;
     let loaded = Arc::new(AtomicBool::new(false));
@@ -689,6 +697,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    hasten_core::logging::init(config.log_format);
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Router)?;
     let started: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hasten_core::config::ConfigError;
+use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +15,8 @@ use crate::node::NodeSettings;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControlPlaneConfig {
+    /// Log lines as `text` or `json` (one object per line).
+    pub log_format: LogFormat,
     /// This node's Raft id (non-zero, unique in the group).
     pub id: u64,
     /// gRPC address for clients (edges, operators) and peers.
@@ -70,6 +73,7 @@ pub struct ControlPlaneConfig {
 impl Default for ControlPlaneConfig {
     fn default() -> Self {
         Self {
+            log_format: LogFormat::default(),
             id: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7402)),

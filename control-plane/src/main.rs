@@ -13,6 +13,7 @@ use control_plane::storage::RaftStorage;
 use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_core::logging::LogArgs;
 use hasten_proto::auth::{AccessToken, RequireToken};
 use hasten_proto::control::ControlAccess;
 use hasten_proto::control::MAX_MESSAGE_BYTES;
@@ -32,6 +33,9 @@ struct Cli {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
+    #[command(flatten)]
+    #[serde(flatten)]
+    log: LogArgs,
     /// This node's Raft id [default: 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -97,7 +101,6 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
     let cli = Cli::parse();
     let config: ControlPlaneConfig = load_config(cli.source.config.as_deref(), "HASTEN_CP_", &cli)?;
     // Validated before printing: `--print-config` answers whether a configuration works.
@@ -106,6 +109,7 @@ async fn main() -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    hasten_core::logging::init(config.log_format);
     let tls = config
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))

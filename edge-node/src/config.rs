@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use hasten_core::logging::LogFormat;
 use hasten_engine::ApiKey;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
@@ -17,6 +18,8 @@ use crate::retrieval::RetrievalPolicy;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EdgeConfig {
+    /// Log lines as `text` or `json` (one object per line, with the request's id).
+    pub log_format: LogFormat,
     /// Corpus bundle (the same one the cloud serves). Required.
     pub bundle: Option<PathBuf>,
     /// all-MiniLM-L6-v2 directory.
@@ -234,6 +237,7 @@ fn is_host_port(addr: &str) -> bool {
 impl Default for EdgeConfig {
     fn default() -> Self {
         Self {
+            log_format: LogFormat::default(),
             bundle: None,
             model_dir: PathBuf::from(DEFAULT_MODEL_DIR),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 7200)),

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use edge_node::config::EdgeConfig;
 use edge_node::retrieval::RetrievalPolicy;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::logging::LogArgs;
 use hasten_worker_api::kv::FusionMode;
 use hasten_worker_api::kv::KvRouting;
 use hasten_worker_api::kv::Variant;
@@ -38,6 +39,9 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
+    #[command(flatten)]
+    #[serde(flatten)]
+    log: LogArgs,
     /// Corpus bundle directory (the one the cloud serves).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -278,7 +282,6 @@ struct ServeArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args).await,
     }
@@ -292,6 +295,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    hasten_core::logging::init(config.log_format);
     app::serve(config).await
 }
 

@@ -6,12 +6,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
+use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OperatorConfig {
+    /// Log lines as `text` or `json` (one object per line).
+    pub log_format: LogFormat,
     /// Namespace whose pools are reconciled [default: the client's, i.e. the pod's own].
     pub namespace: Option<String>,
     /// Image holding `kv-worker`, for pools that name none.
@@ -58,6 +61,7 @@ pub struct OperatorConfig {
 impl Default for OperatorConfig {
     fn default() -> Self {
         Self {
+            log_format: LogFormat::default(),
             namespace: None,
             worker_image: "ghcr.io/hasten-rag/hasten:0.1.0".into(),
             cluster_domain: "cluster.local".into(),

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::logging::LogArgs;
 use hasten_kv_operator::config::OperatorConfig;
 use hasten_kv_operator::controller;
 use hasten_kv_operator::crd::KvWorkerPool;
@@ -50,6 +51,9 @@ struct RunArgs {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
+    #[command(flatten)]
+    #[serde(flatten)]
+    log: LogArgs,
     /// Namespace whose pools are reconciled [default: the pod's own].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -113,6 +117,7 @@ async fn run(args: RunArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    hasten_core::logging::init(config.log_format);
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster or kubeconfig)")?;
@@ -152,6 +157,7 @@ async fn run(args: RunArgs) -> Result<()> {
             cluster_domain: config.cluster_domain.clone(),
             worker_tls_secret: config.worker_tls_secret.clone(),
             worker_extra_ca_config_map: config.worker_extra_ca_config_map.clone(),
+            worker_log_format: config.log_format,
         },
         metrics.clone(),
         recorder,
@@ -212,7 +218,6 @@ async fn run(args: RunArgs) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
     match Cli::parse().command {
         Command::Run(args) => run(*args).await,
         Command::Crd => print_crd(),

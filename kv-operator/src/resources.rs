@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use hasten_core::logging::LogFormat;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
@@ -57,6 +58,8 @@ pub struct RenderSettings {
     /// ConfigMap whose `ca.crt` holds CA certificates the workers trust besides the Secret's
     /// (a CA rotation); only with `worker_tls_secret`.
     pub worker_extra_ca_config_map: Option<String>,
+    /// How the workers write their logs: the operator's own `log_format`.
+    pub worker_log_format: LogFormat,
 }
 
 /// The objects a pool's spec asks for whatever corpus version the workers serve (their
@@ -156,7 +159,8 @@ pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets, settings: &RenderSet
          device = \"{device}\"\n\
          store = \"{STORE_DIR}\"\n\
          ram_budget = {ram}\n\
-         gpu_budget = {gpu}\n{tls}",
+         gpu_budget = {gpu}\n\
+         log_format = \"{log_format}\"\n{tls}",
         name = pool.name_any(),
         tls = match (
             &settings.worker_tls_secret,
@@ -178,6 +182,7 @@ pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets, settings: &RenderSet
         sha = spec.model.sha256,
         ram = budgets.ram,
         gpu = budgets.gpu,
+        log_format = settings.worker_log_format.as_str(),
     )
 }
 

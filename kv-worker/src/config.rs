@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
+use hasten_core::logging::LogFormat;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
 use serde::{Deserialize, Serialize};
@@ -14,6 +15,8 @@ use crate::store::KvDtype;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KvWorkerConfig {
+    /// Log lines as `text` or `json` (one object per line).
+    pub log_format: LogFormat,
     /// gRPC address of the `KvGeneration` service.
     pub grpc_addr: SocketAddr,
     /// Address of `/metrics`, `/readyz` and `/healthz`.
@@ -54,6 +57,7 @@ pub struct KvWorkerConfig {
 impl Default for KvWorkerConfig {
     fn default() -> Self {
         Self {
+            log_format: LogFormat::default(),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7510)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7512)),
             model: None,

@@ -17,6 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_core::logging::{LogArgs, LogFormat};
 use hasten_kv_worker::KvEngine;
 use hasten_kv_worker::config::KvWorkerConfig;
 use hasten_kv_worker::metrics::KvMetrics;
@@ -144,6 +145,9 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
+    #[command(flatten)]
+    #[serde(flatten)]
+    log: LogArgs,
     /// gRPC address [default: 127.0.0.1:7510].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -534,6 +538,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    hasten_core::logging::init(config.log_format);
     let mutual = config
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))
@@ -628,8 +633,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    if !matches!(command, Command::Serve(_)) {
+        hasten_core::logging::init(LogFormat::Text);
+    }
+    match command {
         Command::Serve(args) => serve(args).await,
         Command::Preprocess(args) => preprocess(args),
         Command::Update(args) => update(args),

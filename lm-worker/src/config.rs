@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use hasten_core::config::ConfigError;
+use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
 use hasten_rag::{DeviceKind, WeightFormat};
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
+    /// Log lines as `text` or `json` (one object per line).
+    pub log_format: LogFormat,
     /// gRPC address of the `Generation` service.
     pub grpc_addr: SocketAddr,
     /// Address of `/metrics`, `/readyz` and `/healthz`.
@@ -42,6 +45,7 @@ pub struct WorkerConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
+            log_format: LogFormat::default(),
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7500)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7502)),
             lm_model: None,

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
+use hasten_core::logging::LogArgs;
 use hasten_lm_worker::GenerationService;
 use hasten_lm_worker::config::WorkerConfig;
 use hasten_lm_worker::metrics::WorkerMetrics;
@@ -39,6 +40,9 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
+    #[command(flatten)]
+    #[serde(flatten)]
+    log: LogArgs,
     /// gRPC address [default: 127.0.0.1:7500].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -78,7 +82,6 @@ struct ServeArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args).await,
     }
@@ -91,6 +94,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&config)?);
         return Ok(());
     }
+    hasten_core::logging::init(config.log_format);
     let mutual = config
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))

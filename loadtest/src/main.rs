@@ -376,7 +376,7 @@ struct EvalArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
+    hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
     match Cli::parse().command {
         Command::Eval(args) => eval(*args).await,
         Command::DevCerts(args) => dev_certs(&args),

@@ -92,7 +92,7 @@ enum BatchingMode {
 }
 
 fn main() -> Result<()> {
-    hasten_core::logging::init();
+    hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.work)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -211,7 +211,7 @@ async fn measure(
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
+    hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.work)?;
     let bundle = CorpusBundle::load(&cli.bundle)

@@ -549,7 +549,7 @@ fn cells(system: &Value, i: usize) -> String {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
+    hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.work)?;
     let entry_bytes = {

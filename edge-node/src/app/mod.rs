@@ -236,7 +236,7 @@ fn routes(config: &EdgeConfig, services: &Services) -> (axum::Router, axum::Rout
     };
     let admin =
         edge_node::http::admin_routes(service.clone(), generation, services.registry.clone());
-    (api, admin)
+    (edge_node::http::with_request_ids(api), admin)
 }
 
 /// Binds the listeners, writes the ready file and serves until a shutdown signal.

@@ -21,6 +21,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hasten_core::metrics::prometheus::Registry;
 use serde_json::json;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
 
 use crate::api::conversions::{error_json, reply_json, status_json};
 use crate::api::json::{RetrieveReply, StatusJson, parse_body};
@@ -30,6 +32,47 @@ use crate::service::retrieve::{EdgeService, Incoming};
 /// Header in which a client says how long it will wait, in milliseconds: the edge gives up
 /// (504) when it passes and passes what remains on to the cloud.
 pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
+
+/// Header carrying a request's id: the client's (or its proxy's) when it sent one, else a
+/// new UUID. It is echoed on the response and recorded on the request's span, so every log
+/// line of the request names it (`log_format = "json"`: under `spans`).
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Longest request id a log line carries: the header is the client's to choose.
+const LOGGED_REQUEST_ID_CHARS: usize = 128;
+
+/// `router` with request ids: each request gets one (kept when the client sent it), runs in
+/// a span naming it, and its response carries it.
+pub fn with_request_ids(router: Router) -> Router {
+    router
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                // Only the span: outcomes are logged and counted by the services.
+                .on_request(())
+                .on_response(())
+                .on_failure(()),
+        )
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+}
+
+fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
+    let id: String = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .chars()
+        .take(LOGGED_REQUEST_ID_CHARS)
+        .collect();
+    tracing::info_span!(
+        "http",
+        method = %request.method(),
+        path = request.uri().path(),
+        request_id = id
+    )
+}
 
 /// Bounds on one request's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Pools the operator's tests share.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use hasten_core::logging::LogFormat;
 use hasten_kv_operator::crd::KvWorkerPool;
 use hasten_kv_operator::resources::RenderSettings;
 
@@ -10,6 +11,7 @@ pub fn settings() -> RenderSettings {
         cluster_domain: "cluster.local".into(),
         worker_tls_secret: None,
         worker_extra_ca_config_map: None,
+        worker_log_format: LogFormat::Json,
     }
 }
 

@@ -110,7 +110,7 @@ const TENANTS: [(&str, &str); 2] = [
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    hasten_core::logging::init();
+    hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
     let cli = Cli::parse();
     // Dropping the soak (on a signal) drops every process it started: frozen ones are
     // resumed first, then all are killed.
