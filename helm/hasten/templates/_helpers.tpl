@@ -329,9 +329,6 @@ lifecycle:
 {{- if and .Values.edge.tenants.secretName (not .Values.edge.tenants.key) }}
 {{- fail "edge.tenants.key: name the key of the Secret edge.tenants.secretName that holds the tenants file (e.g. tenants.toml)" }}
 {{- end }}
-{{- if not .Values.corpus.existingClaim }}
-{{- fail "corpus.existingClaim: name the PersistentVolumeClaim that holds the output of `cloud-index build --shards <cloud.shards>`" }}
-{{- end }}
 {{- if lt (int .Values.cloud.shards) 1 }}
 {{- fail "cloud.shards must be at least 1" }}
 {{- end }}
@@ -491,20 +488,75 @@ edges to a new bundle while this release's shards keep serving the old one).
 {{- dict "claim" $claim "subPath" $subPath | toJson }}
 {{- end }}
 
+{{/*
+The corpus volume (dict `root`, `claim`, `subPath`): the claim, read-only; without one an
+emptyDir that the "corpus" init container fills ("hasten.corpusBootstrap").
+*/}}
 {{- define "hasten.corpusVolume" -}}
 - name: corpus
+  {{- if .claim }}
   persistentVolumeClaim:
     claimName: {{ .claim }}
     readOnly: true
+  {{- else }}
+  emptyDir:
+    sizeLimit: {{ .root.Values.corpus.bootstrap.sizeLimit }}
+  {{- range .root.Values.corpus.bootstrap.volumes }}
+- {{ toYaml . | nindent 2 | trim }}
+  {{- end }}
+  {{- end }}
 {{- end }}
 
 {{- define "hasten.corpusVolumeMount" -}}
 - name: corpus
   mountPath: /var/lib/hasten/corpus
   readOnly: true
+  {{- if .claim }}
   {{- with .subPath }}
   subPath: {{ . }}
   {{- end }}
+  {{- else }}
+  subPath: bundle
+  {{- end }}
+{{- end }}
+
+{{/*
+Without a corpus claim (dict `root`, `claim`): the init container that builds the bundle into
+the pod's corpus volume, under `bundle/` (the build writes beside it and renames, so a killed
+build leaves no half bundle, and a restarted one reuses what was encoded).
+*/}}
+{{- define "hasten.corpusBootstrap" -}}
+{{- if not .claim }}
+{{- $root := .root }}
+initContainers:
+  - name: corpus
+    image: {{ include "hasten.image" $root }}
+    imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+    command:
+      - cloud-index
+      - build
+      {{- range $root.Values.corpus.bootstrap.args }}
+      - {{ . | quote }}
+      {{- end }}
+      - --shards
+      - {{ $root.Values.cloud.shards | quote }}
+      - --out
+      - /var/lib/hasten/corpus/bundle
+    env:
+      {{- include "hasten.commonEnv" $root | nindent 6 }}
+    resources:
+      {{- toYaml $root.Values.corpus.bootstrap.resources | nindent 6 }}
+    securityContext:
+      {{- toYaml $root.Values.containerSecurityContext | nindent 6 }}
+    volumeMounts:
+      - name: corpus
+        mountPath: /var/lib/hasten/corpus
+      - name: tmp
+        mountPath: /tmp
+      {{- with $root.Values.corpus.bootstrap.volumeMounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Pod-level settings shared by every pod (indented by the caller). */}}
