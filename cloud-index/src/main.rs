@@ -26,10 +26,12 @@ use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::{LogArgs, LogFormat};
+use hasten_core::metrics::ReadinessCheck;
 use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_threads};
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
+use hasten_proto::health::readiness_health;
 use hasten_proto::quic::{ServerCertificate, server_config};
 use hasten_proto::reload::{ReloadOutcome, ReloadingCertificate};
 use hasten_proto::tls::{Identity, MutualTls, TlsPaths};
@@ -517,6 +519,8 @@ struct Listeners {
     tls: ServerTls,
     certificate: ServerCertificate,
     ready_file: Option<PathBuf>,
+    /// What `/readyz` answers, answered on the gRPC port too (`grpc.health.v1`).
+    ready: ReadinessCheck,
 }
 
 /// Serves `/metrics`, `/readyz` and `/healthz` on `addr` from now on; returns the bound
@@ -525,7 +529,7 @@ async fn serve_observability(
     addr: SocketAddr,
     registry: hasten_core::metrics::prometheus::Registry,
     refresh: Arc<dyn Fn() + Send + Sync>,
-    ready: hasten_core::metrics::ReadinessCheck,
+    ready: ReadinessCheck,
 ) -> Result<SocketAddr> {
     hasten_core::metrics::serve(addr, registry, refresh, ready)
         .await
@@ -560,6 +564,7 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
     let grpc_task = tokio::spawn(
         grpc_server
             .add_service(grpc_service)
+            .add_service(readiness_health(listeners.ready))
             .serve_with_incoming_shutdown(
                 // Without TCP_NODELAY, HTTP/2's separate header and data writes meet the
                 // peer's delayed ACK: measured +40 ms on every routed search.
@@ -600,20 +605,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Shard)?;
     let loaded = Arc::new(AtomicBool::new(false));
+    let ready: ReadinessCheck = {
+        let loaded = Arc::clone(&loaded);
+        Arc::new(move || {
+            if loaded.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err("loading the index".into())
+            }
+        })
+    };
     let metrics_addr = serve_observability(
         config.server.metrics_addr,
         registry.clone(),
         Arc::new(|| {}),
-        {
-            let loaded = Arc::clone(&loaded);
-            Arc::new(move || {
-                if loaded.load(Ordering::Acquire) {
-                    Ok(())
-                } else {
-                    Err("loading the index".into())
-                }
-            })
-        },
+        ready.clone(),
     )
     .await?;
     let all_cores = |n: usize| if n == 0 { available_cores() } else { n };
@@ -669,6 +675,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             tls,
             certificate,
             ready_file: config.server.ready_file.clone(),
+            ready,
         },
     )
     .await
@@ -709,20 +716,25 @@ async fn route(mut args: RouteArgs) -> Result<()> {
             }
         })
     };
-    let metrics_addr =
-        serve_observability(config.server.metrics_addr, registry.clone(), refresh, {
-            let started = Arc::clone(&started);
-            Arc::new(move || {
-                let router = started
-                    .get()
-                    .ok_or("waiting for a live replica of every shard")?;
-                match router.unavailable_shards().as_slice() {
-                    [] => Ok(()),
-                    lost => Err(format!("no live replica of shards {lost:?}")),
-                }
-            })
+    let ready: ReadinessCheck = {
+        let started = Arc::clone(&started);
+        Arc::new(move || {
+            let router = started
+                .get()
+                .ok_or("waiting for a live replica of every shard")?;
+            match router.unavailable_shards().as_slice() {
+                [] => Ok(()),
+                lost => Err(format!("no live replica of shards {lost:?}")),
+            }
         })
-        .await?;
+    };
+    let metrics_addr = serve_observability(
+        config.server.metrics_addr,
+        registry.clone(),
+        refresh,
+        ready.clone(),
+    )
+    .await?;
     let tls = ServerTls::load(
         config.mutual_tls(),
         (&config.tls_cert, &config.tls_key),
@@ -782,6 +794,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
             tls,
             certificate,
             ready_file: config.server.ready_file.clone(),
+            ready,
         },
     )
     .await

@@ -14,10 +14,12 @@ use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
+use hasten_core::metrics::ReadinessCheck;
 use hasten_proto::auth::{AccessToken, RequireToken};
 use hasten_proto::control::ControlAccess;
 use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::encoded_events::control_plane_server::ControlPlaneServer;
+use hasten_proto::health::readiness_health;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::raft_peer_server::RaftPeerServer;
 use serde::Serialize;
@@ -145,13 +147,18 @@ async fn main() -> Result<()> {
         &registry,
         &hasten_proto::tls::expiries(tls.as_ref())?,
     )?;
-    let metrics_addr =
-        hasten_core::metrics::serve(config.metrics_addr, registry, Arc::new(|| {}), {
-            let metrics = metrics.clone();
-            Arc::new(move || metrics.readiness())
-        })
-        .await
-        .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+    let ready: ReadinessCheck = {
+        let metrics = metrics.clone();
+        Arc::new(move || metrics.readiness())
+    };
+    let metrics_addr = hasten_core::metrics::serve(
+        config.metrics_addr,
+        registry,
+        Arc::new(|| {}),
+        ready.clone(),
+    )
+    .await
+    .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
     let runtime = tokio::runtime::Handle::current();
     let node = node::start(
         config.node_settings(),
@@ -216,6 +223,8 @@ async fn main() -> Result<()> {
     let serving = server
         .add_service(client_api)
         .add_service(peer_api)
+        // Outside the token check, like /readyz: it tells only whether the node is ready.
+        .add_service(readiness_health(ready))
         .serve_with_incoming_shutdown(
             // The builder's `tcp_nodelay` applies only to listeners it binds itself. Without
             // it, HTTP/2's separate header and data writes wait for the peer's delayed ACK

@@ -18,6 +18,7 @@ use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::{LogArgs, LogFormat};
+use hasten_core::metrics::ReadinessCheck;
 use hasten_kv_worker::KvEngine;
 use hasten_kv_worker::config::KvWorkerConfig;
 use hasten_kv_worker::metrics::KvMetrics;
@@ -31,6 +32,7 @@ use hasten_kv_worker::store::{
 };
 use hasten_kv_worker::worker::KvWorker;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
+use hasten_proto::health::readiness_health;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::kv_generation_server::KvGenerationServer;
 use serde::Serialize;
@@ -583,12 +585,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         &hasten_proto::tls::expiries(mutual.as_ref())?,
     )?;
     metrics.observe_info(&info);
+    // Ready once serving: the model and the catalogs are loaded before the listener opens.
+    let ready: ReadinessCheck = Arc::new(|| Ok(()));
     let metrics_addr = hasten_core::metrics::serve(
         config.metrics_addr,
         registry,
         Arc::new(|| {}),
-        // Ready once serving: the model and the catalogs are loaded before the listener opens.
-        Arc::new(|| Ok(())),
+        ready.clone(),
     )
     .await
     .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
@@ -613,6 +616,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }
     let serving = server
         .add_service(KvGenerationServer::new(service).max_decoding_message_size(16 * 1024 * 1024))
+        .add_service(readiness_health(ready))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown_signal(),

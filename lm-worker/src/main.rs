@@ -10,9 +10,11 @@ use clap::{Args, Parser, Subcommand};
 use hasten_core::config::{ConfigSource, TlsArgs, load_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
+use hasten_core::metrics::ReadinessCheck;
 use hasten_lm_worker::GenerationService;
 use hasten_lm_worker::config::WorkerConfig;
 use hasten_lm_worker::metrics::WorkerMetrics;
+use hasten_proto::health::readiness_health;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::generation_server::GenerationServer;
 use hasten_rag::{DeviceKind, LmBackend, LocalLm, WeightFormat};
@@ -124,12 +126,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         &registry,
         &hasten_proto::tls::expiries(mutual.as_ref())?,
     )?;
+    // Ready once serving: the models are loaded before the listener opens.
+    let ready: ReadinessCheck = Arc::new(|| Ok(()));
     let metrics_addr = hasten_core::metrics::serve(
         config.metrics_addr,
         registry,
         Arc::new(|| {}),
-        // Ready once serving: the models are loaded before the listener opens.
-        Arc::new(|| Ok(())),
+        ready.clone(),
     )
     .await
     .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
@@ -152,6 +155,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             // Ten documents with their vectors are ~30 KB; this leaves room for long passages.
             GenerationServer::new(service).max_decoding_message_size(16 * 1024 * 1024),
         )
+        .add_service(readiness_health(ready))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown_signal(),

@@ -248,3 +248,38 @@ pub fn homologous_pair(
     let (_, sibling) = best.context("the first question's entity has no other question")?;
     Ok((first.clone(), sibling.clone()))
 }
+
+/// What `grpc.health.v1.Health/Check` answers for the whole server (service `""`) at the
+/// plaintext gRPC address `addr`: `SERVING`, `NOT_SERVING`, ...
+pub async fn grpc_health(addr: &str) -> Result<String> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let mut client = HealthClient::new(channel);
+    let reply = client
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .with_context(|| format!("health check of {addr}"))?
+        .into_inner();
+    Ok(reply.status().as_str_name().to_string())
+}
+
+/// Polls [`grpc_health`] until it answers `want` (the health service checks readiness once a
+/// second); returns the last answer.
+pub async fn grpc_health_becomes(addr: &str, want: &str, within: Duration) -> String {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let got = grpc_health(addr)
+            .await
+            .unwrap_or_else(|err| format!("{err:#}"));
+        if got == want || std::time::Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

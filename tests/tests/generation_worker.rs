@@ -14,6 +14,7 @@ use hasten_tests::answering::{
     Answering, START_TIMEOUT, small_model, start_answering, start_edge, with_model,
 };
 use hasten_tests::edge::post_json;
+use hasten_tests::grpc_health_becomes;
 use loadtest::process::{ManagedProcess, binary};
 use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
@@ -55,6 +56,16 @@ async fn a_worker_answers_for_the_edge_exactly_as_the_edge_would() {
         START_TIMEOUT,
     )
     .unwrap();
+    // Its gRPC port answers health checks (grpc.health.v1), as every Hasten gRPC server does.
+    assert_eq!(
+        grpc_health_becomes(
+            &worker.addr("grpc_addr"),
+            "SERVING",
+            std::time::Duration::from_secs(15)
+        )
+        .await,
+        "SERVING"
+    );
     let remote = start_edge(
         &work,
         "remote-edge",

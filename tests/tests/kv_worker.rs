@@ -19,7 +19,9 @@ use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_tests::answering::{START_TIMEOUT, small_model, start_edge};
 use hasten_tests::edge::post_json;
-use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index};
+use hasten_tests::{
+    build_small_bundle, grpc_health_becomes, persistent_work_dir, start_cloud_index,
+};
 use loadtest::process::{ManagedProcess, binary, kv_worker_serve_args};
 use loadtest::scrape::Scrape;
 use serde_json::Value;
@@ -121,6 +123,16 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         START_TIMEOUT,
     )
     .unwrap();
+    // Its gRPC port answers health checks (grpc.health.v1), as every Hasten gRPC server does.
+    assert_eq!(
+        grpc_health_becomes(
+            &worker.addr("grpc_addr"),
+            "SERVING",
+            std::time::Duration::from_secs(15)
+        )
+        .await,
+        "SERVING"
+    );
     let mut client = KvGenerationClient::connect(format!("http://{}", worker.addr("grpc_addr")))
         .await
         .unwrap();

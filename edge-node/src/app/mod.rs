@@ -29,6 +29,7 @@ use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::metrics::prometheus::Registry;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
+use hasten_proto::health::readiness_health;
 use hasten_proto::tls::{MutualTls, TrustRoots};
 use hasten_proto::v1::edge_server::EdgeServer;
 use hasten_rag::SpeculativeSettings;
@@ -305,9 +306,10 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
     let grpc = tonic::transport::Server::builder()
         // The same bound as the JSON API's body: a 384-d vector is ~1.5 KB in protobuf.
         .add_service(
-            EdgeServer::new(EdgeGrpc::new(service, answers))
+            EdgeServer::new(EdgeGrpc::new(service.clone(), answers))
                 .max_decoding_message_size(config.max_body_bytes),
         )
+        .add_service(readiness_health(Arc::new(move || service.readiness())))
         .serve_with_incoming_shutdown(
             // HTTP/2 writes headers and data separately; without TCP_NODELAY the second
             // write waits for the client's delayed ACK (~40 ms).
