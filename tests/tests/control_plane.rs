@@ -219,6 +219,11 @@ async fn a_leader_is_elected_and_every_node_applies_the_same_entries_in_order() 
     assert!(err.message().contains("no documents"), "{}", err.message());
 }
 
+/// The failover test's proposals: at most one per interval (1,500 in its 6 s), and never
+/// more than this many, far below the cache's capacity of 5,000, so none is evicted.
+const MAX_PROPOSALS: u64 = 2_000;
+const PROPOSAL_INTERVAL: Duration = Duration::from_millis(4);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_leader_under_load_loses_no_acknowledged_entry() {
     let mut cluster = Cluster::start("control-plane-failover", 3, 50);
@@ -240,7 +245,13 @@ async fn killing_the_leader_under_load_loses_no_acknowledged_entry() {
         let mut acknowledged = Vec::new();
         let mut seq = 0;
         let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(6) {
+        // Paced, and fewer entries than the tenant's cache holds: beyond its capacity
+        // (DEFAULT_CACHE_CAPACITY) the oldest are evicted (FIFO), acknowledged or not. An
+        // unpaced run once proposed over 5,000 in the 6 s, and the first five acknowledged
+        // entries were evicted.
+        let mut pace = tokio::time::interval(PROPOSAL_INTERVAL);
+        while started.elapsed() < Duration::from_secs(6) && seq < MAX_PROPOSALS {
+            pace.tick().await;
             seq += 1;
             for address in addresses.iter().cycle().take(4) {
                 let Ok(channel) = endpoint(address, None).unwrap().connect().await else {
