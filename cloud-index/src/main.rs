@@ -31,14 +31,14 @@ use hasten_core::threads::{available_cores, set_blas_min_batch, set_compute_thre
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
+use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
 use hasten_proto::quic::{ServerCertificate, server_config};
-use hasten_proto::reload::{ReloadOutcome, ReloadingCertificate};
+use hasten_proto::reload::ReloadingCertificate;
 use hasten_proto::tls::{Identity, MutualTls, TlsPaths};
 use hasten_proto::v1::cloud_index_server::CloudIndexServer;
 use progress::EncodeProgress;
 use serde::Serialize;
-use tonic::transport::server::TcpIncoming;
 
 #[derive(Parser)]
 #[command(
@@ -492,20 +492,14 @@ impl ServerTls {
         let Some((cert, key)) = &self.files else {
             return Ok(ServerCertificate::Fixed(self.identity.clone()));
         };
-        let reloads = hasten_core::metrics::register_tls_reloads(registry)?;
-        let path = cert.display().to_string();
-        let certificate = ReloadingCertificate::load(cert, key, move |outcome| match outcome {
-            ReloadOutcome::Reloaded { expires_at } => {
-                reloads.with_label_values(&["served"]).inc();
-                expiry.with_label_values(&["certificate"]).set(expires_at);
-                tracing::info!(%path, "serving the renewed TLS certificate");
-            }
-            ReloadOutcome::Failed(err) => {
-                reloads.with_label_values(&["refused"]).inc();
-                tracing::warn!(%path, error = %err, "the changed TLS certificate cannot serve; keeping the previous one");
-            }
-        })
-        .context("loading the TLS certificate")?;
+        let report = hasten_core::metrics::tls_reload_reporter(
+            registry,
+            expiry,
+            cert.display().to_string(),
+        )?;
+        let certificate =
+            ReloadingCertificate::load(cert, key, move |outcome| report(outcome.result()))
+                .context("loading the TLS certificate")?;
         Ok(ServerCertificate::Reloading(Arc::new(certificate)))
     }
 }
@@ -540,6 +534,18 @@ async fn serve_observability(
 async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Result<()> {
     let info = backend.info();
     let mutual = listeners.tls.mutual;
+    // gRPC is TLS only under mutual TLS, whose certificate comes from files: the QUIC
+    // listener's reloading certificate serves both.
+    let grpc_tls_config = match (&mutual, &listeners.certificate) {
+        (Some(mutual), ServerCertificate::Reloading(certificate)) => Some(
+            grpc_tls::server_config(Arc::clone(certificate), mutual.trust())
+                .context("configuring gRPC TLS")?,
+        ),
+        (Some(_), ServerCertificate::Fixed(_)) => {
+            anyhow::bail!("mutual TLS without certificate files")
+        }
+        (None, _) => None,
+    };
     let quic = cloud_index::quic::bind(
         listeners.quic_addr,
         server_config(listeners.certificate, mutual.as_ref().map(MutualTls::trust))?,
@@ -555,23 +561,15 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
     let grpc_service = CloudIndexServer::new(CloudIndexGrpc::new(backend))
         .max_decoding_message_size(DEFAULT_MAX_FRAME_BYTES)
         .max_encoding_message_size(DEFAULT_MAX_FRAME_BYTES);
-    let mut grpc_server = tonic::transport::Server::builder();
-    if let Some(mutual) = &mutual {
-        grpc_server = grpc_server
-            .tls_config(mutual.grpc_server())
-            .context("configuring gRPC TLS")?;
-    }
-    let grpc_task = tokio::spawn(
-        grpc_server
-            .add_service(grpc_service)
-            .add_service(readiness_health(listeners.ready))
-            .serve_with_incoming_shutdown(
-                // Without TCP_NODELAY, HTTP/2's separate header and data writes meet the
-                // peer's delayed ACK: measured +40 ms on every routed search.
-                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-                shutdown_signal(),
-            ),
-    );
+    let grpc_router = tonic::transport::Server::builder()
+        .add_service(grpc_service)
+        .add_service(readiness_health(listeners.ready));
+    let grpc_task = tokio::spawn(grpc_tls::serve(
+        grpc_router,
+        grpc_listener,
+        grpc_tls_config,
+        shutdown_signal(),
+    ));
     tracing::info!(%quic_addr, %grpc_addr, metrics_addr = %listeners.metrics_addr, "serving");
     if let Some(path) = &listeners.ready_file {
         let ready = serde_json::json!({

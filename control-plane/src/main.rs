@@ -19,12 +19,12 @@ use hasten_proto::auth::{AccessToken, RequireToken};
 use hasten_proto::control::ControlAccess;
 use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::encoded_events::control_plane_server::ControlPlaneServer;
+use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::raft_peer_server::RaftPeerServer;
 use serde::Serialize;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 
 /// One node of Hasten's control plane: replicates the hot cache, the shard map and runtime
 /// configuration with Raft, persisted in its own write-ahead log, and streams committed
@@ -143,10 +143,22 @@ async fn main() -> Result<()> {
     let address = listener.local_addr()?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = NodeMetrics::register(&registry)?;
-    hasten_core::metrics::register_certificate_expiry(
+    let expiry = hasten_core::metrics::register_certificate_expiry(
         &registry,
         &hasten_proto::tls::expiries(tls.as_ref())?,
     )?;
+    let grpc_tls_config = tls
+        .as_ref()
+        .map(|mutual| {
+            let report = hasten_core::metrics::tls_reload_reporter(
+                &registry,
+                expiry,
+                mutual.paths().cert.display().to_string(),
+            )?;
+            grpc_tls::reloading_server_config(mutual, move |outcome| report(outcome.result()))
+                .context("configuring gRPC TLS")
+        })
+        .transpose()?;
     let ready: ReadinessCheck = {
         let metrics = metrics.clone();
         Arc::new(move || metrics.readiness())
@@ -213,27 +225,15 @@ async fn main() -> Result<()> {
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         require_token,
     );
-    let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = &tls {
-        server = server
-            .tls_config(tls.grpc_server())
-            .context("configuring gRPC TLS")?;
-    }
     let mut stopped = stopping;
-    let serving = server
+    let router = tonic::transport::Server::builder()
         .add_service(client_api)
         .add_service(peer_api)
         // Outside the token check, like /readyz: it tells only whether the node is ready.
-        .add_service(readiness_health(ready))
-        .serve_with_incoming_shutdown(
-            // The builder's `tcp_nodelay` applies only to listeners it binds itself. Without
-            // it, HTTP/2's separate header and data writes wait for the peer's delayed ACK
-            // (~40 ms per Raft round trip and per committed event).
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            },
-        );
+        .add_service(readiness_health(ready));
+    let serving = grpc_tls::serve(router, listener, grpc_tls_config, async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
     tokio::pin!(serving);
     tokio::select! {
         served = &mut serving => served?,

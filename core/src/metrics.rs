@@ -76,11 +76,18 @@ pub fn register_certificate_expiry(
     Ok(gauge)
 }
 
-/// `hasten_tls_reloads_total{outcome}`: certificate files read again after they changed,
-/// `served` or `refused` (the previous certificate stayed).
-pub fn register_tls_reloads(
+/// What reading a changed certificate's files did: the new certificate's expiry (Unix
+/// seconds) when it now serves, or why it cannot (the previous one stays).
+pub type ReloadResult<'a> = Result<i64, &'a (dyn std::error::Error + 'static)>;
+
+/// Reports the reloads of the certificate at `path`: counted in
+/// `hasten_tls_reloads_total{outcome}` (`served` or `refused`), a served one's expiry set on
+/// `expiry`'s `certificate` series (from [`register_certificate_expiry`]), and logged.
+pub fn tls_reload_reporter(
     registry: &Registry,
-) -> Result<prometheus::IntCounterVec, prometheus::Error> {
+    expiry: prometheus::IntGaugeVec,
+    path: String,
+) -> Result<impl Fn(ReloadResult<'_>) + Send + Sync + 'static, prometheus::Error> {
     let reloads = register(
         registry,
         prometheus::IntCounterVec::new(
@@ -94,7 +101,17 @@ pub fn register_tls_reloads(
     for outcome in ["served", "refused"] {
         reloads.with_label_values(&[outcome]);
     }
-    Ok(reloads)
+    Ok(move |result: ReloadResult<'_>| match result {
+        Ok(expires_at) => {
+            reloads.with_label_values(&["served"]).inc();
+            expiry.with_label_values(&["certificate"]).set(expires_at);
+            tracing::info!(%path, "serving the renewed TLS certificate");
+        }
+        Err(err) => {
+            reloads.with_label_values(&["refused"]).inc();
+            tracing::warn!(%path, error = %err, "the changed TLS certificate cannot serve; keeping the previous one");
+        }
+    })
 }
 
 /// The registry's metrics in Prometheus's text format.

@@ -32,6 +32,7 @@ use hasten_kv_worker::store::{
 };
 use hasten_kv_worker::worker::KvWorker;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
+use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::kv_generation_server::KvGenerationServer;
@@ -580,10 +581,22 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(KvMetrics::register(&registry)?);
-    hasten_core::metrics::register_certificate_expiry(
+    let expiry = hasten_core::metrics::register_certificate_expiry(
         &registry,
         &hasten_proto::tls::expiries(mutual.as_ref())?,
     )?;
+    let grpc_tls_config = mutual
+        .as_ref()
+        .map(|mutual| {
+            let report = hasten_core::metrics::tls_reload_reporter(
+                &registry,
+                expiry,
+                mutual.paths().cert.display().to_string(),
+            )?;
+            grpc_tls::reloading_server_config(mutual, move |outcome| report(outcome.result()))
+                .context("configuring gRPC TLS")
+        })
+        .transpose()?;
     metrics.observe_info(&info);
     // Ready once serving: the model and the catalogs are loaded before the listener opens.
     let ready: ReadinessCheck = Arc::new(|| Ok(()));
@@ -606,21 +619,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         config.max_new_tokens,
         metrics,
     );
-    let mut server = tonic::transport::Server::builder();
-    if let Some(mutual) = &mutual {
-        server = server
-            .tls_config(mutual.grpc_server())
-            .context("configuring gRPC TLS")?;
-    } else {
+    if mutual.is_none() {
         tracing::warn!("mutual TLS is off (no `tls_ca`): any client may generate, in plaintext");
     }
-    let serving = server
+    let router = tonic::transport::Server::builder()
         .add_service(KvGenerationServer::new(service).max_decoding_message_size(16 * 1024 * 1024))
-        .add_service(readiness_health(ready))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown_signal(),
-        );
+        .add_service(readiness_health(ready));
+    let serving = grpc_tls::serve(router, listener, grpc_tls_config, shutdown_signal());
     tracing::info!(%grpc_addr, %metrics_addr, "serving");
     if let Some(path) = &config.ready_file {
         let ready = serde_json::json!({

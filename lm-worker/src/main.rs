@@ -14,6 +14,7 @@ use hasten_core::metrics::ReadinessCheck;
 use hasten_lm_worker::GenerationService;
 use hasten_lm_worker::config::WorkerConfig;
 use hasten_lm_worker::metrics::WorkerMetrics;
+use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::generation_server::GenerationServer;
@@ -122,10 +123,22 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(WorkerMetrics::register(&registry)?);
-    hasten_core::metrics::register_certificate_expiry(
+    let expiry = hasten_core::metrics::register_certificate_expiry(
         &registry,
         &hasten_proto::tls::expiries(mutual.as_ref())?,
     )?;
+    let grpc_tls_config = mutual
+        .as_ref()
+        .map(|mutual| {
+            let report = hasten_core::metrics::tls_reload_reporter(
+                &registry,
+                expiry,
+                mutual.paths().cert.display().to_string(),
+            )?;
+            grpc_tls::reloading_server_config(mutual, move |outcome| report(outcome.result()))
+                .context("configuring gRPC TLS")
+        })
+        .transpose()?;
     // Ready once serving: the models are loaded before the listener opens.
     let ready: ReadinessCheck = Arc::new(|| Ok(()));
     let metrics_addr = hasten_core::metrics::serve(
@@ -142,24 +155,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .with_context(|| format!("binding gRPC on {}", config.grpc_addr))?;
     let grpc_addr = listener.local_addr()?;
     let service = GenerationService::new(Arc::new(backend), config.queue, metrics);
-    let mut server = tonic::transport::Server::builder();
-    if let Some(mutual) = &mutual {
-        server = server
-            .tls_config(mutual.grpc_server())
-            .context("configuring gRPC TLS")?;
-    } else {
+    if mutual.is_none() {
         tracing::warn!("mutual TLS is off (no `tls_ca`): any client may generate, in plaintext");
     }
-    let serving = server
+    let router = tonic::transport::Server::builder()
         .add_service(
             // Ten documents with their vectors are ~30 KB; this leaves room for long passages.
             GenerationServer::new(service).max_decoding_message_size(16 * 1024 * 1024),
         )
-        .add_service(readiness_health(ready))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown_signal(),
-        );
+        .add_service(readiness_health(ready));
+    let serving = grpc_tls::serve(router, listener, grpc_tls_config, shutdown_signal());
     tracing::info!(%grpc_addr, %metrics_addr, "serving");
     if let Some(path) = &config.ready_file {
         let ready = serde_json::json!({

@@ -8,6 +8,7 @@ pub mod codec;
 pub mod control;
 mod encoded_event;
 pub mod frame;
+pub mod grpc_tls;
 pub mod health;
 pub mod quic;
 pub mod reload;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
 use crate::reload::ReloadingCertificate;
-use crate::tls::{Identity, TlsError, TrustRoots, crypto_provider};
+use crate::tls::{Identity, TlsError, TrustRoots, crypto_provider, server_builder};
 
 /// ALPN protocol of Hasten's search fast path; a peer speaking anything else is refused.
 pub const ALPN: &[u8] = b"hasten-search/1";
@@ -59,19 +59,7 @@ pub fn server_config(
     certificate: ServerCertificate,
     clients: Option<&TrustRoots>,
 ) -> Result<quinn::ServerConfig, TlsError> {
-    let builder = rustls::ServerConfig::builder_with_provider(crypto_provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?;
-    let builder = match clients {
-        Some(roots) => builder.with_client_cert_verifier(
-            rustls::server::WebPkiClientVerifier::builder_with_provider(
-                roots.store(),
-                crypto_provider(),
-            )
-            .build()
-            .map_err(|e| TlsError::Quic(e.to_string()))?,
-        ),
-        None => builder.with_no_client_auth(),
-    };
+    let builder = server_builder(&[&rustls::version::TLS13], clients)?;
     let mut tls = match certificate {
         ServerCertificate::Fixed(identity) => {
             builder.with_single_cert(identity.cert_chain, identity.key)?

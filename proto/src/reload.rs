@@ -29,6 +29,17 @@ pub enum ReloadOutcome<'a> {
     Failed(&'a TlsError),
 }
 
+impl<'a> ReloadOutcome<'a> {
+    /// The outcome as metrics and logs take it: the new certificate's expiry, or why the
+    /// files cannot serve.
+    pub fn result(&self) -> Result<i64, &'a (dyn std::error::Error + 'static)> {
+        match *self {
+            Self::Reloaded { expires_at } => Ok(expires_at),
+            Self::Failed(err) => Err(err),
+        }
+    }
+}
+
 type OnReload = Box<dyn Fn(ReloadOutcome<'_>) + Send + Sync>;
 
 /// The certificate and key at two paths, as they are now.

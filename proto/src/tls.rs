@@ -250,6 +250,27 @@ pub(crate) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// A rustls server configuration under `versions`, asking for no client certificate, or
+/// (with `clients`) for one leading to those roots; the caller adds its certificate.
+pub(crate) fn server_builder(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    clients: Option<&TrustRoots>,
+) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>, TlsError>
+{
+    let builder = rustls::ServerConfig::builder_with_provider(crypto_provider())
+        .with_protocol_versions(versions)?;
+    Ok(match clients {
+        Some(roots) => builder.with_client_cert_verifier(
+            rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.store(),
+                crypto_provider(),
+            )
+            .build()?,
+        ),
+        None => builder.with_no_client_auth(),
+    })
+}
+
 /// Where a component's mutual-TLS material lies: the deployment's CA certificate and this
 /// component's certificate and key (the `ca.crt`, `tls.crt` and `tls.key` of a Kubernetes
 /// TLS Secret), and optionally more CA certificates to trust beside the deployment's.
@@ -295,6 +316,7 @@ impl TlsPaths {
 /// shows its own certificate to the peers it calls.
 #[derive(Clone)]
 pub struct MutualTls {
+    paths: TlsPaths,
     identity: Identity,
     trust: TrustRoots,
     ca_pem: Vec<u8>,
@@ -326,6 +348,7 @@ impl MutualTls {
         let cert_pem = read_pem(&paths.cert)?;
         let key_pem = read_pem(&paths.key)?;
         Ok(Self {
+            paths: paths.clone(),
             identity: Identity::from_pem(&cert_pem, &paths.cert, &key_pem, &paths.key)?,
             trust,
             ca_pem,
@@ -336,6 +359,11 @@ impl MutualTls {
 
     pub fn identity(&self) -> &Identity {
         &self.identity
+    }
+
+    /// The files it was loaded from.
+    pub fn paths(&self) -> &TlsPaths {
+        &self.paths
     }
 
     pub fn trust(&self) -> &TrustRoots {
@@ -349,17 +377,6 @@ impl MutualTls {
             ("certificate", self.identity.expires_at()?),
             ("ca", self.trust.expires_at()),
         ])
-    }
-
-    /// A gRPC server's TLS: this component's certificate, and a client certificate from
-    /// the CA required of every caller.
-    pub fn grpc_server(&self) -> tonic::transport::ServerTlsConfig {
-        tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(
-                &self.cert_pem,
-                &self.key_pem,
-            ))
-            .client_ca_root(tonic::transport::Certificate::from_pem(&self.ca_pem))
     }
 
     /// A gRPC client's TLS: trusts servers with a certificate from the CA (for the host it

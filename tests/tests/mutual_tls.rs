@@ -353,3 +353,98 @@ async fn propose_on_leader_of(cluster: &Cluster, ids: &[u64], version: &str) -> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Writes `issued` to `cert` and `key` the way a Secret's volume changes: each file
+/// replaced whole by a rename.
+fn replace_pair(issued: &hasten_proto::tls::IssuedCertificate, cert: &Path, key: &Path) {
+    for (pem, path) in [(&issued.cert_pem, cert), (&issued.key_pem, key)] {
+        let staged = path.with_extension("new");
+        std::fs::write(&staged, pem).unwrap();
+        std::fs::rename(&staged, path).unwrap();
+    }
+}
+
+/// Whether a gRPC client with our CA's certificate, expecting the server to be `name`,
+/// gets the control-plane node at `address` to answer.
+async fn answers_as(address: &str, name: &str, ca: &str, client: &TlsPaths) -> bool {
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+        .identity(tonic::transport::Identity::from_pem(
+            std::fs::read(&client.cert).unwrap(),
+            std::fs::read(&client.key).unwrap(),
+        ))
+        .domain_name(name);
+    let Ok(channel) = tonic::transport::Endpoint::from_shared(format!("https://{address}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+    else {
+        return false;
+    };
+    ControlPlaneClient::new(channel)
+        .status(StatusRequest {})
+        .await
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_grpc_certificate_is_served_by_the_next_handshake() {
+    let work = persistent_work_dir("grpc-certificate-reload").unwrap();
+    let tls = work.join("tls");
+    let _ = std::fs::remove_dir_all(&tls);
+    std::fs::create_dir_all(&tls).unwrap();
+    let ca = DevAuthority::new("deployment CA").unwrap();
+    let client = ca
+        .write_bundle(&tls, &["client"], &names())
+        .unwrap()
+        .remove(0);
+    // The served certificate and its renewal carry different names, so a client can tell
+    // which one it was shown.
+    let (cert, key) = (tls.join("served.crt"), tls.join("served.key"));
+    let first = ca
+        .issue("control plane", &["first.hasten.test".into()])
+        .unwrap();
+    replace_pair(&first, &cert, &key);
+    let address = format!("127.0.0.1:{}", free_loopback_port().unwrap());
+    let dir = work.join("node-1");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut args = node_args(1, std::slice::from_ref(&address), &dir);
+    args.extend(tls_args(&TlsPaths {
+        ca: client.ca.clone(),
+        extra_ca: None,
+        cert: cert.clone(),
+        key: key.clone(),
+    }));
+    let node = ManagedProcess::start(
+        "node-1",
+        &binary("control-plane").unwrap(),
+        args,
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+    assert!(answers_as(&address, "first.hasten.test", ca.ca_pem(), &client).await);
+    assert!(!answers_as(&address, "renewed.hasten.test", ca.ca_pem(), &client).await);
+
+    let renewed = ca
+        .issue("control plane", &["renewed.hasten.test".into()])
+        .unwrap();
+    replace_pair(&renewed, &cert, &key);
+    // Past the server's look-at-most-once-a-second interval.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        answers_as(&address, "renewed.hasten.test", ca.ca_pem(), &client).await,
+        "the renewed certificate is served without a restart"
+    );
+    assert!(
+        !answers_as(&address, "first.hasten.test", ca.ca_pem(), &client).await,
+        "the replaced certificate is no longer served"
+    );
+    let scrape = Scrape::of(&node.addr("metrics_addr")).await.unwrap();
+    assert_eq!(
+        scrape.value("hasten_tls_reloads_total", &[("outcome", "served")]),
+        1.0
+    );
+}
