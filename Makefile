@@ -23,7 +23,12 @@ export HASTEN_PROMETHEUS_DIR ?= $(abspath $(TOOLS_DIR))/prometheus-deb/usr/bin
 # (Not HASTEN_TEST_*: hasten-core's configuration tests read that prefix.)
 export HASTEN_RULES_FILE ?= $(abspath $(TOOLS_DIR))/test-rules/rules.yaml
 
-.PHONY: help deps models models-large clients monitoring build demo test test-answers-large lint fmt crd
+# The serving image (Dockerfile): `make image IMAGE=registry.example.com/hasten:0.1.0`, then
+# push it with the same tool. Needs a container engine that can pull the base images.
+CONTAINER ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+IMAGE ?= ghcr.io/hasten-rag/hasten:0.1.0
+
+.PHONY: help deps models models-large clients monitoring build demo test test-answers-large lint fmt crd image
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -81,3 +86,6 @@ fmt:
 # differ).
 crd:
 	$(CARGO) run --quiet -p hasten-kv-operator --bin kv-operator -- crd > helm/hasten/crds/kvworkerpools.hasten.dev.yaml
+
+image:
+	$(CONTAINER) build -t $(IMAGE) .

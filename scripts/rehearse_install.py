@@ -12,21 +12,26 @@ the pod addresses (a Service to its first pod), and every path under a volume mo
 pod's directory. Once every readiness probe answers 200, the `helm test` pod's command runs
 against the release: its exit status is the rehearsal's.
 
-    rehearse_install.py MANIFEST --bin DIR --model-dir DIR --work DIR
-        [--namespace hasten] [--cluster-domain cluster.local] [--drop-init NAME]
+    rehearse_install.py MANIFEST --work DIR (--bin DIR --model-dir DIR | --image IMAGE)
+        [--container-cli "podman ..."] [--namespace hasten] [--cluster-domain cluster.local]
+        [--drop-init NAME]
 
-`--drop-init NAME` removes every init container called NAME first (the check that the
-rehearsal fails without the corpus bootstrap).
+With `--image`, every container runs in that image instead (`podman run --network host`,
+the work directory mounted at its own path, so the rewritten paths hold): the binaries and
+the encoder are the image's (bench/image-rehearsal.sh). `--drop-init NAME` removes every
+init container called NAME first (the check that the rehearsal fails without the corpus
+bootstrap).
 
-What is not rehearsed: the image itself (binaries come from --bin, the encoder from
---model-dir), the kubelet's gRPC/TCP probes (the chart's are HTTP), NetworkPolicies,
-resource limits, the security context, and Services balancing over more than one pod.
+What is not rehearsed: the kubelet's gRPC/TCP probes (the chart's are HTTP),
+NetworkPolicies, resource limits, the security context (in image mode the image's own user
+runs every process), and Services balancing over more than one pod.
 """
 
 import argparse
 import base64
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -48,6 +53,7 @@ class Pod:
         self.name, self.kind, self.owner = name, kind, owner
         self.spec, self.labels, self.ip, self.fqdns = spec, labels, ip, fqdns
         self.processes = []
+        self.containers = []
         self.failure = None
 
 
@@ -150,8 +156,9 @@ def volume_files(volume, config_maps, secrets):
 
 
 def container_paths(pod_dir, container, volume_dirs, model_dir):
-    """Mount path in the container -> local directory."""
-    paths = {IMAGE_MODEL_DIR: model_dir}
+    """Mount path in the container -> local directory (the image's encoder -> `model_dir`
+    when the binaries run outside the image)."""
+    paths = {IMAGE_MODEL_DIR: model_dir} if model_dir else {}
     for mount in container.get("volumeMounts", []):
         local = volume_dirs[mount["name"]]
         if mount.get("subPath"):
@@ -161,12 +168,9 @@ def container_paths(pod_dir, container, volume_dirs, model_dir):
 
 
 def environment(container, pod, args, secrets, config_maps, rewrite):
-    env = {
-        "PATH": f"{args.bin}:/usr/bin:/bin",
-        "HOME": os.path.join(args.work, pod.name),
-        "HOSTNAME": pod.name,
-        "HASTEN_MODEL_DIR": args.model_dir,
-    }
+    env = {"HOME": os.path.join(args.work, pod.name), "HOSTNAME": pod.name}
+    if not args.image:
+        env.update({"PATH": f"{args.bin}:/usr/bin:/bin", "HASTEN_MODEL_DIR": args.model_dir})
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = rewrite(str(var["value"]))
@@ -185,12 +189,26 @@ def environment(container, pod, args, secrets, config_maps, rewrite):
     return env
 
 
+def container_name(pod, log_name):
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"rehearsal-{pod.name}-{log_name}")
+
+
 def start(pod, container, args, secrets, config_maps, rewrite, log_name):
     argv = [rewrite(a) for a in container.get("command", []) + container.get("args", [])]
     env = environment(container, pod, args, secrets, config_maps, rewrite)
-    log = open(os.path.join(args.work, pod.name, f"{log_name}.log"), "wb")
+    pod_dir = os.path.join(args.work, pod.name)
+    log = open(os.path.join(pod_dir, f"{log_name}.log"), "wb")
+    if args.image:
+        name = container_name(pod, log_name)
+        pod.containers.append(name)
+        engine = shlex.split(args.container_cli)
+        subprocess.run(engine + ["rm", "-f", name], capture_output=True)
+        argv = (engine + ["run", "--rm", "--name", name, "--network", "host", "--hostname", pod.name,
+                          "-v", f"{args.work}:{args.work}", "-w", pod_dir]
+                + [f"--env={key}={value}" for key, value in env.items()] + [args.image] + argv)
+        env = dict(os.environ)
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            cwd=os.path.join(args.work, pod.name), start_new_session=True)
+                            cwd=pod_dir, start_new_session=True)
 
 
 def prepare(pod, args, hosts, config_maps, secrets):
@@ -220,6 +238,14 @@ def prepare(pod, args, hosts, config_maps, secrets):
                 pass
             with open(target, "wb") as f:
                 f.write(data)
+    if args.image:
+        # The image's own (unprivileged) user runs every process: let it write the volumes.
+        for root, dirs, files in os.walk(pod_dir):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o777)
+            for name in files:
+                os.chmod(os.path.join(root, name), 0o666)
+        os.chmod(pod_dir, 0o777)
     return rewriters
 
 
@@ -270,7 +296,10 @@ def log_tail(pod, args, lines=15):
     return "\n".join(out)
 
 
-def stop(pods):
+def stop(pods, args):
+    names = [name for pod in pods for name in pod.containers]
+    if names:
+        subprocess.run(shlex.split(args.container_cli) + ["rm", "--force", "--ignore", "--time", "0"] + names, capture_output=True)
     for pod in pods:
         for process in pod.processes:
             if process.poll() is None:
@@ -284,14 +313,20 @@ def stop(pods):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("manifest")
-    parser.add_argument("--bin", required=True)
-    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--bin")
+    parser.add_argument("--model-dir")
+    parser.add_argument("--image")
+    parser.add_argument("--container-cli", default="podman")
     parser.add_argument("--work", required=True)
     parser.add_argument("--namespace", default="hasten")
     parser.add_argument("--cluster-domain", default="cluster.local")
     parser.add_argument("--drop-init", action="append", default=[])
     args = parser.parse_args()
-    args.bin, args.model_dir, args.work = map(os.path.abspath, (args.bin, args.model_dir, args.work))
+    if bool(args.image) == bool(args.bin and args.model_dir):
+        parser.error("give either --image, or --bin and --model-dir")
+    args.work = os.path.abspath(args.work)
+    if not args.image:
+        args.bin, args.model_dir = os.path.abspath(args.bin), os.path.abspath(args.model_dir)
 
     with open(args.manifest) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]
@@ -309,6 +344,7 @@ def main():
     os.makedirs(args.work, exist_ok=True)
 
     started = time.monotonic()
+    test_pods = []
     try:
         threads = []
         for pod in pods:
@@ -339,6 +375,7 @@ def main():
 
         for test in tests:
             pod = Pod(test["metadata"]["name"], "Pod", None, test["spec"], {}, "127.0.0.9", [])
+            test_pods.append(pod)
             rewriters = prepare(pod, args, hosts, config_maps, secrets)
             container = test["spec"]["containers"][0]
             process = start(pod, container, args, secrets, config_maps, rewriters[container["name"]], "test")
@@ -352,7 +389,7 @@ def main():
               f"{time.monotonic() - started:.0f} s")
         return 0
     finally:
-        stop(pods)
+        stop(pods + test_pods, args)
 
 
 if __name__ == "__main__":
