@@ -28,7 +28,7 @@ export HASTEN_RULES_FILE ?= $(abspath $(TOOLS_DIR))/test-rules/rules.yaml
 CONTAINER ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
 IMAGE ?= ghcr.io/hasten-rag/hasten:0.1.0
 
-.PHONY: help deps models models-large clients monitoring build demo test test-answers-large lint fmt crd image
+.PHONY: help deps models models-large clients monitoring build demo test test-answers-large lint fmt crd config-schemas image
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -86,6 +86,15 @@ fmt:
 # differ).
 crd:
 	$(CARGO) run --quiet -p hasten-kv-operator --bin kv-operator -- crd > helm/hasten/crds/kvworkerpools.hasten.dev.yaml
+
+# The configuration schemas of the binaries the chart configures, which the chart's values
+# schema embeds (scripts/gen-values-schema.py); a test checks they are current.
+config-schemas:
+	$(CARGO) run --quiet -p edge-node --bin edge-node -- serve --print-config-schema > helm/config-schemas/edge.json
+	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- serve --print-config-schema > helm/config-schemas/shard.json
+	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- route --print-config-schema > helm/config-schemas/router.json
+	$(CARGO) run --quiet -p control-plane --bin control-plane -- --print-config-schema > helm/config-schemas/control-plane.json
+	python3 scripts/gen-values-schema.py
 
 image:
 	$(CONTAINER) build -t $(IMAGE) .

@@ -2,8 +2,9 @@
 # Checks the Helm chart in helm/hasten without a cluster:
 #   - the Grafana dashboards are what scripts/gen-dashboards.py generates, and their
 #     PromQL parses; values.schema.json is what scripts/gen-values-schema.py generates, and
-#     it refuses a misspelt key, a wrong type and a value outside an enumeration; the chart
-#     README's values table is what scripts/gen-values-table.py generates;
+#     it refuses a misspelt key, a wrong type and a value outside an enumeration, in the
+#     chart's keys and in the binaries' `config` tables (their schemas are the binaries'
+#     --print-config-schema, helm/config-schemas/); the chart README's values table is what scripts/gen-values-table.py generates;
 #   - `helm lint --strict` with the default values, values-production.yaml, monitoring on and
 #     mutual TLS with tenants;
 #   - `helm template` of several layouts, each validated with kubernetes-validate --strict
@@ -318,6 +319,14 @@ check refuses-tenants-without-key refuses tenants-without-key 'edge.tenants.key'
 check refuses-unknown-value refuses unknown-value "additional properties 'replica'" --set edge.replica=3
 check refuses-wrong-type refuses wrong-type "got string, want integer" --set edge.replicas=two
 check refuses-bad-enum refuses bad-enum "value must be one of" --set edge.kind=StatefulSet
+# The binaries' own keys, through their schemas generated from the Rust config types.
+check refuses-config-bound refuses config-bound "at '/edge/config/tau': maximum" --set edge.config.tau=5
+check refuses-config-enum refuses config-enum "at '/edge/config/policy': value must be one of 'has'" \
+  --set edge.config.policy=fastest
+check refuses-config-key refuses config-key "additional properties 'max_wait_ms' not allowed" \
+  --set cloud.router.config.batching.max_wait_ms=5
+check refuses-config-zero refuses config-zero "at '/controlPlane/config/tick_ms': minimum" \
+  --set controlPlane.config.tick_ms=0
 check refuses-autoscaled-daemonset refuses autoscaled-daemonset 'edge.autoscaling.enabled' \
   --set edge.autoscaling.enabled=true --set edge.kind=DaemonSet
 check refuses-autoscaling-bounds refuses autoscaling-bounds 'minReplicas' \

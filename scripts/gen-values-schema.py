@@ -5,9 +5,11 @@
 Every key of values.yaml is a property of its type (booleans, numbers, strings, lists,
 tables); a misspelt key is refused (`additionalProperties: false`) except in the tables that
 are Kubernetes' own or free-form (resources, security contexts, selectors, annotations,
-labels, affinity) and in the binaries' `config` tables, whose unknown keys the binaries
-themselves refuse at start (and `scripts/check-helm.sh` feeds every rendered configuration
-to them). A few keys get enumerations or bounds. `--check` compares instead of writing.
+labels, affinity). The binaries' `config` tables get the binaries' own configuration schemas,
+generated from their Rust types (`make config-schemas` writes helm/config-schemas/ with each
+binary's `--print-config-schema`; a test keeps them current): their enumerations, bounds,
+nullable keys and unknown keys are checked by `helm install`, naming the key. A few chart
+keys get enumerations or bounds. `--check` compares instead of writing.
 
     python3 scripts/gen-values-schema.py [--check]
 """
@@ -38,8 +40,17 @@ FREE_FORM = {
     "updateStrategy",
     "startupProbe",
 }
-# Tables of a binary's TOML keys: known keys typed, others left to the binary.
-OPEN = {"config"}
+CONFIG_SCHEMAS = CHART.parent / "config-schemas"
+# The values key of each binary's TOML keys, and its schema's file in CONFIG_SCHEMAS.
+CONFIG_TABLES = {
+    "controlPlane.config": "control-plane.json",
+    "cloud.shard.config": "shard.json",
+    "cloud.router.config": "router.json",
+    "edge.config": "edge.json",
+}
+# Keywords of a binary's schema that Helm's validator does not need: the document's own
+# header, and integer formats (`uint64`) that are no JSON Schema format.
+DROPPED_KEYWORDS = {"$schema", "title", "format"}
 ENUMS = {
     "edge.kind": ["Deployment", "DaemonSet"],
     "image.pullPolicy": ["Always", "IfNotPresent", "Never"],
@@ -49,7 +60,28 @@ ENUMS = {
 COUNTS = {"replicas", "minReplicas", "maxReplicas", "shards", "replicasPerShard"}
 
 
+def config_schema(file):
+    """A binary's configuration schema, as the values schema embeds it."""
+
+    def strip(node):
+        if isinstance(node, dict):
+            choices = node.get("oneOf", [])
+            if choices and all("const" in choice for choice in choices):
+                # An enumeration of documented variants: as `enum`, a refusal lists every
+                # allowed value (with `oneOf`, Helm names only the first).
+                node = {k: v for k, v in node.items() if k != "oneOf"}
+                node["enum"] = [choice["const"] for choice in choices]
+            return {k: strip(v) for k, v in node.items() if k not in DROPPED_KEYWORDS}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    return strip(json.loads((CONFIG_SCHEMAS / file).read_text()))
+
+
 def schema_of(value, path, key):
+    if path in CONFIG_TABLES:
+        return config_schema(CONFIG_TABLES[path])
     if key in FREE_FORM:
         return {"type": "object"}
     if isinstance(value, bool):
@@ -76,7 +108,7 @@ def schema_of(value, path, key):
             "type": "object",
             "properties": {k: schema_of(v, f"{path}.{k}" if path else k, k) for k, v in value.items()},
         }
-        if value and key not in OPEN:
+        if value:
             node["additionalProperties"] = False
         return node
     raise TypeError(f"{path}: {type(value).__name__}")

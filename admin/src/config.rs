@@ -5,14 +5,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use hasten_core::config::ConfigError;
+use hasten_core::config::{ConfigError, Validate};
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::tls::{MutualTls, TlsPaths};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// How results are printed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputFormat {
     /// Human-readable tables.
@@ -22,7 +25,7 @@ pub enum OutputFormat {
     Json,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// gRPC addresses (host:port) of the control-plane nodes; `status` asks every one, the
@@ -60,8 +63,35 @@ impl Default for AdminConfig {
 }
 
 impl AdminConfig {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_s)
+    }
+
+    /// The certificate and token the tool shows the nodes, read from their files.
+    pub fn access(&self) -> anyhow::Result<ControlAccess> {
+        let tls = TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))?
+        .map(|paths| MutualTls::load(&paths))
+        .transpose()
+        .context("loading the mutual-TLS files (`tls_ca`, `tls_cert`, `tls_key`)")?;
+        let token = self
+            .token_file
+            .as_deref()
+            .map(AccessToken::load)
+            .transpose()
+            .context("reading `token_file`")?;
+        Ok(ControlAccess { tls, token })
+    }
+}
+
+impl Validate for AdminConfig {
     /// Checks values the types allow but the tool cannot use; errors name the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.control_plane.is_empty() {
             return Err(ConfigError::invalid(
                 "control_plane",
@@ -89,31 +119,6 @@ impl AdminConfig {
         )
         .map_err(|message| ConfigError::invalid("tls_ca", message))?;
         Ok(())
-    }
-
-    pub fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout_s)
-    }
-
-    /// The certificate and token the tool shows the nodes, read from their files.
-    pub fn access(&self) -> anyhow::Result<ControlAccess> {
-        let tls = TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))?
-        .map(|paths| MutualTls::load(&paths))
-        .transpose()
-        .context("loading the mutual-TLS files (`tls_ca`, `tls_cert`, `tls_key`)")?;
-        let token = self
-            .token_file
-            .as_deref()
-            .map(AccessToken::load)
-            .transpose()
-            .context("reading `token_file`")?;
-        Ok(ControlAccess { tls, token })
     }
 }
 

@@ -8,9 +8,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hasten_core::config::ConfigError;
+use hasten_core::config::{ConfigError, Validate};
 use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::batcher::BatchingSettings;
@@ -29,7 +30,7 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
 ///
 /// No `#[serde(default)]` here: the defaults differ by role (`dev_cert_out`), and loading
 /// fills a partial table from the role's own defaults.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// UDP address of the QUIC fast path used by edges.
@@ -42,6 +43,7 @@ pub struct ServerConfig {
     pub ready_file: Option<PathBuf>,
     /// Searches answered at once; beyond it RESOURCE_EXHAUSTED at once. See
     /// [`DEFAULT_MAX_IN_FLIGHT`].
+    #[schemars(range(min = 1))]
     pub max_in_flight: usize,
     /// Where the generated dev certificate is written, for clients to trust (an edge's
     /// `cloud_ca`); used only without `tls_cert`.
@@ -77,7 +79,7 @@ impl ServerConfig {
 
 /// Micro-batching of concurrent searches: the `[batching]` table of shards (one faiss call
 /// per batch) and routers (one request per shard per batch).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct BatchingConfig {
     /// Coalesce concurrent searches into one batch. A router's batching makes every shard
@@ -90,6 +92,7 @@ pub struct BatchingConfig {
     pub max_queries: usize,
     /// Longest a search waits for others to join its batch, in microseconds; small against
     /// a scan of a shard (milliseconds), so a lone query barely notices.
+    #[schemars(range(max = 100_000))]
     pub max_wait_us: u64,
     /// Searches that may queue for a batch before callers wait to enqueue.
     pub queue: usize,
@@ -192,7 +195,7 @@ fn mutual_tls_paths(
     })
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ShardConfig {
     /// Log lines as `text` or `json` (one object per line).
@@ -247,7 +250,19 @@ impl Default for ShardConfig {
 }
 
 impl ShardConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The mutual-TLS files, when a CA is configured.
+    pub fn mutual_tls(&self) -> Option<TlsPaths> {
+        mutual_tls_paths(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+    }
+}
+
+impl Validate for ShardConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.bundle.is_none() {
             return Err(ConfigError::invalid(
                 "bundle",
@@ -264,19 +279,9 @@ impl ShardConfig {
         self.server.validate()?;
         self.batching.validate(usize::MAX)
     }
-
-    /// The mutual-TLS files, when a CA is configured.
-    pub fn mutual_tls(&self) -> Option<TlsPaths> {
-        mutual_tls_paths(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-    }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
     /// Log lines as `text` or `json` (one object per line).
@@ -303,13 +308,16 @@ pub struct RouterConfig {
     pub tls_extra_ca: Option<PathBuf>,
     /// Deadline of a request that names none, in milliseconds; equal to the edge's default
     /// cloud timeout, the longest anyone waits for a fallback.
+    #[schemars(range(min = 1))]
     pub request_timeout_ms: u64,
     /// Longest one attempt on one replica may take before the next is tried, in
     /// milliseconds: a scan of a large shard under load takes a few hundred milliseconds,
     /// and half the request deadline leaves room for one retry.
+    #[schemars(range(min = 1))]
     pub attempt_timeout_ms: u64,
     /// Period of the replica health checks, in milliseconds: a dead replica is noticed by
     /// the first request that tries it, a recovered one within this period.
+    #[schemars(range(min = 1))]
     pub health_interval_ms: u64,
     /// How long start-up waits for every shard to have a replica that answers, in seconds.
     pub startup_timeout_s: u64,
@@ -342,7 +350,40 @@ impl Default for RouterConfig {
 }
 
 impl RouterConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The mutual-TLS files, when a CA is configured.
+    pub fn mutual_tls(&self) -> Option<TlsPaths> {
+        mutual_tls_paths(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+    }
+
+    /// The configured shard map.
+    pub fn shard_map(&self) -> Result<ShardMap, ConfigError> {
+        if self.shards.is_empty() {
+            return Err(ConfigError::invalid(
+                "shards",
+                "is required: one list of replica endpoints per shard (flag: --shard a:port,b:port, once per shard)",
+            ));
+        }
+        ShardMap::new(self.shards.clone())
+            .map_err(|e| ConfigError::invalid("shards", e.to_string()))
+    }
+
+    pub fn router_settings(&self) -> RouterSettings {
+        RouterSettings {
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            attempt_timeout: Duration::from_millis(self.attempt_timeout_ms),
+            health_interval: Duration::from_millis(self.health_interval_ms),
+            startup_timeout: Duration::from_secs(self.startup_timeout_s),
+        }
+    }
+}
+
+impl Validate for RouterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         self.shard_map()?;
         for address in &self.control_plane {
             if let Err(err) = hasten_proto::control::endpoint(address, None) {
@@ -376,37 +417,6 @@ impl RouterConfig {
         }
         self.server.validate()?;
         self.batching.validate(MAX_BATCH)
-    }
-
-    /// The mutual-TLS files, when a CA is configured.
-    pub fn mutual_tls(&self) -> Option<TlsPaths> {
-        mutual_tls_paths(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-    }
-
-    /// The configured shard map.
-    pub fn shard_map(&self) -> Result<ShardMap, ConfigError> {
-        if self.shards.is_empty() {
-            return Err(ConfigError::invalid(
-                "shards",
-                "is required: one list of replica endpoints per shard (flag: --shard a:port,b:port, once per shard)",
-            ));
-        }
-        ShardMap::new(self.shards.clone())
-            .map_err(|e| ConfigError::invalid("shards", e.to_string()))
-    }
-
-    pub fn router_settings(&self) -> RouterSettings {
-        RouterSettings {
-            request_timeout: Duration::from_millis(self.request_timeout_ms),
-            attempt_timeout: Duration::from_millis(self.attempt_timeout_ms),
-            health_interval: Duration::from_millis(self.health_interval_ms),
-            startup_timeout: Duration::from_secs(self.startup_timeout_s),
-        }
     }
 }
 

@@ -21,7 +21,7 @@ use cloud_index::router::Router;
 use cloud_index::shard_map::follow_control_plane;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
-use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
 use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
@@ -592,13 +592,13 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: ShardConfig = load_config(args.source.config.as_deref(), "HASTEN_CLOUD_", &args)?;
-    // Validated before printing: `--print-config` answers whether a configuration works.
-    config.validate()?;
-    if args.source.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
+    let config: ShardConfig = match resolve_config(&args.source, "HASTEN_CLOUD_", &args)? {
+        Resolved::Serve(config) => config,
+        Resolved::Print(text) => {
+            println!("{text}");
+            return Ok(());
+        }
+    };
     hasten_core::logging::init(config.log_format);
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Shard)?;
@@ -695,13 +695,13 @@ async fn route(mut args: RouteArgs) -> Result<()> {
                 .collect(),
         );
     }
-    let config: RouterConfig = load_config(args.source.config.as_deref(), "HASTEN_ROUTER_", &args)?;
-    // Validated before printing: `--print-config` answers whether a configuration works.
-    config.validate()?;
-    if args.source.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
+    let config: RouterConfig = match resolve_config(&args.source, "HASTEN_ROUTER_", &args)? {
+        Resolved::Serve(config) => config,
+        Resolved::Print(text) => {
+            println!("{text}");
+            return Ok(());
+        }
+    };
     hasten_core::logging::init(config.log_format);
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Router)?;

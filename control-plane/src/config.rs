@@ -5,19 +5,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hasten_core::config::ConfigError;
+use hasten_core::config::{ConfigError, Validate};
 use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::node::NodeSettings;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControlPlaneConfig {
     /// Log lines as `text` or `json` (one object per line).
     pub log_format: LogFormat,
     /// This node's Raft id (non-zero, unique in the group).
+    #[schemars(range(min = 1))]
     pub id: u64,
     /// gRPC address for clients (edges, operators) and peers.
     pub listen: SocketAddr,
@@ -36,21 +38,27 @@ pub struct ControlPlaneConfig {
     /// Data directory: the Raft log (`raft-wal/`), the snapshot, and sled for members.
     pub data_dir: PathBuf,
     /// Raft tick. Elections fire after `election_ticks` ticks without a leader.
+    #[schemars(range(min = 1))]
     pub tick_ms: u64,
     /// Ticks without hearing from a leader before an election (raft-rs's default, 10).
+    #[schemars(range(min = 2))]
     pub election_ticks: usize,
     /// Ticks between leader heartbeats (raft-rs's default, 3).
+    #[schemars(range(min = 1))]
     pub heartbeat_ticks: usize,
     /// Applied log entries kept before the state is snapshotted and the log truncated
     /// (etcd's `--snapshot-count` default, 100,000; `max_log_bytes` usually comes first).
+    #[schemars(range(min = 1))]
     pub max_log_entries: u64,
     /// Payload bytes of applied log entries kept before the same (a log entry batches
     /// many cache entries of ~1.6 KB each).
+    #[schemars(range(min = 1))]
     pub max_log_bytes: u64,
     /// Committed events kept behind a compaction point, so that a subscriber a little
     /// behind resumes from events rather than receiving the whole state.
     pub retained_events: u64,
     /// How long a proposal waits for its commit before the caller is told to retry.
+    #[schemars(range(min = 1))]
     pub propose_timeout_ms: u64,
     /// File written (atomically) with the listening address once the node serves.
     pub ready_file: Option<PathBuf>,
@@ -99,7 +107,64 @@ impl Default for ControlPlaneConfig {
 }
 
 impl ControlPlaneConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The mutual-TLS files, or `None` when mutual TLS is off.
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
+    }
+
+    /// The founding members by id.
+    pub fn members(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
+        let mut members = BTreeMap::new();
+        for peer in &self.peers {
+            let (id, address) = peer.split_once('=').ok_or_else(|| {
+                ConfigError::invalid("peers", format!("`{peer}` is not `id=host:port`"))
+            })?;
+            let id: u64 = id.trim().parse().map_err(|_| {
+                ConfigError::invalid("peers", format!("`{peer}`: the id is not a number"))
+            })?;
+            let address = address.trim();
+            if id == 0 || address.is_empty() {
+                return Err(ConfigError::invalid(
+                    "peers",
+                    format!("`{peer}` needs a non-zero id and an address"),
+                ));
+            }
+            if members.insert(id, address.to_string()).is_some() {
+                return Err(ConfigError::invalid(
+                    "peers",
+                    format!("id {id} is listed twice"),
+                ));
+            }
+        }
+        Ok(members)
+    }
+
+    /// The node's tunables.
+    pub fn node_settings(&self) -> NodeSettings {
+        NodeSettings {
+            id: self.id,
+            tick: Duration::from_millis(self.tick_ms),
+            election_ticks: self.election_ticks,
+            heartbeat_ticks: self.heartbeat_ticks,
+            max_log_entries: self.max_log_entries,
+            max_log_bytes: self.max_log_bytes,
+            retained_events: self.retained_events,
+        }
+    }
+
+    pub fn propose_timeout(&self) -> Duration {
+        Duration::from_millis(self.propose_timeout_ms)
+    }
+}
+
+impl Validate for ControlPlaneConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.id == 0 {
             return Err(ConfigError::invalid(
                 "id",
@@ -159,61 +224,6 @@ impl ControlPlaneConfig {
             ));
         }
         Ok(())
-    }
-
-    /// The mutual-TLS files, or `None` when mutual TLS is off.
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
-    }
-
-    /// The founding members by id.
-    pub fn members(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
-        let mut members = BTreeMap::new();
-        for peer in &self.peers {
-            let (id, address) = peer.split_once('=').ok_or_else(|| {
-                ConfigError::invalid("peers", format!("`{peer}` is not `id=host:port`"))
-            })?;
-            let id: u64 = id.trim().parse().map_err(|_| {
-                ConfigError::invalid("peers", format!("`{peer}`: the id is not a number"))
-            })?;
-            let address = address.trim();
-            if id == 0 || address.is_empty() {
-                return Err(ConfigError::invalid(
-                    "peers",
-                    format!("`{peer}` needs a non-zero id and an address"),
-                ));
-            }
-            if members.insert(id, address.to_string()).is_some() {
-                return Err(ConfigError::invalid(
-                    "peers",
-                    format!("id {id} is listed twice"),
-                ));
-            }
-        }
-        Ok(members)
-    }
-
-    /// The node's tunables.
-    pub fn node_settings(&self) -> NodeSettings {
-        NodeSettings {
-            id: self.id,
-            tick: Duration::from_millis(self.tick_ms),
-            election_ticks: self.election_ticks,
-            heartbeat_ticks: self.heartbeat_ticks,
-            max_log_entries: self.max_log_entries,
-            max_log_bytes: self.max_log_bytes,
-            retained_events: self.retained_events,
-        }
-    }
-
-    pub fn propose_timeout(&self) -> Duration {
-        Duration::from_millis(self.propose_timeout_ms)
     }
 }
 

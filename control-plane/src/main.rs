@@ -11,7 +11,7 @@ use control_plane::node;
 use control_plane::service::ControlPlaneService;
 use control_plane::storage::RaftStorage;
 use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
-use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
 use hasten_core::metrics::ReadinessCheck;
@@ -104,13 +104,13 @@ struct Cli {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let config: ControlPlaneConfig = load_config(cli.source.config.as_deref(), "HASTEN_CP_", &cli)?;
-    // Validated before printing: `--print-config` answers whether a configuration works.
-    config.validate()?;
-    if cli.source.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
+    let config: ControlPlaneConfig = match resolve_config(&cli.source, "HASTEN_CP_", &cli)? {
+        Resolved::Serve(config) => config,
+        Resolved::Print(text) => {
+            println!("{text}");
+            return Ok(());
+        }
+    };
     hasten_core::logging::init(config.log_format);
     let tls = config
         .mutual_tls()?

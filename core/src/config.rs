@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use schemars::generate::SchemaSettings;
+use schemars::transform::RecursiveTransform;
+use schemars::{JsonSchema, Schema};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -16,6 +19,8 @@ pub enum ConfigError {
     MissingFile(String),
     #[error("configuration: `{key}` {message}")]
     Invalid { key: &'static str, message: String },
+    #[error("printing the configuration")]
+    Print(#[source] serde_json::Error),
 }
 
 impl ConfigError {
@@ -36,6 +41,63 @@ pub struct ConfigSource {
     /// Print the effective configuration and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Print the JSON Schema of the configuration file's keys and exit (editors and the
+    /// Helm chart's values schema check a file against it).
+    #[arg(long, conflicts_with = "print_config")]
+    pub print_config_schema: bool,
+}
+
+/// The checks of a configuration beyond its types: ranges, and keys that need each other.
+pub trait Validate {
+    fn validate(&self) -> Result<(), ConfigError>;
+}
+
+/// What a binary does after [`resolve_config`]: serve with the configuration, or print the
+/// text its flags asked for and exit.
+pub enum Resolved<T> {
+    Serve(T),
+    Print(String),
+}
+
+/// The JSON Schema (draft-07) of a configuration file's keys, with every definition inlined
+/// so that it can be embedded as it is (the chart's values schema holds it under each
+/// binary's `config` table). No key is required: [`load_config`] lays the defaults under the
+/// file, so a file may name any subset of a table's keys.
+pub fn config_schema<T: JsonSchema>() -> serde_json::Value {
+    let schema = SchemaSettings::draft07()
+        .with(|settings| settings.inline_subschemas = true)
+        .with_transform(RecursiveTransform(|schema: &mut Schema| {
+            schema.remove("required");
+        }))
+        .into_generator()
+        .into_root_schema_for::<T>();
+    schema.to_value()
+}
+
+/// Loads a configuration with [`load_config`] and validates it, or answers
+/// `--print-config-schema` (before loading: the schema does not depend on the values) and
+/// `--print-config` (after validating: printing answers whether a configuration works).
+pub fn resolve_config<T, F>(
+    source: &ConfigSource,
+    env_prefix: &str,
+    flags: &F,
+) -> Result<Resolved<T>, ConfigError>
+where
+    T: Default + Serialize + DeserializeOwned + JsonSchema + Validate,
+    F: Serialize,
+{
+    if source.print_config_schema {
+        let text =
+            serde_json::to_string_pretty(&config_schema::<T>()).map_err(ConfigError::Print)?;
+        return Ok(Resolved::Print(text));
+    }
+    let config: T = load_config(source.config.as_deref(), env_prefix, flags)?;
+    config.validate()?;
+    if source.print_config {
+        let text = serde_json::to_string_pretty(&config).map_err(ConfigError::Print)?;
+        return Ok(Resolved::Print(text));
+    }
+    Ok(Resolved::Serve(config))
 }
 
 /// The TLS flags every binary takes (flatten into its command, and into its serialised

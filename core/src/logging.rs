@@ -2,11 +2,14 @@
 //! `info`), as text for people or as one JSON object per line for a cluster's log
 //! pipeline (`log_format`).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tracing_subscriber::EnvFilter;
 
 /// How log lines are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.

@@ -4,18 +4,19 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::ConfigError;
+use hasten_core::config::{ConfigError, Validate};
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_core::logging::LogFormat;
 use hasten_engine::ApiKey;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
 use hasten_worker_api::kv::{DEFAULT_RATIO, FusionMode, KvRouting, Variant};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::retrieval::RetrievalPolicy;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EdgeConfig {
     /// Log lines as `text` or `json` (one object per line, with the request's id).
@@ -34,18 +35,23 @@ pub struct EdgeConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// HTTP connections open at once; beyond it a new one is closed at once (idle sockets
     /// cannot exhaust the file descriptors).
+    #[schemars(range(min = 1))]
     pub max_connections: usize,
     /// HTTP connections one client address may hold open at once (at most
     /// `max_connections`; unset, a quarter of it), so that one client's idle sockets cannot
     /// refuse every other client. Clients behind a proxy or load balancer that does not
     /// keep their address share the proxy's: raise it there.
+    #[schemars(range(min = 1))]
     pub max_connections_per_client: Option<usize>,
     /// Longest a client may take to send a request's head, or to start the next request
     /// on an open connection, in milliseconds.
+    #[schemars(range(min = 1))]
     pub header_timeout_ms: u64,
     /// Longest a request's body may take to arrive, in milliseconds.
+    #[schemars(range(min = 1))]
     pub body_timeout_ms: u64,
     /// Longest requests and connections may take to finish after SIGTERM, in milliseconds.
+    #[schemars(range(min = 1))]
     pub shutdown_grace_ms: u64,
     /// The cloud index's QUIC address, `HOST:PORT`: an IP address or a DNS name (resolved
     /// again whenever the edge reconnects).
@@ -67,32 +73,41 @@ pub struct EdgeConfig {
     /// the other CA, so that peers with certificates from either are accepted.
     pub tls_extra_ca: Option<PathBuf>,
     /// Deadline of one cloud request in milliseconds, connection set-up included.
+    #[schemars(range(min = 1))]
     pub cloud_timeout_ms: u64,
     /// `has` (speculate, validate, fall back), or a baseline: `cloud-only`, `edge-ivf`,
     /// `exact-cache`, `semantic-cache`.
     pub policy: RetrievalPolicy,
     /// Cosine similarity at which `semantic-cache` reuses a cached result (RedisVL's default
     /// distance threshold 0.1).
+    #[schemars(range(min = -1.0, max = 1.0))]
     pub semantic_threshold: f32,
     /// Documents returned when a request gives no k (paper: 10).
+    #[schemars(range(min = 1))]
     pub k: usize,
     /// Largest k a request may ask for.
+    #[schemars(range(min = 1))]
     pub max_k: usize,
     /// Homology threshold: share of the validated draft documents one cached query must
     /// hold (paper: 0.2).
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub tau: f64,
     /// Documents of a draft that are validated, and of a fallback that are cached, whatever
     /// k a request asks for (paper: k = 10): at a depth below ~5, one shared document would
     /// accept a draft at tau 0.2.
+    #[schemars(range(min = 1))]
     pub validation_depth: usize,
     /// Cached queries per tenant, FIFO (paper: 5,000), for an edge without a control plane.
     /// With one, the control plane's replicated capacity decides every eviction and this
     /// key is not used.
+    #[schemars(range(min = 1))]
     pub cache_capacity: usize,
     /// Candidates from the fuzzy channel before the exact re-rank (reference: 5 x k = 50).
+    #[schemars(range(min = 1))]
     pub fuzzy_candidates: usize,
     /// Candidates from the cache channel before the exact re-rank: its PQ scores are
     /// approximate (the reference re-ranks 50 PQ candidates exactly in its service).
+    #[schemars(range(min = 1))]
     pub cache_candidates: usize,
     /// Whether the fuzzy channel runs (off for the paper's ablation).
     pub fuzzy_channel: bool,
@@ -112,24 +127,32 @@ pub struct EdgeConfig {
     /// Share of the corpus the edge holds, in (0, 1]: its fuzzy channel and document store
     /// keep only that share (the same for every edge with the same fraction); documents of
     /// cached entries outside it come from the cloud by id.
+    #[schemars(range(max = 1.0), extend("exclusiveMinimum" = 0.0))]
     pub corpus_fraction: f64,
     /// IVF lists of the fuzzy channel; scaled to the corpus when absent (4 x sqrt(n)).
+    #[schemars(range(min = 1))]
     pub fuzzy_nlist: Option<usize>,
     /// Lists probed by the fuzzy channel; when absent the reference's fraction 64/8192,
     /// but at least ~8,192 codes scanned.
+    #[schemars(range(min = 1))]
     pub fuzzy_nprobe: Option<usize>,
     /// IVF lists of the cache channel; scaled to the corpus when absent.
+    #[schemars(range(min = 1))]
     pub cache_nlist: Option<usize>,
     /// Lists probed by the cache channel; a sixteenth of the lists when absent.
+    #[schemars(range(min = 1))]
     pub cache_nprobe: Option<usize>,
     /// Longest query text accepted, in characters.
+    #[schemars(range(min = 1))]
     pub max_query_chars: usize,
     /// Largest request body accepted, in bytes.
+    #[schemars(range(min = 1))]
     pub max_body_bytes: usize,
     /// Requests answered at once; beyond it 429 / RESOURCE_EXHAUSTED at once instead of a
     /// growing queue. A fallback holds its slot for up to `cloud_timeout_ms`, so this bounds
     /// memory and tail latency while leaving far more concurrency than the encoder's cores
     /// can use.
+    #[schemars(range(min = 1))]
     pub max_in_flight: usize,
     /// Control-plane nodes (gRPC host:port). When set, fallback results are replicated
     /// through the control plane and the edge follows its committed stream; when empty the
@@ -169,6 +192,7 @@ pub struct EdgeConfig {
     /// How KV workers prefill: `fusionrag`, `cacheblend`, `full-reuse` or `full-prefill`.
     pub kv_mode: FusionMode,
     /// Share of the chunk tokens a KV worker recomputes (`fusionrag`, `cacheblend`).
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub kv_recompute_ratio: f64,
     /// Which stored chunk KV the workers read: `similarity` or `full-reuse`.
     pub kv_variant: Variant,
@@ -197,8 +221,10 @@ pub struct EdgeConfig {
     pub lm_engine_ca: Option<PathBuf>,
     /// Longest wait for the engine's next bytes (connection, first token, each chunk);
     /// beyond it the answer fails as 503.
+    #[schemars(range(min = 1))]
     pub lm_engine_timeout_ms: u64,
     /// Answers sent to the engine at once (it batches them); more wait in `answer_queue`.
+    #[schemars(range(min = 1))]
     pub lm_engine_concurrency: usize,
     /// `cpu`, or `cuda` in a build with the `cuda` feature.
     pub lm_device: DeviceKind,
@@ -206,21 +232,26 @@ pub struct EdgeConfig {
     /// fastest on CPU), `q8_0`, `f32` or `as_stored`.
     pub lm_weights: WeightFormat,
     /// Tokens an answer may have when the request names no `max_tokens`.
+    #[schemars(range(min = 1))]
     pub answer_default_tokens: usize,
     /// Largest `max_tokens` a request may ask for.
+    #[schemars(range(min = 1, max = hasten_rag::MAX_NEW_TOKENS))]
     pub answer_max_tokens: usize,
     /// Answers waiting for the language model behind the one generating; beyond it 429.
     pub answer_queue: usize,
     /// Answers one tenant may have waiting or generating at once; beyond it 429, so one
     /// client cannot fill the queue. Unset: the queue alone bounds a tenant.
+    #[schemars(range(min = 1))]
     pub answer_queue_per_tenant: Option<usize>,
     /// Whether the model rewrites a chat's follow-up question into a standalone one for
     /// retrieval (one short generation per follow-up); off: the last user message, with
     /// the previous user turn when it is short or refers back.
     pub chat_query_rewrite: bool,
     /// Speculative RAG: drafts per answer (paper: m = 5).
+    #[schemars(range(min = 1, max = hasten_rag::MAX_DRAFTS))]
     pub speculative_drafts: usize,
     /// Speculative RAG: document clusters, one document of each per draft (paper: k = 2).
+    #[schemars(range(min = 1))]
     pub speculative_clusters: usize,
 }
 
@@ -330,7 +361,101 @@ impl EdgeConfig {
             .unwrap_or((self.max_connections / 4).max(1))
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The engine keys: a URL that can be called, a model, and no other generation backend.
+    fn validate_engine(&self) -> Result<(), ConfigError> {
+        for (key, value) in [
+            ("lm_engine_timeout_ms", self.lm_engine_timeout_ms),
+            ("lm_engine_concurrency", self.lm_engine_concurrency as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
+        let Some(url) = &self.lm_engine_url else {
+            for (key, set) in [
+                ("lm_engine_model", self.lm_engine_model.is_some()),
+                (
+                    "lm_engine_drafter_url",
+                    self.lm_engine_drafter_url.is_some(),
+                ),
+                (
+                    "lm_engine_drafter_model",
+                    self.lm_engine_drafter_model.is_some(),
+                ),
+                ("lm_engine_api_key", self.lm_engine_api_key.is_some()),
+                (
+                    "lm_engine_api_key_file",
+                    self.lm_engine_api_key_file.is_some(),
+                ),
+                ("lm_engine_ca", self.lm_engine_ca.is_some()),
+            ] {
+                if set {
+                    return Err(ConfigError::invalid(
+                        key,
+                        "is set but `lm_engine_url` is not",
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        for (key, set) in [
+            ("lm_model", self.lm_model.is_some()),
+            ("lm_worker", self.lm_worker.is_some()),
+            ("kv_workers", !self.kv_workers.is_empty()),
+        ] {
+            if set {
+                return Err(ConfigError::invalid(
+                    "lm_engine_url",
+                    format!("and `{key}` are both set: answer with one of them"),
+                ));
+            }
+        }
+        for (key, url) in [
+            ("lm_engine_url", Some(url)),
+            ("lm_engine_drafter_url", self.lm_engine_drafter_url.as_ref()),
+        ] {
+            if let Some(url) = url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("`{url}` is not an http:// or https:// URL"),
+                ));
+            }
+        }
+        if self
+            .lm_engine_model
+            .as_deref()
+            .is_none_or(|m| m.trim().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "lm_engine_model",
+                "is required with `lm_engine_url`: the model the engine serves",
+            ));
+        }
+        if self.lm_engine_api_key.is_some() && self.lm_engine_api_key_file.is_some() {
+            return Err(ConfigError::invalid(
+                "lm_engine_api_key_file",
+                "and `lm_engine_api_key` are both set: give the key once",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The mutual-TLS files, or `None` when mutual TLS is off.
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
+    }
+}
+
+impl Validate for EdgeConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.bundle.is_none() {
             return Err(ConfigError::invalid(
                 "bundle",
@@ -589,98 +714,6 @@ impl EdgeConfig {
             ));
         }
         Ok(())
-    }
-
-    /// The engine keys: a URL that can be called, a model, and no other generation backend.
-    fn validate_engine(&self) -> Result<(), ConfigError> {
-        let Some(url) = &self.lm_engine_url else {
-            for (key, set) in [
-                ("lm_engine_model", self.lm_engine_model.is_some()),
-                (
-                    "lm_engine_drafter_url",
-                    self.lm_engine_drafter_url.is_some(),
-                ),
-                (
-                    "lm_engine_drafter_model",
-                    self.lm_engine_drafter_model.is_some(),
-                ),
-                ("lm_engine_api_key", self.lm_engine_api_key.is_some()),
-                (
-                    "lm_engine_api_key_file",
-                    self.lm_engine_api_key_file.is_some(),
-                ),
-                ("lm_engine_ca", self.lm_engine_ca.is_some()),
-            ] {
-                if set {
-                    return Err(ConfigError::invalid(
-                        key,
-                        "is set but `lm_engine_url` is not",
-                    ));
-                }
-            }
-            return Ok(());
-        };
-        for (key, set) in [
-            ("lm_model", self.lm_model.is_some()),
-            ("lm_worker", self.lm_worker.is_some()),
-            ("kv_workers", !self.kv_workers.is_empty()),
-        ] {
-            if set {
-                return Err(ConfigError::invalid(
-                    "lm_engine_url",
-                    format!("and `{key}` are both set: answer with one of them"),
-                ));
-            }
-        }
-        for (key, url) in [
-            ("lm_engine_url", Some(url)),
-            ("lm_engine_drafter_url", self.lm_engine_drafter_url.as_ref()),
-        ] {
-            if let Some(url) = url
-                && !(url.starts_with("http://") || url.starts_with("https://"))
-            {
-                return Err(ConfigError::invalid(
-                    key,
-                    format!("`{url}` is not an http:// or https:// URL"),
-                ));
-            }
-        }
-        if self
-            .lm_engine_model
-            .as_deref()
-            .is_none_or(|m| m.trim().is_empty())
-        {
-            return Err(ConfigError::invalid(
-                "lm_engine_model",
-                "is required with `lm_engine_url`: the model the engine serves",
-            ));
-        }
-        if self.lm_engine_api_key.is_some() && self.lm_engine_api_key_file.is_some() {
-            return Err(ConfigError::invalid(
-                "lm_engine_api_key_file",
-                "and `lm_engine_api_key` are both set: give the key once",
-            ));
-        }
-        for (key, value) in [
-            ("lm_engine_timeout_ms", self.lm_engine_timeout_ms),
-            ("lm_engine_concurrency", self.lm_engine_concurrency as u64),
-        ] {
-            if value == 0 {
-                return Err(ConfigError::invalid(key, "must be at least 1"));
-            }
-        }
-        Ok(())
-    }
-
-    /// The mutual-TLS files, or `None` when mutual TLS is off.
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use edge_node::config::EdgeConfig;
 use edge_node::retrieval::RetrievalPolicy;
-use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
 use hasten_core::logging::LogArgs;
 use hasten_worker_api::kv::FusionMode;
 use hasten_worker_api::kv::KvRouting;
@@ -288,13 +288,13 @@ async fn main() -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: EdgeConfig = load_config(args.source.config.as_deref(), "HASTEN_EDGE_", &args)?;
-    // Validated before printing: `--print-config` answers whether a configuration works.
-    config.validate()?;
-    if args.source.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
+    let config: EdgeConfig = match resolve_config(&args.source, "HASTEN_EDGE_", &args)? {
+        Resolved::Serve(config) => config,
+        Resolved::Print(text) => {
+            println!("{text}");
+            return Ok(());
+        }
+    };
     hasten_core::logging::init(config.log_format);
     app::serve(config).await
 }

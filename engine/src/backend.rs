@@ -25,7 +25,7 @@ use crate::wire::{self, ChatRequest, ModelList, StreamOptions, Usage};
 const CANCEL_CHECK: Duration = Duration::from_millis(50);
 
 /// An engine's API key: read from configuration, sent as a bearer token, shown nowhere.
-#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(transparent)]
 pub struct ApiKey(String);
 

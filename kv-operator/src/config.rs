@@ -5,12 +5,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::ConfigError;
+use hasten_core::config::{ConfigError, Validate};
 use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct OperatorConfig {
     /// Log lines as `text` or `json` (one object per line).
@@ -85,7 +86,20 @@ impl Default for OperatorConfig {
 }
 
 impl OperatorConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The mutual-TLS files to the control plane, when all three are set.
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
+    }
+}
+
+impl Validate for OperatorConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.worker_image.trim().is_empty() {
             return Err(ConfigError::invalid("worker_image", "must name an image"));
         }
@@ -130,17 +144,6 @@ impl OperatorConfig {
         }
         self.mutual_tls()?;
         Ok(())
-    }
-
-    /// The mutual-TLS files to the control plane, when all three are set.
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
 use hasten_core::logging::LogArgs;
 use hasten_kv_operator::config::OperatorConfig;
 use hasten_kv_operator::controller;
@@ -110,13 +110,13 @@ fn print_crd() -> Result<()> {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
-    let config: OperatorConfig =
-        load_config(args.source.config.as_deref(), "HASTEN_KV_OPERATOR_", &args)?;
-    config.validate()?;
-    if args.source.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
+    let config: OperatorConfig = match resolve_config(&args.source, "HASTEN_KV_OPERATOR_", &args)? {
+        Resolved::Serve(config) => config,
+        Resolved::Print(text) => {
+            println!("{text}");
+            return Ok(());
+        }
+    };
     hasten_core::logging::init(config.log_format);
     let client = kube::Client::try_default()
         .await

@@ -4,15 +4,16 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::ConfigError;
+use hasten_core::config::{ConfigError, Validate};
 use hasten_core::logging::LogFormat;
 use hasten_lm::{DeviceKind, WeightFormat};
 use hasten_proto::tls::TlsPaths;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::store::KvDtype;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct KvWorkerConfig {
     /// Log lines as `text` or `json` (one object per line).
@@ -80,7 +81,27 @@ impl Default for KvWorkerConfig {
 }
 
 impl KvWorkerConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The weight layout in use.
+    pub fn weights(&self) -> WeightFormat {
+        self.weights.unwrap_or(match self.device {
+            DeviceKind::Cpu => WeightFormat::Fast,
+            DeviceKind::Cuda => WeightFormat::F32,
+        })
+    }
+
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
+    }
+}
+
+impl Validate for KvWorkerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.model.is_none() {
             return Err(ConfigError::invalid(
                 "model",
@@ -106,24 +127,6 @@ impl KvWorkerConfig {
         }
         self.mutual_tls()?;
         Ok(())
-    }
-
-    /// The weight layout in use.
-    pub fn weights(&self) -> WeightFormat {
-        self.weights.unwrap_or(match self.device {
-            DeviceKind::Cpu => WeightFormat::Fast,
-            DeviceKind::Cuda => WeightFormat::F32,
-        })
-    }
-
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::bundle::CorpusBundle;
-use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::{LogArgs, LogFormat};
 use hasten_core::metrics::ReadinessCheck;
@@ -535,12 +535,13 @@ fn sync(args: SyncArgs) -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: KvWorkerConfig = load_config(args.source.config.as_deref(), "HASTEN_KV_", &args)?;
-    config.validate()?;
-    if args.source.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
+    let config: KvWorkerConfig = match resolve_config(&args.source, "HASTEN_KV_", &args)? {
+        Resolved::Serve(config) => config,
+        Resolved::Print(text) => {
+            println!("{text}");
+            return Ok(());
+        }
+    };
     hasten_core::logging::init(config.log_format);
     let mutual = config
         .mutual_tls()?

@@ -4,13 +4,14 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::ConfigError;
+use hasten_core::config::{ConfigError, Validate};
 use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
 use hasten_rag::{DeviceKind, WeightFormat};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerConfig {
     /// Log lines as `text` or `json` (one object per line).
@@ -64,7 +65,19 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
+    }
+}
+
+impl Validate for WorkerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.lm_model.is_none() {
             return Err(ConfigError::invalid(
                 "lm_model",
@@ -76,16 +89,6 @@ impl WorkerConfig {
         }
         self.mutual_tls()?;
         Ok(())
-    }
-
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 

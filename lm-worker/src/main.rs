@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use hasten_core::config::{ConfigSource, TlsArgs, load_config};
+use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
 use hasten_core::metrics::ReadinessCheck;
@@ -91,12 +91,13 @@ async fn main() -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: WorkerConfig = load_config(args.source.config.as_deref(), "HASTEN_WORKER_", &args)?;
-    config.validate()?;
-    if args.source.print_config {
-        println!("{}", serde_json::to_string_pretty(&config)?);
-        return Ok(());
-    }
+    let config: WorkerConfig = match resolve_config(&args.source, "HASTEN_WORKER_", &args)? {
+        Resolved::Serve(config) => config,
+        Resolved::Print(text) => {
+            println!("{text}");
+            return Ok(());
+        }
+    };
     hasten_core::logging::init(config.log_format);
     let mutual = config
         .mutual_tls()?

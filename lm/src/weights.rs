@@ -15,7 +15,17 @@ use candle_core::{Device, Module, Tensor};
 
 use crate::error::{LmError, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum WeightFormat {
     /// Exactly as the file stores them: what candle's own models and llama.cpp compute with.

@@ -96,3 +96,146 @@ fn a_malformed_tenants_file_is_located_without_echoing_its_tokens() {
     assert!(stderr.contains("line 3"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The four configurations the chart renders: the binary and subcommand, the values key
+/// whose `config` table holds its keys, and the keys a valid file needs besides.
+const CHART_CONFIGS: [(&str, &[&str], &str, &str); 4] = [
+    ("edge-node", &["serve"], "edge", "bundle = \"b\"\n"),
+    ("cloud-index", &["serve"], "shard", "bundle = \"b\"\n"),
+    (
+        "cloud-index",
+        &["route"],
+        "router",
+        "shards = [[\"127.0.0.1:7101\"]]\n",
+    ),
+    (
+        "control-plane",
+        &[],
+        "control-plane",
+        "id = 1\npeers = [\"1=127.0.0.1:7400\"]\n",
+    ),
+];
+
+fn config_schema(name: &str, command: &[&str]) -> serde_json::Value {
+    let args: Vec<&str> = command
+        .iter()
+        .copied()
+        .chain(["--print-config-schema"])
+        .collect();
+    let output = run(name, &args);
+    assert!(output.status.success(), "{name} {args:?}: {output:?}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Every numeric bound of a schema, as (dotted key, value just outside it).
+fn values_outside_bounds(
+    schema: &serde_json::Value,
+    prefix: &str,
+    out: &mut Vec<(String, serde_json::Value)>,
+) {
+    let Some(properties) = schema["properties"].as_object() else {
+        return;
+    };
+    for (key, property) in properties {
+        let path = format!("{prefix}{key}");
+        let integer = property["type"] == "integer"
+            || property["type"]
+                .as_array()
+                .is_some_and(|types| types.iter().any(|t| t == "integer"));
+        let step = if integer { 1.0 } else { 0.5 };
+        let outside = |bound: f64, below: bool| {
+            let value = if below { bound - step } else { bound + step };
+            if integer {
+                serde_json::json!(value as i64)
+            } else {
+                serde_json::json!(value)
+            }
+        };
+        // `minimum: 0` of an unsigned integer only restates its type.
+        if let Some(min) = property["minimum"].as_f64()
+            && !(integer && min == 0.0)
+        {
+            out.push((path.clone(), outside(min, true)));
+        }
+        if let Some(max) = property["maximum"].as_f64() {
+            out.push((path.clone(), outside(max, false)));
+        }
+        if let Some(min) = property["exclusiveMinimum"].as_f64() {
+            out.push((path.clone(), serde_json::json!(min)));
+        }
+        values_outside_bounds(property, &format!("{path}."), out);
+    }
+}
+
+/// Whether `text` holds `word` with no key character on either side.
+fn names_key(text: &str, word: &str) -> bool {
+    let is_key_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(is_key_char) && !after.is_some_and(is_key_char)
+    })
+}
+
+/// A value the chart's schema refuses at `helm install` must be one the binary refuses at
+/// start, or the schema would turn away a working configuration: each bound of each
+/// `--print-config-schema` is crossed in a file, which `--print-config` must refuse naming
+/// the key.
+#[test]
+fn every_schema_bound_is_one_the_binary_enforces() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for (name, command, _, base) in CHART_CONFIGS {
+        let mut outside = Vec::new();
+        values_outside_bounds(&config_schema(name, command), "", &mut outside);
+        assert!(!outside.is_empty(), "{name} {command:?}: no bounds");
+        for (path, value) in outside {
+            let (table, key) = match path.rsplit_once('.') {
+                Some((table, key)) => (Some(table), key),
+                None => (None, path.as_str()),
+            };
+            let text = match table {
+                Some(table) => format!("{base}[{table}]\n{key} = {value}\n"),
+                None => format!("{base}{key} = {value}\n"),
+            };
+            let file = dir.path().join("config.toml");
+            std::fs::write(&file, &text).unwrap();
+            let file = file.to_str().unwrap();
+            let args: Vec<&str> = command
+                .iter()
+                .copied()
+                .chain(["--config", file, "--print-config"])
+                .collect();
+            let output = run(name, &args);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                !output.status.success(),
+                "{name} {command:?} accepts {path} = {value}, which its schema refuses"
+            );
+            assert!(
+                names_key(&stderr, key),
+                "{name} {command:?} refused {path} = {value} without naming it: {stderr}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 30, "only {checked} bounds checked");
+}
+
+/// The chart's values schema holds each binary's configuration schema as the binary prints
+/// it (`make config-schemas` writes them; `scripts/gen-values-schema.py` embeds them).
+#[test]
+fn the_charts_config_schemas_are_the_binaries() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/config-schemas");
+    for (name, command, file, _) in CHART_CONFIGS {
+        let path = dir.join(format!("{file}.json"));
+        let committed: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(
+            committed == config_schema(name, command),
+            "{} differs from `{name} {} --print-config-schema`: run `make config-schemas`",
+            path.display(),
+            command.join(" ")
+        );
+    }
+}

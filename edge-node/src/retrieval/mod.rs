@@ -33,7 +33,18 @@ use crate::lookup::LookupKind;
 use crate::tenants::Tenant;
 
 /// How the edge answers a query.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum RetrievalPolicy {
     /// Homology-aware speculative retrieval.

@@ -18,7 +18,9 @@ const MAGIC: &[u8; 4] = b"HKV1";
 const FORMAT: u32 = 1;
 
 /// How stored tensors are written: f16 halves the disk and RAM, f32 keeps them exact.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KvDtype {
     F32,

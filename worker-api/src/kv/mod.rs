@@ -15,7 +15,9 @@ pub use routing::KvRouting;
 
 /// How a prompt's chunks get their KV (the FusionRAG paper's modes; what each does is in
 /// `hasten_kv_worker::fusion`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum FusionMode {
     #[serde(rename = "full-prefill")]
     FullPrefill,
@@ -60,7 +62,19 @@ impl Default for FusionSettings {
 }
 
 /// How a chunk's KV was computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Variant {
     /// Prefilled right after the system prompt.

@@ -5,7 +5,17 @@
 //! hot in the memory of one worker instead of being loaded into all of them.
 
 /// How a pool picks the worker for a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum KvRouting {
     /// The worker owning most of the request's chunks (rendezvous), then the next owners.
