@@ -495,6 +495,7 @@ impl ServerTls {
         let report = hasten_core::metrics::tls_reload_reporter(
             registry,
             expiry,
+            "certificate",
             cert.display().to_string(),
         )?;
         let certificate =

@@ -82,10 +82,11 @@ pub type ReloadResult<'a> = Result<i64, &'a (dyn std::error::Error + 'static)>;
 
 /// Reports the reloads of the certificate at `path`: counted in
 /// `hasten_tls_reloads_total{outcome}` (`served` or `refused`), a served one's expiry set on
-/// `expiry`'s `certificate` series (from [`register_certificate_expiry`]), and logged.
+/// `expiry`'s `series` (from [`register_certificate_expiry`]), and logged.
 pub fn tls_reload_reporter(
     registry: &Registry,
     expiry: prometheus::IntGaugeVec,
+    series: &'static str,
     path: String,
 ) -> Result<impl Fn(ReloadResult<'_>) + Send + Sync + 'static, prometheus::Error> {
     let reloads = register(
@@ -104,7 +105,7 @@ pub fn tls_reload_reporter(
     Ok(move |result: ReloadResult<'_>| match result {
         Ok(expires_at) => {
             reloads.with_label_values(&["served"]).inc();
-            expiry.with_label_values(&["certificate"]).set(expires_at);
+            expiry.with_label_values(&[series]).set(expires_at);
             tracing::info!(%path, "serving the renewed TLS certificate");
         }
         Err(err) => {

@@ -134,6 +134,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             let report = hasten_core::metrics::tls_reload_reporter(
                 &registry,
                 expiry,
+                "certificate",
                 mutual.paths().cert.display().to_string(),
             )?;
             grpc_tls::reloading_server_config(mutual, move |outcome| report(outcome.result()))

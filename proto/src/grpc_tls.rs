@@ -14,8 +14,9 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Router, TcpIncoming};
 
+use crate::client_auth::server_builder;
 use crate::reload::{ReloadOutcome, ReloadingCertificate};
-use crate::tls::{MutualTls, TlsError, TrustRoots, server_builder};
+use crate::tls::{MutualTls, TlsError, TrustRoots};
 
 /// Longest a client may take over its handshake before its connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -4,6 +4,7 @@
 //! link (QUIC and gRPC).
 
 pub mod auth;
+pub mod client_auth;
 pub mod codec;
 pub mod control;
 mod encoded_event;

@@ -2,13 +2,15 @@
 //! benchmark): TLS 1.3 always on, mutual when the server names the CA its clients' certificates
 //! must come from.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
-use crate::reload::ReloadingCertificate;
-use crate::tls::{Identity, TlsError, TrustRoots, crypto_provider, server_builder};
+use crate::client_auth::server_builder;
+use crate::reload::{ReloadOutcome, Reloading, ReloadingCertificate};
+use crate::tls::{Identity, TlsError, TrustRoots, crypto_provider};
 
 /// ALPN protocol of Hasten's search fast path; a peer speaking anything else is refused.
 pub const ALPN: &[u8] = b"hasten-search/1";
@@ -91,4 +93,45 @@ pub fn client_config(
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport_config());
     Ok(config)
+}
+
+/// The files a QUIC client's TLS is made from.
+#[derive(Clone, Debug)]
+pub struct ClientTlsFiles {
+    /// PEM files of the certificates trusted for servers (a CA and, during a rotation, the
+    /// other CA); at least one.
+    pub trust: Vec<PathBuf>,
+    /// The certificate and key shown to servers that require one (mutual TLS).
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// [`client_config`] made from `files`, and made again when they change, so that a new
+/// connection shows a renewed certificate and trusts a rotated CA (connections already open
+/// keep theirs). `on_reload` hears of every change, with the certificate's expiry (the
+/// trusted certificates' first, without one).
+pub fn reloading_client_config(
+    files: ClientTlsFiles,
+    on_reload: impl Fn(ReloadOutcome<'_>) + Send + Sync + 'static,
+) -> Result<Reloading<quinn::ClientConfig>, TlsError> {
+    let mut paths = files.trust.clone();
+    if let Some((cert, key)) = &files.identity {
+        paths.extend([cert.clone(), key.clone()]);
+    }
+    Reloading::from_files(
+        paths,
+        move || {
+            let trust = TrustRoots::from_pem_files(&files.trust)?;
+            let identity = files
+                .identity
+                .as_ref()
+                .map(|(cert, key)| Identity::from_pem_files(cert, key))
+                .transpose()?;
+            let expires_at = match &identity {
+                Some(identity) => identity.expires_at()?,
+                None => trust.expires_at(),
+            };
+            Ok((client_config(&trust, identity)?, expires_at))
+        },
+        on_reload,
+    )
 }

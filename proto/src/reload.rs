@@ -1,11 +1,13 @@
-//! A server certificate read again from its files when they change, so that a renewed
-//! certificate (cert-manager rewriting a mounted Secret, an operator replacing the files) is
-//! served from the next handshake without a restart.
+//! TLS material read again from its files when they change, so that a renewed certificate
+//! or a rotated CA (cert-manager rewriting a mounted Secret, an operator replacing the files)
+//! is used from the next handshake without a restart: a server's certificate
+//! ([`ReloadingCertificate`]), and a client's whole configuration, the certificate it shows
+//! and the CAs it trusts ([`crate::quic::reloading_client_config`]).
 //!
-//! The files are looked at, at most once a second, by the handshake that needs the
-//! certificate: no watcher thread, and a Secret volume's atomic symlink swap is seen as it
-//! lands. A pair that cannot be read or does not match (a key written before its
-//! certificate, say) is reported and the certificate in use stays.
+//! The files are looked at, at most once a second, by the handshake that needs them: no
+//! watcher thread, and a Secret volume's atomic symlink swap is seen as it lands. Files that
+//! cannot be read or do not fit together (a key written before its certificate, say) are
+//! reported and the material in use stays.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -23,15 +25,15 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// What a look at the files found, for the caller's metrics and logs.
 #[derive(Debug)]
 pub enum ReloadOutcome<'a> {
-    /// The files changed and now serve; the new certificate expires then (Unix seconds).
+    /// The files changed and are now used; the new certificate expires then (Unix seconds).
     Reloaded { expires_at: i64 },
-    /// The files changed but cannot serve; the previous certificate stays.
+    /// The files changed but cannot be used; the previous material stays.
     Failed(&'a TlsError),
 }
 
 impl<'a> ReloadOutcome<'a> {
     /// The outcome as metrics and logs take it: the new certificate's expiry, or why the
-    /// files cannot serve.
+    /// files cannot be used.
     pub fn result(&self) -> Result<i64, &'a (dyn std::error::Error + 'static)> {
         match *self {
             Self::Reloaded { expires_at } => Ok(expires_at),
@@ -41,28 +43,32 @@ impl<'a> ReloadOutcome<'a> {
 }
 
 type OnReload = Box<dyn Fn(ReloadOutcome<'_>) + Send + Sync>;
+type Read<T> = Box<dyn Fn() -> Result<(T, i64), TlsError> + Send + Sync>;
 
-/// The certificate and key at two paths, as they are now.
-pub struct ReloadingCertificate {
-    cert: PathBuf,
-    key: PathBuf,
+/// A value made from files, as they are now: made again when one of their modification
+/// times changes.
+pub struct Reloading<T> {
+    paths: Vec<PathBuf>,
+    read: Read<T>,
     on_reload: OnReload,
-    state: Mutex<State>,
+    state: Mutex<State<T>>,
 }
 
-struct State {
-    current: Arc<CertifiedKey>,
+struct State<T> {
+    current: Arc<T>,
     /// The files' modification times when `current` was read (or last refused).
-    stamps: (Option<SystemTime>, Option<SystemTime>),
+    stamps: Vec<Option<SystemTime>>,
     checked: Instant,
 }
 
-impl fmt::Debug for ReloadingCertificate {
+/// A server's (or client's) certificate and key, read again when they change.
+pub type ReloadingCertificate = Reloading<CertifiedKey>;
+
+impl<T> fmt::Debug for Reloading<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReloadingCertificate")
-            .field("cert", &self.cert)
-            .field("key", &self.key)
-            .finish()
+        f.debug_struct("Reloading")
+            .field("paths", &self.paths)
+            .finish_non_exhaustive()
     }
 }
 
@@ -70,46 +76,37 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// The pair as rustls serves it, and when its certificate expires.
-fn certified(identity: Identity) -> Result<(CertifiedKey, i64), TlsError> {
-    let expires_at = identity.expires_at()?;
-    let certified = CertifiedKey::from_der(identity.cert_chain, identity.key, &crypto_provider())
-        .map_err(TlsError::KeyMismatch)?;
-    Ok((certified, expires_at))
-}
-
-impl ReloadingCertificate {
-    /// Reads the pair now (an error if it cannot serve); `on_reload` hears of every later
-    /// change.
-    pub fn load(
-        cert: &Path,
-        key: &Path,
+impl<T> Reloading<T> {
+    /// Makes the value from `paths` now with `read` (an error if it cannot), which returns
+    /// it with the expiry to report; `on_reload` hears of every later change.
+    pub fn from_files(
+        paths: Vec<PathBuf>,
+        read: impl Fn() -> Result<(T, i64), TlsError> + Send + Sync + 'static,
         on_reload: impl Fn(ReloadOutcome<'_>) + Send + Sync + 'static,
     ) -> Result<Self, TlsError> {
-        let stamps = (modified(cert), modified(key));
-        let (current, _) = certified(Identity::from_pem_files(cert, key)?)?;
-        let current = Arc::new(current);
+        let stamps = paths.iter().map(|p| modified(p)).collect();
+        let (current, _) = read()?;
         Ok(Self {
-            cert: cert.to_path_buf(),
-            key: key.to_path_buf(),
+            paths,
+            read: Box::new(read),
             on_reload: Box::new(on_reload),
             state: Mutex::new(State {
-                current,
+                current: Arc::new(current),
                 stamps,
                 checked: Instant::now(),
             }),
         })
     }
 
-    /// The certificate to serve now, read again first when the files changed.
-    pub fn current(&self) -> Arc<CertifiedKey> {
+    /// The value to use now, made again first when the files changed.
+    pub fn current(&self) -> Arc<T> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if state.checked.elapsed() >= CHECK_INTERVAL {
             state.checked = Instant::now();
-            let stamps = (modified(&self.cert), modified(&self.key));
+            let stamps: Vec<_> = self.paths.iter().map(|p| modified(p)).collect();
             if stamps != state.stamps {
                 state.stamps = stamps;
-                match Identity::from_pem_files(&self.cert, &self.key).and_then(certified) {
+                match (self.read)() {
                     Ok((fresh, expires_at)) => {
                         state.current = Arc::new(fresh);
                         (self.on_reload)(ReloadOutcome::Reloaded { expires_at });
@@ -119,6 +116,31 @@ impl ReloadingCertificate {
             }
         }
         Arc::clone(&state.current)
+    }
+}
+
+/// The pair as rustls uses it, and when its certificate expires.
+fn certified(identity: Identity) -> Result<(CertifiedKey, i64), TlsError> {
+    let expires_at = identity.expires_at()?;
+    let certified = CertifiedKey::from_der(identity.cert_chain, identity.key, &crypto_provider())
+        .map_err(TlsError::KeyMismatch)?;
+    Ok((certified, expires_at))
+}
+
+impl ReloadingCertificate {
+    /// Reads the pair now (an error if it cannot be used); `on_reload` hears of every
+    /// later change.
+    pub fn load(
+        cert: &Path,
+        key: &Path,
+        on_reload: impl Fn(ReloadOutcome<'_>) + Send + Sync + 'static,
+    ) -> Result<Self, TlsError> {
+        let (cert, key) = (cert.to_path_buf(), key.to_path_buf());
+        Self::from_files(
+            vec![cert.clone(), key.clone()],
+            move || Identity::from_pem_files(&cert, &key).and_then(certified),
+            on_reload,
+        )
     }
 }
 

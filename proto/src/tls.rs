@@ -164,12 +164,27 @@ pub struct TrustRoots {
     store: Arc<RootCertStore>,
     /// When the first of them expires (Unix seconds).
     expires_at: i64,
+    /// The files they were read from: a server that requires client certificates reads
+    /// them again when they change (a rotated CA; `crate::client_auth`).
+    pub(crate) files: Vec<PathBuf>,
 }
 
 impl TrustRoots {
     /// Trusts every certificate in the PEM file `path`.
     pub fn from_pem_file(path: &Path) -> Result<Self, TlsError> {
         Self::from_pem(&read_pem(path)?, path)
+    }
+
+    /// Trusts every certificate in the PEM files `paths` (at least one).
+    pub fn from_pem_files(paths: &[PathBuf]) -> Result<Self, TlsError> {
+        let (first, rest) = paths.split_first().ok_or(TlsError::Empty {
+            path: "(no file)".into(),
+            what: "trusted certificate file",
+        })?;
+        rest.iter()
+            .try_fold(Self::from_pem_file(first)?, |trust, path| {
+                Ok(trust.and(&Self::from_pem_file(path)?))
+            })
     }
 
     /// Parses PEM already read from `path` (named in errors).
@@ -183,6 +198,7 @@ impl TrustRoots {
         Ok(Self {
             store: Arc::new(roots),
             expires_at,
+            files: vec![path.to_path_buf()],
         })
     }
 
@@ -194,6 +210,7 @@ impl TrustRoots {
         Self {
             store: Arc::new(roots),
             expires_at: self.expires_at.min(other.expires_at),
+            files: self.files.iter().chain(&other.files).cloned().collect(),
         }
     }
 
@@ -248,27 +265,6 @@ fn certificates_in(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static
 
 pub(crate) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// A rustls server configuration under `versions`, asking for no client certificate, or
-/// (with `clients`) for one leading to those roots; the caller adds its certificate.
-pub(crate) fn server_builder(
-    versions: &[&'static rustls::SupportedProtocolVersion],
-    clients: Option<&TrustRoots>,
-) -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::server::WantsServerCert>, TlsError>
-{
-    let builder = rustls::ServerConfig::builder_with_provider(crypto_provider())
-        .with_protocol_versions(versions)?;
-    Ok(match clients {
-        Some(roots) => builder.with_client_cert_verifier(
-            rustls::server::WebPkiClientVerifier::builder_with_provider(
-                roots.store(),
-                crypto_provider(),
-            )
-            .build()?,
-        ),
-        None => builder.with_no_client_auth(),
-    })
 }
 
 /// Where a component's mutual-TLS material lies: the deployment's CA certificate and this

@@ -75,7 +75,12 @@ async fn an_edge_follows_the_clouds_name_to_its_new_address() {
     let (bundle, _) = build_small_bundle(&work, 3, None).unwrap();
     let identity = write_tls_identity(&work, "cloud").unwrap();
     let first = start_cloud(&work, "cloud-a", &bundle, "127.0.0.2:0", &identity);
-    let port = first.addr("quic_addr").rsplit_once(':').unwrap().1.to_string();
+    let port = first
+        .addr("quic_addr")
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .to_string();
     let hosts = work.join("edge-hosts");
     point_name_at(&hosts, "127.0.0.2");
 

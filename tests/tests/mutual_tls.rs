@@ -448,3 +448,113 @@ async fn a_renewed_grpc_certificate_is_served_by_the_next_handshake() {
         1.0
     );
 }
+
+/// Moves every file of `staged` over its namesake in `dir`, each replaced whole by a rename
+/// as a Secret's volume changes.
+fn replace_files(staged: &Path, dir: &Path) {
+    for entry in std::fs::read_dir(staged).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::rename(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+}
+
+/// A CA rotated under running processes, files replaced on disk and nothing restarted for
+/// it: the cloud trusts client certificates from the new CA and shows its renewed
+/// certificate from the next handshake (a new edge with the new files is answered), and an
+/// edge that was running shows its renewed client certificate and trusts the new CA when it
+/// next connects (the cloud restarted on the new files answers it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_ca_and_renewed_client_certificates_are_used_without_restarts() {
+    let work = persistent_work_dir("tls-rotation").unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = &bundle.questions[0].question;
+    let tls = work.join("tls");
+    let staged = work.join("tls-staged");
+    for dir in [&tls, &staged] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let first_ca = DevAuthority::new("first CA").unwrap();
+    let issued = first_ca
+        .write_bundle(&tls, &["cloud", "edge"], &names())
+        .unwrap();
+    let (cloud_tls, edge_tls) = (issued[0].clone(), issued[1].clone());
+    let start_cloud = |name: &str, quic_addr: &str| {
+        let mut extra = tls_args(&cloud_tls);
+        extra.extend(["--quic-addr".into(), quic_addr.into()]);
+        let mut args = loadtest::process::cloud_index_serve_args(
+            &bundle_dir,
+            "127.0.0.1:0",
+            &work.join("unused.pem"),
+        );
+        // The helper's `--quic-addr` is replaced by the fixed one.
+        let at = args.iter().position(|a| a == "--quic-addr").unwrap();
+        args.drain(at..at + 2);
+        args.extend(extra);
+        ManagedProcess::start(
+            name,
+            &binary("cloud-index").unwrap(),
+            args,
+            &work,
+            START_TIMEOUT,
+        )
+        .unwrap()
+    };
+    let cloud = start_cloud("cloud-1", "127.0.0.1:0");
+    let quic_addr = cloud.addr("quic_addr");
+    let start = |name: &str| {
+        let mut extra = tls_args(&edge_tls);
+        extra.extend(["--policy".into(), "cloud-only".into()]);
+        extra.extend(["--cloud-timeout-ms".into(), "1000".into()]);
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        start_edge(&work, name, &bundle_dir, &quic_addr, &edge_tls.ca, &extra).unwrap()
+    };
+    let http = reqwest::Client::new();
+    let running = start("edge-running");
+    let running_addr = running.addr("http_addr");
+    let (code, reply) = retrieve(&http, &running_addr, question, K).await;
+    assert_eq!(code, 200, "{reply}");
+
+    // The rotation: a new CA, and every certificate reissued by it, replacing the files.
+    let second_ca = DevAuthority::new("second CA").unwrap();
+    second_ca
+        .write_bundle(&staged, &["cloud", "edge"], &names())
+        .unwrap();
+    replace_files(&staged, &tls);
+    // Past the look-at-most-once-a-second interval.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // A new edge holds only the second CA's material: the cloud, not restarted, must both
+    // trust its certificate and show one the second CA issued.
+    let fresh = start("edge-fresh");
+    let (code, reply) = retrieve(&http, &fresh.addr("http_addr"), question, K).await;
+    assert_eq!(
+        code, 200,
+        "the running cloud refused the new CA's edge: {reply}"
+    );
+    drop(fresh);
+
+    // The cloud restarts on the rotated files (as a rolled pod would); the running edge
+    // reconnects and must show its renewed certificate and trust the new CA to be answered.
+    drop(cloud);
+    let _cloud = start_cloud("cloud-2", &quic_addr);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (code, reply) = retrieve(&http, &running_addr, question, K).await;
+        if code == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the running edge never reconnected with its renewed certificate: {reply}\n{}",
+            running.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let scrape = Scrape::of(&running_addr).await.unwrap();
+    assert_eq!(
+        scrape.value("hasten_tls_reloads_total", &[("outcome", "served")]),
+        1.0,
+        "one reload of the edge's client TLS"
+    );
+}

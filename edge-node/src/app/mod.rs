@@ -100,7 +100,31 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
             bundle.dimension()
         );
     }
-    let mut engine = build_engine(config, &bundle_dir, &bundle, &tenants, mutual.as_ref())?;
+    let registry = hasten_core::metrics::registry()?;
+    let certificates = match &mutual {
+        Some(mutual) => mutual.expiries()?,
+        // Without mutual TLS the edge trusts the cloud through `cloud_ca` alone.
+        None => vec![(
+            "cloud_ca",
+            TrustRoots::from_pem_file(&config.cloud_ca)
+                .with_context(|| {
+                    format!(
+                        "loading the cloud CA {} (a dev cloud writes its certificate to run/cloud-dev-cert.pem)",
+                        config.cloud_ca.display()
+                    )
+                })?
+                .expires_at(),
+        )],
+    };
+    let expiry = hasten_core::metrics::register_certificate_expiry(&registry, &certificates)?;
+    let mut engine = build_engine(
+        config,
+        &bundle_dir,
+        &bundle,
+        &tenants,
+        mutual.as_ref(),
+        (&registry, expiry),
+    )?;
     let link = (!config.control_plane.is_empty()).then(|| {
         let corpus = CorpusIdentity {
             version: bundle.manifest.corpus_version.clone(),
@@ -142,17 +166,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
             async move { fetch_missing_documents(fetcher.caches(), fetcher.cloud()).await },
         );
     }
-    let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(EdgeMetrics::register(&registry)?);
-    let certificates = match &mutual {
-        Some(mutual) => mutual.expiries()?,
-        // Without mutual TLS the edge trusts the cloud through `cloud_ca` alone.
-        None => vec![(
-            "cloud_ca",
-            TrustRoots::from_pem_file(&config.cloud_ca)?.expires_at(),
-        )],
-    };
-    hasten_core::metrics::register_certificate_expiry(&registry, &certificates)?;
     let service = EdgeService::new(
         Arc::new(encoder),
         Arc::clone(&engine),

@@ -8,16 +8,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use edge_node::caches::{Eviction, TenantCaches};
 use edge_node::config::EdgeConfig;
-use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
+use edge_node::fallback::quic::{CloudEndpoint, CloudTls, QuicCloudClient};
 use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel};
 use edge_node::retrieval::{EngineSettings, RetrievalEngine};
 use edge_node::tenants::{Tenant, TenantDirectory};
 use edge_node::warmup::{read_warm_queries, warm_cache};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_core::metrics::prometheus::{IntGaugeVec, Registry};
+use hasten_core::metrics::tls_reload_reporter;
 use hasten_core::retry::RetryDelays;
-use hasten_proto::quic::client_config;
-use hasten_proto::tls::{MutualTls, TrustRoots};
+use hasten_proto::quic::{ClientTlsFiles, reloading_client_config};
+use hasten_proto::tls::MutualTls;
 
 /// Training rows for the cache channel's centroids: the whole bundle up to this many rows
 /// (k-means cost grows with it; 100k rows give every list of a 50k-document cache hundreds
@@ -39,25 +41,42 @@ fn cache_channel(bundle_dir: &Path, dimension: usize, config: &EdgeConfig) -> Re
     Ok(channel)
 }
 
-/// The QUIC client configuration toward the cloud: mutual TLS through the deployment's CA,
-/// or trust in `cloud_ca` alone.
-fn cloud_tls(config: &EdgeConfig, mutual: Option<&MutualTls>) -> Result<quinn::ClientConfig> {
-    if let Some(mutual) = mutual {
-        return Ok(client_config(
-            mutual.trust(),
-            Some(mutual.identity().clone()),
-        )?);
-    }
-    tracing::warn!(
-        "mutual TLS is off (no `tls_ca`): the edge shows no certificate, and control-plane gRPC is plaintext"
-    );
-    let trust = TrustRoots::from_pem_file(&config.cloud_ca).with_context(|| {
-        format!(
-            "loading the cloud CA {} (a dev cloud writes its certificate to run/cloud-dev-cert.pem)",
-            config.cloud_ca.display()
-        )
-    })?;
-    Ok(client_config(&trust, None)?)
+/// The QUIC client's TLS toward the cloud, made again from its files when they change (a
+/// renewed certificate, a rotated CA; reloads reported on `expiry` and in
+/// `hasten_tls_reloads_total`): mutual TLS through the deployment's CA, or trust in
+/// `cloud_ca` alone.
+fn cloud_tls(
+    config: &EdgeConfig,
+    mutual: Option<&MutualTls>,
+    registry: &Registry,
+    expiry: IntGaugeVec,
+) -> Result<CloudTls> {
+    let (files, series, shown) = match mutual {
+        Some(mutual) => {
+            let paths = mutual.paths();
+            let files = ClientTlsFiles {
+                trust: std::iter::once(paths.ca.clone())
+                    .chain(paths.extra_ca.clone())
+                    .collect(),
+                identity: Some((paths.cert.clone(), paths.key.clone())),
+            };
+            (files, "certificate", &paths.cert)
+        }
+        None => {
+            tracing::warn!(
+                "mutual TLS is off (no `tls_ca`): the edge shows no certificate, and control-plane gRPC is plaintext"
+            );
+            let files = ClientTlsFiles {
+                trust: vec![config.cloud_ca.clone()],
+                identity: None,
+            };
+            (files, "cloud_ca", &config.cloud_ca)
+        }
+    };
+    let report = tls_reload_reporter(registry, expiry, series, shown.display().to_string())?;
+    let reloading = reloading_client_config(files, move |outcome| report(outcome.result()))
+        .context("loading the cloud link's TLS files")?;
+    Ok(CloudTls::Reloading(Arc::new(reloading)))
 }
 
 pub(super) fn build_engine(
@@ -66,11 +85,12 @@ pub(super) fn build_engine(
     bundle: &CorpusBundle,
     tenants: &TenantDirectory,
     mutual: Option<&MutualTls>,
+    metrics: (&Registry, IntGaugeVec),
 ) -> Result<RetrievalEngine<QuicCloudClient>> {
-    let client_config = cloud_tls(config, mutual)?;
+    let tls = cloud_tls(config, mutual, metrics.0, metrics.1)?;
     let corpus_version = bundle.manifest.corpus_version.clone();
     let cloud = QuicCloudClient::new(
-        client_config,
+        tls,
         CloudEndpoint {
             addr: config.cloud_addr.clone(),
             server_name: config.cloud_server_name.clone(),

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use hasten_core::DocId;
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, read_frame, write_frame};
+use hasten_proto::reload::Reloading;
 use hasten_proto::v1::quic_error::Code;
 use hasten_proto::v1::{
     DocumentsRequest, InfoRequest, QueryVector, QuicRequest, QuicResponse, SearchRequest,
@@ -150,8 +151,31 @@ impl CloudLinkStatus {
     }
 }
 
+/// The TLS of the link: fixed, or made again from its files when they change (a renewed
+/// client certificate, a rotated CA), which the next connection uses.
+pub enum CloudTls {
+    Fixed(quinn::ClientConfig),
+    Reloading(Arc<Reloading<quinn::ClientConfig>>),
+}
+
+impl From<quinn::ClientConfig> for CloudTls {
+    fn from(config: quinn::ClientConfig) -> Self {
+        Self::Fixed(config)
+    }
+}
+
+impl CloudTls {
+    fn current(&self) -> quinn::ClientConfig {
+        match self {
+            Self::Fixed(config) => config.clone(),
+            Self::Reloading(files) => files.current().as_ref().clone(),
+        }
+    }
+}
+
 pub struct QuicCloudClient {
     endpoint: quinn::Endpoint,
+    tls: CloudTls,
     target: CloudEndpoint,
     /// The open connection. Held only to read or swap it, never across an await: a request
     /// whose deadline passes must be able to drop a dead connection at once.
@@ -173,14 +197,14 @@ impl std::fmt::Debug for QuicCloudClient {
 impl QuicCloudClient {
     /// A client endpoint on an ephemeral local port. Connects on first use, or on
     /// [`Self::verify_link`].
-    pub fn new(config: quinn::ClientConfig, target: CloudEndpoint) -> std::io::Result<Self> {
+    pub fn new(tls: impl Into<CloudTls>, target: CloudEndpoint) -> std::io::Result<Self> {
         // Dual-stack, since a name may resolve to either family; IPv4 alone where the host
         // has no IPv6.
-        let mut endpoint = quinn::Endpoint::client(SocketAddr::from(([0u16; 8], 0)))
+        let endpoint = quinn::Endpoint::client(SocketAddr::from(([0u16; 8], 0)))
             .or_else(|_| quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0))))?;
-        endpoint.set_default_client_config(config);
         Ok(Self {
             endpoint,
+            tls: tls.into(),
             target,
             connection: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
@@ -250,7 +274,7 @@ impl QuicCloudClient {
         let addr = self.resolve().await?;
         let connection = self
             .endpoint
-            .connect(addr, &self.target.server_name)
+            .connect_with(self.tls.current(), addr, &self.target.server_name)
             .map_err(|source| CloudError::Connect { addr, source })?
             .await
             .map_err(|source| CloudError::Connection { addr, source })?;
