@@ -27,8 +27,11 @@ export HASTEN_RULES_FILE ?= $(abspath $(TOOLS_DIR))/test-rules/rules.yaml
 # push it with the same tool. Needs a container engine that can pull the base images.
 CONTAINER ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
 IMAGE ?= ghcr.io/hasten-rag/hasten:0.1.0
+# The GPU workers' image (Dockerfile.cuda), for one GPU architecture (CUDA_COMPUTE_CAP).
+IMAGE_CUDA ?= ghcr.io/hasten-rag/hasten:0.1.0-cuda
+CUDA_COMPUTE_CAP ?= 90
 
-.PHONY: help deps models models-large clients monitoring build demo test test-answers-large lint fmt crd config-schemas image
+.PHONY: help deps models models-large clients monitoring build demo test test-answers-large lint fmt crd config-schemas image image-cuda
 
 help:
 	@echo "make demo   run Hasten end to end on loopback and print the comparison"
@@ -98,3 +101,6 @@ config-schemas:
 
 image:
 	$(CONTAINER) build -t $(IMAGE) .
+
+image-cuda:
+	$(CONTAINER) build -f Dockerfile.cuda --build-arg CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP) -t $(IMAGE_CUDA) .
