@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use hasten_proto::v1::SearchResponse;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::error::SearchError;
 use crate::metrics::CloudMetrics;
@@ -60,6 +61,9 @@ pub trait BatchRunner: Send + Sync + 'static {
 
 struct Job<S> {
     search: S,
+    /// The caller's span: the batch runs as a child of its first search's, following from
+    /// the others', so that traces cross the batch.
+    span: tracing::Span,
     arrived: Instant,
     deadline: Option<Instant>,
     reply: oneshot::Sender<Result<SearchResponse, SearchError>>,
@@ -133,6 +137,7 @@ impl<R: BatchRunner> MicroBatcher<R> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             search,
+            span: tracing::Span::current(),
             arrived: Instant::now(),
             deadline,
             reply,
@@ -235,10 +240,14 @@ async fn run<R: BatchRunner>(
     counters
         .searches
         .fetch_add(live.len() as u64, Ordering::Relaxed);
+    let span = tracing::info_span!(parent: &live[0].span, "batch", searches = live.len());
+    for job in &live[1..] {
+        span.follows_from(&job.span);
+    }
     let (searches, replies): (Vec<_>, Vec<_>) =
         live.into_iter().map(|job| (job.search, job.reply)).unzip();
     let count = searches.len();
-    let answers = runner.run(searches).await;
+    let answers = runner.run(searches).instrument(span).await;
     tracing::debug!(
         searches = count,
         waited_us = now.duration_since(oldest).as_micros() as u64,

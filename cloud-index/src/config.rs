@@ -200,6 +200,9 @@ fn mutual_tls_paths(
 pub struct ShardConfig {
     /// Log lines as `text` or `json` (one object per line).
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector that spans are exported to (`http://otel-collector:4317`), so
+    /// that a request is one trace across the processes it crosses; unset: no export.
+    pub otlp_endpoint: Option<String>,
     /// Corpus bundle to serve: a shard bundle (`cloud-index build --shards`) or a whole
     /// corpus. Required.
     pub bundle: Option<PathBuf>,
@@ -235,6 +238,7 @@ impl Default for ShardConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::default(),
+            otlp_endpoint: None,
             bundle: None,
             tls_ca: None,
             tls_cert: None,
@@ -263,6 +267,7 @@ impl ShardConfig {
 
 impl Validate for ShardConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        hasten_core::config::check_otlp_endpoint(self.otlp_endpoint.as_deref())?;
         if self.bundle.is_none() {
             return Err(ConfigError::invalid(
                 "bundle",
@@ -286,6 +291,9 @@ impl Validate for ShardConfig {
 pub struct RouterConfig {
     /// Log lines as `text` or `json` (one object per line).
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector that spans are exported to (`http://otel-collector:4317`), so
+    /// that a request is one trace across the processes it crosses; unset: no export.
+    pub otlp_endpoint: Option<String>,
     /// The starting shard map: `shards[i]` lists the gRPC endpoints (`host:port` or a URI)
     /// of shard i's replicas. Required.
     pub shards: Vec<Vec<String>>,
@@ -332,6 +340,7 @@ impl Default for RouterConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::default(),
+            otlp_endpoint: None,
             shards: Vec::new(),
             control_plane: Vec::new(),
             control_plane_token_file: None,
@@ -384,6 +393,7 @@ impl RouterConfig {
 
 impl Validate for RouterConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        hasten_core::config::check_otlp_endpoint(self.otlp_endpoint.as_deref())?;
         self.shard_map()?;
         for address in &self.control_plane {
             if let Err(err) = hasten_proto::control::endpoint(address, None) {

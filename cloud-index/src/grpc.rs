@@ -1,10 +1,12 @@
 //! The gRPC twin of the QUIC fast path.
 
+use hasten_core::trace_export::{TRACEPARENT, set_remote_parent};
 use hasten_proto::v1::cloud_index_server::CloudIndex;
 use hasten_proto::v1::{
     DocumentsRequest, DocumentsResponse, IndexInfo, InfoRequest, SearchRequest, SearchResponse,
 };
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::backend::SearchBackend;
 use crate::error::SearchError;
@@ -40,14 +42,26 @@ impl From<SearchError> for Status {
 
 #[tonic::async_trait]
 impl<B: SearchBackend> CloudIndex for CloudIndexGrpc<B> {
-    #[tracing::instrument(skip_all, fields(queries = request.get_ref().queries.len(), k = request.get_ref().k))]
     async fn search(
         &self,
         request: Request<SearchRequest>,
     ) -> Result<Response<SearchResponse>, Status> {
-        Ok(Response::new(
-            self.service.search(request.into_inner()).await?,
-        ))
+        let span = tracing::info_span!(
+            "search",
+            queries = request.get_ref().queries.len(),
+            k = request.get_ref().k
+        );
+        // Joins the caller's trace (a router's batch) when it sent one; the span must get
+        // its parent before it is entered.
+        if let Some(traceparent) = request
+            .metadata()
+            .get(TRACEPARENT)
+            .and_then(|value| value.to_str().ok())
+        {
+            set_remote_parent(&span, traceparent);
+        }
+        let search = self.service.search(request.into_inner()).instrument(span);
+        Ok(Response::new(search.await?))
     }
 
     async fn info(&self, _request: Request<InfoRequest>) -> Result<Response<IndexInfo>, Status> {

@@ -634,7 +634,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
             return Ok(());
         }
     };
-    hasten_core::logging::init(config.log_format);
+    let _traces = hasten_core::logging::init_with_traces(
+        config.log_format,
+        config.otlp_endpoint.as_deref(),
+        "hasten-shard",
+    )?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Shard)?;
     let loaded = Arc::new(AtomicBool::new(false));
@@ -737,7 +741,11 @@ async fn route(mut args: RouteArgs) -> Result<()> {
             return Ok(());
         }
     };
-    hasten_core::logging::init(config.log_format);
+    let _traces = hasten_core::logging::init_with_traces(
+        config.log_format,
+        config.otlp_endpoint.as_deref(),
+        "hasten-router",
+    )?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = CloudMetrics::register(&registry, Role::Router)?;
     let started: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());

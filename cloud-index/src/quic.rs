@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use hasten_core::trace_export::set_remote_parent;
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, FrameError, read_frame, write_frame};
 use hasten_proto::v1::quic_error::Code;
 use hasten_proto::v1::{QuicError, QuicRequest, QuicResponse, quic_request, quic_response};
@@ -112,7 +113,12 @@ async fn handle_stream<B: SearchBackend>(
         tracing::debug!(%err, "request stream broke before a full frame arrived");
         return;
     }
-    let response = respond(&service, request).await;
+    // The request's span joins the caller's trace when it sent one.
+    let span = tracing::info_span!("quic_request");
+    if let Ok(request) = &request {
+        set_remote_parent(&span, &request.traceparent);
+    }
+    let response = respond(&service, request).instrument(span).await;
     if let Err(err) = write_frame(&mut send, &response).await {
         tracing::debug!(%err, "could not write the response");
         return;

@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use hasten_core::trace_export::{TRACEPARENT, current_traceparent};
 use hasten_proto::control::grpc_endpoint;
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::tls::MutualTls;
@@ -148,6 +149,10 @@ impl Replica {
         let mut client = self.client.clone();
         let mut request = tonic::Request::new(search);
         request.set_timeout(timeout);
+        // The shard's span joins the trace of the search (or batch) calling it.
+        if let Some(value) = current_traceparent().and_then(|tp| tp.parse().ok()) {
+            request.metadata_mut().insert(TRACEPARENT, value);
+        }
         within(timeout, client.search(request)).await
     }
 

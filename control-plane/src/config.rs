@@ -18,6 +18,9 @@ use crate::node::NodeSettings;
 pub struct ControlPlaneConfig {
     /// Log lines as `text` or `json` (one object per line).
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector that spans are exported to (`http://otel-collector:4317`), so
+    /// that a request is one trace across the processes it crosses; unset: no export.
+    pub otlp_endpoint: Option<String>,
     /// This node's Raft id (non-zero, unique in the group).
     #[schemars(range(min = 1))]
     pub id: u64,
@@ -82,6 +85,7 @@ impl Default for ControlPlaneConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::default(),
+            otlp_endpoint: None,
             id: 1,
             listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7402)),
@@ -165,6 +169,7 @@ impl ControlPlaneConfig {
 
 impl Validate for ControlPlaneConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        hasten_core::config::check_otlp_endpoint(self.otlp_endpoint.as_deref())?;
         if self.id == 0 {
             return Err(ConfigError::invalid(
                 "id",

@@ -111,7 +111,11 @@ async fn main() -> Result<()> {
             return Ok(());
         }
     };
-    hasten_core::logging::init(config.log_format);
+    let _traces = hasten_core::logging::init_with_traces(
+        config.log_format,
+        config.otlp_endpoint.as_deref(),
+        "hasten-control-plane",
+    )?;
     let tls = config
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))

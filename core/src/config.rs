@@ -47,6 +47,21 @@ pub struct ConfigSource {
     pub print_config_schema: bool,
 }
 
+/// Checks `otlp_endpoint`: an `http://` or `https://` URL of a collector's OTLP/gRPC port.
+pub fn check_otlp_endpoint(endpoint: Option<&str>) -> Result<(), ConfigError> {
+    match endpoint {
+        Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+            Err(ConfigError::invalid(
+                "otlp_endpoint",
+                format!(
+                    "`{url}` is not an http:// or https:// URL (an OTLP/gRPC collector, port 4317)"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The checks of a configuration beyond its types: ranges, and keys that need each other.
 pub trait Validate {
     fn validate(&self) -> Result<(), ConfigError>;

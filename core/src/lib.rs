@@ -16,6 +16,7 @@ pub mod progress;
 pub mod ranking;
 pub mod retry;
 pub mod threads;
+pub mod trace_export;
 pub mod vector;
 
 pub use corpus::{DocId, Document, Question};

@@ -21,6 +21,9 @@ use crate::retrieval::RetrievalPolicy;
 pub struct EdgeConfig {
     /// Log lines as `text` or `json` (one object per line, with the request's id).
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector that spans are exported to (`http://otel-collector:4317`), so
+    /// that a request is one trace across the processes it crosses; unset: no export.
+    pub otlp_endpoint: Option<String>,
     /// Corpus bundle (the same one the cloud serves). Required.
     pub bundle: Option<PathBuf>,
     /// all-MiniLM-L6-v2 directory.
@@ -269,6 +272,7 @@ impl Default for EdgeConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::default(),
+            otlp_endpoint: None,
             bundle: None,
             model_dir: PathBuf::from(DEFAULT_MODEL_DIR),
             http_addr: SocketAddr::from(([127, 0, 0, 1], 7200)),
@@ -456,6 +460,7 @@ impl EdgeConfig {
 
 impl Validate for EdgeConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        hasten_core::config::check_otlp_endpoint(self.otlp_endpoint.as_deref())?;
         if self.bundle.is_none() {
             return Err(ConfigError::invalid(
                 "bundle",

@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 pub struct OperatorConfig {
     /// Log lines as `text` or `json` (one object per line).
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector that spans are exported to (`http://otel-collector:4317`), so
+    /// that a request is one trace across the processes it crosses; unset: no export.
+    pub otlp_endpoint: Option<String>,
     /// Namespace whose pools are reconciled [default: the client's, i.e. the pod's own].
     pub namespace: Option<String>,
     /// Image holding `kv-worker`, for pools that name none.
@@ -63,6 +66,7 @@ impl Default for OperatorConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::default(),
+            otlp_endpoint: None,
             namespace: None,
             worker_image: "ghcr.io/hasten-rag/hasten:0.1.0".into(),
             cluster_domain: "cluster.local".into(),
@@ -100,6 +104,7 @@ impl OperatorConfig {
 
 impl Validate for OperatorConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        hasten_core::config::check_otlp_endpoint(self.otlp_endpoint.as_deref())?;
         if self.worker_image.trim().is_empty() {
             return Err(ConfigError::invalid("worker_image", "must name an image"));
         }

@@ -117,7 +117,11 @@ async fn run(args: RunArgs) -> Result<()> {
             return Ok(());
         }
     };
-    hasten_core::logging::init(config.log_format);
+    let _traces = hasten_core::logging::init_with_traces(
+        config.log_format,
+        config.otlp_endpoint.as_deref(),
+        "hasten-kv-operator",
+    )?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster or kubeconfig)")?;

@@ -18,6 +18,9 @@ use crate::store::KvDtype;
 pub struct KvWorkerConfig {
     /// Log lines as `text` or `json` (one object per line).
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector that spans are exported to (`http://otel-collector:4317`), so
+    /// that a request is one trace across the processes it crosses; unset: no export.
+    pub otlp_endpoint: Option<String>,
     /// gRPC address of the `KvGeneration` service.
     pub grpc_addr: SocketAddr,
     /// Address of `/metrics`, `/readyz` and `/healthz`.
@@ -59,6 +62,7 @@ impl Default for KvWorkerConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::default(),
+            otlp_endpoint: None,
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7510)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7512)),
             model: None,
@@ -102,6 +106,7 @@ impl KvWorkerConfig {
 
 impl Validate for KvWorkerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        hasten_core::config::check_otlp_endpoint(self.otlp_endpoint.as_deref())?;
         if self.model.is_none() {
             return Err(ConfigError::invalid(
                 "model",

@@ -542,7 +542,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
             return Ok(());
         }
     };
-    hasten_core::logging::init(config.log_format);
+    let _traces = hasten_core::logging::init_with_traces(
+        config.log_format,
+        config.otlp_endpoint.as_deref(),
+        "hasten-kv-worker",
+    )?;
     let mutual = config
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))

@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 pub struct WorkerConfig {
     /// Log lines as `text` or `json` (one object per line).
     pub log_format: LogFormat,
+    /// OTLP/gRPC collector that spans are exported to (`http://otel-collector:4317`), so
+    /// that a request is one trace across the processes it crosses; unset: no export.
+    pub otlp_endpoint: Option<String>,
     /// gRPC address of the `Generation` service.
     pub grpc_addr: SocketAddr,
     /// Address of `/metrics`, `/readyz` and `/healthz`.
@@ -47,6 +50,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
             log_format: LogFormat::default(),
+            otlp_endpoint: None,
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7500)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 7502)),
             lm_model: None,
@@ -78,6 +82,7 @@ impl WorkerConfig {
 
 impl Validate for WorkerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
+        hasten_core::config::check_otlp_endpoint(self.otlp_endpoint.as_deref())?;
         if self.lm_model.is_none() {
             return Err(ConfigError::invalid(
                 "lm_model",

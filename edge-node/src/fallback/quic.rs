@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hasten_core::DocId;
+use hasten_core::trace_export::current_traceparent;
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, read_frame, write_frame};
 use hasten_proto::reload::Reloading;
 use hasten_proto::v1::quic_error::Code;
@@ -311,6 +312,7 @@ impl QuicCloudClient {
             body: Some(quic_request::Body::Search(fallback_request(
                 queries, k, remaining,
             ))),
+            ..QuicRequest::default()
         };
         let response = exchange(&connection, request).await.inspect_err(|_| {
             if connection.close_reason().is_some() {
@@ -337,6 +339,7 @@ impl QuicCloudClient {
                 include_texts: true,
                 timeout_ms: hasten_proto::wire_timeout_ms(budget),
             })),
+            ..QuicRequest::default()
         };
         match exchange(&connection, request).await?.body {
             Some(quic_response::Body::Documents(answer)) => {
@@ -370,14 +373,16 @@ fn refusal(error: hasten_proto::v1::QuicError) -> CloudError {
 fn info_request() -> QuicRequest {
     QuicRequest {
         body: Some(quic_request::Body::Info(InfoRequest {})),
+        ..QuicRequest::default()
     }
 }
 
-/// One request on a fresh bidirectional stream.
+/// One request on a fresh bidirectional stream, carrying the current span's trace context.
 async fn exchange(
     connection: &quinn::Connection,
-    request: QuicRequest,
+    mut request: QuicRequest,
 ) -> Result<QuicResponse, CloudError> {
+    request.traceparent = current_traceparent().unwrap_or_default();
     let addr = connection.remote_address();
     let (mut send, mut recv) = connection
         .open_bi()

@@ -677,3 +677,15 @@ A map as TOML: its `key = value` lines, sorted, nulls left out, then each nested
 {{- define "hasten.monitoring.selector" -}}
 {{- default (printf "namespace=%q" .Release.Namespace) .Values.monitoring.prometheusRule.selector }}
 {{- end }}
+
+{{/*
+The keys every binary's configuration takes about its own telemetry: `log_format`, and
+`otlp_endpoint` when traces are exported.
+*/}}
+{{- define "hasten.telemetry" -}}
+{{- $telemetry := dict "log_format" .Values.logFormat }}
+{{- with .Values.otlpEndpoint }}
+{{- $_ := set $telemetry "otlp_endpoint" . }}
+{{- end }}
+{{- $telemetry | toJson }}
+{{- end }}
