@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use hasten_core::trace_export::{TRACEPARENT, current_traceparent};
-use hasten_proto::control::grpc_endpoint;
+use hasten_proto::control::{EndpointError, grpc_endpoint};
 use hasten_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
@@ -61,10 +61,9 @@ pub struct Replica {
 impl Replica {
     /// A replica client that connects on first use, over mutual TLS with `tls`. Starts
     /// down and unverified until its health is checked.
-    pub fn new(endpoint: &str, tls: Option<&MutualTls>) -> Result<Self, tonic::transport::Error> {
+    pub fn new(endpoint: &str, tls: Option<&MutualTls>) -> Result<Self, EndpointError> {
         let channel = grpc_endpoint(endpoint, tls)?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
+            .with(|endpoint| endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true))
             .connect_lazy();
         let client = CloudIndexClient::new(channel)
             .max_decoding_message_size(DEFAULT_MAX_FRAME_BYTES)

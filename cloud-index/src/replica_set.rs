@@ -38,7 +38,7 @@ pub enum RouterError {
     Endpoint {
         endpoint: String,
         #[source]
-        source: tonic::transport::Error,
+        source: hasten_proto::control::EndpointError,
     },
     #[error("no replica of {0} answered within the start-up timeout")]
     NoReplica(String),

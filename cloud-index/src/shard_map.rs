@@ -32,7 +32,7 @@ pub enum ShardMapError {
         endpoint: String,
         shard: usize,
         #[source]
-        source: tonic::transport::Error,
+        source: hasten_proto::control::EndpointError,
     },
     #[error(
         "the map has {proposed} shards, the router serves a corpus cut into {current}: another cut is another corpus, which needs routers started for it"

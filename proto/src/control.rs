@@ -9,7 +9,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{AccessToken, BearerToken};
-use crate::tls::MutualTls;
+use crate::grpc_client_tls::GrpcClientTls;
+use crate::tls::{MutualTls, TlsError};
 use crate::v1::control_plane_client::ControlPlaneClient;
 use crate::v1::{CommittedEvent, SubscribeRequest};
 
@@ -30,35 +31,88 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(2);
 
+/// Why a gRPC endpoint cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("not a gRPC address")]
+    Uri(#[from] tonic::transport::Error),
+    #[error("the client's TLS files cannot be used")]
+    Tls(#[from] TlsError),
+}
+
+/// Where a gRPC client dials, and under mutual TLS the TLS its connections are made with
+/// (read again from its files when they change).
+#[derive(Clone, Debug)]
+pub struct GrpcTarget {
+    endpoint: Endpoint,
+    tls: Option<GrpcClientTls>,
+}
+
+impl From<Endpoint> for GrpcTarget {
+    /// An endpoint connected as tonic connects it (its own TLS settings, if any).
+    fn from(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            tls: None,
+        }
+    }
+}
+
+impl GrpcTarget {
+    /// The target with `settings` (timeouts, keep-alives) applied to its endpoint.
+    pub fn with(self, settings: impl FnOnce(Endpoint) -> Endpoint) -> Self {
+        Self {
+            endpoint: settings(self.endpoint),
+            tls: self.tls,
+        }
+    }
+
+    /// A channel that connects on first use; call within a tokio runtime.
+    pub fn connect_lazy(self) -> Channel {
+        match &self.tls {
+            Some(tls) => tls.lazy_channel(self.endpoint),
+            None => self.endpoint.connect_lazy(),
+        }
+    }
+
+    /// A channel connected now.
+    pub async fn connect(self) -> Result<Channel, tonic::transport::Error> {
+        match &self.tls {
+            Some(tls) => tls.channel(self.endpoint).await,
+            None => self.endpoint.connect().await,
+        }
+    }
+}
+
 /// The gRPC endpoint of the control-plane node at `address` (host:port), over mutual TLS
 /// when `tls` is given.
-pub fn endpoint(
-    address: &str,
-    tls: Option<&MutualTls>,
-) -> Result<Endpoint, tonic::transport::Error> {
-    grpc_endpoint(address, tls).map(|endpoint| {
+pub fn endpoint(address: &str, tls: Option<&MutualTls>) -> Result<GrpcTarget, EndpointError> {
+    Ok(grpc_endpoint(address, tls)?.with(|endpoint| {
         endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true)
-    })
+    }))
 }
 
-/// A gRPC endpoint for `address` (`host:port` or a URI): `https` with `tls`'s client
-/// certificate when given, else `http`.
-pub fn grpc_endpoint(
-    address: &str,
-    tls: Option<&MutualTls>,
-) -> Result<Endpoint, tonic::transport::Error> {
+/// A gRPC endpoint for `address` (`host:port` or a URI): over TLS with `tls`'s client
+/// certificate when given, else plaintext.
+pub fn grpc_endpoint(address: &str, tls: Option<&MutualTls>) -> Result<GrpcTarget, EndpointError> {
     let authority = address.split_once("://").map_or(address, |(_, rest)| rest);
-    match tls {
-        Some(tls) => {
-            Endpoint::from_shared(format!("https://{authority}"))?.tls_config(tls.grpc_client())
-        }
-        None => Endpoint::from_shared(format!("http://{authority}")),
-    }
+    Ok(match tls {
+        // `http`: the connector makes the TLS stream, and tonic refuses an `https` URI
+        // without TLS settings of its own.
+        Some(tls) => GrpcTarget {
+            endpoint: Endpoint::from_shared(format!("http://{authority}"))?,
+            tls: Some(GrpcClientTls::load(tls.paths())?),
+        },
+        None => GrpcTarget {
+            endpoint: Endpoint::from_shared(format!("http://{authority}"))?,
+            tls: None,
+        },
+    })
 }
 
 /// How a client proves itself to the control plane: a client certificate under mutual
@@ -79,11 +133,17 @@ impl ControlAccess {
 /// A control-plane client that sends its token with every request.
 pub type ControlClient = ControlPlaneClient<InterceptedService<Channel, BearerToken>>;
 
+/// Why a control-plane client could not connect.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error(transparent)]
+    Connect(#[from] tonic::transport::Error),
+}
+
 /// A connected control-plane client with Hasten's message bounds.
-pub async fn connect(
-    address: &str,
-    access: &ControlAccess,
-) -> Result<ControlClient, tonic::transport::Error> {
+pub async fn connect(address: &str, access: &ControlAccess) -> Result<ControlClient, ConnectError> {
     let channel = endpoint(address, access.tls.as_ref())?.connect().await?;
     Ok(
         ControlPlaneClient::with_interceptor(channel, access.bearer())
@@ -113,7 +173,7 @@ impl FollowStatus {
 #[derive(Debug, thiserror::Error)]
 enum StreamError {
     #[error("cannot connect: {0}")]
-    Connect(#[from] tonic::transport::Error),
+    Connect(#[from] ConnectError),
     #[error("the stream failed: {0}")]
     Stream(#[from] tonic::Status),
     #[error("applying an event failed: {0}")]

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod control;
 mod encoded_event;
 pub mod frame;
+pub mod grpc_client_tls;
 pub mod grpc_tls;
 pub mod health;
 pub mod quic;

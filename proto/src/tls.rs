@@ -309,15 +309,14 @@ impl TlsPaths {
 }
 
 /// A component's mutual TLS: it serves only peers with a certificate from the CA, and
-/// shows its own certificate to the peers it calls.
+/// shows its own certificate to the peers it calls (over gRPC through
+/// [`crate::grpc_client_tls::GrpcClientTls`], over QUIC through
+/// [`crate::quic::reloading_client_config`], both made from [`MutualTls::paths`]).
 #[derive(Clone)]
 pub struct MutualTls {
     paths: TlsPaths,
     identity: Identity,
     trust: TrustRoots,
-    ca_pem: Vec<u8>,
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
 }
 
 impl std::fmt::Debug for MutualTls {
@@ -332,24 +331,14 @@ impl std::fmt::Debug for MutualTls {
 impl MutualTls {
     /// Loads and checks the PEM files.
     pub fn load(paths: &TlsPaths) -> Result<Self, TlsError> {
-        let mut ca_pem = read_pem(&paths.ca)?;
-        let mut trust = TrustRoots::from_pem(&ca_pem, &paths.ca)?;
-        if let Some(extra_path) = &paths.extra_ca {
-            let extra = read_pem(extra_path)?;
-            trust = trust.and(&TrustRoots::from_pem(&extra, extra_path)?);
-            // tonic takes the trusted CAs as one PEM text.
-            ca_pem.push(b'\n');
-            ca_pem.extend_from_slice(&extra);
+        let mut trust = TrustRoots::from_pem_file(&paths.ca)?;
+        if let Some(extra) = &paths.extra_ca {
+            trust = trust.and(&TrustRoots::from_pem_file(extra)?);
         }
-        let cert_pem = read_pem(&paths.cert)?;
-        let key_pem = read_pem(&paths.key)?;
         Ok(Self {
             paths: paths.clone(),
-            identity: Identity::from_pem(&cert_pem, &paths.cert, &key_pem, &paths.key)?,
+            identity: Identity::from_pem_files(&paths.cert, &paths.key)?,
             trust,
-            ca_pem,
-            cert_pem,
-            key_pem,
         })
     }
 
@@ -373,17 +362,6 @@ impl MutualTls {
             ("certificate", self.identity.expires_at()?),
             ("ca", self.trust.expires_at()),
         ])
-    }
-
-    /// A gRPC client's TLS: trusts servers with a certificate from the CA (for the host it
-    /// dials) and shows this component's certificate.
-    pub fn grpc_client(&self) -> tonic::transport::ClientTlsConfig {
-        tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(&self.ca_pem))
-            .identity(tonic::transport::Identity::from_pem(
-                &self.cert_pem,
-                &self.key_pem,
-            ))
     }
 }
 
@@ -627,10 +605,9 @@ mod tests {
             ..ours.clone()
         };
         assert!(accepts(&rotating));
-        // tonic's configurations get both CAs too.
+        // The trust of the rotating component holds both CAs.
         let both = MutualTls::load(&rotating).unwrap();
-        let pem = String::from_utf8(both.ca_pem.clone()).unwrap();
-        assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 2, "{pem}");
+        assert_eq!(both.trust().store().roots.len(), 2);
         assert!(
             TlsPaths::all_or_none(&None, &Some(reissued.ca.clone()), &None, &None)
                 .unwrap_err()

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::grpc_client_tls::GrpcClientTls;
 
 /// How long a connection attempt to a worker may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -19,13 +21,16 @@ pub fn worker_uri(authority: &str, tls: bool) -> String {
 /// runtime.
 pub fn lazy_channel(
     uri: &str,
-    tls: Option<&ClientTlsConfig>,
+    tls: Option<&GrpcClientTls>,
 ) -> Result<Channel, tonic::transport::Error> {
-    let mut endpoint = Endpoint::from_shared(uri.to_string())?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true);
-    if let Some(tls) = tls {
-        endpoint = endpoint.tls_config(tls.clone())?;
-    }
-    Ok(endpoint.connect_lazy())
+    let settings = |endpoint: Endpoint| endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true);
+    Ok(match tls {
+        // The connector makes the TLS stream, and tonic refuses an `https` URI without TLS
+        // settings of its own.
+        Some(tls) => {
+            let plain = uri.replacen("https://", "http://", 1);
+            tls.lazy_channel(settings(Endpoint::from_shared(plain)?))
+        }
+        None => settings(Endpoint::from_shared(uri.to_string())?).connect_lazy(),
+    })
 }

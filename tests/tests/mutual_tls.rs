@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_proto::control::{ControlAccess, MAX_MESSAGE_BYTES, connect, grpc_endpoint};
+use hasten_proto::control::{ControlAccess, GrpcTarget, MAX_MESSAGE_BYTES, connect, grpc_endpoint};
 use hasten_proto::tls::{DevAuthority, Identity, MutualTls, TlsPaths, TrustRoots};
 use hasten_proto::v1::InfoRequest;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
@@ -196,7 +196,7 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
         let plaintext = grpc_endpoint(address, None).unwrap();
         let with_ours = grpc_endpoint(address, Some(&trusted_client)).unwrap();
         for (endpoint, allowed) in [
-            (without_certificate, false),
+            (GrpcTarget::from(without_certificate), false),
             (plaintext, false),
             (with_ours, true),
         ] {
@@ -557,4 +557,91 @@ async fn a_rotated_ca_and_renewed_client_certificates_are_used_without_restarts(
         1.0,
         "one reload of the edge's client TLS"
     );
+}
+
+/// A gRPC client under mutual TLS follows a CA rotation without a restart: a router dials
+/// its shard with the router's certificate; every file is replaced by the new CA's and the
+/// shard restarts on them (as a rolled pod would), and the router, not restarted, reaches
+/// it again with its renewed certificate and the new CA's trust, while serving its own
+/// renewed certificate to a client that trusts only the new CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_client_follows_a_rotated_ca_without_a_restart() {
+    let work = persistent_work_dir("grpc-client-rotation").unwrap();
+    let (bundle_dir, _) = build_small_bundle(&work, 3, None).unwrap();
+    let tls = work.join("tls");
+    let staged = work.join("tls-staged");
+    for dir in [&tls, &staged] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let issued = DevAuthority::new("first CA")
+        .unwrap()
+        .write_bundle(&tls, &["shard", "router"], &names())
+        .unwrap();
+    let (shard_tls, router_tls) = (issued[0].clone(), issued[1].clone());
+    let shard_addr = format!("127.0.0.1:{}", free_loopback_port().unwrap());
+    let start_shard = |name: &str| {
+        start_cloud_index_with(&work, name, &bundle_dir, &shard_addr, &tls_args(&shard_tls))
+            .unwrap()
+    };
+    let shard = start_shard("shard-1");
+    let mut args = cloud_index_route_args(&[vec![shard_addr.clone()]], &work.join("unused.pem"));
+    args.extend(tls_args(&router_tls));
+    args.extend(["--health-interval-ms".into(), "300".into()]);
+    let router = ManagedProcess::start(
+        "router",
+        &binary("cloud-index").unwrap(),
+        args,
+        &work,
+        START_TIMEOUT,
+    )
+    .unwrap();
+    let readyz = format!("http://{}/readyz", router.addr("metrics_addr"));
+    let http = reqwest::Client::new();
+    let ready = |http: reqwest::Client, url: String| async move {
+        http.get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    };
+    assert!(ready(http.clone(), readyz.clone()).await);
+
+    DevAuthority::new("second CA")
+        .unwrap()
+        .write_bundle(&staged, &["shard", "router"], &names())
+        .unwrap();
+    replace_files(&staged, &tls);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(shard);
+    let _shard = start_shard("shard-2");
+
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !ready(http.clone(), readyz.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the router never reached the shard with its renewed certificate:\n{}",
+            router.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // A client holding only the new CA's material is answered by the router.
+    let pem = |path: &Path| std::fs::read(path).unwrap();
+    let client_tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pem(&shard_tls.ca)))
+        .identity(tonic::transport::Identity::from_pem(
+            pem(&shard_tls.cert),
+            pem(&shard_tls.key),
+        ))
+        .domain_name("localhost");
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("https://{}", router.addr("grpc_addr")))
+            .unwrap()
+            .tls_config(client_tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    CloudIndexClient::new(channel)
+        .info(InfoRequest {})
+        .await
+        .unwrap();
 }

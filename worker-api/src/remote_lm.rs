@@ -1,12 +1,13 @@
 //! [`RemoteLm`]: an [`LmBackend`] that sends generation to a worker over gRPC, so the edge
 //! can answer with models it does not hold.
 
+use hasten_proto::grpc_client_tls::GrpcClientTls;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::generation_client::GenerationClient;
 use hasten_proto::worker::{lazy_channel, worker_uri};
 use hasten_rag::{Answer, AnswerRequest, AnswerSink, BackendInfo, LmBackend, RagError};
 use tokio::runtime::Handle;
-use tonic::transport::{Channel, ClientTlsConfig};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::generation::{WireError, answer_from_proto, info_from_proto, request_proto};
@@ -35,7 +36,7 @@ impl RemoteLm {
     /// A client of the worker at `authority` (`host:port`), over TLS when `tls` is given.
     /// Connects on first use, so a worker that starts later is found then; call within a
     /// tokio runtime.
-    pub fn connect_lazy(authority: &str, tls: Option<ClientTlsConfig>) -> Result<Self, RagError> {
+    pub fn connect_lazy(authority: &str, tls: Option<GrpcClientTls>) -> Result<Self, RagError> {
         let endpoint = worker_uri(authority, tls.is_some());
         let channel = lazy_channel(&endpoint, tls.as_ref()).map_err(|source| RagError::Worker {
             endpoint: endpoint.clone(),

@@ -10,6 +10,7 @@ use edge_node::config::EdgeConfig;
 use edge_node::service::answer::IterativeModel;
 use hasten_core::bundle::read_manifest;
 use hasten_engine::{ApiKey, EngineLm};
+use hasten_proto::grpc_client_tls::GrpcClientTls;
 use hasten_proto::tls::MutualTls;
 use hasten_rag::{LmBackend, LocalLm};
 use hasten_worker_api::RemoteLm;
@@ -71,6 +72,13 @@ pub(super) fn language_backend(
     config: &EdgeConfig,
     mutual: Option<&MutualTls>,
 ) -> Result<Backends> {
+    // The workers' TLS, read again when its files change.
+    let grpc_tls = || {
+        mutual
+            .map(|mutual| GrpcClientTls::load(mutual.paths()))
+            .transpose()
+            .context("loading the mutual-TLS files for the generation workers")
+    };
     if !config.kv_workers.is_empty() {
         let bundle_dir = config.bundle.clone().unwrap_or_default();
         let corpus_version = read_manifest(&bundle_dir)
@@ -78,7 +86,7 @@ pub(super) fn language_backend(
             .corpus_version;
         let pool = KvPool::connect_lazy(
             &config.kv_workers,
-            mutual.map(MutualTls::grpc_client),
+            grpc_tls()?,
             corpus_version,
             FusionSettings {
                 mode: config.kv_mode,
@@ -119,8 +127,8 @@ pub(super) fn language_backend(
         });
     }
     if let Some(worker) = &config.lm_worker {
-        let remote = RemoteLm::connect_lazy(worker, mutual.map(MutualTls::grpc_client))
-            .context("configuration: `lm_worker`")?;
+        let remote =
+            RemoteLm::connect_lazy(worker, grpc_tls()?).context("configuration: `lm_worker`")?;
         let remote = Arc::new(remote);
         // The worker may start after the edge: it is found on first use; this only logs.
         let probe = Arc::clone(&remote);

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hasten_proto::grpc_client_tls::GrpcClientTls;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_proto::worker::{lazy_channel, worker_uri};
@@ -21,7 +22,7 @@ use hasten_rag::{
 };
 use parking_lot::RwLock;
 use tokio::runtime::Handle;
-use tonic::transport::{Channel, ClientTlsConfig};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::routing::{KvRouting, route};
@@ -45,7 +46,7 @@ struct Members {
 
 pub struct KvPool {
     members: RwLock<Arc<Members>>,
-    tls: Option<ClientTlsConfig>,
+    tls: Option<GrpcClientTls>,
     routing: KvRouting,
     corpus_version: String,
     settings: FusionSettings,
@@ -69,7 +70,7 @@ impl std::fmt::Debug for KvPool {
 /// Clients of the workers at `authorities`, reusing those of `known` with the same address.
 fn connect_members(
     authorities: &[String],
-    tls: Option<&ClientTlsConfig>,
+    tls: Option<&GrpcClientTls>,
     known: &[Worker],
 ) -> Result<Members, RagError> {
     let workers = authorities
@@ -122,7 +123,7 @@ impl KvPool {
     /// runtime.
     pub fn connect_lazy(
         authorities: &[String],
-        tls: Option<ClientTlsConfig>,
+        tls: Option<GrpcClientTls>,
         corpus_version: String,
         settings: FusionSettings,
         variant: Variant,
