@@ -176,10 +176,6 @@ impl GgufTokenizer {
         self.control.get(name).copied()
     }
 
-    pub fn is_control(&self, id: u32) -> bool {
-        self.control_ids.contains(&id)
-    }
-
     /// The BOS id when the model wants one in front of every prompt.
     pub fn bos_prefix(&self) -> Option<u32> {
         if self.add_bos { self.bos } else { None }

@@ -12,7 +12,6 @@
 //! values go to blob files that are never synced), which is why the log left it.
 
 pub mod events;
-mod migrate;
 mod paced;
 pub mod snapshot_file;
 pub mod wal;
@@ -259,7 +258,6 @@ impl RaftStorage {
                 });
             }
         }
-        migrate::from_sled(dir, &db, &dir.join(WAL_DIR))?;
         let snapshot = match snapshot_file::read(dir)? {
             Some((meta, _)) => meta,
             None => SnapshotMetadata::default(),
@@ -307,10 +305,6 @@ impl RaftStorage {
 
     pub fn conf_state(&self) -> ConfState {
         self.log.read().conf_state().clone()
-    }
-
-    pub fn snapshot_metadata(&self) -> SnapshotMetadata {
-        self.snapshot.read().clone()
     }
 
     /// Index and term of the last snapshot (0, 0 before any).
@@ -644,84 +638,6 @@ mod tests {
         );
         drop(held);
         RaftStorage::open(&path, 1).unwrap();
-    }
-
-    /// A store written before the write-ahead log (everything in sled) opens with its log,
-    /// hard state, configuration and snapshot intact, and sled's copy is gone.
-    #[test]
-    fn a_store_of_the_sled_layout_is_migrated() {
-        use raft::Storage as _;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("node");
-        {
-            let db = sled::open(&path).unwrap();
-            let meta = db.open_tree("raft_meta").unwrap();
-            meta.insert(NODE_ID, &key(2)).unwrap();
-            let hard_state = HardState {
-                term: 4,
-                vote: 1,
-                commit: 12,
-                ..Default::default()
-            };
-            meta.insert(b"hard_state", hard_state.write_to_bytes().unwrap())
-                .unwrap();
-            let conf = ConfState {
-                voters: vec![1, 2, 3],
-                ..Default::default()
-            };
-            meta.insert(b"conf_state", conf.write_to_bytes().unwrap())
-                .unwrap();
-            let snapshot = SnapshotMetadata {
-                index: 10,
-                term: 3,
-                ..Default::default()
-            };
-            meta.insert(b"snapshot_meta", snapshot.write_to_bytes().unwrap())
-                .unwrap();
-            meta.insert(b"snapshot_data", b"state at 10".to_vec())
-                .unwrap();
-            let log = db.open_tree("raft_log").unwrap();
-            for index in 8..=14u64 {
-                let entry = Entry {
-                    index,
-                    term: if index > 10 { 4 } else { 3 },
-                    data: format!("entry {index}").into_bytes().into(),
-                    ..Default::default()
-                };
-                log.insert(key(index), entry.write_to_bytes().unwrap())
-                    .unwrap();
-            }
-            db.flush().unwrap();
-        }
-        for _ in 0..2 {
-            let storage = RaftStorage::open(&path, 2).unwrap();
-            assert_eq!(storage.snapshot_point(), (10, 3));
-            assert_eq!(
-                storage.stored_snapshot().unwrap().unwrap().1,
-                b"state at 10"
-            );
-            assert_eq!(storage.hard_state().commit, 12);
-            assert_eq!(storage.conf_state().voters, vec![1, 2, 3]);
-            assert_eq!(storage.first_index().unwrap(), 11);
-            assert_eq!(storage.last_index().unwrap(), 14);
-            let entries = storage
-                .entries(11, 15, None, GetEntriesContext::empty(false))
-                .unwrap();
-            let data: Vec<_> = entries.iter().map(|e| e.data.to_vec()).collect();
-            assert_eq!(
-                data,
-                (11..=14)
-                    .map(|i| format!("entry {i}").into_bytes())
-                    .collect::<Vec<_>>()
-            );
-            assert!(
-                !storage
-                    .db
-                    .tree_names()
-                    .iter()
-                    .any(|n| n.as_ref() == b"raft_log")
-            );
-        }
     }
 
     /// The node's own snapshot, written beside it, never replaces a newer one (a leader's
