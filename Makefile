@@ -90,14 +90,20 @@ fmt:
 crd:
 	$(CARGO) run --quiet -p hasten-kv-operator --bin kv-operator -- crd > helm/hasten/crds/kvworkerpools.hasten.dev.yaml
 
-# The configuration schemas of the binaries the chart configures, which the chart's values
-# schema embeds (scripts/gen-values-schema.py); a test checks they are current.
+# Every binary's configuration schema (docs/config-schemas/), the chart's values schema that
+# embeds four of them and the configuration reference made from them; a test checks the
+# schemas are current and check-helm the two generated files.
 config-schemas:
-	$(CARGO) run --quiet -p edge-node --bin edge-node -- serve --print-config-schema > helm/config-schemas/edge.json
-	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- serve --print-config-schema > helm/config-schemas/shard.json
-	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- route --print-config-schema > helm/config-schemas/router.json
-	$(CARGO) run --quiet -p control-plane --bin control-plane -- --print-config-schema > helm/config-schemas/control-plane.json
+	$(CARGO) run --quiet -p edge-node --bin edge-node -- serve --print-config-schema > docs/config-schemas/edge.json
+	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- serve --print-config-schema > docs/config-schemas/shard.json
+	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- route --print-config-schema > docs/config-schemas/router.json
+	$(CARGO) run --quiet -p control-plane --bin control-plane -- --print-config-schema > docs/config-schemas/control-plane.json
+	$(CARGO) run --quiet -p hasten-kv-worker --bin kv-worker -- serve --print-config-schema > docs/config-schemas/kv-worker.json
+	$(CARGO) run --quiet -p hasten-lm-worker --bin lm-worker -- serve --print-config-schema > docs/config-schemas/lm-worker.json
+	$(CARGO) run --quiet -p hasten-kv-operator --bin kv-operator -- run --print-config-schema > docs/config-schemas/kv-operator.json
+	$(CARGO) run --quiet -p hasten-admin --bin hasten-admin -- --print-config-schema > docs/config-schemas/admin.json
 	python3 scripts/gen-values-schema.py
+	python3 scripts/gen-config-reference.py
 
 image:
 	$(CONTAINER) build -t $(IMAGE) .

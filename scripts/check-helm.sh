@@ -4,7 +4,7 @@
 #     PromQL parses; values.schema.json is what scripts/gen-values-schema.py generates, and
 #     it refuses a misspelt key, a wrong type and a value outside an enumeration, in the
 #     chart's keys and in the binaries' `config` tables (their schemas are the binaries'
-#     --print-config-schema, helm/config-schemas/); the chart README's values table is what scripts/gen-values-table.py generates;
+#     --print-config-schema, docs/config-schemas/); the chart README's values table is what scripts/gen-values-table.py generates;
 #   - `helm lint --strict` with the default values, values-production.yaml, monitoring on and
 #     mutual TLS with tenants;
 #   - `helm template` of several layouts, each validated with kubernetes-validate --strict
@@ -116,6 +116,7 @@ production=(-f "$chart/values-production.yaml" -f "$out/production-digest.yaml")
 check dashboards-generated "$py" scripts/gen-dashboards.py --check
 check values-schema-generated "$py" scripts/gen-values-schema.py --check
 check values-table-generated "$py" scripts/gen-values-table.py --check
+check config-reference-generated "$py" scripts/gen-config-reference.py --check
 check dashboards-promql "$py" "$helper" check-promql "$chart"/dashboards/*.json
 check lint-default "$helm" lint --strict "$chart"
 check lint-production "$helm" lint --strict "$chart" "${production[@]}"

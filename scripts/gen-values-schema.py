@@ -6,7 +6,7 @@ Every key of values.yaml is a property of its type (booleans, numbers, strings, 
 tables); a misspelt key is refused (`additionalProperties: false`) except in the tables that
 are Kubernetes' own or free-form (resources, security contexts, selectors, annotations,
 labels, affinity). The binaries' `config` tables get the binaries' own configuration schemas,
-generated from their Rust types (`make config-schemas` writes helm/config-schemas/ with each
+generated from their Rust types (`make config-schemas` writes docs/config-schemas/ with each
 binary's `--print-config-schema`; a test keeps them current): their enumerations, bounds,
 nullable keys and unknown keys are checked by `helm install`, naming the key. A few chart
 keys get enumerations or bounds. `--check` compares instead of writing.
@@ -40,7 +40,7 @@ FREE_FORM = {
     "updateStrategy",
     "startupProbe",
 }
-CONFIG_SCHEMAS = CHART.parent / "config-schemas"
+CONFIG_SCHEMAS = CHART.parent.parent / "docs" / "config-schemas"
 # The values key of each binary's TOML keys, and its schema's file in CONFIG_SCHEMAS.
 CONFIG_TABLES = {
     "controlPlane.config": "control-plane.json",
