@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
+use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_proto::v1::{
     ControlCommand, CorpusUpdate, FlushTenant, InvalidateDocuments, MemberRequest,
     RetireCorpusVersion, RuntimeConfig, control_command,
@@ -129,12 +129,8 @@ enum MembersCommand {
 async fn main() -> Result<()> {
     hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
     let cli = Cli::parse();
-    let config: AdminConfig = match resolve_config(&cli.source, "HASTEN_ADMIN_", &cli)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) = resolve_config::<AdminConfig, _>(&cli.source, "HASTEN_ADMIN_", &cli)? else {
+        return Ok(());
     };
     let Some(command) = cli.command else {
         bail!("no command: see `hasten-admin --help`");

@@ -21,7 +21,7 @@ use cloud_index::router::Router;
 use cloud_index::shard_map::follow_control_plane;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
-use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
+use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
@@ -627,12 +627,9 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: ShardConfig = match resolve_config(&args.source, "HASTEN_CLOUD_", &args)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) = resolve_config::<ShardConfig, _>(&args.source, "HASTEN_CLOUD_", &args)?
+    else {
+        return Ok(());
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,
@@ -734,12 +731,9 @@ async fn route(mut args: RouteArgs) -> Result<()> {
                 .collect(),
         );
     }
-    let config: RouterConfig = match resolve_config(&args.source, "HASTEN_ROUTER_", &args)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) = resolve_config::<RouterConfig, _>(&args.source, "HASTEN_ROUTER_", &args)?
+    else {
+        return Ok(());
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,

@@ -11,7 +11,7 @@ use control_plane::node;
 use control_plane::service::ControlPlaneService;
 use control_plane::storage::RaftStorage;
 use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
-use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
+use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
 use hasten_core::metrics::ReadinessCheck;
@@ -104,12 +104,9 @@ struct Cli {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let config: ControlPlaneConfig = match resolve_config(&cli.source, "HASTEN_CP_", &cli)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) = resolve_config::<ControlPlaneConfig, _>(&cli.source, "HASTEN_CP_", &cli)?
+    else {
+        return Ok(());
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,

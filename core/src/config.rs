@@ -67,13 +67,6 @@ pub trait Validate {
     fn validate(&self) -> Result<(), ConfigError>;
 }
 
-/// What a binary does after [`resolve_config`]: serve with the configuration, or print the
-/// text its flags asked for and exit.
-pub enum Resolved<T> {
-    Serve(T),
-    Print(String),
-}
-
 /// The JSON Schema (draft-07) of a configuration file's keys, with every definition inlined
 /// so that it can be embedded as it is (the chart's values schema holds it under each
 /// binary's `config` table). No key is required: [`load_config`] lays the defaults under the
@@ -91,12 +84,13 @@ pub fn config_schema<T: JsonSchema>() -> serde_json::Value {
 
 /// Loads a configuration with [`load_config`] and validates it, or answers
 /// `--print-config-schema` (before loading: the schema does not depend on the values) and
-/// `--print-config` (after validating: printing answers whether a configuration works).
+/// `--print-config` (after validating: printing answers whether a configuration works) on
+/// stdout. `None`: it printed what the flags asked for, and the binary has nothing to serve.
 pub fn resolve_config<T, F>(
     source: &ConfigSource,
     env_prefix: &str,
     flags: &F,
-) -> Result<Resolved<T>, ConfigError>
+) -> Result<Option<T>, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned + JsonSchema + Validate,
     F: Serialize,
@@ -104,15 +98,17 @@ where
     if source.print_config_schema {
         let text =
             serde_json::to_string_pretty(&config_schema::<T>()).map_err(ConfigError::Print)?;
-        return Ok(Resolved::Print(text));
+        println!("{text}");
+        return Ok(None);
     }
     let config: T = load_config(source.config.as_deref(), env_prefix, flags)?;
     config.validate()?;
     if source.print_config {
         let text = serde_json::to_string_pretty(&config).map_err(ConfigError::Print)?;
-        return Ok(Resolved::Print(text));
+        println!("{text}");
+        return Ok(None);
     }
-    Ok(Resolved::Serve(config))
+    Ok(Some(config))
 }
 
 /// The TLS flags every binary takes (flatten into its command, and into its serialised

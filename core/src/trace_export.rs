@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -70,8 +70,13 @@ impl Drop for TraceExport {
 
 /// The W3C `traceparent` of the current span, or `None` when no trace is being exported.
 pub fn current_traceparent() -> Option<String> {
+    let context = tracing::Span::current().context();
+    // Every fallback and shard call asks: without an export, answer before allocating.
+    if !context.span().span_context().is_valid() {
+        return None;
+    }
     let mut carrier = HashMap::new();
-    TraceContextPropagator::new().inject_context(&tracing::Span::current().context(), &mut carrier);
+    TraceContextPropagator::new().inject_context(&context, &mut carrier);
     carrier.remove(TRACEPARENT)
 }
 

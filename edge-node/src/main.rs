@@ -10,7 +10,7 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use edge_node::config::EdgeConfig;
 use edge_node::retrieval::RetrievalPolicy;
-use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
+use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_core::logging::LogArgs;
 use hasten_worker_api::kv::FusionMode;
 use hasten_worker_api::kv::KvRouting;
@@ -288,12 +288,8 @@ async fn main() -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: EdgeConfig = match resolve_config(&args.source, "HASTEN_EDGE_", &args)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) = resolve_config::<EdgeConfig, _>(&args.source, "HASTEN_EDGE_", &args)? else {
+        return Ok(());
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,

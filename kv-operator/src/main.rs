@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
+use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_core::logging::LogArgs;
 use hasten_kv_operator::config::OperatorConfig;
 use hasten_kv_operator::controller;
@@ -110,12 +110,10 @@ fn print_crd() -> Result<()> {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
-    let config: OperatorConfig = match resolve_config(&args.source, "HASTEN_KV_OPERATOR_", &args)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) =
+        resolve_config::<OperatorConfig, _>(&args.source, "HASTEN_KV_OPERATOR_", &args)?
+    else {
+        return Ok(());
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::bundle::CorpusBundle;
-use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
+use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::{LogArgs, LogFormat};
 use hasten_core::metrics::ReadinessCheck;
@@ -535,12 +535,9 @@ fn sync(args: SyncArgs) -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: KvWorkerConfig = match resolve_config(&args.source, "HASTEN_KV_", &args)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) = resolve_config::<KvWorkerConfig, _>(&args.source, "HASTEN_KV_", &args)?
+    else {
+        return Ok(());
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,

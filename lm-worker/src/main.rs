@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use hasten_core::config::{ConfigSource, Resolved, TlsArgs, resolve_config};
+use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
 use hasten_core::metrics::ReadinessCheck;
@@ -91,12 +91,9 @@ async fn main() -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let config: WorkerConfig = match resolve_config(&args.source, "HASTEN_WORKER_", &args)? {
-        Resolved::Serve(config) => config,
-        Resolved::Print(text) => {
-            println!("{text}");
-            return Ok(());
-        }
+    let Some(config) = resolve_config::<WorkerConfig, _>(&args.source, "HASTEN_WORKER_", &args)?
+    else {
+        return Ok(());
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,

@@ -17,7 +17,9 @@ use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::corpus::Document;
 use hasten_core::encoder::TextEncoder;
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, edge_serve_args};
+use loadtest::process::{
+    ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args, edge_serve_args,
+};
 
 /// The workspace root (this crate lives in `tests/`).
 pub fn workspace_root() -> PathBuf {
@@ -140,6 +142,26 @@ pub fn start_cloud_index_with(
 ) -> Result<ManagedProcess> {
     let cert = dev_cert(work, name);
     let mut args = cloud_index_serve_args(bundle, grpc_addr, &cert);
+    args.extend_from_slice(extra);
+    Ok(ManagedProcess::start(
+        name,
+        &binary("cloud-index")?,
+        args,
+        work,
+        CLOUD_START_TIMEOUT,
+    )?)
+}
+
+/// `cloud-index route` over `shards` (each shard's replicas' gRPC addresses) as process
+/// `name`, every address on any loopback port, a dev certificate at [`dev_cert`], with
+/// `extra` flags.
+pub fn start_router(
+    work: &Path,
+    name: &str,
+    shards: &[Vec<String>],
+    extra: &[String],
+) -> Result<ManagedProcess> {
+    let mut args = cloud_index_route_args(shards, &dev_cert(work, name));
     args.extend_from_slice(extra);
     Ok(ManagedProcess::start(
         name,

@@ -22,7 +22,9 @@ use hasten_proto::v1::{
 };
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for};
-use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge};
+use hasten_tests::{
+    build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge, start_router,
+};
 use loadtest::control_plane::{free_loopback_port, node_args};
 use loadtest::process::{ManagedProcess, binary, cloud_index_route_args, tls_args};
 use loadtest::scrape::Scrape;
@@ -584,17 +586,9 @@ async fn a_grpc_client_follows_a_rotated_ca_without_a_restart() {
             .unwrap()
     };
     let shard = start_shard("shard-1");
-    let mut args = cloud_index_route_args(&[vec![shard_addr.clone()]], &work.join("unused.pem"));
-    args.extend(tls_args(&router_tls));
-    args.extend(["--health-interval-ms".into(), "300".into()]);
-    let router = ManagedProcess::start(
-        "router",
-        &binary("cloud-index").unwrap(),
-        args,
-        &work,
-        START_TIMEOUT,
-    )
-    .unwrap();
+    let mut extra = tls_args(&router_tls);
+    extra.extend(["--health-interval-ms".into(), "300".into()]);
+    let router = start_router(&work, "router", &[vec![shard_addr.clone()]], &extra).unwrap();
     let readyz = format!("http://{}/readyz", router.addr("metrics_addr"));
     let http = reqwest::Client::new();
     let ready = |http: reqwest::Client, url: String| async move {

@@ -14,8 +14,10 @@ use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_tests::edge::retrieve;
-use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge};
-use loadtest::process::{ManagedProcess, binary, cloud_index_route_args};
+use hasten_tests::{
+    build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index_with, start_edge,
+    start_router,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -23,8 +25,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
-
-const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Trace id -> the services that sent spans of it.
 type Traces = Arc<Mutex<BTreeMap<Vec<u8>, BTreeSet<String>>>>;
@@ -90,23 +90,13 @@ async fn a_fallback_is_one_trace_from_the_edge_through_the_router_to_the_shard()
     let export = vec!["--otlp-endpoint".to_string(), endpoint.clone()];
     let shard =
         start_cloud_index_with(&work, "shard", &bundle_dir, "127.0.0.1:0", &export).unwrap();
-    let router_cert = work.join("router.pem");
-    let mut args = cloud_index_route_args(&[vec![shard.addr("grpc_addr")]], &router_cert);
-    args.extend(export.iter().cloned());
-    let router = ManagedProcess::start(
-        "router",
-        &binary("cloud-index").unwrap(),
-        args,
-        &work,
-        START_TIMEOUT,
-    )
-    .unwrap();
+    let router = start_router(&work, "router", &[vec![shard.addr("grpc_addr")]], &export).unwrap();
     let edge = start_edge(
         &work,
         "edge",
         &bundle_dir,
         &router.addr("quic_addr"),
-        &router_cert,
+        &dev_cert(&work, "router"),
         &["--policy", "cloud-only", "--otlp-endpoint", &endpoint],
     )
     .unwrap();
