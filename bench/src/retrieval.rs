@@ -8,8 +8,9 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_core::eval;
 use hasten_core::index::ExactIndex;
-use hasten_rag::{Document, eval};
+use hasten_rag::Document;
 
 pub struct PassageRetriever {
     bundle: CorpusBundle,

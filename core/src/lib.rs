@@ -8,6 +8,7 @@ pub mod bundle;
 pub mod config;
 pub mod corpus;
 pub mod encoder;
+pub mod eval;
 pub mod index;
 pub mod lifecycle;
 pub mod logging;

@@ -220,6 +220,7 @@ impl EngineLm {
                 decode: total.saturating_sub(first_token),
                 verify: Duration::ZERO,
                 total,
+                kv: None,
             },
             prompt_tokens: completion.usage.map_or(0, |u| u.prompt_tokens),
             // Without usage, one streamed delta is about one token.

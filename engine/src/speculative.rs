@@ -242,6 +242,7 @@ pub async fn judge_and_answer(
             decode: drafted.draft_time,
             verify: verify_time,
             total,
+            kv: None,
         },
         prompt_tokens: verifier_tokens,
         generated_tokens: answer_tokens,

@@ -17,6 +17,29 @@ pub struct AnswerTimings {
     /// The verifier's scoring pass (zero in standard mode).
     pub verify: Duration,
     pub total: Duration,
+    /// A KV worker's account of its prefill (KV workers only).
+    pub kv: Option<KvStages>,
+}
+
+/// Where a KV worker's prefill went, and where the chunks' KV came from: what splits
+/// `prefill` for answers built from stored chunk KV.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct KvStages {
+    /// Waiting in the worker's queue behind earlier answers.
+    pub queue: Duration,
+    /// Resolving the chunks to their KV (memory, disk or computed).
+    pub load: Duration,
+    /// Joining the chunks' KV into one prompt.
+    pub assemble: Duration,
+    /// Choosing the tokens to recompute.
+    pub select: Duration,
+    /// Recomputing them (every context token in full prefill).
+    pub recompute: Duration,
+    /// Chunks found in the worker's memory, read from its disk, or computed for the request.
+    pub memory_hits: u32,
+    pub disk_hits: u32,
+    pub computed_chunks: u32,
+    pub recomputed_tokens: u32,
 }
 
 /// One draft of Speculative RAG and how the verifier judged it.

@@ -5,7 +5,7 @@
 //! streaming the text. Speculative RAG clusters the documents ([`cluster`]), drafts an
 //! answer with a rationale from each one-document-per-cluster subset with the small model in
 //! one batch ([`subsets`], [`draft`]), scores every draft with the large model in one
-//! forward pass ([`verify`]) and answers with the best. [`eval`] holds the QA metrics;
+//! forward pass ([`verify`]) and answers with the best. The QA metrics are `hasten_core::eval`;
 //! [`queue`] the bounded queue in front of a model.
 
 pub mod answer;
@@ -13,7 +13,6 @@ pub mod backend;
 pub mod cluster;
 pub mod draft;
 pub mod error;
-pub mod eval;
 pub mod prompt;
 pub mod queue;
 pub mod request;
@@ -25,7 +24,9 @@ pub mod stop;
 pub mod subsets;
 pub mod verify;
 
-pub use answer::{Answer, AnswerTimings, BackendInfo, DraftReport, DraftingTokens, Finish};
+pub use answer::{
+    Answer, AnswerTimings, BackendInfo, DraftReport, DraftingTokens, Finish, KvStages,
+};
 pub use backend::{LmBackend, LocalLm};
 pub use error::{RagError, Result};
 /// A conversation's turns and their roles, re-exported so callers need not name hasten-lm.

@@ -74,6 +74,7 @@ pub fn answer_speculative(
             decode: drafting.generation.decode,
             verify: verify_time,
             total,
+            kv: None,
         },
         prompt_tokens: verifier_tokens,
         generated_tokens: answer_tokens,

@@ -107,6 +107,7 @@ pub fn answer_standard(
             decode: timings.decode,
             verify: Duration::ZERO,
             total,
+            kv: None,
         },
         prompt_tokens: timings.prompt_tokens,
         generated_tokens: timings.generated_tokens,

@@ -5,9 +5,10 @@
 #[path = "../../lm/tests/support/mod.rs"]
 mod support;
 
+use hasten_core::eval;
 use hasten_rag::{
     AnswerMode, AnswerRequest, DeviceKind, Document, LmBackend, LocalLm, SpeculativeSettings,
-    WeightFormat, eval,
+    WeightFormat,
 };
 use support::{SMALL_MODEL, real_model};
 

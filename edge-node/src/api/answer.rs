@@ -68,6 +68,23 @@ pub struct AnswerTimingsJson {
     /// Speculative mode: scoring the drafts with the verifier.
     pub verify_ms: f64,
     pub total_ms: f64,
+    /// KV workers: how their prefill split, and where the chunks' KV came from.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kv: Option<KvStagesJson>,
+}
+
+/// A KV worker's prefill by stage (milliseconds) and its chunks by where their KV came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvStagesJson {
+    pub queue_ms: f64,
+    pub load_ms: f64,
+    pub assemble_ms: f64,
+    pub select_ms: f64,
+    pub recompute_ms: f64,
+    pub memory_hits: u32,
+    pub disk_hits: u32,
+    pub computed_chunks: u32,
+    pub recomputed_tokens: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -17,7 +17,7 @@ use hasten_rag::Finish;
 
 use crate::api::EdgeError;
 use crate::api::answer::{
-    AnswerBody, AnswerReply, AnswerTimingsJson, DraftJson, DraftingJson, ModeJson,
+    AnswerBody, AnswerReply, AnswerTimingsJson, DraftJson, DraftingJson, KvStagesJson, ModeJson,
 };
 use crate::api::conversions::error_json;
 use crate::api::json::{DocumentJson, OutcomeJson, parse_json_object};
@@ -173,6 +173,17 @@ pub fn reply(answered: Answered) -> AnswerReply {
             decode_ms: millis(t.decode),
             verify_ms: millis(t.verify),
             total_ms: millis(total),
+            kv: t.kv.map(|kv| KvStagesJson {
+                queue_ms: millis(kv.queue),
+                load_ms: millis(kv.load),
+                assemble_ms: millis(kv.assemble),
+                select_ms: millis(kv.select),
+                recompute_ms: millis(kv.recompute),
+                memory_hits: kv.memory_hits,
+                disk_hits: kv.disk_hits,
+                computed_chunks: kv.computed_chunks,
+                recomputed_tokens: kv.recomputed_tokens,
+            }),
         },
     }
 }

@@ -316,11 +316,22 @@ impl ChunkWriter {
             }
             AnswerEvent::Done(answered) => {
                 let finish = finish_reason(answered.answer.finish);
-                let mut events = vec![data_event(&self.chunk(json!({}), Some(finish)))];
+                let usage = Usage::of(&answered);
+                let reply = super::answer::reply(*answered);
+                let mut last = self.chunk(json!({}), Some(finish));
+                // Hasten's extension, as on a whole completion: how retrieval went and where
+                // the time went (clients ignore fields they do not know).
+                last["hasten"] = json!({
+                    "retrieval": reply.retrieval,
+                    "query": reply.query,
+                    "prompt_tokens": reply.prompt_tokens,
+                    "timings": reply.timings,
+                });
+                let mut events = vec![data_event(&last)];
                 if self.include_usage {
                     let usage = json!({
                         "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                        "model": self.model, "choices": [], "usage": Usage::of(&answered),
+                        "model": self.model, "choices": [], "usage": usage,
                     });
                     events.push(data_event(&usage));
                 }

@@ -18,7 +18,7 @@ use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_proto::worker::{lazy_channel, worker_uri};
 use hasten_rag::{
     Answer, AnswerMode, AnswerRequest, AnswerSink, AnswerTimings, BackendInfo, DraftingTokens,
-    Finish, LmBackend, RagError,
+    Finish, KvStages, LmBackend, RagError,
 };
 use parking_lot::RwLock;
 use tokio::runtime::Handle;
@@ -245,6 +245,17 @@ fn answer_from_proto(answer: pb::KvGenerated, documents: usize, max_new_tokens: 
             decode: us(t.total_us.saturating_sub(t.first_token_us)),
             verify: Duration::ZERO,
             total: us(t.total_us),
+            kv: Some(KvStages {
+                queue: us(t.queue_us),
+                load: us(t.load_us),
+                assemble: us(t.assemble_us),
+                select: us(t.select_us),
+                recompute: us(t.recompute_us),
+                memory_hits: answer.memory_hits,
+                disk_hits: answer.disk_hits,
+                computed_chunks: answer.computed_chunks,
+                recomputed_tokens: answer.recomputed_tokens,
+            }),
         },
         prompt_tokens: answer.context_tokens as usize,
         generated_tokens: answer.generated_tokens as usize,

@@ -27,8 +27,8 @@ use hasten_bench::latency::Latency;
 use hasten_bench::mean;
 use hasten_bench::questions::{encode_documents, read_questions};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
+use hasten_core::eval;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
-use hasten_rag::eval;
 use hasten_spec_retrieval::hop::{
     Action, Hop, HopAgent, HopOutcome, HopSettings, LmHopAgent, Verifier, run_sequential_agent,
     run_spechop,

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hasten_rag::{Answer, eval};
+use hasten_core::eval;
+use hasten_rag::Answer;
 use serde::Serialize;
 
 #[derive(Serialize)]
