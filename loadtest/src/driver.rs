@@ -3,6 +3,7 @@
 //! records each query's outcome and latency. Latency runs from the query's *intended* send
 //! time, so a driver or edge that falls behind cannot hide its queueing (coordinated omission).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,8 +13,69 @@ use rand::rngs::StdRng;
 use rand_distr::{Distribution, Exp};
 use tokio::time::Instant;
 
-use crate::scoring::{EdgeReply, QueryRecord};
+use crate::scoring::EdgeReply;
 use crate::workload::WorkloadQuery;
+
+/// What one query exchanges with an edge: the request the driver sends, and what it keeps of
+/// the reply.
+pub trait Exchange: Send + Sync + 'static {
+    type Reply: Send + 'static;
+
+    /// Sends `query` to the edge at `url`; `intended` is when the load model meant it to
+    /// go, so that times inside the reply (a first token) count the queueing before it.
+    fn exchange(
+        &self,
+        client: &reqwest::Client,
+        url: &str,
+        query: &WorkloadQuery,
+        intended: Instant,
+    ) -> impl Future<Output = Result<Self::Reply, String>> + Send;
+}
+
+/// One query's outcome: which edge, its latency from its intended send time, and the reply.
+#[derive(Clone, Debug)]
+pub struct Sent<R> {
+    pub question: WorkloadQuery,
+    /// Which of the system's edges answered (index into its edge list).
+    pub edge: usize,
+    pub latency: Duration,
+    /// When it was meant to be sent, from the start of the run.
+    pub sent: Duration,
+    pub result: Result<R, String>,
+}
+
+/// `POST /v1/retrieve` with `k` documents.
+pub struct Retrieve {
+    pub k: usize,
+}
+
+impl Exchange for Retrieve {
+    type Reply = EdgeReply;
+
+    async fn exchange(
+        &self,
+        client: &reqwest::Client,
+        url: &str,
+        query: &WorkloadQuery,
+        _intended: Instant,
+    ) -> Result<EdgeReply, String> {
+        let response = client
+            .post(format!("{url}/v1/retrieve"))
+            .json(&serde_json::json!({"query": query.question, "k": self.k}))
+            .send()
+            .await
+            .map_err(|e| format!("transport: {e}"))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(format!("HTTP {}: {body}", status.as_u16()));
+        }
+        response
+            .json::<EdgeReply>()
+            .await
+            .map_err(|e| format!("bad reply: {e}"))
+    }
+}
 
 /// How queries are issued.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
@@ -28,6 +90,7 @@ pub enum LoadModel {
 #[derive(Clone, Debug)]
 pub struct DriverSettings {
     pub load: LoadModel,
+    /// Documents per query.
     pub k: usize,
     /// Queries before this many count only as warm-up (they fill caches, not figures).
     pub warmup: usize,
@@ -43,54 +106,49 @@ pub struct DriverSettings {
 
 /// What one run produced, warm-up excluded.
 #[derive(Clone, Debug)]
-pub struct RunOutcome {
-    pub records: Vec<QueryRecord>,
+pub struct RunOutcome<R = EdgeReply> {
+    pub records: Vec<Sent<R>>,
     /// From the first measured query's intended start to the last answer.
     pub wall: Duration,
 }
 
-async fn send(
-    client: &reqwest::Client,
-    url: &str,
-    query: &WorkloadQuery,
-    k: usize,
-) -> Result<EdgeReply, String> {
-    let response = client
-        .post(format!("{url}/v1/retrieve"))
-        .json(&serde_json::json!({"query": query.question, "k": k}))
-        .send()
-        .await
-        .map_err(|e| format!("transport: {e}"))?;
-    let status = response.status();
-    if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
-        return Err(format!("HTTP {}: {body}", status.as_u16()));
-    }
-    response
-        .json::<EdgeReply>()
-        .await
-        .map_err(|e| format!("bad reply: {e}"))
-}
-
 /// Sends one query and reports its record.
-#[derive(Clone)]
-struct Requester {
+struct Requester<X: Exchange> {
     client: reqwest::Client,
     workload: Arc<Vec<WorkloadQuery>>,
     edges: Arc<Vec<String>>,
-    tx: tokio::sync::mpsc::UnboundedSender<(usize, Instant, QueryRecord)>,
+    tx: tokio::sync::mpsc::UnboundedSender<(usize, Instant, Sent<X::Reply>)>,
     done: Arc<AtomicUsize>,
     progress: Arc<dyn Fn(usize) + Send + Sync>,
-    k: usize,
+    exchange: Arc<X>,
     started: Instant,
 }
 
-impl Requester {
+// Not derived: a derive would ask `X: Clone` of every exchange.
+impl<X: Exchange> Clone for Requester<X> {
+    fn clone(&self) -> Self {
+        Self {
+            client: self.client.clone(),
+            workload: Arc::clone(&self.workload),
+            edges: Arc::clone(&self.edges),
+            tx: self.tx.clone(),
+            done: Arc::clone(&self.done),
+            progress: Arc::clone(&self.progress),
+            exchange: Arc::clone(&self.exchange),
+            started: self.started,
+        }
+    }
+}
+
+impl<X: Exchange> Requester<X> {
     async fn request(&self, index: usize, client_id: usize, intended: Instant) {
         let query = &self.workload[index % self.workload.len()];
         let edge = client_id % self.edges.len().max(1);
-        let result = send(&self.client, &self.edges[edge], query, self.k).await;
-        let record = QueryRecord {
+        let result = self
+            .exchange
+            .exchange(&self.client, &self.edges[edge], query, intended)
+            .await;
+        let record = Sent {
             question: query.clone(),
             edge,
             latency: intended.elapsed(),
@@ -102,14 +160,26 @@ impl Requester {
     }
 }
 
-/// Runs `workload` against `edges` (client i talks to edge i mod E). `progress` is called
-/// after every answer with the number answered so far.
+/// Runs `workload`'s retrievals against `edges`; see [`run_exchange`].
 pub async fn run(
     workload: &[WorkloadQuery],
     edges: &[String],
     settings: &DriverSettings,
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> RunOutcome {
+    let retrieve = Retrieve { k: settings.k };
+    run_exchange(workload, edges, retrieve, settings, progress).await
+}
+
+/// Runs `workload` against `edges` (client i talks to edge i mod E), each query one
+/// `exchange`. `progress` is called after every answer with the number answered so far.
+pub async fn run_exchange<X: Exchange>(
+    workload: &[WorkloadQuery],
+    edges: &[String],
+    exchange: X,
+    settings: &DriverSettings,
+    progress: impl Fn(usize) + Send + Sync + 'static,
+) -> RunOutcome<X::Reply> {
     let client = settings.client.clone().unwrap_or_else(|| {
         reqwest::Client::builder()
             .timeout(settings.request_timeout)
@@ -121,7 +191,7 @@ pub async fn run(
     let edges: Arc<Vec<String>> = Arc::new(edges.to_vec());
     let started = Instant::now();
     let deadline = settings.max_duration.map(|d| started + d);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant, QueryRecord)>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant, Sent<X::Reply>)>();
     let requester = Requester {
         client,
         workload: Arc::clone(&workload),
@@ -129,7 +199,7 @@ pub async fn run(
         tx,
         done: Arc::new(AtomicUsize::new(0)),
         progress: Arc::new(progress),
-        k: settings.k,
+        exchange: Arc::new(exchange),
         started,
     };
     // With `cycle`, indexes run past the workload's end (taken modulo its length).
@@ -188,7 +258,7 @@ pub async fn run(
         answered.push(item);
     }
     answered.sort_by_key(|(index, _, _)| *index);
-    let measured: Vec<(Instant, QueryRecord)> = answered
+    let measured: Vec<(Instant, Sent<X::Reply>)> = answered
         .into_iter()
         .filter(|(index, _, _)| *index >= settings.warmup)
         .map(|(_, intended, record)| (intended, record))

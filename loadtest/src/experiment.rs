@@ -19,7 +19,7 @@ use crate::scoring::{WorkloadIndex, summarize_all_and_first};
 use crate::workload::WorkloadQuery;
 
 /// How long a service may take to load its bundle and build its indexes.
-const START_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
@@ -328,20 +328,34 @@ async fn wait_until_ready(http: SocketAddr, timeout: Duration) -> Result<(), Str
     }
 }
 
-/// Runs `workload` through one system and measures it.
-#[allow(clippy::too_many_arguments)]
-pub async fn run_system(
-    spec: &SystemSpec,
+/// A system's edges, running and ready: each behind its client relay, dialling the cloud
+/// through its own relay; with the control plane they replicate through, if any.
+pub struct SystemEdges {
+    /// Each edge's process and direct HTTP address (for status reads outside the relays).
+    pub edges: Vec<(ManagedProcess, SocketAddr)>,
+    /// The edges' URLs through the client relays, in order.
+    pub urls: Vec<String>,
+    _relays: Vec<Relay>,
+    _control_plane: Vec<ManagedProcess>,
+}
+
+/// What makes one system's edges: its name, `edge-node serve` flags, and whether its edges
+/// share their hot cache through a fresh control plane.
+pub struct EdgeSpec<'a> {
+    pub name: &'a str,
+    pub args: &'a [String],
+    pub replicated: bool,
+}
+
+/// Starts `settings.edges` edges for system number `index` and waits until each is ready.
+pub async fn start_edges(
+    spec: &EdgeSpec<'_>,
     index: usize,
     cloud: &CloudTier,
     settings: &ClusterSettings,
-    workload: &[WorkloadQuery],
-    driver_settings: &DriverSettings,
-    workload_index: &WorkloadIndex,
-    progress: impl Fn(usize) + Send + Sync + 'static,
-) -> Result<SystemReport, EvalError> {
+) -> Result<SystemEdges, EvalError> {
     let cloud_addr = parse_addr(&cloud.front()?.addr("quic_addr"), "the cloud")?;
-    let (_control_plane, control_plane) = if spec.replicated {
+    let (control_plane_processes, control_plane) = if spec.replicated {
         tokio::task::block_in_place(|| {
             control_plane::start_group(
                 &settings.work,
@@ -374,7 +388,7 @@ pub async fn run_system(
             "--expose-matched-query-text".into(),
             "true".into(),
         ]);
-        args.extend(spec.edge_args.iter().cloned());
+        args.extend(spec.args.iter().cloned());
         args.extend(settings.extra_edge_args.iter().cloned());
         // Each edge follows its own control-plane node first, the others on failure.
         for n in 0..control_plane.len() {
@@ -385,7 +399,7 @@ pub async fn run_system(
             args.push("--edge-id".into());
             args.push(format!("edge-{e}"));
         }
-        let name = format!("edge-{index:02}-{}-{e}", spec.name);
+        let name = format!("edge-{index:02}-{}-{e}", spec.name.replace('+', "-"));
         let edge = tokio::task::block_in_place(|| {
             ManagedProcess::start(
                 &name,
@@ -413,7 +427,34 @@ pub async fn run_system(
             .await
             .map_err(|message| EvalError::Invalid(format!("{}: {message}", edge.name)))?;
     }
-    let outcome = driver::run(workload, &urls, driver_settings, progress).await;
+    Ok(SystemEdges {
+        edges,
+        urls,
+        _relays: relays,
+        _control_plane: control_plane_processes,
+    })
+}
+
+/// Runs `workload` through one system and measures it.
+#[allow(clippy::too_many_arguments)]
+pub async fn run_system(
+    spec: &SystemSpec,
+    index: usize,
+    cloud: &CloudTier,
+    settings: &ClusterSettings,
+    workload: &[WorkloadQuery],
+    driver_settings: &DriverSettings,
+    workload_index: &WorkloadIndex,
+    progress: impl Fn(usize) + Send + Sync + 'static,
+) -> Result<SystemReport, EvalError> {
+    let edge_spec = EdgeSpec {
+        name: &spec.name,
+        args: &spec.edge_args,
+        replicated: spec.replicated,
+    };
+    let system = start_edges(&edge_spec, index, cloud, settings).await?;
+    let edges = &system.edges;
+    let outcome = driver::run(workload, &system.urls, driver_settings, progress).await;
     let records: String = outcome
         .records
         .iter()
@@ -434,7 +475,7 @@ pub async fn run_system(
     );
     let status_client = reqwest::Client::new();
     let mut rss = 0u64;
-    for (edge, http) in &edges {
+    for (edge, http) in edges {
         let status = match status_client
             .get(format!("http://{http}/v1/status"))
             .send()
@@ -465,8 +506,7 @@ pub async fn run_system(
     if let Some(err) = outcome.records.iter().find_map(|r| r.result.as_ref().err()) {
         tracing::warn!(system = %report.label(), errors = report.errors, first = %err, "queries failed");
     }
-    drop(relays);
-    drop(edges);
+    drop(system);
     Ok(report)
 }
 

@@ -1,6 +1,7 @@
 //! `hasten-loadtest`: TopViews-shaped query workloads, a load driver with an emulated
 //! network, and the evaluation of HaS against the systems a user would pick instead.
 
+pub mod answer;
 pub mod control_plane;
 pub mod driver;
 pub mod experiment;

@@ -1,5 +1,7 @@
 //! `hasten-loadtest`: TopViews-shaped workloads and the HaS evaluation.
 
+mod answers;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -47,6 +49,17 @@ enum Command {
     /// write summary.json, latency.hgrm, timeseries.csv and percentiles.svg, and exit 99
     /// when a --threshold fails.
     Run(Box<RunArgs>),
+    /// Answer the workload's questions through each answer system (standard,
+    /// has+full-prefill, cloud+fusionrag, hasten: edges on KV workers behind the emulated
+    /// network) as streamed chat completions, at each --rates; write report.json, report.md
+    /// and plots (TTFT, goodput, quality against gold, where the time went).
+    Answers(Box<answers::AnswersArgs>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RunTarget {
+    Retrieve,
+    Answers,
 }
 
 #[derive(Args)]
@@ -74,6 +87,13 @@ struct RunArgs {
     /// Documents per retrieval.
     #[arg(long, default_value_t = 10)]
     k: usize,
+    /// What each request is: `retrieve` (POST /v1/retrieve) or `answers` (a streamed chat
+    /// completion of at most --max-tokens, timed to its first token and between tokens).
+    #[arg(long, value_enum, default_value_t = RunTarget::Retrieve)]
+    target: RunTarget,
+    /// Longest answer with --target answers, tokens.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
     /// File holding the bearer token of the tenant to load as.
     #[arg(long)]
     token_file: Option<PathBuf>,
@@ -85,6 +105,7 @@ struct RunArgs {
     timeout: Duration,
     /// Pass condition, repeatable: p50, p90, p99, p99.9, p99.99 (any pNN), max, mean with
     /// ms/s; errors with % or a share; rps; e.g. --threshold 'p99<200ms' --threshold 'errors<0.1%'.
+    /// With --target answers, ttft_ and itl_ latency figures too: 'ttft_p99<2s', 'itl_p50<100ms'.
     #[arg(long = "threshold")]
     thresholds: Vec<loadtest::remote::Threshold>,
     #[arg(long, default_value_t = 7)]
@@ -154,14 +175,49 @@ async fn run_deployment(args: RunArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     let progress = bar.clone();
-    let outcome = loadtest::driver::run(&workload, &deployment.edges, &settings, move |n| {
-        progress.set_position(n as u64)
-    })
-    .await;
+    let tick = move |n: usize| progress.set_position(n as u64);
+    let (summary, verdicts, written) = match args.target {
+        RunTarget::Retrieve => {
+            let outcome =
+                loadtest::driver::run(&workload, &deployment.edges, &settings, tick).await;
+            let summary = RunSummary::new(&outcome.records, outcome.wall);
+            let verdicts = summary.judge(&args.thresholds);
+            let written = write_outputs(&args.out, &summary, &verdicts, &outcome.records);
+            (summary, verdicts, written)
+        }
+        RunTarget::Answers => {
+            let exchange = loadtest::answer::exchange::ChatAnswer {
+                k: args.k,
+                max_tokens: args.max_tokens,
+            };
+            let outcome = loadtest::driver::run_exchange(
+                &workload,
+                &deployment.edges,
+                exchange,
+                &settings,
+                tick,
+            )
+            .await;
+            let replies: Vec<_> = outcome
+                .records
+                .iter()
+                .filter_map(|r| Some((r, r.result.as_ref().ok()?)))
+                .collect();
+            let summary = RunSummary::new(&outcome.records, outcome.wall).with_answer_times(
+                replies
+                    .iter()
+                    .map(|(record, reply)| reply.first_text.unwrap_or(record.latency)),
+                replies
+                    .iter()
+                    .flat_map(|(_, reply)| reply.gaps.iter().copied()),
+            );
+            let verdicts = summary.judge(&args.thresholds);
+            let written = write_outputs(&args.out, &summary, &verdicts, &outcome.records);
+            (summary, verdicts, written)
+        }
+    };
     bar.finish_and_clear();
-    let summary = RunSummary::new(&outcome.records, outcome.wall);
-    let verdicts = summary.judge(&args.thresholds);
-    write_outputs(&args.out, &summary, &verdicts, &outcome.records)?;
+    written?;
     println!("{}", summary.text());
     for verdict in &verdicts {
         let mark = if verdict.passed { "ok  " } else { "FAIL" };
@@ -259,9 +315,9 @@ struct WorkloadArgs {
     /// (loadtest/README.md); the workload then spans the CSV's days.
     #[arg(long)]
     topviews: Option<PathBuf>,
-    /// Queries to generate.
-    #[arg(long, default_value_t = 5000)]
-    queries: usize,
+    /// Queries to generate [default: 5000; `answers`: 200].
+    #[arg(long)]
+    queries: Option<usize>,
     /// Zipf exponent of the built-in popularity model.
     #[arg(long, default_value_t = ZipfModel::default().exponent)]
     zipf_s: f64,
@@ -381,6 +437,7 @@ async fn main() -> Result<()> {
         Command::Eval(args) => eval(*args).await,
         Command::DevCerts(args) => dev_certs(&args),
         Command::Run(args) => run_deployment(*args).await,
+        Command::Answers(args) => answers::run(*args).await,
         Command::Workload(args) => {
             let (_, questions) = corpus(&args.corpus)?;
             let (workload, stats) = make_workload(&args.workload, &questions)?;
@@ -464,6 +521,9 @@ fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
     Ok((bundle_dir, questions))
 }
 
+/// Queries a workload has when `--queries` is not given (the HaS paper's cache size).
+const DEFAULT_QUERIES: usize = 5000;
+
 fn make_workload(
     args: &WorkloadArgs,
     questions: &[Question],
@@ -511,8 +571,13 @@ fn make_workload(
                 serde_json::json!({"zipf": model, "entities": names.len(), "ambiguous_subjects_dropped": ambiguous}),
             ),
         };
-        let generated =
-            workload::generate(&questions, &names, &popularity, args.queries, args.seed)?;
+        let generated = workload::generate(
+            &questions,
+            &names,
+            &popularity,
+            args.queries.unwrap_or(DEFAULT_QUERIES),
+            args.seed,
+        )?;
         (generated, description)
     };
     if let Some(path) = &args.save_workload {

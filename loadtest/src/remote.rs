@@ -12,7 +12,8 @@ use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::scoring::{QueryRecord, histogram_of, latency_histogram};
+use crate::driver::Sent;
+use crate::scoring::histogram_of;
 
 /// The exit status of a run whose thresholds failed (k6's).
 pub const THRESHOLDS_FAILED_EXIT: i32 = 99;
@@ -24,7 +25,9 @@ pub const PERCENTILES: [f64; 5] = [50.0, 90.0, 99.0, 99.9, 99.99];
 pub enum RemoteError {
     #[error(
         "threshold {0:?}: expected METRIC<VALUE or METRIC>VALUE (<=, >= too) with METRIC one of \
-         p50, p90, p99, p99.9, p99.99, max, mean, errors, rps, e.g. p99<0.2s or errors<0.1%"
+         p50, p90, p99, p99.9, p99.99, max, mean, errors, rps, e.g. p99<0.2s or errors<0.1%; \
+         with --target answers, a latency figure of the first token or of the gaps between \
+         tokens too: ttft_p99<2s, itl_p50<100ms"
     )]
     Threshold(String),
     #[error("duration {0:?}: expected a number with ms, s, m or h, e.g. 500ms or 60s")]
@@ -76,10 +79,24 @@ pub enum Comparison {
     AtLeast,
 }
 
+/// Which latency a figure is of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Series {
+    /// Each request's whole latency (an answer's last token).
+    #[default]
+    Latency,
+    /// An answer's first text (`ttft_`).
+    Ttft,
+    /// The gaps between an answer's text chunks (`itl_`).
+    Itl,
+}
+
 /// A pass condition on one figure of the run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Threshold {
     pub text: String,
+    pub series: Series,
     pub metric: Metric,
     pub comparison: Comparison,
     /// Seconds for latencies, a share for errors, per second for rps.
@@ -102,6 +119,11 @@ impl FromStr for Threshold {
         .find_map(|(op, comparison)| compact.find(op).map(|at| (at, comparison, op.len())))
         .ok_or_else(bad)?;
         let (name, value) = (&compact[..at], &compact[at + width..]);
+        let (series, name) = match (name.strip_prefix("ttft_"), name.strip_prefix("itl_")) {
+            (Some(rest), _) => (Series::Ttft, rest),
+            (_, Some(rest)) => (Series::Itl, rest),
+            _ => (Series::Latency, name),
+        };
         let metric = match name {
             "max" => Metric::Max,
             "mean" | "avg" => Metric::Mean,
@@ -118,6 +140,9 @@ impl FromStr for Threshold {
                 Metric::Percentile(percentile)
             }
         };
+        if series != Series::Latency && matches!(metric, Metric::Errors | Metric::Rps) {
+            return Err(bad());
+        }
         let bound = match metric {
             Metric::Errors => match value.strip_suffix('%') {
                 Some(percent) => percent.parse::<f64>().map_err(|_| bad())? / 100.0,
@@ -128,6 +153,7 @@ impl FromStr for Threshold {
         };
         Ok(Self {
             text: text.trim().to_string(),
+            series,
             metric,
             comparison,
             bound,
@@ -150,9 +176,39 @@ pub struct RunSummary {
     pub max_s: f64,
     /// The first few distinct errors, with their counts.
     pub error_kinds: Vec<(String, usize)>,
+    /// Answers: time to first text, and the gaps between text chunks.
+    pub ttft: Option<SeriesFigures>,
+    pub itl: Option<SeriesFigures>,
     /// Every latency, for thresholds on any percentile and the spectrum.
     #[serde(skip)]
     pub histogram: Histogram<u64>,
+}
+
+/// The percentiles of one more latency series of a run (seconds).
+#[derive(Clone, Debug, Serialize)]
+pub struct SeriesFigures {
+    pub samples: u64,
+    pub mean_s: f64,
+    pub percentiles: Vec<(f64, f64)>,
+    pub max_s: f64,
+    #[serde(skip)]
+    pub histogram: Histogram<u64>,
+}
+
+impl SeriesFigures {
+    pub fn of(values: impl IntoIterator<Item = Duration>) -> Self {
+        let histogram = histogram_of(values);
+        Self {
+            samples: histogram.len(),
+            mean_s: histogram.mean() / 1e6,
+            percentiles: PERCENTILES
+                .iter()
+                .map(|p| (*p, seconds(histogram.value_at_percentile(*p))))
+                .collect(),
+            max_s: seconds(histogram.max()),
+            histogram,
+        }
+    }
 }
 
 fn seconds(micros: u64) -> f64 {
@@ -160,8 +216,8 @@ fn seconds(micros: u64) -> f64 {
 }
 
 impl RunSummary {
-    pub fn new(records: &[QueryRecord], wall: Duration) -> Self {
-        let histogram = latency_histogram(records);
+    pub fn new<R>(records: &[Sent<R>], wall: Duration) -> Self {
+        let histogram = histogram_of(records.iter().map(|r| r.latency));
         let errors = records.iter().filter(|r| r.result.is_err()).count();
         let mut kinds: Vec<(String, usize)> = Vec::new();
         for error in records.iter().filter_map(|r| r.result.as_ref().err()) {
@@ -196,8 +252,21 @@ impl RunSummary {
                 .collect(),
             max_s: seconds(histogram.max()),
             error_kinds: kinds,
+            ttft: None,
+            itl: None,
             histogram,
         }
+    }
+
+    /// With answers' times to first text and gaps between text chunks.
+    pub fn with_answer_times(
+        mut self,
+        ttfts: impl IntoIterator<Item = Duration>,
+        gaps: impl IntoIterator<Item = Duration>,
+    ) -> Self {
+        self.ttft = Some(SeriesFigures::of(ttfts));
+        self.itl = Some(SeriesFigures::of(gaps));
+        self
     }
 
     fn value(&self, metric: Metric) -> f64 {
@@ -219,10 +288,15 @@ impl RunSummary {
         thresholds
             .iter()
             .map(|t| {
-                let value = match t.metric {
-                    // Any percentile, not only the reported ones.
-                    Metric::Percentile(p) => seconds(self.histogram.value_at_percentile(p)),
-                    other => self.value(other),
+                let value = match t.series {
+                    Series::Latency => match t.metric {
+                        // Any percentile, not only the reported ones.
+                        Metric::Percentile(p) => seconds(self.histogram.value_at_percentile(p)),
+                        other => self.value(other),
+                    },
+                    // NaN (a failed threshold) when the run measured no answers.
+                    Series::Ttft => self.ttft.as_ref().map_or(f64::NAN, |f| f.value(t.metric)),
+                    Series::Itl => self.itl.as_ref().map_or(f64::NAN, |f| f.value(t.metric)),
                 };
                 let passed = match t.comparison {
                     Comparison::Below => value < t.bound,
@@ -253,10 +327,30 @@ impl RunSummary {
             let _ = write!(out, "  p{p} {}", ms(*v));
         }
         let _ = write!(out, "  max {}", ms(self.max_s));
+        for (name, figures) in [("first token", &self.ttft), ("between tokens", &self.itl)] {
+            if let Some(figures) = figures {
+                let _ = write!(out, "\n{name}  mean {}", ms(figures.mean_s));
+                for (p, v) in &figures.percentiles {
+                    let _ = write!(out, "  p{p} {}", ms(*v));
+                }
+                let _ = write!(out, "  max {}", ms(figures.max_s));
+            }
+        }
         for (kind, n) in &self.error_kinds {
             let _ = write!(out, "\nerror x{n}: {kind}");
         }
         out
+    }
+}
+
+impl SeriesFigures {
+    fn value(&self, metric: Metric) -> f64 {
+        match metric {
+            Metric::Percentile(p) => seconds(self.histogram.value_at_percentile(p)),
+            Metric::Max => self.max_s,
+            Metric::Mean => self.mean_s,
+            Metric::Errors | Metric::Rps => f64::NAN,
+        }
     }
 }
 
@@ -333,8 +427,8 @@ pub struct SecondRow {
     pub max_s: f64,
 }
 
-pub fn time_series(records: &[QueryRecord]) -> Vec<SecondRow> {
-    let mut seconds: std::collections::BTreeMap<u64, Vec<&QueryRecord>> = Default::default();
+pub fn time_series<R>(records: &[Sent<R>]) -> Vec<SecondRow> {
+    let mut seconds: std::collections::BTreeMap<u64, Vec<&Sent<R>>> = Default::default();
     for record in records {
         seconds
             .entry(record.sent.as_secs())
@@ -462,11 +556,11 @@ impl Deployment {
 
 /// Writes `summary.json` (figures, thresholds and verdicts), `latency.hgrm`,
 /// `timeseries.csv` and `percentiles.svg` into `dir`.
-pub fn write_outputs(
+pub fn write_outputs<R>(
     dir: &Path,
     summary: &RunSummary,
     verdicts: &[Verdict],
-    records: &[QueryRecord],
+    records: &[Sent<R>],
 ) -> Result<(), RemoteError> {
     let write = |name: &str, text: String| {
         let path = dir.join(name);
@@ -493,6 +587,7 @@ pub fn write_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scoring::QueryRecord;
     use crate::workload::WorkloadQuery;
 
     fn record(latency_ms: u64, sent_s: u64, ok: bool) -> QueryRecord {
@@ -525,7 +620,25 @@ mod tests {
         assert_eq!((t.metric, t.bound), (Metric::Errors, 0.001));
         let t: Threshold = "rps>=100".parse().unwrap();
         assert_eq!((t.metric, t.comparison), (Metric::Rps, Comparison::AtLeast));
-        for bad in ["p99", "p101<1s", "latency<1s", "p99<fast", "errors<lots"] {
+        let t: Threshold = "ttft_p99<2s".parse().unwrap();
+        assert_eq!(
+            (t.series, t.metric, t.bound),
+            (Series::Ttft, Metric::Percentile(99.0), 2.0)
+        );
+        let t: Threshold = "itl_mean<=80ms".parse().unwrap();
+        assert_eq!(
+            (t.series, t.metric, t.bound),
+            (Series::Itl, Metric::Mean, 0.08)
+        );
+        for bad in [
+            "p99",
+            "p101<1s",
+            "latency<1s",
+            "p99<fast",
+            "errors<lots",
+            "ttft_errors<1%",
+            "itl_rps>1",
+        ] {
             assert!(bad.parse::<Threshold>().is_err(), "{bad}");
         }
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
@@ -551,11 +664,32 @@ mod tests {
         let passed: Vec<bool> = verdicts.iter().map(|v| v.passed).collect();
         assert_eq!(passed, [true, false, true, false]);
 
+        // Answer thresholds fail a run that measured no answers, and judge the answers'
+        // own times when it did: first text after 1-2 s, 50 ms between tokens.
+        let answers: Vec<Threshold> = vec![
+            "ttft_p99<2s".parse().unwrap(),
+            "itl_p50<=60ms".parse().unwrap(),
+        ];
+        assert!(
+            summary
+                .judge(&answers)
+                .iter()
+                .all(|v| !v.passed && v.value.is_nan())
+        );
+        let ttfts = (0..100).map(|i| Duration::from_millis(1000 + 10 * i));
+        let gaps = std::iter::repeat_n(Duration::from_millis(50), 300);
+        let answered = summary.clone().with_answer_times(ttfts, gaps);
+        let verdicts = answered.judge(&answers);
+        assert!(verdicts.iter().all(|v| v.passed), "{verdicts:?}");
+        assert!((verdicts[0].value - 1.99).abs() < 0.01, "{verdicts:?}");
+        let slow = answered.judge(&["ttft_p50<1s".parse().unwrap()]);
+        assert!(!slow[0].passed);
+
         let series = time_series(&records);
         assert_eq!(series.len(), 2);
         assert_eq!((series[0].requests, series[1].requests), (50, 50));
         assert_eq!(series[1].errors, 1);
-        let spectrum = hgrm(&latency_histogram(&records));
+        let spectrum = hgrm(&summary.histogram);
         assert!(spectrum.starts_with("       Value"), "{spectrum}");
         assert!(
             spectrum.contains("Total count    =          100"),

@@ -434,7 +434,7 @@ impl Report {
 }
 
 /// A plotting range around `values` with 5% margins (a unit range when empty or flat).
-fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
+pub(crate) fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
         (lo.min(v), hi.max(v))
     });

@@ -11,6 +11,7 @@ use hasten_core::corpus::passage_fingerprint;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use crate::driver::Sent;
 use crate::workload::{WorkloadQuery, first_occurrences};
 
 /// The part of an edge's `/v1/retrieve` reply the evaluation reads.
@@ -76,19 +77,10 @@ pub struct ReplyMatch {
     pub text: Option<String>,
 }
 
-/// What happened to one query.
-#[derive(Clone, Debug)]
-pub struct QueryRecord {
-    pub question: WorkloadQuery,
-    /// Which of the system's edges answered (index into its edge list).
-    pub edge: usize,
-    pub latency: Duration,
-    /// When it was meant to be sent, from the start of the run.
-    pub sent: Duration,
-    pub result: Result<EdgeReply, String>,
-}
+/// What happened to one retrieval.
+pub type QueryRecord = Sent<EdgeReply>;
 
-impl QueryRecord {
+impl Sent<EdgeReply> {
     /// One line of a run's `records-*.jsonl`: the query, its outcome, the client's latency
     /// and the edge's stage times, for analyses the report does not make.
     pub fn to_json(&self) -> serde_json::Value {

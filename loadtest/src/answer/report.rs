@@ -1,0 +1,342 @@
+//! The answer evaluation's report: report.json, report.md (each offered load's table of
+//! systems, where their time went, first occurrences, each system's goodput knee) and
+//! plots (TTFT CDF per load, goodput against offered rate).
+
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::summary::{AnswerSummary, PairedDifference};
+use super::systems::{AnswerSystem, BASELINE};
+use crate::driver::LoadModel;
+use crate::report::bounds;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AnswerSystemReport {
+    pub name: String,
+    pub system: AnswerSystem,
+    pub load: LoadModel,
+    pub all: AnswerSummary,
+    /// Over the questions no earlier question of the workload asked word for word.
+    pub first_occurrence: AnswerSummary,
+    /// Quality against the baseline at the same load, question by question.
+    pub paired_vs_baseline: Option<PairedDifference>,
+    pub paired_first_occurrence: Option<PairedDifference>,
+    /// Every answer's time to first text, ascending (for the CDF).
+    #[serde(skip)]
+    pub ttfts_s: Vec<f64>,
+}
+
+/// A system's highest goodput over the offered rates.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Knee {
+    pub system: String,
+    pub offered_qps: f64,
+    pub goodput: f64,
+    /// This goodput over the baseline's knee goodput.
+    pub vs_baseline: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AnswerReport {
+    pub workload: serde_json::Value,
+    pub runs: Vec<AnswerSystemReport>,
+    pub knees: Vec<Knee>,
+}
+
+/// `open 2 q/s` or `closed 4 clients`.
+pub fn load_label(load: &LoadModel) -> String {
+    match load {
+        LoadModel::Open { rate_qps, .. } => format!("open {rate_qps} q/s"),
+        LoadModel::Closed { clients } => format!("closed {clients} clients"),
+    }
+}
+
+fn offered(load: &LoadModel) -> Option<f64> {
+    match load {
+        LoadModel::Open { rate_qps, .. } => Some(*rate_qps),
+        LoadModel::Closed { .. } => None,
+    }
+}
+
+/// Each system's open-loop run of highest goodput.
+pub fn knees(runs: &[AnswerSystemReport]) -> Vec<Knee> {
+    let mut names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+    names.dedup();
+    let mut knees: Vec<Knee> = names
+        .iter()
+        .filter_map(|name| {
+            runs.iter()
+                .filter(|r| r.name == *name)
+                .filter_map(|r| Some((offered(&r.load)?, r.all.goodput)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(offered_qps, goodput)| Knee {
+                    system: name.to_string(),
+                    offered_qps,
+                    goodput,
+                    vs_baseline: None,
+                })
+        })
+        .collect();
+    if let Some(base) = knees
+        .iter()
+        .find(|k| k.system == BASELINE)
+        .map(|k| k.goodput)
+    {
+        for knee in &mut knees {
+            knee.vs_baseline = (base > 0.0).then(|| knee.goodput / base);
+        }
+    }
+    knees
+}
+
+impl AnswerReport {
+    pub fn new(workload: serde_json::Value, runs: Vec<AnswerSystemReport>) -> Self {
+        let knees = knees(&runs);
+        Self {
+            workload,
+            runs,
+            knees,
+        }
+    }
+
+    fn loads(&self) -> Vec<LoadModel> {
+        let mut loads: Vec<LoadModel> = Vec::new();
+        for run in &self.runs {
+            if !loads.contains(&run.load) {
+                loads.push(run.load);
+            }
+        }
+        loads
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut out = String::from("# Answers under load\n\n");
+        for load in self.loads() {
+            let runs: Vec<&AnswerSystemReport> =
+                self.runs.iter().filter(|r| r.load == load).collect();
+            let base = runs.iter().find(|r| r.name == BASELINE);
+            let slo = runs.first().map_or(0.0, |r| r.all.ttft_slo_s);
+            out += &format!("## {}\n\n", load_label(&load));
+            out += &format!(
+                "| system | answered | errors | TTFT p50 s | p95 | p99 | TTFT p50 vs {BASELINE} | ITL p50 ms | answer p50 s | p99 | answers/s | goodput/s (TTFT ≤ {slo} s) | accepted | KV in memory | EM | F1 | contains | ΔF1 vs {BASELINE} (pairs) |\n|{}\n",
+                "---|".repeat(18)
+            );
+            for run in &runs {
+                let a = &run.all;
+                let speedup = base
+                    .filter(|b| a.ttft_s.p50 > 0.0 && b.all.ttft_s.p50 > 0.0)
+                    .map_or("-".into(), |b| {
+                        format!("{:.2}x", b.all.ttft_s.p50 / a.ttft_s.p50)
+                    });
+                let paired = run
+                    .paired_vs_baseline
+                    .map_or("-".into(), |p| format!("{:+.3} ({})", p.f1, p.pairs));
+                let accepted = if a.answered > 0 {
+                    format!("{:.2}", a.accepted as f64 / a.answered as f64)
+                } else {
+                    "-".into()
+                };
+                let memory =
+                    a.kv.memory_hit_rate
+                        .map_or("-".into(), |h| format!("{h:.2}"));
+                out += &format!(
+                    "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {:.3} | {:.3} | {:.3} | {} |\n",
+                    run.name,
+                    a.answered,
+                    a.errors,
+                    a.ttft_s.p50,
+                    a.ttft_s.p95,
+                    a.ttft_s.p99,
+                    speedup,
+                    a.itl_s.p50 * 1e3,
+                    a.latency_s.p50,
+                    a.latency_s.p99,
+                    a.throughput,
+                    a.goodput,
+                    accepted,
+                    memory,
+                    a.quality.em,
+                    a.quality.f1,
+                    a.quality.contains,
+                    paired,
+                );
+            }
+            out += "\nWhere the time went (mean ms per answer, as the edge and the KV workers report it):\n\n";
+            out += "| system | retrieve | edge queue | worker queue | KV load | assemble | select | recompute | prefill | edge first token | decode | edge total | client TTFT mean |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+            for run in &runs {
+                let t = &run.all.stages;
+                out += &format!(
+                    "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    run.name,
+                    t.retrieve_ms,
+                    t.edge_queue_ms,
+                    t.worker_queue_ms,
+                    t.kv_load_ms,
+                    t.assemble_ms,
+                    t.select_ms,
+                    t.recompute_ms,
+                    t.prefill_ms,
+                    t.first_token_ms,
+                    t.decode_ms,
+                    t.total_ms,
+                    run.all.ttft_s.mean * 1e3,
+                );
+            }
+            out += "\nFirst occurrences (questions no earlier question asked word for word):\n\n";
+            out += &format!(
+                "| system | questions | TTFT p50 s | p99 | F1 | ΔF1 vs {BASELINE} (pairs) |\n|---|---|---|---|---|---|\n"
+            );
+            for run in &runs {
+                let f = &run.first_occurrence;
+                let paired = run
+                    .paired_first_occurrence
+                    .map_or("-".into(), |p| format!("{:+.3} ({})", p.f1, p.pairs));
+                out += &format!(
+                    "| {} | {} | {:.3} | {:.3} | {:.3} | {} |\n",
+                    run.name, f.questions, f.ttft_s.p50, f.ttft_s.p99, f.quality.f1, paired
+                );
+            }
+            for run in runs.iter().filter(|r| r.all.errors > 0) {
+                out += &format!(
+                    "\n{}: {} errors, the first: {}\n",
+                    run.name,
+                    run.all.errors,
+                    run.all.first_error.as_deref().unwrap_or("")
+                );
+            }
+            out += "\n";
+        }
+        if !self.knees.is_empty() {
+            out += &format!(
+                "## Goodput knee (each system's highest goodput over the offered rates)\n\n| system | at offered q/s | goodput/s | vs {BASELINE} |\n|---|---|---|---|\n"
+            );
+            for knee in &self.knees {
+                out += &format!(
+                    "| {} | {} | {:.3} | {} |\n",
+                    knee.system,
+                    knee.offered_qps,
+                    knee.goodput,
+                    knee.vs_baseline.map_or("-".into(), |v| format!("{v:.2}x"))
+                );
+            }
+        }
+        out
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("report.md"), self.markdown()).map_err(|e| e.to_string())?;
+        for (i, load) in self.loads().iter().enumerate() {
+            self.ttft_cdf(load, &dir.join(format!("ttft-cdf-{i}.svg")))?;
+        }
+        if !self.knees.is_empty() {
+            self.goodput_plot(&dir.join("goodput.svg"))?;
+        }
+        Ok(())
+    }
+
+    /// Time to first text, cumulative, per system at one load.
+    fn ttft_cdf(&self, load: &LoadModel, path: &Path) -> Result<(), String> {
+        let runs: Vec<&AnswerSystemReport> = self.runs.iter().filter(|r| r.load == *load).collect();
+        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let (_, hi) = bounds(runs.iter().filter_map(|r| r.ttfts_s.last().copied()));
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!("Time to first token, {}", load_label(load)),
+                ("sans-serif", 22),
+            )
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..hi, 0.0..1.0)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("time to first token (s)")
+            .y_desc("share of answers")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, run) in runs.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let n = run.ttfts_s.len().max(1) as f64;
+            let points: Vec<(f64, f64)> = run
+                .ttfts_s
+                .iter()
+                .enumerate()
+                .map(|(j, &t)| (t, (j + 1) as f64 / n))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(run.name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())
+    }
+
+    /// Goodput against offered rate, one line per system.
+    fn goodput_plot(&self, path: &Path) -> Result<(), String> {
+        let open: Vec<(&AnswerSystemReport, f64)> = self
+            .runs
+            .iter()
+            .filter_map(|r| Some((r, offered(&r.load)?)))
+            .collect();
+        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let (lo_x, hi_x) = bounds(open.iter().map(|(_, x)| *x));
+        let (_, hi_y) = bounds(open.iter().map(|(r, x)| r.all.goodput.max(*x)));
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Goodput against offered load", ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(lo_x..hi_x, 0.0..hi_y)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("offered load (questions/s)")
+            .y_desc("goodput (answers/s within the TTFT objective)")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, knee) in self.knees.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let mut points: Vec<(f64, f64)> = open
+                .iter()
+                .filter(|(r, _)| r.name == knee.system)
+                .map(|(r, x)| (*x, r.all.goodput))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(knee.system.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())
+    }
+}
