@@ -902,6 +902,17 @@ def kv_workers():
     )
     layout.add(
         timeseries(
+            "Time per output token and answer latency",
+            quantiles("hasten_kv_time_per_output_token_seconds", s, by="mode", legend_prefix="per token ")
+            + quantiles("hasten_kv_answer_duration_seconds", s, by="mode", legend_prefix="answer "),
+            unit="s",
+            description="An answer's decode time over its tokens after the first, and from "
+            "receiving a request to its last token (queue included), by fusion mode.",
+        ),
+        w=12,
+    )
+    layout.add(
+        timeseries(
             "Recomputed share of context tokens",
             [
                 (
@@ -957,12 +968,102 @@ def kv_workers():
     )
 
 
+def answers():
+    s = 'namespace="$namespace", pod=~"$pod"'
+    ns = 'namespace="$namespace"'
+    layout = Layout()
+    layout.row("Answers as users wait for them")
+    layout.add(
+        timeseries(
+            "Time to first token",
+            quantiles("hasten_edge_answer_first_token_seconds", s, by="mode"),
+            unit="s",
+            description="From a chat completion or /v1/answer reaching the edge to its first text: "
+            "retrieval, the answer queue and the backend's prefill (KV workers: KV loads, "
+            "selection, recompute). Alert: HastenAnswerTimeToFirstTokenHigh.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Time per output token",
+            quantiles("hasten_edge_answer_time_per_output_token_seconds", s, by="mode"),
+            unit="s",
+            description="An answer's decode time over its tokens after the first (standard mode): "
+            "the pace a streaming client sees.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Answer latency",
+            quantiles("hasten_edge_answer_duration_seconds", s, by="mode"),
+            unit="s",
+            description="From request to the answer's last token.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Goodput and throughput",
+            [
+                ("sum(namespace:hasten_edge_answer_goodput:rate{" + ns + "})", "goodput (first token within the objective)"),
+                (f"sum(rate(hasten_edge_answers_total{{{s}}}[{RATE}]))", "answers"),
+            ],
+            unit="reqps",
+            minimum=0,
+            description="Answers per second, and those whose first token came within "
+            "`monitoring.answerGoodput.ttftSeconds` (the recording rule "
+            "namespace:hasten_edge_answer_goodput:rate, namespace-wide). Goodput falling "
+            "behind throughput is load beyond the answer backend.",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Answer queue",
+            [(f"sum by (pod) (hasten_edge_answer_queue{{{s}}})", "{{pod}}")],
+            minimum=0,
+            description="Answers waiting for the answer backend on each edge (answer_queue "
+            "bounds it; beyond it requests get 429 with Retry-After).",
+        ),
+        w=8,
+    )
+    layout.add(
+        timeseries(
+            "Cancelled and refused answers",
+            [
+                (f"sum(rate(hasten_answer_cancelled_total{{{s}}}[{RATE}]))", "cancelled by the client"),
+                (f"sum by (kind) (rate(hasten_edge_answer_errors_total{{{s}}}[{RATE}]))", "{{kind}}"),
+            ],
+            unit="reqps",
+            minimum=0,
+            description="Streams whose client left before the end (generation stops at the next "
+            "piece), and requests refused or failed by kind (overloaded: the queue was full).",
+        ),
+        w=8,
+    )
+    return dashboard(
+        "hasten-answers",
+        "Hasten / Answers",
+        "Answers on the edges as users wait for them: time to first token, time per output token, answer latency, goodput at the objective, the answer queue, cancellations and refusals.",
+        layout,
+        variables("hasten_edge_answer_queue"),
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail when a file is stale instead of writing")
     args = parser.parse_args()
     stale = []
-    for name, build in (("hasten-edge", edge), ("hasten-cloud", cloud), ("hasten-control-plane", control_plane), ("hasten-kv-workers", kv_workers)):
+    for name, build in (
+        ("hasten-edge", edge),
+        ("hasten-answers", answers),
+        ("hasten-cloud", cloud),
+        ("hasten-control-plane", control_plane),
+        ("hasten-kv-workers", kv_workers),
+    ):
         text = json.dumps(build(), cls=JSONEncoder, indent=2) + "\n"
         path = OUT / f"{name}.json"
         if args.check:

@@ -55,6 +55,9 @@ ENUMS = {
     "edge.kind": ["Deployment", "DaemonSet"],
     "image.pullPolicy": ["Always", "IfNotPresent", "Never"],
     "logFormat": ["json", "text"],
+    # Bucket bounds of hasten_edge_answer_first_token_seconds (GENERATION_BUCKETS) a goodput
+    # objective can be read at.
+    "monitoring.answerGoodput.ttftSeconds": [0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30],
     "tls.mutual.certManager.issuerRef.kind": ["Issuer", "ClusterIssuer"],
 }
 COUNTS = {"replicas", "minReplicas", "maxReplicas", "shards", "replicasPerShard"}
@@ -89,6 +92,8 @@ def schema_of(value, path, key):
     if isinstance(value, (int, float)):
         if key in COUNTS:
             return {"type": "integer", "minimum": 0}
+        if path in ENUMS:
+            return {"type": "number", "enum": ENUMS[path]}
         return {"type": "number"}
     if isinstance(value, str):
         node = {"type": "string"}

@@ -27,6 +27,12 @@ pub const GENERATION_BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
 ];
 
+/// Seconds between an answer's output tokens (its decode time over its tokens after the
+/// first): from a small model on a GPU to a large one on two cores.
+pub const INTER_TOKEN_BUCKETS: &[f64] = &[
+    0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+];
+
 /// Tokens per second of decoding: from a large model on two cores to a small one on a GPU.
 pub const TOKEN_RATE_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 400.0, 1000.0,

@@ -6,13 +6,15 @@ use std::time::Duration;
 use hasten_core::metrics::prometheus::{
     self, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
-use hasten_core::metrics::{GENERATION_BUCKETS, LATENCY_BUCKETS, register};
+use hasten_core::metrics::{GENERATION_BUCKETS, INTER_TOKEN_BUCKETS, LATENCY_BUCKETS, register};
 
 use crate::worker::{Generated, TierUsage, WorkerInfo};
 
 #[derive(Debug)]
 pub struct KvMetrics {
     first_token: HistogramVec,
+    duration: HistogramVec,
+    inter_token: HistogramVec,
     recomputed: IntCounterVec,
     context: IntCounterVec,
     chunks: IntCounterVec,
@@ -37,6 +39,28 @@ impl KvMetrics {
                         "From receiving a request to its first token (queue and loads included), by mode",
                     )
                     .buckets(GENERATION_BUCKETS.to_vec()),
+                    &["mode"],
+                )?,
+            )?,
+            duration: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "hasten_kv_answer_duration_seconds",
+                        "From receiving a request to its last token (queue included), by mode",
+                    )
+                    .buckets(GENERATION_BUCKETS.to_vec()),
+                    &["mode"],
+                )?,
+            )?,
+            inter_token: register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "hasten_kv_time_per_output_token_seconds",
+                        "An answer's decode time over its tokens after the first, by mode",
+                    )
+                    .buckets(INTER_TOKEN_BUCKETS.to_vec()),
                     &["mode"],
                 )?,
             )?,
@@ -110,10 +134,27 @@ impl KvMetrics {
         })
     }
 
-    pub fn observe(&self, mode: &str, generated: &Generated, first_token: Duration) {
+    /// One answer, `queued` before the model took it.
+    pub fn observe(&self, mode: &str, generated: &Generated, queued: Duration) {
+        let timings = &generated.answer.timings;
         self.first_token
             .with_label_values(&[mode])
-            .observe(first_token.as_secs_f64());
+            .observe((queued + timings.first_token).as_secs_f64());
+        self.duration
+            .with_label_values(&[mode])
+            .observe((queued + timings.total).as_secs_f64());
+        if let Some(after_first) = generated
+            .answer
+            .tokens
+            .len()
+            .checked_sub(1)
+            .filter(|n| *n > 0)
+        {
+            let decode = timings.total.saturating_sub(timings.first_token);
+            self.inter_token
+                .with_label_values(&[mode])
+                .observe(decode.as_secs_f64() / after_first as f64);
+        }
         self.recomputed
             .with_label_values(&[mode])
             .inc_by(generated.answer.recomputed.len() as u64);

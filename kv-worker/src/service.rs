@@ -150,11 +150,7 @@ impl KvGeneration for KvGenerationService {
             let last = match generated {
                 Ok(generated) => {
                     let mode = request.settings.mode.name();
-                    metrics.observe(
-                        mode,
-                        &generated,
-                        queued + generated.answer.timings.first_token,
-                    );
+                    metrics.observe(mode, &generated, queued);
                     metrics.observe_tiers(&worker.tiers());
                     let answer = generated_proto(generated, queued, worker.model_id().as_str());
                     Ok(pb::KvGenerateEvent {

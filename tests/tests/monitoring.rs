@@ -4,7 +4,8 @@
 //! (`scripts/render-rules.sh`: release `hasten` in namespace `hasten`, the shard-down alert
 //! after 5 s). Targets carry the labels prometheus-operator gives them in a cluster
 //! (`namespace`, `pod`, `job` = the Service's name), so the chart's queries run unchanged.
-//! Under load, every query of the edge, cloud and control-plane dashboards returns data,
+//! Under load, every query of the edge, cloud and control-plane dashboards returns data (and
+//! of the answers dashboard, with the edge answering on the small model when it is installed),
 //! `promtool check metrics` accepts every `/metrics` page, no alert fires, and killing the
 //! shard's replicas fires `HastenCloudShardNoLiveReplica`.
 //!
@@ -21,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_tests::answering::small_model;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, retrieve_body};
 use hasten_tests::{
@@ -220,6 +222,27 @@ async fn load(edge: String, questions: Vec<String>) {
     }
 }
 
+/// Streamed chat completions of a few tokens until the task is aborted, and now and then
+/// one asking for more tokens than the edge allows (a refusal the answers dashboard counts).
+async fn answer_load(edge: String, questions: Vec<String>) {
+    let http = reqwest::Client::new();
+    for i in 0.. {
+        let max_tokens = if i % 4 == 3 { 1_000_000 } else { 4 };
+        let body = json!({
+            "model": "hasten-rag", "stream": true, "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": questions[i % questions.len()]}],
+        });
+        let sent = http
+            .post(format!("http://{edge}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await;
+        if let Ok(response) = sent {
+            let _ = response.text().await;
+        }
+    }
+}
+
 /// Polls `expr` until it returns data or `deadline` passes. A ratio or a quantile is
 /// NaN over a rate window in which a scrape was late (a loaded CI machine), so one
 /// empty answer is not yet a failure; an expression that names a missing series never
@@ -266,6 +289,13 @@ async fn prometheus_sees_every_dashboard_query_and_fires_the_shard_alert() {
     let control_plane = Cluster::start("monitoring-cp", 1, 10_000);
     control_plane.leader().await;
     let cp_address = control_plane.addresses[&1].clone();
+    // With the small model the edge answers too, and the answers dashboard is checked.
+    let answer_model = small_model();
+    let mut edge_flags = vec!["--control-plane", &cp_address, "--tau", "1"];
+    let model_path = answer_model.as_ref().map(|m| m.display().to_string());
+    if let Some(model) = &model_path {
+        edge_flags.extend(["--lm-model", model.as_str()]);
+    }
     let edge = start_edge(
         &work,
         "edge",
@@ -275,7 +305,7 @@ async fn prometheus_sees_every_dashboard_query_and_fires_the_shard_alert() {
         // A corpus of three articles makes nearly every new question homologous to a
         // cached one; at tau 1 only exact repeats are answered at the edge, so fallbacks
         // (and with them the cloud's and the control plane's series) keep coming.
-        &["--control-plane", &cp_address, "--tau", "1"],
+        &edge_flags,
     )
     .unwrap();
     let edge_http = edge.addr("http_addr");
@@ -317,6 +347,9 @@ async fn prometheus_sees_every_dashboard_query_and_fires_the_shard_alert() {
     // The load runs from here to the end of the dashboard checks, so every rate
     // window the checks read holds traffic.
     let loading = tokio::spawn(load(edge_http.clone(), questions.clone()));
+    let answering = answer_model
+        .is_some()
+        .then(|| tokio::spawn(answer_load(edge_http.clone(), questions.clone())));
     tokio::time::sleep(Duration::from_secs(12)).await;
 
     // Every /metrics page passes promtool's own lint.
@@ -359,7 +392,11 @@ async fn prometheus_sees_every_dashboard_query_and_fires_the_shard_alert() {
     let dashboards = workspace_root().join("helm/hasten/dashboards");
     let mut empty = Vec::new();
     let mut checked = 0;
-    for name in ["hasten-edge", "hasten-cloud", "hasten-control-plane"] {
+    let mut names = vec!["hasten-edge", "hasten-cloud", "hasten-control-plane"];
+    if answering.is_some() {
+        names.push("hasten-answers");
+    }
+    for name in names {
         for (title, expr) in dashboard_queries(&dashboards.join(format!("{name}.json"))) {
             checked += 1;
             if !has_data_by(&prometheus, &expr, deadline).await {
@@ -368,6 +405,9 @@ async fn prometheus_sees_every_dashboard_query_and_fires_the_shard_alert() {
         }
     }
     loading.abort();
+    if let Some(answering) = answering {
+        answering.abort();
+    }
     assert!(checked > 60, "only {checked} dashboard queries");
     assert!(
         empty.is_empty(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use hasten_core::metrics::prometheus::{
     self, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
-use hasten_core::metrics::{GENERATION_BUCKETS, TOKEN_RATE_BUCKETS, register};
+use hasten_core::metrics::{GENERATION_BUCKETS, INTER_TOKEN_BUCKETS, TOKEN_RATE_BUCKETS, register};
 
 use super::Answered;
 use crate::api::EdgeError;
@@ -17,6 +17,7 @@ pub struct AnswerMetrics {
     errors: IntCounterVec,
     duration: HistogramVec,
     first_token: HistogramVec,
+    inter_token: HistogramVec,
     decode_rate: HistogramVec,
     generated: IntCounterVec,
     cancelled: IntCounter,
@@ -65,6 +66,14 @@ impl AnswerMetrics {
                     GENERATION_BUCKETS,
                 )?,
             )?,
+            inter_token: register(
+                registry,
+                by_mode(
+                    "hasten_edge_answer_time_per_output_token_seconds",
+                    "An answer's decode time over its tokens after the first, by mode",
+                    INTER_TOKEN_BUCKETS,
+                )?,
+            )?,
             decode_rate: register(
                 registry,
                 by_mode(
@@ -111,6 +120,15 @@ impl AnswerMetrics {
             .observe(answered.first_token().as_secs_f64());
         if let Some(rate) = answered.answer.decode_rate() {
             self.decode_rate.with_label_values(&[mode]).observe(rate);
+        }
+        // Speculative answers decode drafts, not the answer's tokens one by one.
+        let answer = &answered.answer;
+        if answered.mode == hasten_rag::AnswerMode::Standard && answer.generated_tokens > 1 {
+            let per_token =
+                answer.timings.decode.as_secs_f64() / (answer.generated_tokens - 1) as f64;
+            self.inter_token
+                .with_label_values(&[mode])
+                .observe(per_token);
         }
         self.generated
             .with_label_values(&[mode])
