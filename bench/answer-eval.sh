@@ -13,12 +13,13 @@
 #   bench/answer-eval.sh --questions FILE   another EntityQuestions-format file, same subsetting
 #   bench/answer-eval.sh --squad FILE       SQuAD paragraphs and questions (ARTICLES articles)
 #
-# Environment: QUERIES (150), RATES (0.5,1: open loop, q/s), TTFT_SLO (2s), MODE (realtime,
+# Environment: QUERIES (160), RATES (0.25,0.5,1: open loop, q/s), TTFT_SLO (5s), MODE (realtime,
 # or replay: no emulated network, closed loop, quality at full speed), SYSTEMS (all four),
 # MODEL (the answering GGUF; default SmolLM2-135M-Instruct from HASTEN_LM_DIR), ENTITIES
 # (60), MAX_PASSAGES (3), ARTICLES (4), MAX_TOKENS (16), K (5), EDGES (2), WORKERS (2),
-# DATA_DIR (../shared/data), OUT (run/answer-eval/<time>). The corpus bundle and the KV store
-# are built once under run/answer-eval/ and reused (the store is per model).
+# DATA_DIR (../shared/data), OUT (run/answer-eval/<time>), RAYON_NUM_THREADS (1: one thread
+# per process, so that two KV workers do not oversubscribe two cores). The corpus bundle and
+# the KV store are built once under run/answer-eval/ and reused (the store is per model).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --questions) questions=$2; shift 2 ;;
     --squad) squad=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -76,10 +77,11 @@ cargo build --release --workspace --bins
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export PATH=$target/release:$PATH
+export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-1}
 
 "$target/release/hasten-loadtest" answers "${corpus[@]}" --bundle-out "$bundle" \
-  "${popularity[@]}" --queries "${QUERIES:-150}" --rates "${RATES:-0.5,1}" \
-  --mode "${MODE:-realtime}" --ttft-slo "${TTFT_SLO:-2s}" \
+  "${popularity[@]}" --queries "${QUERIES:-160}" --rates "${RATES:-0.25,0.5,1}" \
+  --mode "${MODE:-realtime}" --ttft-slo "${TTFT_SLO:-5s}" \
   --systems "${SYSTEMS:-standard,has+full-prefill,cloud+fusionrag,hasten}" \
   --lm-model "$answer_model" --kv-store "$work/kv-store-$name-$(basename "$answer_model" .gguf)" \
   --max-tokens "${MAX_TOKENS:-16}" --k "${K:-5}" --edges "${EDGES:-2}" --workers "${WORKERS:-2}" \

@@ -94,3 +94,41 @@ for mode, rows in scores.items():
     print(f"{mode}: EM {sum(r['em'] for r in rows) / len(rows):.2f}, F1 {sum(r['f1'] for r in rows) / len(rows):.2f} "
           f"over {len(rows)} questions (too few to rank anything; see docs/benchmarks/answers.md for 100-question runs)")
 ANSWERS
+
+# The whole answer path under load (docs/benchmarks/answers-under-load.md): the standard RAG
+# stack (cloud retrieval, full prefill on KV workers) against Hasten (replicated HaS edges,
+# FusionRAG KV reuse, KV-aware routing), the same streamed questions at the same times.
+kill $cloud_pid $edge_pid 2>/dev/null || true
+answer_queries=${DEMO_ANSWER_QUERIES:-24}
+answer_rate=${DEMO_ANSWER_RATE_QPS:-0.5}
+if [ -f "$squad" ]; then
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); d["data"]=d["data"][:1]; json.dump(d,open(sys.argv[2],"w"))' \
+    "$squad" "$run/answer-squad.json"
+  answer_corpus=(--squad "$run/answer-squad.json" --bundle-out "$run/bundle-answers")
+else
+  answer_corpus=(--bundle "$bundle")
+fi
+echo
+# SmolLM2 whichever model answered above: on 2 cores the 0.5B model's prefill saturates the
+# workers at this rate, and the rows would take ten minutes.
+echo "the whole answer path: $answer_queries streamed questions at $answer_rate q/s, standard RAG against Hasten, $(basename "$lm_drafter") on 2 KV workers"
+echo "(the first run preprocesses the corpus's chunk KV once, a minute or two)"
+"$bin/hasten-loadtest" answers "${answer_corpus[@]}" --lm-model "$lm_drafter" \
+  --kv-store "$run/kv-store-$(basename "$lm_drafter" .gguf)" --queries "$answer_queries" \
+  --rates "$answer_rate" --systems standard,hasten --max-tokens 16 --ttft-slo 5s \
+  --out "$run/answers" > "$run/answers.log" 2>&1 || { tail -20 "$run/answers.log"; exit 1; }
+python3 - "$run/answers/report.json" <<'ROWS'
+import json, sys
+report = json.load(open(sys.argv[1]))
+print(f"{'system':<10} {'answered':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'goodput/s':>10} {'accepted':>9} {'KV in RAM':>10} {'F1':>6} {'dF1 vs standard':>16}")
+for run in report["runs"]:
+    a = run["all"]
+    kv = a["kv"]["memory_hit_rate"]
+    paired = run.get("paired_vs_baseline") or {}
+    print(f"{run['name']:<10} {a['answered']:>5} / {a['questions']:<2} {a['ttft_s']['p50']:>8.2f}s {a['ttft_s']['p99']:>8.2f}s {a['goodput']:>10.3f} "
+          f"{a['accepted'] / max(a['answered'], 1):>9.2f} {kv if kv is None else round(kv, 2)!s:>10} {a['quality']['f1']:>6.3f} "
+          f"{paired.get('f1', 0):>+9.3f} ({paired.get('pairs', 0)})")
+print(f"goodput: answers/s whose first token came within {report['runs'][0]['all']['ttft_slo_s']:.0f} s; "
+      "a debug build on this machine, a few dozen questions: see docs/benchmarks/answers-under-load.md for measured runs")
+ROWS
+echo "report: $run/answers/report.md"

@@ -62,8 +62,13 @@ fn offered(load: &LoadModel) -> Option<f64> {
 
 /// Each system's open-loop run of highest goodput.
 pub fn knees(runs: &[AnswerSystemReport]) -> Vec<Knee> {
-    let mut names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
-    names.dedup();
+    // Each system once, in report order (runs come load by load).
+    let mut names: Vec<&str> = Vec::new();
+    for run in runs {
+        if !names.contains(&run.name.as_str()) {
+            names.push(&run.name);
+        }
+    }
     let mut knees: Vec<Knee> = names
         .iter()
         .filter_map(|name| {
@@ -338,5 +343,45 @@ impl AnswerReport {
             .draw()
             .map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::systems::ANSWER_SYSTEMS;
+
+    fn run(system: usize, rate_qps: f64, goodput: f64) -> AnswerSystemReport {
+        let system = ANSWER_SYSTEMS[system];
+        AnswerSystemReport {
+            name: system.name.to_string(),
+            system,
+            load: LoadModel::Open { rate_qps, seed: 1 },
+            all: AnswerSummary {
+                goodput,
+                ..Default::default()
+            },
+            first_occurrence: AnswerSummary::default(),
+            paired_vs_baseline: None,
+            paired_first_occurrence: None,
+            ttfts_s: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_system_has_one_knee_at_its_best_goodput() {
+        // Two rates, systems interleaved as an evaluation runs them: standard peaks at the
+        // lower rate, hasten at the higher.
+        let runs = vec![
+            run(0, 0.5, 0.4),
+            run(3, 0.5, 0.5),
+            run(0, 1.0, 0.1),
+            run(3, 1.0, 0.9),
+        ];
+        let knees = knees(&runs);
+        assert_eq!(knees.len(), 2, "{knees:?}");
+        assert_eq!((knees[0].offered_qps, knees[0].goodput), (0.5, 0.4));
+        assert_eq!((knees[1].offered_qps, knees[1].goodput), (1.0, 0.9));
+        assert!((knees[1].vs_baseline.unwrap() - 2.25).abs() < 1e-9);
     }
 }
