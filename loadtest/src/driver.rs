@@ -44,6 +44,27 @@ pub struct Sent<R> {
     pub result: Result<R, String>,
 }
 
+/// POSTs `body` to `url`: the response when it succeeded, else the transport error or the
+/// HTTP status with its body, as a record's error text.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> Result<reqwest::Response, String> {
+    let response = client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| format!("transport: {e}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(format!("HTTP {}: {body}", status.as_u16()));
+    }
+    Ok(response)
+}
+
 /// `POST /v1/retrieve` with `k` documents.
 pub struct Retrieve {
     pub k: usize,
@@ -59,18 +80,9 @@ impl Exchange for Retrieve {
         query: &WorkloadQuery,
         _intended: Instant,
     ) -> Result<EdgeReply, String> {
-        let response = client
-            .post(format!("{url}/v1/retrieve"))
-            .json(&serde_json::json!({"query": query.question, "k": self.k}))
-            .send()
-            .await
-            .map_err(|e| format!("transport: {e}"))?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(format!("HTTP {}: {body}", status.as_u16()));
-        }
-        response
+        let body = serde_json::json!({"query": query.question, "k": self.k});
+        post_json(client, &format!("{url}/v1/retrieve"), &body)
+            .await?
             .json::<EdgeReply>()
             .await
             .map_err(|e| format!("bad reply: {e}"))

@@ -335,102 +335,151 @@ impl Report {
     /// Average latency against document hit rate: one line per swept system, points for
     /// the rest. Up and to the left is better.
     fn pareto_plot(&self, path: &Path) -> Result<(), String> {
-        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let (lo_x, hi_x) = bounds(self.systems.iter().map(|s| s.avg_latency_s));
-        let (lo_y, hi_y) = bounds(self.systems.iter().map(|s| s.doc_hit_rate));
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Latency / accuracy: threshold sweeps", ("sans-serif", 22))
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(60)
-            .build_cartesian_2d(lo_x..hi_x, lo_y..hi_y)
-            .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .x_desc("average latency (s)")
-            .y_desc("document hit rate")
-            .draw()
-            .map_err(|e| e.to_string())?;
         let mut names: Vec<&str> = self.systems.iter().map(|s| s.name.as_str()).collect();
         names.dedup();
-        for (i, name) in names.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let mut points: Vec<(f64, f64)> = self
-                .systems
-                .iter()
-                .filter(|s| s.name == *name)
-                .map(|s| (s.avg_latency_s, s.doc_hit_rate))
-                .collect();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(name.to_string())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-                .map_err(|e| e.to_string())?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())
+        let lines: Vec<(String, Vec<(f64, f64)>)> = names
+            .iter()
+            .map(|name| {
+                let points = self
+                    .systems
+                    .iter()
+                    .filter(|s| s.name == *name)
+                    .map(|s| (s.avg_latency_s, s.doc_hit_rate))
+                    .collect();
+                (name.to_string(), points)
+            })
+            .collect();
+        let (lo_x, hi_x) = bounds(self.systems.iter().map(|s| s.avg_latency_s));
+        let (lo_y, hi_y) = bounds(self.systems.iter().map(|s| s.doc_hit_rate));
+        let axes = Axes {
+            caption: "Latency / accuracy: threshold sweeps",
+            x: ("average latency (s)", lo_x..hi_x),
+            y: ("document hit rate", lo_y..hi_y),
+        };
+        line_plot(path, &axes, &lines)
     }
 
     /// Cumulative distribution of latency per system.
     fn cdf_plot(&self, path: &Path) -> Result<(), String> {
-        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let (_, hi_x) = bounds(
-            self.systems
-                .iter()
-                .flat_map(|s| s.latencies_s.last().copied()),
-        );
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Latency CDF", ("sans-serif", 22))
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0.0..hi_x, 0.0..1.0)
-            .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .x_desc("latency (s)")
-            .y_desc("share of queries")
-            .draw()
-            .map_err(|e| e.to_string())?;
-        for (i, s) in self.systems.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let n = s.latencies_s.len().max(1) as f64;
-            let points: Vec<(f64, f64)> = s
-                .latencies_s
-                .iter()
-                .enumerate()
-                .map(|(j, &l)| (l, (j + 1) as f64 / n))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(s.label())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())
+        let series: Vec<(String, &[f64])> = self
+            .systems
+            .iter()
+            .map(|s| (s.label(), s.latencies_s.as_slice()))
+            .collect();
+        cdf_plot(
+            path,
+            "Latency CDF",
+            "latency (s)",
+            "share of queries",
+            &series,
+        )
     }
+}
+
+/// A chart's caption and its axes' descriptions and ranges.
+pub(crate) struct Axes<'a> {
+    pub caption: &'a str,
+    pub x: (&'a str, std::ops::Range<f64>),
+    pub y: (&'a str, std::ops::Range<f64>),
+}
+
+/// One line with its points marked per `(label, points)`, points sorted by x.
+pub(crate) fn line_plot(
+    path: &Path,
+    axes: &Axes<'_>,
+    lines: &[(String, Vec<(f64, f64)>)],
+) -> Result<(), String> {
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(axes.caption, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(60)
+        .build_cartesian_2d(axes.x.1.clone(), axes.y.1.clone())
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(axes.x.0)
+        .y_desc(axes.y.0)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (label, points)) in lines.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let mut points = points.clone();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// The cumulative distribution of each `(label, ascending values)`.
+pub(crate) fn cdf_plot(
+    path: &Path,
+    caption: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, &[f64])],
+) -> Result<(), String> {
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let (_, hi_x) = bounds(
+        series
+            .iter()
+            .filter_map(|(_, values)| values.last().copied()),
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..hi_x, 0.0..1.0)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (label, values)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let n = values.len().max(1) as f64;
+        let points: Vec<(f64, f64)> = values
+            .iter()
+            .enumerate()
+            .map(|(j, &v)| (v, (j + 1) as f64 / n))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
 }
 
 /// A plotting range around `values` with 5% margins (a unit range when empty or flat).

@@ -128,13 +128,7 @@ async fn run_one(
     let file = cluster.work.join(format!("answers-{run}.jsonl"));
     std::fs::write(&file, lines)
         .map_err(|source| EvalError::Invalid(format!("writing {}: {source}", file.display())))?;
-    let firsts = first_occurrences(workload);
-    let first: Vec<AnswerRecord> = outcome
-        .records
-        .iter()
-        .filter(|r| firsts.contains(&r.question.seq))
-        .cloned()
-        .collect();
+    let first = first_occurrences_of(&outcome.records, &first_occurrences(workload));
     let report = AnswerSystemReport {
         name: system.name.to_string(),
         system: *system,
@@ -146,6 +140,15 @@ async fn run_one(
         ttfts_s: sorted_ttfts(&outcome.records),
     };
     Ok((outcome.records, report))
+}
+
+/// The records of questions no earlier question asked word for word.
+fn first_occurrences_of(records: &[AnswerRecord], firsts: &HashSet<usize>) -> Vec<AnswerRecord> {
+    records
+        .iter()
+        .filter(|r| firsts.contains(&r.question.seq))
+        .cloned()
+        .collect()
 }
 
 fn sorted_ttfts(records: &[AnswerRecord]) -> Vec<f64> {
@@ -211,11 +214,7 @@ where
         for (records, mut report) in at_load {
             if let Some(baseline) = &baseline {
                 report.paired_vs_baseline = Some(paired_difference(&records, baseline));
-                let first: Vec<AnswerRecord> = records
-                    .iter()
-                    .filter(|r| firsts.contains(&r.question.seq))
-                    .cloned()
-                    .collect();
+                let first = first_occurrences_of(&records, &firsts);
                 report.paired_first_occurrence = Some(paired_difference(&first, baseline));
             }
             reports.push(report);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::driver::Exchange;
+use crate::driver::{Exchange, post_json};
 use crate::workload::WorkloadQuery;
 
 /// The model name that asks an edge for a standard RAG answer.
@@ -168,17 +168,7 @@ impl Exchange for ChatAnswer {
             "stream": true,
             "k": self.k,
         });
-        let mut response = client
-            .post(format!("{url}/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| format!("transport: {e}"))?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(format!("HTTP {}: {body}", status.as_u16()));
-        }
+        let mut response = post_json(client, &format!("{url}/v1/chat/completions"), &body).await?;
         let mut reply = AnswerReply::default();
         let mut lines = EventLines::default();
         let mut last_text = None;

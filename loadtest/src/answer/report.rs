@@ -4,13 +4,12 @@
 
 use std::path::Path;
 
-use plotters::prelude::*;
 use serde::Serialize;
 
 use super::summary::{AnswerSummary, PairedDifference};
 use super::systems::{AnswerSystem, BASELINE};
 use crate::driver::LoadModel;
-use crate::report::bounds;
+use crate::report::{Axes, bounds, cdf_plot, line_plot};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct AnswerSystemReport {
@@ -246,51 +245,20 @@ impl AnswerReport {
 
     /// Time to first text, cumulative, per system at one load.
     fn ttft_cdf(&self, load: &LoadModel, path: &Path) -> Result<(), String> {
-        let runs: Vec<&AnswerSystemReport> = self.runs.iter().filter(|r| r.load == *load).collect();
-        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let (_, hi) = bounds(runs.iter().filter_map(|r| r.ttfts_s.last().copied()));
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                format!("Time to first token, {}", load_label(load)),
-                ("sans-serif", 22),
-            )
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0.0..hi, 0.0..1.0)
-            .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .x_desc("time to first token (s)")
-            .y_desc("share of answers")
-            .draw()
-            .map_err(|e| e.to_string())?;
-        for (i, run) in runs.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let n = run.ttfts_s.len().max(1) as f64;
-            let points: Vec<(f64, f64)> = run
-                .ttfts_s
-                .iter()
-                .enumerate()
-                .map(|(j, &t)| (t, (j + 1) as f64 / n))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(run.name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())
+        let series: Vec<(String, &[f64])> = self
+            .runs
+            .iter()
+            .filter(|r| r.load == *load)
+            .map(|r| (r.name.clone(), r.ttfts_s.as_slice()))
+            .collect();
+        let caption = format!("Time to first token, {}", load_label(load));
+        cdf_plot(
+            path,
+            &caption,
+            "time to first token (s)",
+            "share of answers",
+            &series,
+        )
     }
 
     /// Goodput against offered rate, one line per system.
@@ -300,49 +268,26 @@ impl AnswerReport {
             .iter()
             .filter_map(|r| Some((r, offered(&r.load)?)))
             .collect();
-        let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let lines: Vec<(String, Vec<(f64, f64)>)> = self
+            .knees
+            .iter()
+            .map(|knee| {
+                let points = open
+                    .iter()
+                    .filter(|(r, _)| r.name == knee.system)
+                    .map(|(r, x)| (*x, r.all.goodput))
+                    .collect();
+                (knee.system.clone(), points)
+            })
+            .collect();
         let (lo_x, hi_x) = bounds(open.iter().map(|(_, x)| *x));
         let (_, hi_y) = bounds(open.iter().map(|(r, x)| r.all.goodput.max(*x)));
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Goodput against offered load", ("sans-serif", 22))
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(60)
-            .build_cartesian_2d(lo_x..hi_x, 0.0..hi_y)
-            .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .x_desc("offered load (questions/s)")
-            .y_desc("goodput (answers/s within the TTFT objective)")
-            .draw()
-            .map_err(|e| e.to_string())?;
-        for (i, knee) in self.knees.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let mut points: Vec<(f64, f64)> = open
-                .iter()
-                .filter(|(r, _)| r.name == knee.system)
-                .map(|(r, x)| (*x, r.all.goodput))
-                .collect();
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(knee.system.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-                .map_err(|e| e.to_string())?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())
+        let axes = Axes {
+            caption: "Goodput against offered load",
+            x: ("offered load (questions/s)", lo_x..hi_x),
+            y: ("goodput (answers/s within the TTFT objective)", 0.0..hi_y),
+        };
+        line_plot(path, &axes, &lines)
     }
 }
 
