@@ -13,9 +13,10 @@ use loadtest::answer::systems::{ANSWER_SYSTEMS, AnswerSystem};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::experiment::{ClusterSettings, start_cloud};
 use loadtest::process::binary;
-use loadtest::relay::DelayModel;
 
-use super::{CorpusArgs, RunMode, WorkloadArgs, absolute, corpus, make_workload, progress_bar};
+use super::{
+    CorpusArgs, NetworkArgs, RunMode, WorkloadArgs, absolute, corpus, make_workload, progress_bar,
+};
 
 /// Questions an answer run asks when `--queries` is not given: 200 paired questions are
 /// what a quality difference of a point needs to be told from noise.
@@ -75,12 +76,8 @@ pub struct AnswersArgs {
     /// Replay mode's concurrent clients.
     #[arg(long, default_value_t = 2)]
     concurrency: usize,
-    /// One-way client-edge delay per packet: none, SECONDS or uniform:MIN,MAX.
-    #[arg(long, default_value = "uniform:0.005,0.025", value_parser = DelayModel::parse)]
-    client_delay: DelayModel,
-    /// One-way edge-cloud delay per packet.
-    #[arg(long, default_value = "uniform:0.05,0.1", value_parser = DelayModel::parse)]
-    cloud_delay: DelayModel,
+    #[command(flatten)]
+    network: NetworkArgs,
     /// Extra flag for every edge, e.g. `--edge-arg=--tau=0.3` (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     edge_arg: Vec<String>,
@@ -170,10 +167,7 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
         .with_context(|| format!("creating {}", args.out.display()))?;
     let work = absolute(&args.out.join("logs"))?;
     std::fs::create_dir_all(&work)?;
-    let (client_delay, cloud_delay) = match args.mode {
-        RunMode::Realtime => (args.client_delay, args.cloud_delay),
-        RunMode::Replay => (DelayModel::None, DelayModel::None),
-    };
+    let (client_delay, cloud_delay) = args.network.delays(args.mode);
     let cluster = ClusterSettings {
         bundle: bundle.clone(),
         shards: 1,

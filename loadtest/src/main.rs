@@ -176,6 +176,28 @@ enum RunMode {
     Replay,
 }
 
+/// The emulated network the relays put between clients, edges and the cloud.
+#[derive(Args)]
+struct NetworkArgs {
+    /// One-way client-edge delay per packet: none, SECONDS or uniform:MIN,MAX (the paper's
+    /// edge latency 0.01-0.05 s is a round trip).
+    #[arg(long, default_value = "uniform:0.005,0.025", value_parser = DelayModel::parse)]
+    client_delay: DelayModel,
+    /// One-way edge-cloud delay per packet (the paper's cloud latency 0.1-0.2 s round trip).
+    #[arg(long, default_value = "uniform:0.05,0.1", value_parser = DelayModel::parse)]
+    cloud_delay: DelayModel,
+}
+
+impl NetworkArgs {
+    /// The (client-edge, edge-cloud) delays a run in `mode` pays: none in replay.
+    fn delays(&self, mode: RunMode) -> (DelayModel, DelayModel) {
+        match mode {
+            RunMode::Realtime => (self.client_delay, self.cloud_delay),
+            RunMode::Replay => (DelayModel::None, DelayModel::None),
+        }
+    }
+}
+
 #[derive(Args)]
 struct EvalArgs {
     #[command(flatten)]
@@ -223,13 +245,8 @@ struct EvalArgs {
     /// the shard bundles: `cloud-index build --shards N`); 1 is one index.
     #[arg(long, default_value_t = 1)]
     shards: usize,
-    /// One-way client-edge delay per packet: none, SECONDS or uniform:MIN,MAX (the paper's
-    /// edge latency 0.01-0.05 s is a round trip).
-    #[arg(long, default_value = "uniform:0.005,0.025", value_parser = DelayModel::parse)]
-    client_delay: DelayModel,
-    /// One-way edge-cloud delay per packet (the paper's cloud latency 0.1-0.2 s round trip).
-    #[arg(long, default_value = "uniform:0.05,0.1", value_parser = DelayModel::parse)]
-    cloud_delay: DelayModel,
+    #[command(flatten)]
+    network: NetworkArgs,
     /// Closed loop: this many concurrent clients (ignored with --rate).
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -460,10 +477,7 @@ async fn eval(args: EvalArgs) -> Result<()> {
     let specs = system_specs(&args.systems, &sweeps, &ablation)?;
     let work = args.out.join("logs");
     std::fs::create_dir_all(&work)?;
-    let (client_delay, cloud_delay) = match args.mode {
-        RunMode::Realtime => (args.client_delay, args.cloud_delay),
-        RunMode::Replay => (DelayModel::None, DelayModel::None),
-    };
+    let (client_delay, cloud_delay) = args.network.delays(args.mode);
     let settings = ClusterSettings {
         bundle: absolute(&bundle)?,
         shards: args.shards,

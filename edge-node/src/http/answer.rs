@@ -114,31 +114,59 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// How an answer's retrieval went.
+pub fn outcome(answered: &Answered) -> OutcomeJson {
+    match answered.retrieval.outcome {
+        Outcome::Accepted => OutcomeJson::Accepted,
+        Outcome::Fallback => OutcomeJson::Fallback,
+    }
+}
+
+/// Where an answer's time went, as the JSON API reports it.
+pub fn timings(answered: &Answered) -> AnswerTimingsJson {
+    let t = &answered.answer.timings;
+    AnswerTimingsJson {
+        retrieve_ms: millis(answered.retrieve),
+        queue_ms: millis(answered.queued),
+        prefill_ms: millis(t.prefill),
+        first_token_ms: millis(answered.first_token()),
+        decode_ms: millis(t.decode),
+        verify_ms: millis(t.verify),
+        total_ms: millis(answered.total()),
+        kv: t.kv.map(|kv| KvStagesJson {
+            queue_ms: millis(kv.queue),
+            load_ms: millis(kv.load),
+            assemble_ms: millis(kv.assemble),
+            select_ms: millis(kv.select),
+            recompute_ms: millis(kv.recompute),
+            memory_hits: kv.memory_hits,
+            disk_hits: kv.disk_hits,
+            computed_chunks: kv.computed_chunks,
+            recomputed_tokens: kv.recomputed_tokens,
+        }),
+    }
+}
+
 /// An answer as the JSON API returns it.
 pub fn reply(answered: Answered) -> AnswerReply {
-    let first_token = answered.first_token();
-    let total = answered.total();
+    let timings = timings(&answered);
+    let retrieval = outcome(&answered);
     let Answered {
-        retrieval,
+        retrieval: retrieved,
         answer,
         mode,
         query,
         notes,
-        retrieve,
-        queued,
+        ..
     } = answered;
-    let t = answer.timings;
     AnswerReply {
         answer: answer.text,
         mode: match mode {
             hasten_rag::AnswerMode::Standard => ModeJson::Standard,
             hasten_rag::AnswerMode::Speculative => ModeJson::Speculative,
         },
-        retrieval: match retrieval.outcome {
-            Outcome::Accepted => OutcomeJson::Accepted,
-            Outcome::Fallback => OutcomeJson::Fallback,
-        },
-        documents: retrieval
+        retrieval,
+        documents: retrieved
             .documents
             .into_iter()
             .map(DocumentJson::from)
@@ -165,25 +193,6 @@ pub fn reply(answered: Answered) -> AnswerReply {
         query,
         dropped_turns: answer.dropped_turns,
         notes,
-        timings: AnswerTimingsJson {
-            retrieve_ms: millis(retrieve),
-            queue_ms: millis(queued),
-            prefill_ms: millis(t.prefill),
-            first_token_ms: millis(first_token),
-            decode_ms: millis(t.decode),
-            verify_ms: millis(t.verify),
-            total_ms: millis(total),
-            kv: t.kv.map(|kv| KvStagesJson {
-                queue_ms: millis(kv.queue),
-                load_ms: millis(kv.load),
-                assemble_ms: millis(kv.assemble),
-                select_ms: millis(kv.select),
-                recompute_ms: millis(kv.recompute),
-                memory_hits: kv.memory_hits,
-                disk_hits: kv.disk_hits,
-                computed_chunks: kv.computed_chunks,
-                recomputed_tokens: kv.recomputed_tokens,
-            }),
-        },
+        timings,
     }
 }

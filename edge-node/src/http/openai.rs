@@ -317,15 +317,15 @@ impl ChunkWriter {
             AnswerEvent::Done(answered) => {
                 let finish = finish_reason(answered.answer.finish);
                 let usage = Usage::of(&answered);
-                let reply = super::answer::reply(*answered);
                 let mut last = self.chunk(json!({}), Some(finish));
                 // Hasten's extension, as on a whole completion: how retrieval went and where
-                // the time went (clients ignore fields they do not know).
+                // the time went (clients ignore fields they do not know). The documents were
+                // the stream's first event; they are not converted again here.
                 last["hasten"] = json!({
-                    "retrieval": reply.retrieval,
-                    "query": reply.query,
-                    "prompt_tokens": reply.prompt_tokens,
-                    "timings": reply.timings,
+                    "retrieval": super::answer::outcome(&answered),
+                    "query": answered.query,
+                    "prompt_tokens": answered.answer.prompt_tokens,
+                    "timings": super::answer::timings(&answered),
                 });
                 let mut events = vec![data_event(&last)];
                 if self.include_usage {
