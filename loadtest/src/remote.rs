@@ -541,10 +541,8 @@ impl Deployment {
                 .map_err(|_| ClientError::Token)?;
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let mut builder = reqwest::Client::builder()
-            .timeout(self.request_timeout)
-            .pool_max_idle_per_host(1024)
-            .default_headers(headers);
+        let mut builder =
+            crate::driver::client_builder(self.request_timeout).default_headers(headers);
         if let Some(pem) = &self.ca_pem {
             builder = builder.add_root_certificate(
                 reqwest::Certificate::from_pem(pem).map_err(ClientError::Ca)?,
