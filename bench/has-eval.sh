@@ -10,13 +10,17 @@
 #
 #   bench/has-eval.sh                    EntityQuestions over the entity corpus
 #   bench/has-eval.sh --questions FILE   any EntityQuestions-format file (JSON lines, gz or not)
+#   bench/has-eval.sh --split tuning     one side of the subject split of bench/eq-split.py
+#                                        (tuning: where defaults are chosen; reporting: where
+#                                        they are reported, never tuned on)
 #   bench/has-eval.sh --squad FILE       the earlier SQuAD evaluation (SQuAD paragraphs,
 #                                        HotpotQA and wiki18 passages; SQuAD questions)
 #
 # Environment: QUERIES (20000; SQuAD: 5000), RATE_QPS (30, open loop), MODE (realtime, or
 # replay: no emulated network, quality at full speed), MAX_PASSAGES (20), SYSTEMS, TAUS,
 # THETAS (the sweeps), DATA_DIR (../shared/data), BUNDLE (where the corpus bundle is built
-# once and reused), OUT (run/has-eval/<time>).
+# once and reused; one per question file, the passages' vectors taken from another entity
+# bundle when there is one), OUT (run/has-eval/<time>).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +32,11 @@ while [ $# -gt 0 ]; do
   case $1 in
     --questions) questions=$2; shift 2 ;;
     --squad) squad=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --split)
+      case $2 in tuning|reporting) ;; *) echo "--split is tuning or reporting" >&2; exit 2 ;; esac
+      python3 bench/eq-split.py --questions "$questions" --out run/eq-split >/dev/null
+      questions=run/eq-split/$2.jsonl.gz; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,20 +66,38 @@ else
     [ -f "$f" ] || { echo "missing $f (see $data/README.md)" >&2; exit 2; }
   done
   queries=${QUERIES:-20000}
-  bundle=${BUNDLE:-run/has-eval/entity-bundle}
+  name=$(basename "$questions")
+  name=${name%.gz}
+  name=${name%.jsonl}
+  bundle=${BUNDLE:-run/has-eval/entity-bundle-$name}
   corpus=(--wiki-articles "$articles" --max-passages-per-article "${MAX_PASSAGES:-20}"
     --entity-questions "$questions" --entity-questions-with-article)
   popularity=(--topviews "$views")
-fi
-# A bundle built earlier is reused as is (cloud-index build keeps vectors between runs too).
-if [ -f "$bundle/manifest.json" ]; then
-  corpus=(--bundle "$bundle")
 fi
 
 cargo build --release --bins
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 mkdir -p "$out"
+
+if [ -z "$squad" ] && [ ! -f "$bundle/manifest.json" ]; then
+  # The passages are the same whatever the questions: the bundle of other questions lends
+  # its vectors (cloud-index build reuses those of a bundle at its output path), so only a
+  # first bundle encodes the ~100k passages (about 40 minutes here).
+  rm -rf "$bundle.partial"
+  for other in run/has-eval/entity-bundle-*/; do
+    if [ -f "$other/manifest.json" ]; then
+      cp -r "${other%/}" "$bundle.partial"
+      break
+    fi
+  done
+  "$target/release/cloud-index" build "${corpus[@]}" --out "$bundle.partial"
+  mv "$bundle.partial" "$bundle"
+fi
+# A bundle built earlier is reused as is.
+if [ -f "$bundle/manifest.json" ]; then
+  corpus=(--bundle "$bundle")
+fi
 
 # The paper's network: client-edge round trip U(0.01, 0.05) s, edge-cloud U(0.1, 0.2) s,
 # paid on the wire by the relays as one-way delays of half that per packet.

@@ -188,6 +188,7 @@ fn bench(c: &mut Criterion) {
                     &Tenant::default_tenant(),
                     q,
                     K,
+                    false,
                     &mut StageTimings::default(),
                 )
                 .map(|sp| sp.verdict.accepted)
@@ -201,7 +202,9 @@ fn bench(c: &mut Criterion) {
     let mut stages = [Duration::ZERO; 4];
     for q in &queries {
         let mut t = StageTimings::default();
-        let _ = s.engine.speculate(&Tenant::default_tenant(), q, K, &mut t);
+        let _ = s
+            .engine
+            .speculate(&Tenant::default_tenant(), q, K, false, &mut t);
         let measured = [t.cache_channel, t.fuzzy_channel, t.merge, t.validation];
         for (sum, v) in stages.iter_mut().zip(measured) {
             *sum += v.unwrap_or_default();
@@ -232,6 +235,7 @@ fn bench(c: &mut Criterion) {
                     &Tenant::default_tenant(),
                     q,
                     K,
+                    false,
                     &mut StageTimings::default(),
                 );
                 let elapsed = started.elapsed();

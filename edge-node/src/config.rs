@@ -174,6 +174,11 @@ pub struct EdgeConfig {
     /// It is another user's question (of the same tenant), so it is off unless the operator
     /// wants it (evaluations use it to judge acceptances); the id and score always show.
     pub expose_matched_query_text: bool,
+    /// Show, in `/v1/retrieve` replies, where each HaS draft came from: the document ids
+    /// of the draft, of each channel's candidates and of the best cached query's result.
+    /// They tell what other users' questions cached, so it is off unless the operator
+    /// evaluates HaS's rules (`hasten-loadtest eval` turns it on).
+    pub expose_draft_trace: bool,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
     /// GGUF model (llama or qwen2) that answers `/v1/answer`: it writes standard answers and
@@ -323,6 +328,7 @@ impl Default for EdgeConfig {
             edge_id: "edge".into(),
             tenants_file: None,
             expose_matched_query_text: false,
+            expose_draft_trace: false,
             ready_file: None,
             lm_model: None,
             lm_drafter: None,
@@ -743,6 +749,7 @@ mod tests {
             (10, 10, 0.2, 5000, 50)
         );
         assert!(!config.expose_matched_query_text);
+        assert!(!config.expose_draft_trace);
         config.validate().unwrap();
         config.validation_depth = 0;
         assert!(

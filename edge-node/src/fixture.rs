@@ -214,6 +214,7 @@ impl Fixture {
             query: Query::Vector(vector.to_vec()),
             k,
             deadline: None,
+            trace: false,
         };
         self.engine
             .retrieve(request, no_encoder)
@@ -234,6 +235,7 @@ impl Fixture {
             query: Query::Text(text.into()),
             k,
             deadline: None,
+            trace: false,
         };
         let encoded = vector.to_vec();
         self.engine

@@ -192,6 +192,11 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     expose_matched_query_text: Option<bool>,
+    /// Show where each HaS draft came from in replies (document ids of the channels and
+    /// the best cached query) [default: false].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expose_draft_trace: Option<bool>,
     /// This edge's name in replicated entries [default: edge].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::control_plane;
+use crate::draft_loss::traced_queries;
 use crate::driver::{self, DriverSettings};
 use crate::process::{
     ManagedProcess, ProcessError, binary, cloud_index_route_args, cloud_index_serve_args,
@@ -381,11 +382,14 @@ pub async fn start_edges(
             &cloud.cert,
         );
         // Leave room for the emulated WAN on top of the cloud's own time; the matched
-        // query's text is what CAR is judged by.
+        // query's text is what CAR is judged by, the draft trace what tells where an
+        // accepted draft lost its gold passage.
         args.extend([
             "--cloud-timeout-ms".into(),
             "30000".into(),
             "--expose-matched-query-text".into(),
+            "true".into(),
+            "--expose-draft-trace".into(),
             "true".into(),
         ]);
         args.extend(spec.args.iter().cloned());
@@ -503,6 +507,7 @@ pub async fn run_system(
         .collect();
     latencies.sort_by(f64::total_cmp);
     report.latencies_s = latencies;
+    report.traced = traced_queries(&outcome.records, workload_index);
     if let Some(err) = outcome.records.iter().find_map(|r| r.result.as_ref().err()) {
         tracing::warn!(system = %report.label(), errors = report.errors, first = %err, "queries failed");
     }

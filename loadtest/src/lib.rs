@@ -3,6 +3,7 @@
 
 pub mod answer;
 pub mod control_plane;
+pub mod draft_loss;
 pub mod driver;
 pub mod experiment;
 pub mod paraphrase;

@@ -7,6 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use crate::draft_loss::{self, DraftLosses, TracedQueries, draft_losses};
 use crate::scoring::{FallbackBreakdown, Summary, pair_with_baseline};
 
 /// What an edge's status says of its documents at the end of a run: held (its share of the
@@ -87,6 +88,12 @@ pub struct SystemReport {
     /// Sorted latencies (seconds) for the CDF plot; not serialised.
     #[serde(skip)]
     pub latencies_s: Vec<f64>,
+    /// Where accepted drafts lost the gold passage, against cloud-only (first
+    /// occurrences; `null` without draft traces or a cloud-only run).
+    pub draft_losses: Option<DraftLosses>,
+    /// Each answered first occurrence, for the breakdown; not serialised.
+    #[serde(skip)]
+    pub traced: TracedQueries,
 }
 
 impl SystemReport {
@@ -128,6 +135,8 @@ impl SystemReport {
             edge_rss_bytes: None,
             edge_documents: None,
             latencies_s: Vec::new(),
+            draft_losses: None,
+            traced: TracedQueries::new(),
         }
     }
 
@@ -166,8 +175,8 @@ impl Report {
         self.systems.iter().find(|s| s.name == "cloud-only")
     }
 
-    /// Fills every system's paired DHR drop (all queries and first occurrences) against
-    /// cloud-only's run; nothing without one.
+    /// Fills every system's paired DHR drop (all queries and first occurrences) and its
+    /// draft losses against cloud-only's run; nothing without one.
     pub fn pair_with_baseline(&mut self) {
         let Some(baseline) = self.baseline().cloned() else {
             return;
@@ -176,6 +185,7 @@ impl Report {
             pair_with_baseline(&mut system.all, &baseline.all);
             system.paired_dhr_drop = system.all.paired_dhr_drop;
             pair_with_baseline(&mut system.first_occurrence, &baseline.first_occurrence);
+            system.draft_losses = draft_losses(&system.traced, &baseline.traced);
         }
     }
 
@@ -236,7 +246,27 @@ impl Report {
         out.push_str(&self.first_occurrence_markdown());
         out.push_str(&self.fallback_markdown());
         out.push_str(&self.documents_markdown());
+        out.push_str(&self.draft_loss_markdown());
         out
+    }
+
+    /// Where each HaS run's accepted drafts lost the gold passage.
+    fn draft_loss_markdown(&self) -> String {
+        let tables: String = self
+            .systems
+            .iter()
+            .filter_map(|s| Some(draft_loss::markdown(&s.label(), s.draft_losses.as_ref()?)))
+            .collect();
+        if tables.is_empty() {
+            return tables;
+        }
+        format!(
+            "\n## Where accepted drafts lose the gold passage (first occurrences, against cloud-only)\n\n\
+             Accepted drafts by the cached query that validated them; of those without a gold \
+             passage, whether cloud-only's answer to the same query held one and, if so, \
+             whether a channel found it (the exact re-rank then cut it) or none did, and whether \
+             the validating query's cached result held it.\n{tables}"
+        )
     }
 
     /// The headline table: first occurrences only, with the paired drop against cloud-only.

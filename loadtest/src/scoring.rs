@@ -23,6 +23,25 @@ pub struct EdgeReply {
     /// The edge's own account of where its time went.
     #[serde(default)]
     pub timings_us: Option<ReplyTimings>,
+    /// Where an HaS draft came from (edges started with `--expose-draft-trace`).
+    #[serde(default)]
+    pub draft_trace: Option<DraftTrace>,
+}
+
+/// Document ids of an HaS draft and of what it was drawn and validated from, as an edge
+/// reports them.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct DraftTrace {
+    pub draft: Vec<u64>,
+    pub cache_channel: Vec<u64>,
+    pub fuzzy_channel: Vec<u64>,
+    pub best_match: Option<TracedMatch>,
+}
+
+/// The cached query with the most votes for a draft, and the documents it cached.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct TracedMatch {
+    pub documents: Vec<u64>,
 }
 
 /// Stage times an edge reports with each reply, in microseconds.
@@ -55,6 +74,9 @@ pub struct FallbackBreakdown {
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct ReplyDocument {
+    /// The corpus document id (absent from replies that do not carry one).
+    #[serde(default)]
+    pub id: u64,
     #[serde(default)]
     pub title: String,
     pub text: String,
@@ -146,6 +168,8 @@ pub struct WorkloadIndex {
     /// Question text to entity, to judge whether an accepted draft was validated by a
     /// query about the same entity (CAR).
     pub entity_of_question: HashMap<String, String>,
+    /// Question text to relation, where the data set names one (EntityQuestions).
+    pub relation_of_question: HashMap<String, String>,
     /// Queries whose text no earlier query asked.
     pub first_occurrences: HashSet<usize>,
 }
@@ -156,6 +180,10 @@ impl WorkloadIndex {
             entity_of_question: workload
                 .iter()
                 .map(|q| (q.question.clone(), q.entity.clone()))
+                .collect(),
+            relation_of_question: workload
+                .iter()
+                .filter_map(|q| Some((q.question.clone(), q.relation.clone()?)))
                 .collect(),
             first_occurrences: first_occurrences(workload),
         }
@@ -344,6 +372,7 @@ mod tests {
 
     fn document(title: &str, text: &str) -> ReplyDocument {
         ReplyDocument {
+            id: 0,
             title: title.into(),
             text: text.into(),
         }
@@ -357,6 +386,7 @@ mod tests {
                 text: Some(m.into()),
             }),
             timings_us: None,
+            draft_trace: None,
         }
     }
 
@@ -511,6 +541,7 @@ mod tests {
                 outcome: "fallback".into(),
                 matched_query: None,
                 timings_us: None,
+                draft_trace: None,
             }),
         }
     }

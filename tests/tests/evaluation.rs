@@ -113,6 +113,35 @@ fn every_system_runs_and_cloud_only_is_exact() {
         assert!(p("p50_s") <= p("p95_s") && p("p95_s") <= p("p99_s") && p("p99_s") <= p("max_s"));
         assert!(p("throughput_qps") > 0.0);
     }
+    // HaS's draft traces reach the report: each accepted first occurrence is counted once in
+    // the breakdown, each rejected one as a rejection, and each accepted draft without a
+    // gold passage is put on exactly one stage.
+    for s in systems {
+        let losses = &s["draft_losses"];
+        if !s["name"].as_str().unwrap().starts_with("has") {
+            assert!(losses.is_null(), "{s}");
+            continue;
+        }
+        let rows = losses["rows"].as_array().unwrap();
+        let (total, kinds) = rows.split_last().unwrap();
+        assert!(total["validated_by"].is_null(), "{losses}");
+        let first = &s["first_occurrence"];
+        assert_eq!(total["accepted"], first["accepted"], "{s}");
+        assert_eq!(losses["rejected"], first["fallback"], "{s}");
+        let n = |key: &str| total[key].as_u64().unwrap();
+        let placed = n("cloud_has_none")
+            + n("cut_from_cache_channel")
+            + n("cut_from_fuzzy_channel")
+            + n("in_no_channel");
+        assert_eq!(placed, n("without_gold"), "{losses}");
+        let by_kind: u64 = kinds.iter().map(|r| r["accepted"].as_u64().unwrap()).sum();
+        assert_eq!(by_kind, n("accepted"), "{losses}");
+    }
+    let markdown = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        markdown.contains("## Where accepted drafts lose the gold passage"),
+        "{markdown}"
+    );
     let by_name = |name: &str| systems.iter().find(|s| s["name"] == name).unwrap();
     let cloud_only = by_name("cloud-only");
     assert_eq!(cloud_only["accepted"], 0);

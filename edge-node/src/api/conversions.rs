@@ -8,12 +8,15 @@ use hasten_proto::v1 as pb;
 use hasten_rag::{AnswerMode, BackendInfo};
 
 use super::json::{
-    CloudLinkJson, DocumentJson, ErrorDetail, ErrorJson, GenerationJson, LinkJson,
+    CloudLinkJson, DocumentJson, DraftTraceJson, ErrorDetail, ErrorJson, GenerationJson, LinkJson,
     MatchedQueryJson, OutcomeJson, RetrieveBody, RetrieveReply, StatusJson, TimingsJson,
+    TracedMatchJson,
 };
 use super::{EdgeError, ReplyOptions, RetrieveInput};
 use crate::fallback::quic::CloudLink;
-use crate::retrieval::{MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings};
+use crate::retrieval::{
+    DraftTrace, MatchedQuery, Outcome, Retrieval, RetrievedDocument, StageTimings,
+};
 use crate::service::retrieve::EdgeStatus;
 
 impl From<RetrieveBody> for RetrieveInput {
@@ -96,6 +99,20 @@ fn matched_text(matched: &MatchedQuery, options: ReplyOptions) -> Option<String>
     matched.text.clone().filter(|_| options.matched_query_text)
 }
 
+fn draft_trace_json(trace: DraftTrace, options: ReplyOptions) -> Option<DraftTraceJson> {
+    options.draft_trace.then(|| DraftTraceJson {
+        draft: trace.draft,
+        cache_channel: trace.cache_channel,
+        fuzzy_channel: trace.fuzzy_channel,
+        best_match: trace.best_match.map(|m| TracedMatchJson {
+            id: m.id,
+            text: m.text.filter(|_| options.matched_query_text),
+            shared_documents: m.shared_documents,
+            documents: m.documents,
+        }),
+    })
+}
+
 /// A retrieval as the JSON API answers it.
 pub fn reply_json(r: Retrieval, options: ReplyOptions) -> RetrieveReply {
     RetrieveReply {
@@ -111,6 +128,7 @@ pub fn reply_json(r: Retrieval, options: ReplyOptions) -> RetrieveReply {
             shared_documents: m.shared_documents,
         }),
         timings_us: r.timings.into(),
+        draft_trace: r.draft_trace.and_then(|t| draft_trace_json(t, options)),
     }
 }
 
@@ -151,6 +169,17 @@ pub fn reply_proto(r: Retrieval, options: ReplyOptions) -> pb::RetrieveResponse 
             shared_documents: u32::try_from(m.shared_documents).unwrap_or(u32::MAX),
         }),
         timings: Some(reply.timings_us.into()),
+        draft_trace: reply.draft_trace.map(|t| pb::DraftTrace {
+            draft: t.draft,
+            cache_channel: t.cache_channel,
+            fuzzy_channel: t.fuzzy_channel,
+            best_match: t.best_match.map(|m| pb::TracedMatch {
+                id: m.id,
+                text: m.text,
+                shared_documents: u32::try_from(m.shared_documents).unwrap_or(u32::MAX),
+                documents: m.documents,
+            }),
+        }),
     }
 }
 
@@ -246,6 +275,17 @@ mod tests {
                 shared_documents: 3,
             }),
             timings: StageTimings::default(),
+            draft_trace: Some(DraftTrace {
+                draft: vec![4, 2],
+                cache_channel: vec![2, 9],
+                fuzzy_channel: vec![4, 2],
+                best_match: Some(crate::retrieval::TracedMatch {
+                    id: 7,
+                    text: text.map(str::to_string),
+                    shared_documents: 3,
+                    documents: vec![2, 9, 11],
+                }),
+            }),
         }
     }
 
@@ -254,6 +294,7 @@ mod tests {
         let hidden = ReplyOptions::default();
         let shown = ReplyOptions {
             matched_query_text: true,
+            draft_trace: true,
         };
         let asked = Some("who founded acme?");
         let json = reply_json(accepted_through(asked), hidden);
@@ -272,6 +313,51 @@ mod tests {
         assert_eq!(proto.matched_query.unwrap().text, None);
         let proto = reply_proto(accepted_through(asked), shown);
         assert_eq!(proto.matched_query.unwrap().text.as_deref(), asked);
+    }
+
+    #[test]
+    fn a_draft_trace_is_shown_only_when_the_operator_allows_and_hides_texts_as_matches_do() {
+        let asked = Some("who founded acme?");
+        let hidden = reply_json(accepted_through(asked), ReplyOptions::default());
+        assert_eq!(hidden.draft_trace, None);
+        let body = serde_json::to_value(&hidden).unwrap();
+        assert!(body.get("draft_trace").is_none(), "{body}");
+        assert_eq!(
+            reply_proto(accepted_through(asked), ReplyOptions::default()).draft_trace,
+            None
+        );
+
+        let ids_only = ReplyOptions {
+            draft_trace: true,
+            ..ReplyOptions::default()
+        };
+        let trace = reply_json(accepted_through(asked), ids_only)
+            .draft_trace
+            .unwrap();
+        assert_eq!(
+            (trace.draft, trace.cache_channel, trace.fuzzy_channel),
+            (vec![4, 2], vec![2, 9], vec![4, 2])
+        );
+        let best = trace.best_match.unwrap();
+        assert_eq!(
+            (best.id, best.text, best.documents),
+            (7, None, vec![2, 9, 11])
+        );
+
+        let proto = reply_proto(
+            accepted_through(asked),
+            ReplyOptions {
+                draft_trace: true,
+                matched_query_text: true,
+            },
+        )
+        .draft_trace
+        .unwrap();
+        let best = proto.best_match.unwrap();
+        assert_eq!(
+            (proto.draft, best.text.as_deref(), best.documents),
+            (vec![4, 2], asked, vec![2, 9, 11])
+        );
     }
 
     #[test]

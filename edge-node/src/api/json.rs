@@ -97,6 +97,30 @@ pub struct RetrieveReply {
     pub homology_score: f64,
     pub matched_query: Option<MatchedQueryJson>,
     pub timings_us: TimingsJson,
+    /// Where the HaS draft came from; only where the operator shows it
+    /// (`expose_draft_trace`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub draft_trace: Option<DraftTraceJson>,
+}
+
+/// Document ids of an HaS draft and of what it was drawn and validated from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DraftTraceJson {
+    pub draft: Vec<u64>,
+    pub cache_channel: Vec<u64>,
+    pub fuzzy_channel: Vec<u64>,
+    pub best_match: Option<TracedMatchJson>,
+}
+
+/// The cached query with the most votes, and the documents it cached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TracedMatchJson {
+    pub id: u64,
+    /// As `matched_query.text`: only where the operator shows cached queries' texts.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub text: Option<String>,
+    pub shared_documents: usize,
+    pub documents: Vec<u64>,
 }
 
 /// The control-plane link in `GET /v1/status`.

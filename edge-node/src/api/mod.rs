@@ -42,6 +42,10 @@ pub struct ReplyOptions {
     /// Show the text of the cached query an acceptance went through (another user's
     /// question); its id and score are always shown.
     pub matched_query_text: bool,
+    /// Show where each HaS draft came from ([`crate::retrieval::DraftTrace`]): its
+    /// channels' candidates and the best cached query's documents, for evaluating HaS's
+    /// rules. Off in production: it shows what other users' questions cached.
+    pub draft_trace: bool,
 }
 
 /// A request the edge refuses; `field` names what to fix.

@@ -173,6 +173,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
         limits,
         ReplyOptions {
             matched_query_text: config.expose_matched_query_text,
+            draft_trace: config.expose_draft_trace,
         },
         Arc::clone(&metrics),
         config.max_in_flight,

@@ -49,6 +49,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                 total: took,
                 ..StageTimings::default()
             },
+            draft_trace: None,
         }))
     }
 

@@ -11,7 +11,10 @@ use hasten_core::index::IndexError;
 use hasten_core::ranking::best_first;
 use hasten_core::vector::dot;
 
-use super::{EngineError, MatchedQuery, RetrievalEngine, RetrievedDocument, StageTimings};
+use super::{
+    DraftTrace, EngineError, MatchedQuery, RetrievalEngine, RetrievedDocument, StageTimings,
+    TracedMatch,
+};
 use crate::fallback::CloudSearch;
 use crate::has::{EdgeDocument, Verdict};
 use crate::tenants::Tenant;
@@ -31,16 +34,20 @@ pub struct Speculation {
     pub verdict: Verdict,
     /// The cached query that validated the draft, when accepted.
     pub matched: Option<MatchedQuery>,
+    /// Where the draft came from, when asked for.
+    pub trace: Option<DraftTrace>,
 }
 
 impl<C: CloudSearch> RetrievalEngine<C> {
     /// Two-channel draft, exact re-rank, and the homology verdict against `tenant`'s cache:
-    /// the accept path, without the encoder and without touching the cloud.
+    /// the accept path, without the encoder and without touching the cloud. With `trace`,
+    /// also where the draft came from.
     pub fn speculate(
         &self,
         tenant: &Tenant,
         query: &[f32],
         k: usize,
+        trace: bool,
         timings: &mut StageTimings,
     ) -> Result<Speculation, EngineError> {
         let depth = self.caches.depth();
@@ -73,6 +80,12 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             }
             None => Vec::new(),
         };
+        let ids = |docs: &[Arc<EdgeDocument>]| docs.iter().map(|d| d.id).collect::<Vec<_>>();
+        let mut draft_trace = trace.then(|| DraftTrace {
+            cache_channel: ids(&cached),
+            fuzzy_channel: ids(&fuzzy),
+            ..DraftTrace::default()
+        });
         let stage = Instant::now();
         // The paper's ablations keep the fuzzy channel out of validation or out of the
         // served draft; both then need the cache channel's own ranking.
@@ -102,10 +115,22 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             Some(cache_only) if !settings.fuzzy_in_draft => cache_only,
             _ => merged,
         };
+        if let Some(trace) = &mut draft_trace {
+            trace.draft = draft.iter().take(k).map(|(_, d)| d.id).collect();
+            trace.best_match = verdict.best.and_then(|vote| {
+                state.hot.get(vote.query).map(|entry| TracedMatch {
+                    id: entry.id,
+                    text: entry.text.clone(),
+                    shared_documents: vote.shared,
+                    documents: entry.doc_ids.clone(),
+                })
+            });
+        }
         Ok(Speculation {
             draft,
             verdict,
             matched,
+            trace: draft_trace,
         })
     }
 

@@ -112,6 +112,8 @@ pub struct RetrievalRequest {
     pub k: usize,
     /// When the client stops waiting; a fallback gets what remains of it.
     pub deadline: Option<Instant>,
+    /// Record where an HaS draft came from ([`DraftTrace`]).
+    pub trace: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,6 +163,32 @@ pub struct Retrieval {
     pub homology_score: f64,
     pub matched_query: Option<MatchedQuery>,
     pub timings: StageTimings,
+    /// Where the HaS draft came from, when the request asked and HaS drafted.
+    pub draft_trace: Option<DraftTrace>,
+}
+
+/// Where an HaS draft came from, accepted or not: what an evaluation needs to tell which
+/// stage lost a passage (a channel that never found it, the exact re-rank that cut it, or
+/// a validation by a cached query about something else).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DraftTrace {
+    /// The draft's best k after the exact re-rank: what an acceptance serves.
+    pub draft: Vec<DocId>,
+    /// Each channel's candidates, before the re-rank.
+    pub cache_channel: Vec<DocId>,
+    pub fuzzy_channel: Vec<DocId>,
+    /// The cached query with the most votes, whether or not they reached τ.
+    pub best_match: Option<TracedMatch>,
+}
+
+/// A cached query as a draft trace shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TracedMatch {
+    pub id: QueryId,
+    pub text: Option<String>,
+    pub shared_documents: usize,
+    /// The documents its cloud answer cached, best first.
+    pub documents: Vec<DocId>,
 }
 
 /// Tunables of the engine. Defaults are the HaS paper's.
@@ -200,6 +228,7 @@ pub struct PendingFallback {
     k: usize,
     deadline: Option<Instant>,
     homology_score: f64,
+    draft_trace: Option<DraftTrace>,
     timings: StageTimings,
     started: Instant,
 }
@@ -296,6 +325,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             query,
             k,
             deadline,
+            trace,
         } = request;
         let mut timings = StageTimings::default();
         let (vector, text) = match query {
@@ -312,10 +342,12 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             Query::Vector(vector) => (vector, None),
         };
         let mut homology_score = 0.0;
+        let mut draft_trace = None;
         let accepted = match self.settings.policy {
             RetrievalPolicy::Has => {
-                let judged = self.speculate(&tenant, &vector, k, &mut timings)?;
+                let judged = self.speculate(&tenant, &vector, k, trace, &mut timings)?;
                 homology_score = judged.verdict.score;
+                draft_trace = judged.trace;
                 judged
                     .verdict
                     .accepted
@@ -341,6 +373,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                     homology_score,
                     matched_query,
                     timings,
+                    draft_trace,
                 }))
             }
             None => Ok(LocalAnswer::NeedsCloud(PendingFallback {
@@ -350,6 +383,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
                 k,
                 deadline,
                 homology_score,
+                draft_trace,
                 timings,
                 started,
             })),
@@ -366,6 +400,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             k,
             deadline,
             homology_score,
+            draft_trace,
             mut timings,
             started,
         } = pending;
@@ -387,6 +422,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             homology_score,
             matched_query: None,
             timings,
+            draft_trace,
         })
     }
 
@@ -448,6 +484,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             k: self.caches.depth(),
             deadline: None,
             homology_score: 0.0,
+            draft_trace: None,
             timings: StageTimings::default(),
             started: Instant::now(),
         };

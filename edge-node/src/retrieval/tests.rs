@@ -191,6 +191,7 @@ async fn exact_cache_reuses_only_an_identical_text_and_answers_before_encoding()
         query: Query::Text("  About   TOPIC 2 ".into()),
         k: K,
         deadline: None,
+        trace: false,
     };
     let hit = edge
         .engine

@@ -205,6 +205,7 @@ impl EdgeService {
             query: request.query,
             k: request.k,
             deadline: timeout.map(|t| started + t),
+            trace: self.replies.draft_trace,
         };
         let outcome = match self.in_flight.try_acquire() {
             Ok(_permit) => self.retrieve(request).instrument(span.clone()).await,

@@ -261,7 +261,7 @@ impl HopSpeculator for DraftSpeculator {
         let speculation = self
             .engine
             .engine
-            .speculate(&self.tenant, query, k, &mut StageTimings::default())
+            .speculate(&self.tenant, query, k, false, &mut StageTimings::default())
             .map_err(|error| SpecError::Retrieval(RetrievalError::new(error)))?;
         Ok(speculation
             .draft
