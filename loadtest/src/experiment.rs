@@ -382,14 +382,11 @@ pub async fn start_edges(
             &cloud.cert,
         );
         // Leave room for the emulated WAN on top of the cloud's own time; the matched
-        // query's text is what CAR is judged by, the draft trace what tells where an
-        // accepted draft lost its gold passage.
+        // query's text is what CAR is judged by.
         args.extend([
             "--cloud-timeout-ms".into(),
             "30000".into(),
             "--expose-matched-query-text".into(),
-            "true".into(),
-            "--expose-draft-trace".into(),
             "true".into(),
         ]);
         args.extend(spec.args.iter().cloned());
@@ -451,9 +448,13 @@ pub async fn run_system(
     workload_index: &WorkloadIndex,
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> Result<SystemReport, EvalError> {
+    // Only retrieval runs read draft traces (where an accepted draft lost its gold
+    // passage); answer runs leave them off.
+    let mut args = spec.edge_args.clone();
+    args.extend(["--expose-draft-trace".into(), "true".into()]);
     let edge_spec = EdgeSpec {
         name: &spec.name,
-        args: &spec.edge_args,
+        args: &args,
         replicated: spec.replicated,
     };
     let system = start_edges(&edge_spec, index, cloud, settings).await?;
