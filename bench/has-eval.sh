@@ -15,6 +15,8 @@
 #                                        they are reported, never tuned on)
 #   bench/has-eval.sh --squad FILE       the earlier SQuAD evaluation (SQuAD paragraphs,
 #                                        HotpotQA and wiki18 passages; SQuAD questions)
+#   bench/has-eval.sh ... -- ARGS        ARGS go to hasten-loadtest eval as they are, e.g.
+#                                        -- --has-variant 'rank=--vote-weighting=rank'
 #
 # Environment: QUERIES (20000; SQuAD: 5000), RATE_QPS (30, open loop), MODE (realtime, or
 # replay: no emulated network, quality at full speed), MAX_PASSAGES (20), SYSTEMS, TAUS,
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
       case $2 in tuning|reporting) ;; *) echo "--split is tuning or reporting" >&2; exit 2 ;; esac
       python3 bench/eq-split.py --questions "$questions" --out run/eq-split >/dev/null
       questions=run/eq-split/$2.jsonl.gz; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -106,5 +109,5 @@ fi
   --client-delay uniform:0.005,0.025 --cloud-delay uniform:0.05,0.1 \
   --systems "$systems" --taus "$taus" --thetas "$thetas" \
   --save-workload "$out/workload.jsonl" \
-  --out "$out" 2>&1 | tee "$out/eval.log"
+  --out "$out" "$@" 2>&1 | tee "$out/eval.log"
 echo "report: $out"

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use edge_node::caches::{Eviction, TenantCaches};
 use edge_node::fallback::{CloudDocument, CloudError, CloudSearch};
-use edge_node::has::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel};
+use edge_node::has::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, ValidationRules};
 use edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings};
 use edge_node::tenants::Tenant;
 use hasten_bench::{Latencies, clustered_vectors};
@@ -112,7 +112,7 @@ fn setup() -> Setup {
     );
     let caches = Arc::new(
         TenantCaches::new(
-            RetrievalPolicy::Has.lookup(),
+            RetrievalPolicy::Has.lookup(false),
             &[Tenant::default_tenant()],
             Eviction::Fifo(CACHED),
             &channel,
@@ -131,6 +131,9 @@ fn setup() -> Setup {
             semantic_threshold: 0.9,
             fuzzy_in_validation: true,
             fuzzy_in_draft: true,
+            validation: ValidationRules::default(),
+            draft_with_matched: false,
+            hybrid_similarity: None,
         },
         Arc::clone(&caches),
         Some(fuzzy),

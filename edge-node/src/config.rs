@@ -14,6 +14,7 @@ use hasten_worker_api::kv::{DEFAULT_RATIO, FusionMode, KvRouting, Variant};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::has::VoteWeighting;
 use crate::retrieval::RetrievalPolicy;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -122,6 +123,21 @@ pub struct EdgeConfig {
     /// Whether the fuzzy channel's documents join served drafts. Off is the paper's
     /// ablation "fuzzy channel removed from draft enhancement".
     pub fuzzy_in_draft: bool,
+    /// How a shared document's vote weighs: `count` (one each, the paper) or `rank` (by its
+    /// rank in the draft, 1 / log2(rank + 2)); tau then bounds the weighted share.
+    pub vote_weighting: VoteWeighting,
+    /// A draft is accepted only if the validating query's best this many cached documents
+    /// are all among its validated documents; 0 requires none.
+    pub require_matched_top: usize,
+    /// Re-rank an accepted draft together with the validating query's cached documents
+    /// before serving it.
+    pub draft_with_matched: bool,
+    /// Hybrid validation (HaS only): only cached queries at least this cosine-similar to
+    /// the query vote, and a query whose nearest cached query reaches
+    /// `semantic_threshold` is accepted whatever the votes. Keeps each cached query's
+    /// vector (1.5 KB). Absent: homology alone (the paper).
+    #[schemars(range(min = -1.0, max = 1.0))]
+    pub hybrid_similarity: Option<f32>,
     /// A file of questions, one per line, that the edge fetches from the cloud and caches
     /// before it serves (blank lines skipped): a fresh edge starts with yesterday's
     /// questions, or an evaluation with a pre-filled cache. Only with a shared cache (no
@@ -311,6 +327,10 @@ impl Default for EdgeConfig {
             fuzzy_channel: true,
             fuzzy_in_validation: true,
             fuzzy_in_draft: true,
+            vote_weighting: VoteWeighting::Count,
+            require_matched_top: 0,
+            draft_with_matched: false,
+            hybrid_similarity: None,
             warm_queries: None,
             corpus_fraction: 1.0,
             fuzzy_nlist: None,
@@ -491,6 +511,29 @@ impl Validate for EdgeConfig {
                 format!(
                     "must be a cosine similarity in [-1, 1], got {}",
                     self.semantic_threshold
+                ),
+            ));
+        }
+        if let Some(sigma) = self.hybrid_similarity {
+            if !(-1.0..=1.0).contains(&sigma) {
+                return Err(ConfigError::invalid(
+                    "hybrid_similarity",
+                    format!("must be a cosine similarity in [-1, 1], got {sigma}"),
+                ));
+            }
+            if self.policy != RetrievalPolicy::Has {
+                return Err(ConfigError::invalid(
+                    "hybrid_similarity",
+                    "validates HaS drafts: set it only with `policy = \"has\"`",
+                ));
+            }
+        }
+        if self.require_matched_top > self.validation_depth {
+            return Err(ConfigError::invalid(
+                "require_matched_top",
+                format!(
+                    "must be at most `validation_depth` ({}), got {}",
+                    self.validation_depth, self.require_matched_top
                 ),
             ));
         }
@@ -763,6 +806,18 @@ mod tests {
         config.tau = 1.5;
         assert!(config.validate().unwrap_err().to_string().contains("`tau`"));
         config.tau = 0.2;
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        config.require_matched_top = 11;
+        assert!(error(&config).contains("`require_matched_top`"));
+        config.require_matched_top = 10;
+        config.hybrid_similarity = Some(1.5);
+        assert!(error(&config).contains("`hybrid_similarity`"));
+        config.hybrid_similarity = Some(0.7);
+        config.validate().unwrap();
+        config.policy = RetrievalPolicy::SemanticCache;
+        assert!(error(&config).contains("policy = \"has\""));
+        config.policy = RetrievalPolicy::Has;
+        config.hybrid_similarity = None;
         config.corpus_fraction = 0.0;
         assert!(
             config

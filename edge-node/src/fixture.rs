@@ -16,7 +16,7 @@ use hasten_core::vector::dot;
 use crate::caches::{Eviction, TenantCaches};
 use crate::fallback::quic::{fallback_documents, fallback_request};
 use crate::fallback::{CloudDocument, CloudError, CloudSearch};
-use crate::has::{CacheChannel, DocumentStore, FuzzyChannel, in_edge_share};
+use crate::has::{CacheChannel, DocumentStore, FuzzyChannel, ValidationRules, in_edge_share};
 use crate::retrieval::{
     EngineSettings, Query, Retrieval, RetrievalEngine, RetrievalPolicy, RetrievalRequest,
 };
@@ -93,6 +93,9 @@ pub struct Setup {
     pub tenants: Vec<Tenant>,
     pub fuzzy_in_validation: bool,
     pub fuzzy_in_draft: bool,
+    pub validation: ValidationRules,
+    pub draft_with_matched: bool,
+    pub hybrid_similarity: Option<f32>,
     /// The edge's share of the corpus; the cloud holds all of it.
     pub corpus_fraction: f64,
 }
@@ -107,6 +110,9 @@ impl Default for Setup {
             tenants: vec![Tenant::default_tenant()],
             fuzzy_in_validation: true,
             fuzzy_in_draft: true,
+            validation: ValidationRules::default(),
+            draft_with_matched: false,
+            hybrid_similarity: None,
             corpus_fraction: 1.0,
         }
     }
@@ -145,7 +151,7 @@ pub fn fixture(vectors: &[Vec<f32>], titles: &[String], setup: Setup) -> Fixture
         CacheChannel::train(dimension, share.vectors(), Some(2), Some(2)).expect("cache channel");
     let caches = Arc::new(
         TenantCaches::new(
-            setup.policy.lookup(),
+            setup.policy.lookup(setup.hybrid_similarity.is_some()),
             &setup.tenants,
             setup.eviction,
             &channel,
@@ -167,6 +173,9 @@ pub fn fixture(vectors: &[Vec<f32>], titles: &[String], setup: Setup) -> Fixture
         semantic_threshold: 0.95,
         fuzzy_in_validation: setup.fuzzy_in_validation,
         fuzzy_in_draft: setup.fuzzy_in_draft,
+        validation: setup.validation,
+        draft_with_matched: setup.draft_with_matched,
+        hybrid_similarity: setup.hybrid_similarity,
     };
     let engine =
         RetrievalEngine::new(settings, Arc::clone(&caches), Some(fuzzy), cloud).expect("engine");

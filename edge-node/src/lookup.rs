@@ -119,9 +119,19 @@ impl QueryLookup {
 
     /// The nearest cached query and its cosine similarity.
     pub fn nearest(&self, vector: &[f32]) -> Result<Option<(QueryId, f32)>, IndexError> {
+        Ok(self.nearest_n(vector, 1)?.first().copied())
+    }
+
+    /// The `n` nearest cached queries, nearest first, with their cosine similarities (none
+    /// without a semantic lookup).
+    pub fn nearest_n(&self, vector: &[f32], n: usize) -> Result<Vec<(QueryId, f32)>, IndexError> {
         match self {
-            Self::Semantic(index) => Ok(index.search(vector, 1)?.first().map(|h| (h.id, h.score))),
-            _ => Ok(None),
+            Self::Semantic(index) => Ok(index
+                .search(vector, n)?
+                .into_iter()
+                .map(|h| (h.id, h.score))
+                .collect()),
+            _ => Ok(Vec::new()),
         }
     }
 

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use edge_node::config::EdgeConfig;
+use edge_node::has::VoteWeighting;
 use edge_node::retrieval::RetrievalPolicy;
 use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
 use hasten_core::logging::LogArgs;
@@ -147,6 +148,22 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_in_draft: Option<bool>,
+    /// How shared documents' votes weigh: count or rank [default: count].
+    #[arg(long, value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vote_weighting: Option<VoteWeighting>,
+    /// The validating query's best N cached documents must be in the draft [default: 0].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    require_matched_top: Option<usize>,
+    /// Re-rank accepted drafts with the validating query's documents [default: false].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_with_matched: Option<bool>,
+    /// Hybrid validation: only cached queries this similar vote [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hybrid_similarity: Option<f32>,
     /// Questions (one per line) fetched from the cloud and cached before serving.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

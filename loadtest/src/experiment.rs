@@ -79,11 +79,40 @@ pub struct Sweeps {
     pub thetas: Vec<f64>,
     /// Shares of the corpus HaS's edges hold (`corpus_fraction`); 1.0 alone by default.
     pub corpus_fractions: Vec<f64>,
+    /// HaS with other rules, each swept like `has` wherever `has` is listed.
+    pub has_variants: Vec<HasVariant>,
+}
+
+/// HaS with extra edge flags, reported as `has-<name>`: a rule measured against the
+/// default on the same queries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HasVariant {
+    pub name: String,
+    pub edge_args: Vec<String>,
+}
+
+impl std::str::FromStr for HasVariant {
+    type Err = String;
+
+    /// `NAME=FLAGS`, the flags separated by spaces: `rank=--vote-weighting=rank`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (name, flags) = text
+            .split_once('=')
+            .ok_or_else(|| format!("expected NAME=FLAGS, got {text:?}"))?;
+        let edge_args: Vec<String> = flags.split_whitespace().map(str::to_string).collect();
+        if name.is_empty() || edge_args.is_empty() {
+            return Err(format!("expected NAME=FLAGS with both, got {text:?}"));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            edge_args,
+        })
+    }
 }
 
 /// HaS at every (corpus fraction, tau) of `sweeps`: the fraction named in the parameters
 /// and flags only when below 1.
-fn has_specs(name: &str, sweeps: &Sweeps, replicated: bool) -> Vec<SystemSpec> {
+fn has_specs(name: &str, sweeps: &Sweeps, replicated: bool, extra: &[String]) -> Vec<SystemSpec> {
     let mut specs = Vec::new();
     for &fraction in &sweeps.corpus_fractions {
         for &tau in &sweeps.taus {
@@ -95,6 +124,7 @@ fn has_specs(name: &str, sweeps: &Sweeps, replicated: bool) -> Vec<SystemSpec> {
                 args.extend(["--corpus-fraction", &f]);
                 params["corpus_fraction"] = serde_json::json!(fraction);
             }
+            args.extend(extra.iter().map(String::as_str));
             specs.push(SystemSpec {
                 replicated,
                 ..SystemSpec::new(name, params, &args)
@@ -148,8 +178,14 @@ pub fn system_specs(
                     ));
                 }
             }
-            "has" => specs.extend(has_specs("has", sweeps, false)),
-            "has-replicated" => specs.extend(has_specs("has-replicated", sweeps, true)),
+            "has" => {
+                specs.extend(has_specs("has", sweeps, false, &[]));
+                for variant in &sweeps.has_variants {
+                    let name = format!("has-{}", variant.name);
+                    specs.extend(has_specs(&name, sweeps, false, &variant.edge_args));
+                }
+            }
+            "has-replicated" => specs.extend(has_specs("has-replicated", sweeps, true, &[])),
             "has-no-fuzzy" => {
                 let t = no_fuzzy_tau.to_string();
                 specs.push(SystemSpec::new(
@@ -542,6 +578,7 @@ mod tests {
             taus: vec![0.1, 0.2],
             thetas: vec![0.9],
             corpus_fractions: vec![1.0],
+            has_variants: Vec::new(),
         };
         let specs = system_specs(&names, &sweeps, &ablation).unwrap();
         let labels: Vec<(String, String)> = specs
@@ -586,6 +623,11 @@ mod tests {
             taus: vec![0.3, 0.6],
             thetas: vec![],
             corpus_fractions: vec![0.01, 1.0],
+            has_variants: vec![
+                "rank=--vote-weighting=rank --draft-with-matched=true"
+                    .parse()
+                    .unwrap(),
+            ],
         };
         let specs =
             system_specs(&["has".into(), "has-replicated".into()], &sweeps, &ablation).unwrap();
@@ -610,7 +652,20 @@ mod tests {
                 .edge_args
                 .contains(&"--corpus-fraction".to_string())
         );
-        assert!(specs[4..].iter().all(|s| s.replicated) && specs.len() == 8);
+        // The variant follows `has`, swept alike, with its flags last.
+        assert!(
+            specs[4..8]
+                .iter()
+                .all(|s| s.name == "has-rank" && !s.replicated)
+        );
+        assert!(
+            specs[7]
+                .edge_args
+                .join(" ")
+                .ends_with("--tau 0.6 --vote-weighting=rank --draft-with-matched=true")
+        );
+        assert!(specs[8..].iter().all(|s| s.replicated) && specs.len() == 12);
+        assert!("rank".parse::<HasVariant>().is_err() && "x=".parse::<HasVariant>().is_err());
         let out_of_range = Sweeps {
             corpus_fractions: vec![0.0],
             ..sweeps

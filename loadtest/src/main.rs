@@ -15,7 +15,7 @@ use hasten_proto::tls::DevAuthority;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::experiment::{
-    AblationSettings, ClusterSettings, Sweeps, run_system, start_cloud, system_specs,
+    AblationSettings, ClusterSettings, HasVariant, Sweeps, run_system, start_cloud, system_specs,
 };
 use loadtest::popularity::{DailyPopularity, ZipfModel, read_topviews, views_then_model};
 use loadtest::process::binary;
@@ -223,6 +223,11 @@ struct EvalArgs {
     /// --taus: the paper's experiment is 0.01,0.1,0.5,1.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     corpus_fractions: Vec<f64>,
+    /// HaS with other rules, as NAME=FLAGS (edge flags separated by spaces), reported as
+    /// has-NAME and swept over --taus wherever `has` is listed, e.g.
+    /// `--has-variant 'rank=--vote-weighting=rank'` (repeatable).
+    #[arg(long)]
+    has_variant: Vec<HasVariant>,
     /// tau of the fuzzy-channel ablations.
     #[arg(long, default_value_t = 0.2)]
     no_fuzzy_tau: f64,
@@ -473,6 +478,7 @@ async fn eval(args: EvalArgs) -> Result<()> {
         taus: args.taus.clone(),
         thetas: args.thetas.clone(),
         corpus_fractions: args.corpus_fractions.clone(),
+        has_variants: args.has_variant.clone(),
     };
     let specs = system_specs(&args.systems, &sweeps, &ablation)?;
     let work = args.out.join("logs");

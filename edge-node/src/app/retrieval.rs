@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use edge_node::caches::{Eviction, TenantCaches};
 use edge_node::config::EdgeConfig;
 use edge_node::fallback::quic::{CloudEndpoint, CloudTls, QuicCloudClient};
-use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel};
+use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, ValidationRules};
 use edge_node::retrieval::{EngineSettings, RetrievalEngine};
 use edge_node::tenants::{Tenant, TenantDirectory};
 use edge_node::warmup::{read_warm_queries, warm_cache};
@@ -128,7 +128,7 @@ pub(super) fn build_engine(
         Eviction::FromLog
     };
     let caches = TenantCaches::new(
-        config.policy.lookup(),
+        config.policy.lookup(config.hybrid_similarity.is_some()),
         tenants.tenants(),
         eviction,
         &cache_channel(bundle_dir, bundle.dimension(), config)?,
@@ -145,6 +145,12 @@ pub(super) fn build_engine(
             semantic_threshold: config.semantic_threshold,
             fuzzy_in_validation: config.fuzzy_in_validation,
             fuzzy_in_draft: config.fuzzy_in_draft,
+            validation: ValidationRules {
+                weighting: config.vote_weighting,
+                require_matched_top: config.require_matched_top,
+            },
+            draft_with_matched: config.draft_with_matched,
+            hybrid_similarity: config.hybrid_similarity,
         },
         Arc::new(caches),
         fuzzy,

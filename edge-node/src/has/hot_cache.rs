@@ -33,11 +33,14 @@ pub struct CacheChange {
     pub evicted: Vec<CachedQuery>,
 }
 
-/// The best cached query for a draft: who shares the most documents with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The best cached query for a draft: who shares the most (weighted) documents with it.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Vote {
     pub query: QueryId,
+    /// Draft documents its result holds.
     pub shared: usize,
+    /// Their weights summed (each document's weight is given by its rank in the draft).
+    pub weight: f64,
 }
 
 #[derive(Debug)]
@@ -239,28 +242,77 @@ impl HotCache {
         }
     }
 
-    /// Each draft document votes for the cached queries whose results hold it; returns the
-    /// query with the most votes (ties go to the most recently cached), or `None` when no
-    /// draft document is cached.
-    pub fn best_match(&self, draft: &[DocId]) -> Option<Vote> {
-        let mut votes: HashMap<QueryId, usize> = HashMap::new();
-        let mut seen = HashSet::new();
-        for doc in draft.iter().filter(|d| seen.insert(**d)) {
-            for query in self.postings.get(doc).into_iter().flatten() {
-                *votes.entry(*query).or_default() += 1;
+    /// Each draft document votes, with the weight `weight` gives its rank in the draft, for
+    /// the cached queries whose results hold it; returns the query with the most weight
+    /// (ties go to the most recently cached), or `None` when no draft document is cached.
+    pub fn best_match(&self, draft: &[DocId], weight: impl Fn(usize) -> f64) -> Option<Vote> {
+        let mut votes: HashMap<QueryId, Vote> = HashMap::new();
+        for (rank, doc) in unique_ranks(draft) {
+            for query in self.postings.get(&doc).into_iter().flatten() {
+                let vote = votes.entry(*query).or_insert(Vote {
+                    query: *query,
+                    shared: 0,
+                    weight: 0.0,
+                });
+                vote.shared += 1;
+                vote.weight += weight(rank);
             }
         }
-        votes
-            .into_iter()
-            .max_by_key(|&(query, shared)| (shared, query))
-            .map(|(query, shared)| Vote { query, shared })
+        votes.into_values().max_by(strongest)
     }
+
+    /// The best of `queries` for a draft, votes weighted as in [`Self::best_match`]; `None`
+    /// when none of them shares a document with it (or none is cached).
+    pub fn best_among(
+        &self,
+        queries: &[QueryId],
+        draft: &[DocId],
+        weight: impl Fn(usize) -> f64,
+    ) -> Option<Vote> {
+        let ranks: HashMap<DocId, usize> = unique_ranks(draft).map(|(r, d)| (d, r)).collect();
+        queries
+            .iter()
+            .filter_map(|id| self.entries.get(id))
+            .map(|entry| {
+                let ranked = entry.doc_ids.iter().filter_map(|d| ranks.get(d));
+                Vote {
+                    query: entry.id,
+                    shared: ranked.clone().count(),
+                    weight: ranked.map(|r| weight(*r)).sum(),
+                }
+            })
+            .filter(|vote| vote.shared > 0)
+            .max_by(strongest)
+    }
+}
+
+/// Each distinct draft document with its rank (a repeated document votes once, at its
+/// first rank).
+fn unique_ranks(draft: &[DocId]) -> impl Iterator<Item = (usize, DocId)> + '_ {
+    let mut seen = HashSet::new();
+    draft
+        .iter()
+        .enumerate()
+        .filter(move |(_, d)| seen.insert(**d))
+        .map(|(rank, d)| (rank, *d))
+}
+
+/// Order of votes: more weight, then more shared documents, then the newer query.
+fn strongest(a: &Vote, b: &Vote) -> std::cmp::Ordering {
+    a.weight
+        .total_cmp(&b.weight)
+        .then(a.shared.cmp(&b.shared))
+        .then(a.query.cmp(&b.query))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn count(_: usize) -> f64 {
+        1.0
+    }
 
     fn insert(cache: &mut HotCache, docs: &[DocId]) -> (QueryId, CacheChange) {
         cache.insert(None, docs)
@@ -283,28 +335,53 @@ mod tests {
         let (a, _) = insert(&mut cache, &[1, 2, 3, 4]);
         let (b, _) = insert(&mut cache, &[3, 4, 5, 6]);
         assert_eq!(
-            cache.best_match(&[1, 2, 3, 9]),
+            cache.best_match(&[1, 2, 3, 9], count),
             Some(Vote {
                 query: a,
-                shared: 3
+                shared: 3,
+                weight: 3.0
             })
         );
         assert_eq!(
-            cache.best_match(&[3, 4, 9]),
+            cache.best_match(&[3, 4, 9], count),
             Some(Vote {
                 query: b,
-                shared: 2
+                shared: 2,
+                weight: 2.0
             })
         );
-        assert_eq!(cache.best_match(&[7, 8]), None);
+        assert_eq!(cache.best_match(&[7, 8], count), None);
         // A document repeated in the draft votes once.
         assert_eq!(
-            cache.best_match(&[5, 5, 5]),
+            cache.best_match(&[5, 5, 5], count),
             Some(Vote {
                 query: b,
-                shared: 1
+                shared: 1,
+                weight: 1.0
             })
         );
+    }
+
+    #[test]
+    fn rank_weights_prefer_the_query_holding_the_drafts_best_documents() {
+        let mut cache = HotCache::bounded(10);
+        let (top, _) = insert(&mut cache, &[1, 20]);
+        let (tail, _) = insert(&mut cache, &[8, 9]);
+        let draft = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        // By count the two tie and the newer wins; by rank the holder of the first wins.
+        assert_eq!(cache.best_match(&draft, count).map(|v| v.query), Some(tail));
+        let by_rank = |rank: usize| 1.0 / (rank as f64 + 2.0).log2();
+        let vote = cache.best_match(&draft, by_rank).unwrap();
+        assert_eq!((vote.query, vote.shared), (top, 1));
+        assert!((vote.weight - 1.0).abs() < 1e-12);
+        // Restricted to the tail query, it is the best there is.
+        assert_eq!(
+            cache
+                .best_among(&[tail, 99], &draft, by_rank)
+                .map(|v| v.query),
+            Some(tail)
+        );
+        assert_eq!(cache.best_among(&[99], &draft, count), None);
     }
 
     #[test]
@@ -427,8 +504,10 @@ mod tests {
                             })
                             .filter(|(shared, _)| *shared > 0)
                             .max()
-                            .map(|(shared, query)| Vote { query, shared });
-                        prop_assert_eq!(cache.best_match(&draft), expected);
+                            .map(|(shared, query)| Vote { query, shared, weight: shared as f64 });
+                        prop_assert_eq!(cache.best_match(&draft, count), expected);
+                        let every: Vec<QueryId> = cache.entries().map(|e| e.id).collect();
+                        prop_assert_eq!(cache.best_among(&every, &draft, count), expected);
                     }
                 }
                 prop_assert!(cache.len() <= capacity);

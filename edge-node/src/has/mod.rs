@@ -8,4 +8,4 @@ pub mod validator;
 
 pub use channels::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, in_edge_share};
 pub use hot_cache::{CacheChange, CachedQuery, HotCache, QueryId};
-pub use validator::{HomologyValidator, Verdict};
+pub use validator::{HomologyValidator, ValidationRules, Verdict, VoteWeighting};

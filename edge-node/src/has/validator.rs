@@ -5,17 +5,61 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hasten_core::DocId;
+use serde::{Deserialize, Serialize};
 
-use super::hot_cache::{HotCache, Vote};
+use super::hot_cache::{HotCache, QueryId, Vote};
 
-/// Tolerance when comparing votes with tau x k: tau comes from a decimal configuration and
-/// tau x k is meant to be an integer count (0.2 x 10 = 2 shared documents).
+/// Tolerance when comparing scores with tau: tau comes from a decimal configuration and
+/// tau x depth is meant to be an integer count (0.2 x 10 = 2 shared documents).
 const TAU_EPSILON: f64 = 1e-9;
+
+/// How much a shared document's vote weighs.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum VoteWeighting {
+    /// Every shared document counts one (the paper).
+    #[default]
+    Count,
+    /// A shared document weighs by its rank in the draft, 1 / log2(rank + 2) as in DCG, so
+    /// sharing the draft's best documents counts more than sharing its tail.
+    Rank,
+}
+
+impl VoteWeighting {
+    /// The weight of the draft document at `rank` (0 = best).
+    pub fn weight(self, rank: usize) -> f64 {
+        match self {
+            Self::Count => 1.0,
+            Self::Rank => 1.0 / (rank as f64 + 2.0).log2(),
+        }
+    }
+}
+
+/// What a draft must show beyond the votes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ValidationRules {
+    pub weighting: VoteWeighting,
+    /// The validating query's best this many cached documents must all be among the
+    /// draft's validated documents (0: no such requirement).
+    pub require_matched_top: usize,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Verdict {
     pub accepted: bool,
-    /// Votes of the best cached query divided by the validation depth.
+    /// Vote weight of the best cached query divided by the weight of a full match at the
+    /// validation depth (with counted votes: shared documents / depth).
     pub score: f64,
     pub best: Option<Vote>,
 }
@@ -44,19 +88,43 @@ impl HomologyValidator {
         self.tau_bits.store(tau.to_bits(), Ordering::Relaxed);
     }
 
-    /// Scores the draft's best `depth` documents against the cache: score = votes / depth
-    /// for the best cached query; accepted when score >= tau. The depth is the same for
-    /// every request (cached entries hold that many documents too), so k does not change
-    /// how many shared documents accept a draft.
-    pub fn judge(&self, cache: &HotCache, draft: &[DocId], depth: usize) -> Verdict {
+    /// Scores the draft's best `depth` documents against the cache (against `voters` alone
+    /// when given): score = the best cached query's vote weight over a full match's;
+    /// accepted when score >= tau and `rules` hold. The depth is the same for every
+    /// request (cached entries hold that many documents too), so k does not change how
+    /// many shared documents accept a draft.
+    pub fn judge(
+        &self,
+        cache: &HotCache,
+        draft: &[DocId],
+        depth: usize,
+        rules: &ValidationRules,
+        voters: Option<&[QueryId]>,
+    ) -> Verdict {
         let depth = depth.max(1);
-        let best = cache.best_match(&draft[..draft.len().min(depth)]);
-        let votes = best.map_or(0, |v| v.shared);
-        let depth = depth as f64;
-        let accepted = best.is_some() && votes as f64 >= self.tau() * depth - TAU_EPSILON;
+        let validated = &draft[..draft.len().min(depth)];
+        let weight = |rank| rules.weighting.weight(rank);
+        let best = match voters {
+            Some(ids) => cache.best_among(ids, validated, weight),
+            None => cache.best_match(validated, weight),
+        };
+        let full: f64 = (0..depth).map(weight).sum();
+        let score = best.map_or(0.0, |vote| vote.weight / full);
+        let holds_top = |vote: &Vote| {
+            cache.get(vote.query).is_some_and(|entry| {
+                entry
+                    .doc_ids
+                    .iter()
+                    .take(rules.require_matched_top)
+                    .all(|doc| validated.contains(doc))
+            })
+        };
+        let accepted = best
+            .as_ref()
+            .is_some_and(|vote| score >= self.tau() - TAU_EPSILON && holds_top(vote));
         Verdict {
             accepted,
-            score: votes as f64 / depth,
+            score,
             best,
         }
     }
@@ -65,6 +133,11 @@ impl HomologyValidator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const COUNTED: ValidationRules = ValidationRules {
+        weighting: VoteWeighting::Count,
+        require_matched_top: 0,
+    };
 
     fn cache_with(results: &[&[DocId]]) -> HotCache {
         let mut cache = HotCache::bounded(100);
@@ -77,8 +150,13 @@ mod tests {
     #[test]
     fn score_is_votes_over_k_for_the_best_cached_query() {
         let cache = cache_with(&[&[1, 2, 3], &[4, 5, 6, 7]]);
-        let verdict =
-            HomologyValidator::new(0.2).judge(&cache, &[4, 5, 6, 1, 9, 10, 11, 12, 13, 14], 10);
+        let verdict = HomologyValidator::new(0.2).judge(
+            &cache,
+            &[4, 5, 6, 1, 9, 10, 11, 12, 13, 14],
+            10,
+            &COUNTED,
+            None,
+        );
         assert_eq!(verdict.best.map(|v| v.shared), Some(3));
         assert!((verdict.score - 0.3).abs() < 1e-12);
         assert!(verdict.accepted);
@@ -92,11 +170,15 @@ mod tests {
         for tau in [0.2, 0.1 + 0.1] {
             let validator = HomologyValidator::new(tau);
             assert!(
-                validator.judge(&cache, &draft_two, 10).accepted,
+                validator
+                    .judge(&cache, &draft_two, 10, &COUNTED, None)
+                    .accepted,
                 "tau {tau}"
             );
             assert!(
-                !validator.judge(&cache, &draft_one, 10).accepted,
+                !validator
+                    .judge(&cache, &draft_one, 10, &COUNTED, None)
+                    .accepted,
                 "tau {tau}"
             );
         }
@@ -106,7 +188,9 @@ mod tests {
                 .judge(
                     &cache_with(&[&[1, 2, 3]]),
                     &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
-                    10
+                    10,
+                    &COUNTED,
+                    None
                 )
                 .accepted
         );
@@ -119,7 +203,7 @@ mod tests {
         let mut draft: Vec<DocId> = (100..109).collect();
         draft.insert(0, 1);
         draft.extend([2, 3]);
-        let verdict = HomologyValidator::new(0.2).judge(&cache, &draft, 10);
+        let verdict = HomologyValidator::new(0.2).judge(&cache, &draft, 10, &COUNTED, None);
         assert_eq!(verdict.best.map(|v| v.shared), Some(1));
         assert!(!verdict.accepted);
         assert!((verdict.score - 0.1).abs() < 1e-12);
@@ -127,8 +211,67 @@ mod tests {
 
     #[test]
     fn an_empty_cache_never_accepts_even_at_tau_zero() {
-        let verdict = HomologyValidator::new(0.0).judge(&HotCache::bounded(5), &[1, 2], 10);
+        let verdict =
+            HomologyValidator::new(0.0).judge(&HotCache::bounded(5), &[1, 2], 10, &COUNTED, None);
         assert!(!verdict.accepted);
         assert_eq!(verdict.score, 0.0);
+    }
+
+    #[test]
+    fn rank_weights_score_a_match_on_the_drafts_head_above_one_on_its_tail() {
+        let by_rank = ValidationRules {
+            weighting: VoteWeighting::Rank,
+            ..COUNTED
+        };
+        let draft: Vec<DocId> = (1..=10).collect();
+        let validator = HomologyValidator::new(0.3);
+        let head = validator.judge(&cache_with(&[&[1, 2, 90]]), &draft, 10, &by_rank, None);
+        let tail = validator.judge(&cache_with(&[&[9, 10, 90]]), &draft, 10, &by_rank, None);
+        // Two shared documents each: 0.2 by count, rejected at 0.3 either way by count.
+        assert!(head.accepted && !tail.accepted, "{head:?} {tail:?}");
+        assert!(head.score > 0.3 && tail.score < 0.15);
+        let full = validator.judge(&cache_with(&[&draft]), &draft, 10, &by_rank, None);
+        assert!((full.score - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_required_top_rejects_a_match_whose_best_documents_the_draft_lacks() {
+        let cache = cache_with(&[&[50, 1, 2, 3]]);
+        let draft: Vec<DocId> = (1..=10).collect();
+        let needs_top = ValidationRules {
+            require_matched_top: 1,
+            ..COUNTED
+        };
+        let validator = HomologyValidator::new(0.2);
+        assert!(validator.judge(&cache, &draft, 10, &COUNTED, None).accepted);
+        let verdict = validator.judge(&cache, &draft, 10, &needs_top, None);
+        assert!(!verdict.accepted);
+        assert_eq!(verdict.best.map(|v| v.shared), Some(3));
+        let with_top: Vec<DocId> = [50].into_iter().chain(1..=9).collect();
+        assert!(
+            validator
+                .judge(&cache, &with_top, 10, &needs_top, None)
+                .accepted
+        );
+    }
+
+    #[test]
+    fn voters_restrict_who_may_validate() {
+        let cache = cache_with(&[&[1, 2, 3], &[1, 2]]);
+        let draft: Vec<DocId> = (1..=10).collect();
+        let validator = HomologyValidator::new(0.3);
+        let newer_only = validator.judge(&cache, &draft, 10, &COUNTED, Some(&[1]));
+        assert!(!newer_only.accepted);
+        assert_eq!(newer_only.best.map(|v| v.query), Some(1));
+        assert!(
+            validator
+                .judge(&cache, &draft, 10, &COUNTED, Some(&[0, 1]))
+                .accepted
+        );
+        assert!(
+            !validator
+                .judge(&cache, &draft, 10, &COUNTED, Some(&[]))
+                .accepted
+        );
     }
 }

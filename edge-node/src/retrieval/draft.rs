@@ -15,9 +15,15 @@ use super::{
     DraftTrace, EngineError, MatchedQuery, RetrievalEngine, RetrievedDocument, StageTimings,
     TracedMatch,
 };
+use crate::caches::CacheState;
 use crate::fallback::CloudSearch;
-use crate::has::{EdgeDocument, Verdict};
+use crate::has::hot_cache::Vote;
+use crate::has::{EdgeDocument, QueryId, Verdict};
 use crate::tenants::Tenant;
+
+/// Cached queries nearest the query that hybrid validation lets vote (those at least sigma
+/// similar among them): a subject's questions under every relation fit well within it.
+const HYBRID_NEIGHBOURS: usize = 32;
 
 /// Draft documents, best first, with their exact inner products.
 pub type Draft = Vec<(f32, Arc<EdgeDocument>)>;
@@ -102,7 +108,7 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             _ => &merged,
         };
         let validated: Vec<DocId> = ranking.iter().take(depth).map(|(_, d)| d.id).collect();
-        let verdict = self.validator.judge(&state.hot, &validated, depth);
+        let (verdict, semantic) = self.validate(&state, query, &validated, depth)?;
         let matched = verdict.best.filter(|_| verdict.accepted).and_then(|vote| {
             state.hot.get(vote.query).map(|entry| MatchedQuery {
                 id: entry.id,
@@ -111,10 +117,23 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             })
         });
         timings.validation = Some(stage.elapsed());
-        let draft = match cache_only {
+        let mut draft = match cache_only {
             Some(cache_only) if !settings.fuzzy_in_draft => cache_only,
             _ => merged,
         };
+        // The validating query's documents join what is served: always after a semantic
+        // acceptance (they are why the draft was trusted), after a homology one by choice.
+        if let Some(matched) = &matched
+            && (semantic || settings.draft_with_matched)
+            && let Some(entry) = state.hot.get(matched.id)
+        {
+            let theirs = entry
+                .doc_ids
+                .iter()
+                .filter_map(|id| state.channel.document(*id).cloned());
+            let pool = draft.into_iter().map(|(_, d)| d).chain(theirs).collect();
+            draft = rerank(query, pool, size);
+        }
         if let Some(trace) = &mut draft_trace {
             trace.draft = draft.iter().take(k).map(|(_, d)| d.id).collect();
             trace.best_match = verdict.best.and_then(|vote| {
@@ -132,6 +151,59 @@ impl<C: CloudSearch> RetrievalEngine<C> {
             matched,
             trace: draft_trace,
         })
+    }
+
+    /// The verdict on a draft's `validated` documents, and whether it was a semantic
+    /// acceptance (hybrid validation: the nearest cached query similar enough on its own).
+    fn validate(
+        &self,
+        state: &CacheState,
+        query: &[f32],
+        validated: &[DocId],
+        depth: usize,
+    ) -> Result<(Verdict, bool), EngineError> {
+        let settings = &self.settings;
+        let Some(sigma) = settings.hybrid_similarity else {
+            let verdict =
+                self.validator
+                    .judge(&state.hot, validated, depth, &settings.validation, None);
+            return Ok((verdict, false));
+        };
+        let near = state.lookup.nearest_n(query, HYBRID_NEIGHBOURS)?;
+        let voters: Vec<QueryId> = near
+            .iter()
+            .filter(|(_, similarity)| *similarity >= sigma)
+            .map(|(id, _)| *id)
+            .collect();
+        let verdict = self.validator.judge(
+            &state.hot,
+            validated,
+            depth,
+            &settings.validation,
+            Some(&voters),
+        );
+        if verdict.accepted {
+            return Ok((verdict, false));
+        }
+        match near.first() {
+            Some(&(nearest, similarity)) if similarity >= settings.semantic_threshold => {
+                let vote = state
+                    .hot
+                    .best_among(&[nearest], validated, |_| 1.0)
+                    .unwrap_or(Vote {
+                        query: nearest,
+                        shared: 0,
+                        weight: 0.0,
+                    });
+                let accepted = Verdict {
+                    accepted: true,
+                    best: Some(vote),
+                    ..verdict
+                };
+                Ok((accepted, true))
+            }
+            _ => Ok((verdict, false)),
+        }
     }
 
     /// The fuzzy channel's candidates re-ranked exactly, top k.

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::caches::{CacheError, TenantCaches};
 use crate::fallback::{CloudDocument, CloudError, CloudSearch};
-use crate::has::{FuzzyChannel, HomologyValidator, QueryId};
+use crate::has::{FuzzyChannel, HomologyValidator, QueryId, ValidationRules};
 use crate::lookup::LookupKind;
 use crate::tenants::Tenant;
 
@@ -73,11 +73,13 @@ impl RetrievalPolicy {
         matches!(self, Self::Has | Self::EdgeIvf)
     }
 
-    /// The query lookup a cache keeps under this policy.
-    pub fn lookup(self) -> LookupKind {
+    /// The query lookup a cache keeps under this policy; HaS keeps the semantic one only
+    /// for hybrid validation.
+    pub fn lookup(self, hybrid: bool) -> LookupKind {
         match self {
             Self::ExactCache => LookupKind::ExactText,
             Self::SemanticCache => LookupKind::Semantic,
+            Self::Has if hybrid => LookupKind::Semantic,
             Self::Has | Self::CloudOnly | Self::EdgeIvf => LookupKind::None,
         }
     }
@@ -209,6 +211,16 @@ pub struct EngineSettings {
     /// Whether the fuzzy channel's documents join the served draft (off: the paper's
     /// ablation that serves accepted drafts from the cache channel alone).
     pub fuzzy_in_draft: bool,
+    /// What a draft must show beyond its votes.
+    pub validation: ValidationRules,
+    /// Whether an accepted draft is re-ranked together with the validating query's cached
+    /// documents before it is served.
+    pub draft_with_matched: bool,
+    /// Hybrid validation (`Some(sigma)`): only cached queries at least sigma similar to the
+    /// query vote, and a query whose nearest cached query reaches `semantic_threshold` is
+    /// accepted whatever the votes, served from the draft re-ranked with that query's
+    /// documents. `None`: homology alone (the paper).
+    pub hybrid_similarity: Option<f32>,
 }
 
 /// What the local part of a retrieval decided.

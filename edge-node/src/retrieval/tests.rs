@@ -326,3 +326,49 @@ async fn cache_bytes_grow_with_entries_and_stay_flat_under_eviction() {
     let ratio = still_two as f64 / two as f64;
     assert!((0.9..1.1).contains(&ratio), "{two} vs {still_two}");
 }
+
+/// What the topic edge (under `hybrid_similarity`) answers `query` after falling back on
+/// `cached`.
+async fn after_one_fallback(
+    hybrid_similarity: Option<f32>,
+    cached: &[f32],
+    query: &[f32],
+) -> Outcome {
+    let (edge, _) = topic_edge(Setup {
+        hybrid_similarity,
+        ..Setup::default()
+    });
+    assert_eq!(edge.ask(&me(), cached, K).await.outcome, Outcome::Fallback);
+    edge.ask(&me(), query, K).await.outcome
+}
+
+#[tokio::test]
+async fn hybrid_validation_lets_only_similar_cached_queries_vote() {
+    let (_, centres) = topic_edge(Setup::default());
+    let centre = &centres[0];
+    let homologous = near(&centres, 0, 0.5);
+    let paraphrase = near(&centres, 0, 0.1);
+    let similarity = |v: &[f32]| hasten_core::vector::dot(centre, v);
+    // Below the fixture's semantic threshold (0.95) and above it.
+    assert!(similarity(&homologous) < 0.9 && similarity(&paraphrase) > 0.99);
+    // Homology alone accepts the homologous query; hybrid validation only when the cached
+    // query is similar enough to vote.
+    let accepted = Outcome::Accepted;
+    assert_eq!(
+        after_one_fallback(None, centre, &homologous).await,
+        accepted
+    );
+    assert_eq!(
+        after_one_fallback(Some(0.8), centre, &homologous).await,
+        accepted
+    );
+    assert_eq!(
+        after_one_fallback(Some(0.95), centre, &homologous).await,
+        Outcome::Fallback
+    );
+    // No cached query may vote at sigma 1, but a paraphrase is accepted on its similarity.
+    assert_eq!(
+        after_one_fallback(Some(1.0), centre, &paraphrase).await,
+        accepted
+    );
+}
