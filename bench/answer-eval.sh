@@ -17,6 +17,7 @@
 # or replay: no emulated network, closed loop, quality at full speed), SYSTEMS (all four),
 # MODEL (the answering GGUF; default SmolLM2-135M-Instruct from HASTEN_LM_DIR), ENTITIES
 # (60), MAX_PASSAGES (3), ARTICLES (4), MAX_TOKENS (16), K (5), EDGES (2), WORKERS (2),
+# FUSION_RATIO (0.15: the share of chunk tokens FusionRAG recomputes),
 # DATA_DIR (../shared/data), OUT (run/answer-eval/<time>), RAYON_NUM_THREADS (1: one thread
 # per process, so that two KV workers do not oversubscribe two cores). The corpus bundle and
 # the KV store are built once under run/answer-eval/ and reused (the store is per model).
@@ -85,6 +86,7 @@ export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-1}
   --systems "${SYSTEMS:-standard,has+full-prefill,cloud+fusionrag,hasten}" \
   --lm-model "$answer_model" --kv-store "$work/kv-store-$name-$(basename "$answer_model" .gguf)" \
   --max-tokens "${MAX_TOKENS:-16}" --k "${K:-5}" --edges "${EDGES:-2}" --workers "${WORKERS:-2}" \
+  --fusion-ratio "${FUSION_RATIO:-0.15}" \
   --client-delay uniform:0.005,0.025 --cloud-delay uniform:0.05,0.1 \
   --save-workload "$out/workload.jsonl" --out "$out" 2>&1 | tee "$out/answers.log"
 echo "report: $out"

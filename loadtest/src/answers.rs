@@ -9,7 +9,7 @@ use clap::Args;
 use hasten_core::bundle::read_manifest;
 use loadtest::answer::evaluate::{AskSettings, WorkerSettings, evaluate};
 use loadtest::answer::report::AnswerReport;
-use loadtest::answer::systems::{ANSWER_SYSTEMS, AnswerSystem};
+use loadtest::answer::systems::{ANSWER_SYSTEMS, AnswerSystem, FUSION_RATIO};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::experiment::{ClusterSettings, start_cloud};
 use loadtest::process::binary;
@@ -60,6 +60,10 @@ pub struct AnswersArgs {
     /// Each KV worker's RAM for chunk KV, MiB [default: the worker's, 1 GiB].
     #[arg(long)]
     worker_ram_mib: Option<u64>,
+    /// Share of chunk tokens FusionRAG recomputes (cloud+fusionrag, hasten): sweep it to
+    /// find where a model keeps its answers.
+    #[arg(long, default_value_t = FUSION_RATIO)]
+    fusion_ratio: f64,
     /// Edges per system; client i talks to edge i mod N.
     #[arg(long, default_value_t = 2)]
     edges: usize,
@@ -179,11 +183,18 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
         extra_edge_args: args.edge_arg.clone(),
         model_dir: absolute(&args.corpus.model_dir)?,
     };
+    if !(0.0..=1.0).contains(&args.fusion_ratio) {
+        bail!(
+            "--fusion-ratio must be in [0, 1], got {}",
+            args.fusion_ratio
+        );
+    }
     let workers = WorkerSettings {
         count: args.workers,
         model: model.clone(),
         store,
         ram_budget: args.worker_ram_mib.map(|mib| mib << 20),
+        fusion_ratio: args.fusion_ratio,
     };
     let ask = AskSettings {
         k: args.k,
@@ -212,6 +223,7 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
                 "model": model, "k": args.k, "max_tokens": args.max_tokens,
                 "ttft_slo_s": args.ttft_slo.as_secs_f64(), "edges_per_system": args.edges,
                 "kv_workers_per_system": args.workers, "warmup": args.warmup,
+                "fusion_ratio": args.fusion_ratio,
             }),
         );
     }

@@ -27,6 +27,8 @@ pub struct WorkerSettings {
     pub store: PathBuf,
     /// Each worker's RAM for chunk KV, bytes (the worker's default when absent).
     pub ram_budget: Option<u64>,
+    /// The share of chunk tokens FusionRAG recomputes on systems that use it.
+    pub fusion_ratio: f64,
 }
 
 /// How each question is asked and judged.
@@ -103,7 +105,7 @@ async fn run_one(
     progress: impl Fn(usize) + Send + Sync + 'static,
 ) -> Result<(Vec<AnswerRecord>, AnswerSystemReport), EvalError> {
     let (_workers, worker_addrs) = start_workers(workers, run, &cluster.work)?;
-    let mut args = system.edge_args();
+    let mut args = system.edge_args(workers.fusion_ratio);
     for addr in &worker_addrs {
         args.extend(["--kv-worker".into(), addr.clone()]);
     }

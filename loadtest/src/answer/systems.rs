@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::experiment::EvalError;
 
-/// The share of chunk tokens FusionRAG recomputes (the paper's 15%).
+/// The share of chunk tokens FusionRAG recomputes by default (the paper's 15%).
 pub const FUSION_RATIO: f64 = 0.15;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -88,8 +88,9 @@ impl AnswerSystem {
         self.retrieval == Retrieval::Has
     }
 
-    /// The `edge-node serve` flags that make this system (the KV workers' addresses aside).
-    pub fn edge_args(&self) -> Vec<String> {
+    /// The `edge-node serve` flags that make this system (the KV workers' addresses aside),
+    /// FusionRAG recomputing `fusion_ratio` of the chunk tokens.
+    pub fn edge_args(&self, fusion_ratio: f64) -> Vec<String> {
         let policy = match self.retrieval {
             Retrieval::Cloud => "cloud-only",
             Retrieval::Has => "has",
@@ -108,7 +109,7 @@ impl AnswerSystem {
         };
         args.extend(prefill.iter().map(|s| s.to_string()));
         if self.prefill == Prefill::Fusion {
-            args.extend(["--kv-recompute-ratio".into(), FUSION_RATIO.to_string()]);
+            args.extend(["--kv-recompute-ratio".into(), fusion_ratio.to_string()]);
         }
         args
     }
@@ -122,14 +123,20 @@ mod tests {
     fn each_system_is_its_two_halves() {
         let names: Vec<String> = ["hasten", "standard"].map(String::from).to_vec();
         let systems = AnswerSystem::parse_list(&names).unwrap();
-        let hasten = systems[0].edge_args().join(" ");
+        let hasten = systems[0].edge_args(FUSION_RATIO).join(" ");
         assert!(
             hasten.starts_with("--policy has --kv-mode fusionrag"),
             "{hasten}"
         );
         assert!(hasten.contains("--kv-routing kv-aware --kv-recompute-ratio 0.15"));
         assert!(systems[0].replicated());
-        let standard = systems[1].edge_args().join(" ");
+        assert!(
+            systems[0]
+                .edge_args(0.3)
+                .join(" ")
+                .ends_with("--kv-recompute-ratio 0.3")
+        );
+        let standard = systems[1].edge_args(0.3).join(" ");
         assert_eq!(
             standard,
             "--policy cloud-only --kv-mode full-prefill --kv-routing round-robin"
