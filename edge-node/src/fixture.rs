@@ -111,7 +111,7 @@ impl Default for Setup {
             fuzzy_in_validation: true,
             fuzzy_in_draft: true,
             validation: ValidationRules::default(),
-            draft_with_matched: false,
+            draft_with_matched: true,
             hybrid_similarity: None,
             corpus_fraction: 1.0,
         }

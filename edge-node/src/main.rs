@@ -156,7 +156,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     require_matched_top: Option<usize>,
-    /// Re-rank accepted drafts with the validating query's documents [default: false].
+    /// Re-rank accepted drafts with the validating query's documents [default: true].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     draft_with_matched: Option<bool>,
