@@ -131,7 +131,7 @@ pub struct EdgeConfig {
     pub require_matched_top: usize,
     /// Re-rank an accepted draft together with the validating query's cached documents
     /// before serving it: the cache channel's approximate search misses some of them, and
-    /// they were most of what accepted drafts lost (on the tuning split: DHR drop 1.36 to
+    /// they were most of what accepted drafts lost (on the tuning split: DHR drop 1.35 to
     /// 0.49 points at tau 0.4, acceptance unchanged). Off is the paper's draft.
     pub draft_with_matched: bool,
     /// Hybrid validation (HaS only): only cached queries at least this cosine-similar to
