@@ -12,8 +12,10 @@ mod report;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
-use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
+use clap::{CommandFactory, Parser, Subcommand};
+use hasten_core::config::{
+    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+};
 use hasten_proto::v1::{
     ControlCommand, CorpusUpdate, FlushTenant, InvalidateDocuments, MemberRequest,
     RetireCorpusVersion, RuntimeConfig, control_command,
@@ -34,8 +36,7 @@ struct Cli {
     #[command(flatten)]
     #[serde(skip)]
     source: ConfigSource,
-    /// A control-plane node, host:port (repeat; list every member for `status`)
-    /// [default: 127.0.0.1:7400].
+    /// A control-plane node, host:port (repeat; list every member for `status`).
     #[arg(long = "control-plane", value_name = "ADDR", global = true)]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     control_plane: Vec<String>,
@@ -46,11 +47,11 @@ struct Cli {
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     token_file: Option<PathBuf>,
-    /// table or json [default: table].
+    /// table or json.
     #[arg(long, value_enum, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     output: Option<OutputFormat>,
-    /// Seconds one call to a node may take [default: 30].
+    /// Seconds one call to a node may take.
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     timeout_s: Option<u64>,
@@ -128,7 +129,7 @@ enum MembersCommand {
 #[tokio::main]
 async fn main() -> Result<()> {
     hasten_core::logging::init(hasten_core::logging::LogFormat::Text);
-    let cli = Cli::parse();
+    let cli: Cli = parse_command(help_with_defaults::<AdminConfig>(Cli::command()));
     let Some(config) = resolve_config::<AdminConfig, _>(&cli.source, "HASTEN_ADMIN_", &cli)? else {
         return Ok(());
     };

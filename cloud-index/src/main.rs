@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use cloud_index::backend::{Admission, Metered};
 use cloud_index::config::{RouterConfig, ShardConfig};
 use cloud_index::dev_cert::{DevCertOrigin, DevCertificate, key_path};
@@ -21,7 +21,9 @@ use cloud_index::router::Router;
 use cloud_index::shard_map::follow_control_plane;
 use cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
-use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
+use hasten_core::config::{
+    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+};
 use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
@@ -165,15 +167,15 @@ struct ServeArgs {
     tls: TlsArgs,
     #[command(flatten)]
     batching: BatchingArgs,
-    /// OpenMP threads for faiss; 0 for every core [default: 1].
+    /// OpenMP threads for faiss; 0 for every core.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     openmp_threads: Option<usize>,
-    /// OpenBLAS threads; 0 for every core [default: 0].
+    /// OpenBLAS threads; 0 for every core.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     openblas_threads: Option<usize>,
-    /// Smallest batch searched as one matrix product [default: 4].
+    /// Smallest batch searched as one matrix product.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     blas_min_batch: Option<usize>,
@@ -183,15 +185,15 @@ struct ServeArgs {
 /// `route` (one request per shard per batch).
 #[derive(Args, Serialize)]
 struct BatchingArgs {
-    /// Coalesce concurrent searches into one batch [default: true].
+    /// Coalesce concurrent searches into one batch.
     #[arg(long = "batching", value_name = "BATCHING")]
     #[serde(skip_serializing_if = "Option::is_none")]
     enabled: Option<bool>,
-    /// Most query vectors in one batch [default: 256].
+    /// Most query vectors in one batch.
     #[arg(long = "batch-max-queries", value_name = "BATCH_MAX_QUERIES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_queries: Option<usize>,
-    /// Longest a search waits for company, in microseconds [default: 1000].
+    /// Longest a search waits for company, in microseconds.
     #[arg(long = "batch-max-wait-us", value_name = "BATCH_MAX_WAIT_US")]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_wait_us: Option<u64>,
@@ -201,24 +203,23 @@ struct BatchingArgs {
 /// report themselves, and how much they take on at once.
 #[derive(Args, Serialize)]
 struct ServerArgs {
-    /// UDP address for QUIC [default: 127.0.0.1:7100].
+    /// UDP address for QUIC.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     quic_addr: Option<SocketAddr>,
-    /// TCP address for gRPC [default: 127.0.0.1:7101].
+    /// TCP address for gRPC.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_addr: Option<SocketAddr>,
-    /// TCP address for /metrics, /readyz and /healthz [default: 127.0.0.1:7102].
+    /// TCP address for /metrics, /readyz and /healthz.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
-    /// Searches answered at once; beyond it RESOURCE_EXHAUSTED [default: 1024].
+    /// Searches answered at once; beyond it RESOURCE_EXHAUSTED.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_in_flight: Option<usize>,
-    /// Where to write the generated dev certificate [default: run/cloud-dev-cert.pem for serve,
-    /// run/router-dev-cert.pem for route].
+    /// Where to write the generated dev certificate.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     dev_cert_out: Option<PathBuf>,
@@ -259,19 +260,19 @@ struct RouteArgs {
     #[command(flatten)]
     #[serde(flatten)]
     tls: TlsArgs,
-    /// Deadline of a request that names none, in milliseconds [default: 2000].
+    /// Deadline of a request that names none, in milliseconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     request_timeout_ms: Option<u64>,
-    /// Longest one attempt on one replica, in milliseconds [default: 1000].
+    /// Longest one attempt on one replica, in milliseconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     attempt_timeout_ms: Option<u64>,
-    /// Period of replica health checks, in milliseconds [default: 1000].
+    /// Period of replica health checks, in milliseconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     health_interval_ms: Option<u64>,
-    /// How long start-up waits for a replica of every shard, in seconds [default: 60].
+    /// How long start-up waits for a replica of every shard, in seconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     startup_timeout_s: Option<u64>,
@@ -281,7 +282,10 @@ struct RouteArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    match Cli::parse().command {
+    let command = Cli::command()
+        .mut_subcommand("serve", help_with_defaults::<ShardConfig>)
+        .mut_subcommand("route", help_with_defaults::<RouterConfig>);
+    match parse_command::<Cli>(command).command {
         Command::Build(args) => build(args).await,
         Command::Serve(args) => serve(args).await,
         Command::Route(args) => route(args).await,

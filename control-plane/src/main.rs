@@ -4,14 +4,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use control_plane::config::ControlPlaneConfig;
 use control_plane::metrics::NodeMetrics;
 use control_plane::node;
 use control_plane::service::ControlPlaneService;
 use control_plane::storage::RaftStorage;
 use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
-use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
+use hasten_core::config::{
+    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
 use hasten_core::metrics::ReadinessCheck;
@@ -38,15 +40,15 @@ struct Cli {
     #[command(flatten)]
     #[serde(flatten)]
     log: LogArgs,
-    /// This node's Raft id [default: 1].
+    /// This node's Raft id.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<u64>,
-    /// gRPC address for clients and peers [default: 127.0.0.1:7400].
+    /// gRPC address for clients and peers.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<std::net::SocketAddr>,
-    /// TCP address for /metrics, /readyz and /healthz [default: 127.0.0.1:7402].
+    /// TCP address for /metrics, /readyz and /healthz.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -62,28 +64,27 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     auto_join: Option<bool>,
-    /// Data directory (Raft log, snapshot, events) [default: run/control-plane].
+    /// Data directory (Raft log, snapshot, events).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
-    /// Raft tick in milliseconds [default: 100].
+    /// Raft tick in milliseconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tick_ms: Option<u64>,
-    /// Applied entries kept before snapshot and log truncation [default: 10000].
+    /// Applied entries kept before snapshot and log truncation.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_log_entries: Option<u64>,
-    /// Payload bytes of applied entries kept before snapshot and truncation [default: 256 MiB].
+    /// Payload bytes of applied entries kept before snapshot and truncation.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_log_bytes: Option<u64>,
-    /// Committed events kept behind a compaction point for resuming subscribers
-    /// [default: 2048].
+    /// Committed events kept behind a compaction point for resuming subscribers.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     retained_events: Option<u64>,
-    /// Milliseconds a proposal waits for its commit [default: 5000].
+    /// Milliseconds a proposal waits for its commit.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     propose_timeout_ms: Option<u64>,
@@ -103,7 +104,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let cli: Cli = parse_command(help_with_defaults::<ControlPlaneConfig>(Cli::command()));
     let Some(config) = resolve_config::<ControlPlaneConfig, _>(&cli.source, "HASTEN_CP_", &cli)?
     else {
         return Ok(());

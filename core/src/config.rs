@@ -135,6 +135,83 @@ pub struct TlsArgs {
     pub tls_extra_ca: Option<PathBuf>,
 }
 
+/// `command` with the help of each flag that sets a key of `T` ending in `[default: ...]`,
+/// the key's value in `T::default()`: a default is written once, in the type, and the help
+/// and the configuration reference are generated from it. A flag sets the key of its own
+/// name (`--semantic-threshold`: `semantic_threshold`), at the top of the configuration or
+/// in exactly one of its tables. Keys without a value by default (`None`, a table) keep
+/// the help as written, which then says what their absence means.
+pub fn help_with_defaults<T: Default + Serialize>(command: clap::Command) -> clap::Command {
+    // Through JSON text: an f32 such as 0.9 turned into a Value directly would print as
+    // 0.8999999761581421.
+    let defaults = serde_json::to_string(&T::default())
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .unwrap_or_default();
+    let ids: Vec<String> = command
+        .get_arguments()
+        .map(|arg| arg.get_id().to_string())
+        .collect();
+    ids.iter().fold(command, |command, id| {
+        let Some(text) = default_of_key(&defaults, id) else {
+            return command;
+        };
+        command.mut_arg(id, |arg| {
+            let suffix = format!("[default: {text}]");
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            let long_help = arg.get_long_help().map(ToString::to_string);
+            let arg = arg.help(format!("{help} {suffix}"));
+            match long_help {
+                Some(long) => arg.long_help(format!("{long} {suffix}")),
+                None => arg,
+            }
+        })
+    })
+}
+
+/// Parses the command line with `command` (a `C::command()` that
+/// [`help_with_defaults`] has annotated), exiting with clap's message on a bad one.
+pub fn parse_command<C: clap::FromArgMatches>(command: clap::Command) -> C {
+    let mut matches = command.get_matches();
+    C::from_arg_matches_mut(&mut matches).unwrap_or_else(|error| error.exit())
+}
+
+/// The default of `key` as a flag's help shows it: found at the top level or in exactly
+/// one table; `None` when absent, ambiguous, null or itself a table.
+fn default_of_key(defaults: &serde_json::Value, key: &str) -> Option<String> {
+    use serde_json::Value;
+    let object = defaults.as_object()?;
+    let value = match object.get(key) {
+        Some(value) => value,
+        None => {
+            let mut found = object
+                .values()
+                .filter_map(|table| table.as_object()?.get(key));
+            let value = found.next()?;
+            if found.next().is_some() {
+                return None;
+            }
+            value
+        }
+    };
+    match value {
+        Value::Null | Value::Object(_) => None,
+        Value::Array(items) if items.is_empty() => None,
+        Value::String(text) => Some(text.clone()),
+        Value::Array(items) => Some(
+            items
+                .iter()
+                .map(|item| match item {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        other => Some(other.to_string()),
+    }
+}
+
 /// Resolves a configuration of type `T`.
 ///
 /// `env_prefix` (e.g. `HASTEN_EDGE_`) selects environment variables: `HASTEN_EDGE_TAU=0.3`
@@ -177,6 +254,90 @@ mod tests {
     struct Flags {
         #[serde(skip_serializing_if = "Option::is_none")]
         capacity: Option<usize>,
+    }
+
+    #[derive(Serialize)]
+    struct HelpSample {
+        threshold: f32,
+        peers: Vec<String>,
+        limit: Option<u32>,
+        server: HelpServer,
+        batching: HelpBatching,
+    }
+
+    #[derive(Serialize)]
+    struct HelpServer {
+        addr: String,
+        workers: u32,
+    }
+
+    #[derive(Serialize)]
+    struct HelpBatching {
+        workers: u32,
+        window_ms: u64,
+    }
+
+    impl Default for HelpSample {
+        fn default() -> Self {
+            Self {
+                threshold: 0.9,
+                peers: vec!["a:1".into(), "b:2".into()],
+                limit: None,
+                server: HelpServer {
+                    addr: "127.0.0.1:7000".into(),
+                    workers: 2,
+                },
+                batching: HelpBatching {
+                    workers: 4,
+                    window_ms: 5,
+                },
+            }
+        }
+    }
+
+    #[test]
+    fn help_shows_each_keys_default_from_the_type() {
+        let command = clap::Command::new("t").args([
+            clap::Arg::new("threshold")
+                .long("threshold")
+                .help("Reuse above this"),
+            clap::Arg::new("peers").long("peers").help("Peers"),
+            clap::Arg::new("limit")
+                .long("limit")
+                .help("Limit [default: none]"),
+            clap::Arg::new("addr")
+                .long("addr")
+                .help("Address")
+                .long_help("Address.\n\nWhere it listens."),
+            clap::Arg::new("window_ms").long("window-ms").help("Window"),
+            clap::Arg::new("workers").long("workers").help("Workers"),
+            clap::Arg::new("other").long("other").help("Not a key"),
+        ]);
+        let command = help_with_defaults::<HelpSample>(command);
+        let help = |id: &str| {
+            let arg = command.get_arguments().find(|a| a.get_id() == id).unwrap();
+            (
+                arg.get_help().unwrap().to_string(),
+                arg.get_long_help().map(ToString::to_string),
+            )
+        };
+        // An f32 prints as written, not as its f64 widening.
+        assert_eq!(help("threshold").0, "Reuse above this [default: 0.9]");
+        assert_eq!(help("peers").0, "Peers [default: a:1,b:2]");
+        // No value by default: the help says what absence means.
+        assert_eq!(help("limit").0, "Limit [default: none]");
+        // A key of one table, in the short and the long help.
+        assert_eq!(help("addr").0, "Address [default: 127.0.0.1:7000]");
+        assert!(
+            help("addr")
+                .1
+                .unwrap()
+                .ends_with("listens. [default: 127.0.0.1:7000]")
+        );
+        assert_eq!(help("window_ms").0, "Window [default: 5]");
+        // In two tables: which one the flag sets is not the help's to guess.
+        assert_eq!(help("workers").0, "Workers");
+        assert_eq!(help("other").0, "Not a key");
     }
 
     #[test]

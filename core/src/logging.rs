@@ -85,7 +85,7 @@ pub fn init_with_traces(
 /// `log_format` and `otlp_endpoint` keys.
 #[derive(clap::Args, Clone, Debug, Default, Serialize)]
 pub struct LogArgs {
-    /// text or json [default: text].
+    /// text or json.
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,

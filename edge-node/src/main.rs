@@ -7,11 +7,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use edge_node::config::EdgeConfig;
 use edge_node::has::VoteWeighting;
 use edge_node::retrieval::RetrievalPolicy;
-use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
+use hasten_core::config::{
+    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+};
 use hasten_core::logging::LogArgs;
 use hasten_worker_api::kv::FusionMode;
 use hasten_worker_api::kv::KvRouting;
@@ -47,16 +49,15 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     bundle: Option<PathBuf>,
-    /// all-MiniLM-L6-v2 directory, shared by every binary through HASTEN_MODEL_DIR
-    /// [default: models/all-MiniLM-L6-v2].
+    /// all-MiniLM-L6-v2 directory, shared by every binary through HASTEN_MODEL_DIR.
     #[arg(long, env = "HASTEN_MODEL_DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     model_dir: Option<PathBuf>,
-    /// JSON API address [default: 127.0.0.1:7200].
+    /// JSON API address.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     http_addr: Option<SocketAddr>,
-    /// gRPC API address [default: 127.0.0.1:7201].
+    /// gRPC API address.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_addr: Option<SocketAddr>,
@@ -65,7 +66,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
-    /// HTTP connections open at once [default: 4096].
+    /// HTTP connections open at once.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections: Option<usize>,
@@ -73,90 +74,90 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_connections_per_client: Option<usize>,
-    /// Milliseconds to send a request's head, or to start the next one [default: 10000].
+    /// Milliseconds to send a request's head, or to start the next one.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     header_timeout_ms: Option<u64>,
-    /// Milliseconds for a request's body to arrive [default: 10000].
+    /// Milliseconds for a request's body to arrive.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     body_timeout_ms: Option<u64>,
-    /// Milliseconds requests may take to finish after SIGTERM [default: 10000].
+    /// Milliseconds requests may take to finish after SIGTERM.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     shutdown_grace_ms: Option<u64>,
-    /// Cloud index QUIC address [default: 127.0.0.1:7100].
+    /// Cloud index QUIC address.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cloud_addr: Option<String>,
-    /// TLS name of the cloud [default: localhost].
+    /// TLS name of the cloud.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cloud_server_name: Option<String>,
-    /// PEM certificate(s) to trust for the cloud [default: run/cloud-dev-cert.pem].
+    /// PEM certificate(s) to trust for the cloud.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cloud_ca: Option<PathBuf>,
     #[command(flatten)]
     #[serde(flatten)]
     tls: TlsArgs,
-    /// Cloud request deadline in milliseconds [default: 2000].
+    /// Cloud request deadline in milliseconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cloud_timeout_ms: Option<u64>,
-    /// has | cloud-only | edge-ivf | exact-cache | semantic-cache [default: has].
+    /// has | cloud-only | edge-ivf | exact-cache | semantic-cache.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     policy: Option<RetrievalPolicy>,
-    /// Cosine similarity at which semantic-cache reuses a result [default: 0.9].
+    /// Cosine similarity at which semantic-cache reuses a result.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     semantic_threshold: Option<f32>,
-    /// Default k [default: 10].
+    /// Default k.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     k: Option<usize>,
-    /// Homology threshold tau [default: 0.2].
+    /// Homology threshold tau.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tau: Option<f64>,
-    /// Draft documents validated and fallback documents cached, whatever k [default: 10].
+    /// Draft documents validated and fallback documents cached, whatever k.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     validation_depth: Option<usize>,
-    /// Cached queries per tenant, FIFO, without a control plane [default: 5000].
+    /// Cached queries per tenant, FIFO, without a control plane.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_capacity: Option<usize>,
-    /// Fuzzy-channel candidates re-ranked exactly [default: 50].
+    /// Fuzzy-channel candidates re-ranked exactly.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_candidates: Option<usize>,
-    /// Cache-channel candidates re-ranked exactly [default: 50].
+    /// Cache-channel candidates re-ranked exactly.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_candidates: Option<usize>,
-    /// Run the fuzzy channel [default: true].
+    /// Run the fuzzy channel.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_channel: Option<bool>,
-    /// Fuzzy-channel documents take part in validation [default: true].
+    /// Fuzzy-channel documents take part in validation.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_in_validation: Option<bool>,
-    /// Fuzzy-channel documents join served drafts [default: true].
+    /// Fuzzy-channel documents join served drafts.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     fuzzy_in_draft: Option<bool>,
-    /// How shared documents' votes weigh: count or rank [default: count].
+    /// How shared documents' votes weigh: count or rank.
     #[arg(long, value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     vote_weighting: Option<VoteWeighting>,
-    /// The validating query's best N cached documents must be in the draft [default: 0].
+    /// The validating query's best N cached documents must be in the draft.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     require_matched_top: Option<usize>,
-    /// Re-rank accepted drafts with the validating query's documents [default: true].
+    /// Re-rank accepted drafts with the validating query's documents.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     draft_with_matched: Option<bool>,
@@ -168,7 +169,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     warm_queries: Option<PathBuf>,
-    /// Share of the corpus this edge holds (fuzzy channel and documents), (0, 1] [default: 1.0].
+    /// Share of the corpus this edge holds (fuzzy channel and documents), (0, 1].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     corpus_fraction: Option<f64>,
@@ -196,7 +197,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     control_plane_token_file: Option<PathBuf>,
-    /// Requests answered at once; beyond it 429 / RESOURCE_EXHAUSTED [default: 512].
+    /// Requests answered at once; beyond it 429 / RESOURCE_EXHAUSTED.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_in_flight: Option<usize>,
@@ -204,17 +205,16 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     tenants_file: Option<PathBuf>,
-    /// Show the matched cached query's text in replies (another user's question)
-    /// [default: false].
+    /// Show the matched cached query's text in replies (another user's question).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     expose_matched_query_text: Option<bool>,
     /// Show where each HaS draft came from in replies (document ids of the channels and
-    /// the best cached query) [default: false].
+    /// the best cached query).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     expose_draft_trace: Option<bool>,
-    /// This edge's name in replicated entries [default: edge].
+    /// This edge's name in replicated entries.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     edge_id: Option<String>,
@@ -244,19 +244,19 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_pool: Option<String>,
-    /// fusionrag, cacheblend, full-reuse or full-prefill [default: fusionrag].
+    /// fusionrag, cacheblend, full-reuse or full-prefill.
     #[arg(long, value_parser = parse_fusion_mode)]
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_mode: Option<FusionMode>,
-    /// Share of chunk tokens the KV worker recomputes [default: 0.15].
+    /// Share of chunk tokens the KV worker recomputes.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_recompute_ratio: Option<f64>,
-    /// similarity or full-reuse: which stored chunk KV the workers read [default: similarity].
+    /// similarity or full-reuse: which stored chunk KV the workers read.
     #[arg(long, value_parser = parse_variant)]
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_variant: Option<Variant>,
-    /// kv-aware or round-robin: which KV worker a request goes to [default: kv-aware].
+    /// kv-aware or round-robin: which KV worker a request goes to.
     #[arg(long, value_parser = parse_routing)]
     #[serde(skip_serializing_if = "Option::is_none")]
     kv_routing: Option<KvRouting>,
@@ -284,19 +284,19 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_engine_ca: Option<PathBuf>,
-    /// Longest wait for the engine's next bytes, in ms [default: 30000].
+    /// Longest wait for the engine's next bytes, in ms.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_engine_timeout_ms: Option<u64>,
-    /// Answers sent to the engine at once [default: 8].
+    /// Answers sent to the engine at once.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_engine_concurrency: Option<usize>,
-    /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
+    /// cpu, or cuda in a build with the `cuda` feature.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_device: Option<hasten_lm::DeviceKind>,
-    /// fast, q8_0, f32 or as_stored [default: fast].
+    /// fast, q8_0, f32 or as_stored.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_weights: Option<hasten_lm::WeightFormat>,
@@ -304,7 +304,8 @@ struct ServeArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    match Cli::parse().command {
+    let command = Cli::command().mut_subcommand("serve", help_with_defaults::<EdgeConfig>);
+    match parse_command::<Cli>(command).command {
         Command::Serve(args) => serve(args).await,
     }
 }

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Args, Parser, Subcommand};
-use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use hasten_core::config::{
+    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+};
 use hasten_core::logging::LogArgs;
 use hasten_kv_operator::config::OperatorConfig;
 use hasten_kv_operator::controller;
@@ -62,7 +64,7 @@ struct RunArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     worker_image: Option<String>,
-    /// Cluster DNS domain [default: cluster.local].
+    /// Cluster DNS domain.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     cluster_domain: Option<String>,
@@ -74,15 +76,15 @@ struct RunArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     worker_extra_ca_config_map: Option<String>,
-    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7600].
+    /// Address of /metrics, /readyz and /healthz.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
-    /// Take part in leader election [default: true].
+    /// Take part in leader election.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     leader_election: Option<bool>,
-    /// The Lease electing the acting replica [default: hasten-kv-operator].
+    /// The Lease electing the acting replica.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lease_name: Option<String>,
@@ -220,7 +222,8 @@ async fn run(args: RunArgs) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    match Cli::parse().command {
+    let command = Cli::command().mut_subcommand("run", help_with_defaults::<OperatorConfig>);
+    match parse_command::<Cli>(command).command {
         Command::Run(args) => run(*args).await,
         Command::Crd => print_crd(),
     }

@@ -13,9 +13,11 @@ use std::time::Instant;
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use hasten_core::bundle::CorpusBundle;
-use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
+use hasten_core::config::{
+    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::{LogArgs, LogFormat};
 use hasten_core::metrics::ReadinessCheck;
@@ -151,11 +153,11 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     log: LogArgs,
-    /// gRPC address [default: 127.0.0.1:7510].
+    /// gRPC address.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_addr: Option<SocketAddr>,
-    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7512].
+    /// Address of /metrics, /readyz and /healthz.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
@@ -163,7 +165,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<PathBuf>,
-    /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
+    /// cpu, or cuda in a build with the `cuda` feature.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     device: Option<DeviceKind>,
@@ -171,11 +173,11 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     weights: Option<WeightFormat>,
-    /// The store's directory [default: kv-store].
+    /// The store's directory.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<PathBuf>,
-    /// f16 or f32, for text chunks' entries written while serving [default: f16].
+    /// f16 or f32, for text chunks' entries written while serving.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     dtype: Option<KvDtype>,
@@ -183,19 +185,19 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     model_sha256: Option<String>,
-    /// Bytes of chunk KV kept in RAM [default: 1 GiB].
+    /// Bytes of chunk KV kept in RAM.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     ram_budget: Option<u64>,
-    /// Bytes of chunk KV kept in GPU memory [default: 2 GiB].
+    /// Bytes of chunk KV kept in GPU memory.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu_budget: Option<u64>,
-    /// Answers waiting behind the one generating [default: 16].
+    /// Answers waiting behind the one generating.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     queue: Option<usize>,
-    /// New tokens when a request asks for 0 [default: 64].
+    /// New tokens when a request asks for 0.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     max_new_tokens: Option<usize>,
@@ -645,7 +647,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let command = Cli::parse().command;
+    let cli = Cli::command().mut_subcommand("serve", help_with_defaults::<KvWorkerConfig>);
+    let command = parse_command::<Cli>(cli).command;
     if !matches!(command, Command::Serve(_)) {
         hasten_core::logging::init(LogFormat::Text);
     }

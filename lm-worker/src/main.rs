@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
-use hasten_core::config::{ConfigSource, TlsArgs, resolve_config};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use hasten_core::config::{
+    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+};
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
 use hasten_core::metrics::ReadinessCheck;
@@ -46,11 +48,11 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     log: LogArgs,
-    /// gRPC address [default: 127.0.0.1:7500].
+    /// gRPC address.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     grpc_addr: Option<SocketAddr>,
-    /// Address of /metrics, /readyz and /healthz [default: 127.0.0.1:7502].
+    /// Address of /metrics, /readyz and /healthz.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
@@ -62,15 +64,15 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_drafter: Option<PathBuf>,
-    /// cpu, or cuda in a build with the `cuda` feature [default: cpu].
+    /// cpu, or cuda in a build with the `cuda` feature.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_device: Option<DeviceKind>,
-    /// fast, q8_0, f32 or as_stored [default: fast].
+    /// fast, q8_0, f32 or as_stored.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_weights: Option<WeightFormat>,
-    /// Answers waiting behind the one generating [default: 16].
+    /// Answers waiting behind the one generating.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     queue: Option<usize>,
@@ -85,7 +87,8 @@ struct ServeArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    match Cli::parse().command {
+    let command = Cli::command().mut_subcommand("serve", help_with_defaults::<WorkerConfig>);
+    match parse_command::<Cli>(command).command {
         Command::Serve(args) => serve(args).await,
     }
 }

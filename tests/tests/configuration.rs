@@ -247,3 +247,99 @@ fn the_committed_config_schemas_are_the_binaries() {
         );
     }
 }
+
+/// The flags' help of `name command`, as `--help` prints it: each flag's name and its help
+/// text joined into one line.
+fn flag_helps(name: &str, command: &[&str]) -> Vec<(String, String)> {
+    let args: Vec<&str> = command.iter().copied().chain(["--help"]).collect();
+    let output = run(name, &args);
+    assert!(output.status.success(), "{name} {args:?}: {output:?}");
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    let mut flags: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let flag = trimmed
+            .strip_prefix("-")
+            .and_then(|rest| rest.split_once("--").map(|(_, long)| long))
+            .or_else(|| trimmed.strip_prefix("--"));
+        match flag {
+            Some(long) if line.starts_with("  ") && !line.starts_with("          ") => {
+                let name = long.split([' ', '=']).next().unwrap_or_default();
+                flags.push((name.to_string(), String::new()));
+            }
+            _ => {
+                if let Some((_, help)) = flags.last_mut() {
+                    help.push(' ');
+                    help.push_str(trimmed);
+                }
+            }
+        }
+    }
+    flags
+}
+
+/// Each flag that sets a configuration key shows that key's default, as the binary's own
+/// schema has it, once: defaults are written in the config type alone, and the help is
+/// generated from it (a default written by hand in a flag's help drifted from the type's).
+#[test]
+fn every_flag_shows_its_keys_default_once() {
+    let others: [(&str, &[&str]); 4] = [
+        ("kv-worker", &["serve"]),
+        ("lm-worker", &["serve"]),
+        ("kv-operator", &["run"]),
+        ("hasten-admin", &[]),
+    ];
+    let chart = CHART_CONFIGS.map(|(name, command, _, _)| (name, command));
+    for (name, command) in chart.into_iter().chain(others) {
+        let schema = config_schema(name, command);
+        let helps = flag_helps(name, command);
+        for (flag, help) in &helps {
+            assert!(
+                help.matches("[default:").count() <= 1,
+                "{name} {command:?} --{flag} shows two defaults: {help}"
+            );
+        }
+        let mut keys: Vec<(String, serde_json::Value)> = Vec::new();
+        for (key, property) in schema["properties"].as_object().unwrap() {
+            match property.get("properties") {
+                Some(table) => {
+                    keys.extend(
+                        table.as_object().unwrap().iter().map(|(k, p)| {
+                            (k.clone(), p.get("default").cloned().unwrap_or_default())
+                        }),
+                    )
+                }
+                None => keys.push((
+                    key.clone(),
+                    property.get("default").cloned().unwrap_or_default(),
+                )),
+            }
+        }
+        let mut checked = 0;
+        for (key, default) in keys {
+            let flag = key.replace('_', "-");
+            let Some((_, help)) = helps.iter().find(|(f, _)| *f == flag) else {
+                continue;
+            };
+            let shown = help
+                .split("[default: ")
+                .nth(1)
+                .and_then(|rest| rest.split(']').next());
+            let matches = match (&default, shown) {
+                (serde_json::Value::Number(n), Some(shown)) => shown
+                    .parse::<f64>()
+                    .is_ok_and(|s| (s - n.as_f64().unwrap()).abs() <= 1e-6 * s.abs().max(1.0)),
+                (serde_json::Value::String(s), Some(shown)) => s == shown,
+                (serde_json::Value::Bool(b), Some(shown)) => b.to_string() == shown,
+                // No value by default, a list or a table: the help says it in words.
+                _ => continue,
+            };
+            assert!(
+                matches,
+                "{name} {command:?} --{flag}: help shows {shown:?}, the type's default is {default}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 0, "{name} {command:?}: no flag shows a default");
+    }
+}
