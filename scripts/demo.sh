@@ -37,7 +37,7 @@ fi
 echo
 echo "$queries TopViews-shaped questions at $rate q/s over 2 edges per system, client-edge and edge-cloud delays on the wire"
 "$bin/hasten-loadtest" eval --bundle "$bundle" --shards 2 --edges 2 --queries "$queries" \
-  --rate "$rate" --systems cloud-only,has,has-replicated --taus 0.2 --out "$run/report"
+  --rate "$rate" --systems cloud-only,has,has-replicated --taus 0.4 --out "$run/report"
 
 python3 - "$run/report/report.json" <<'SUMMARY'
 import json, sys
