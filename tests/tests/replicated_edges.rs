@@ -17,8 +17,8 @@ use hasten_proto::v1::{ProposeRequest, SnapshotRequest, StatusRequest, Subscribe
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::{
-    build_small_bundle, dev_cert, homologous_pair, model_dir, persistent_work_dir,
-    start_cloud_index, start_edge,
+    PAPER_VALIDATION, build_small_bundle, dev_cert, homologous_pair, model_dir,
+    persistent_work_dir, start_cloud_index, start_edge,
 };
 use loadtest::process::ManagedProcess;
 use loadtest::scrape::Scrape;
@@ -39,20 +39,9 @@ fn start_replicated_edge(
     control_plane: &[&String],
     more: &[&str],
 ) -> ManagedProcess {
-    // Which cached query an acceptance went through is what these tests check. Their
-    // homologous pair shares documents in its exact top 10: validated at the paper's depth
-    // (10) and tau (0.2), not at the edge's defaults (20 and 0.4, chosen on 104,603
-    // passages), which this 3-article bundle's pair need not reach.
-    let mut extra = vec![
-        "--edge-id",
-        name,
-        "--expose-matched-query-text",
-        "true",
-        "--validation-depth",
-        "10",
-        "--tau",
-        "0.2",
-    ];
+    // Which cached query an acceptance went through is what these tests check.
+    let mut extra = vec!["--edge-id", name, "--expose-matched-query-text", "true"];
+    extra.extend(PAPER_VALIDATION);
     extra.extend(more);
     for address in control_plane {
         extra.extend(["--control-plane", address.as_str()]);

@@ -20,8 +20,8 @@ use hasten_proto::v1::{
     ProposeReply, QueryVector, RetrieveRequest, RetrieveResponse, SearchRequest, retrieve_request,
 };
 use hasten_tests::{
-    brute_force_top_k, build_small_bundle, dev_cert, exact_ids, homologous_pair, model_dir,
-    persistent_work_dir, start_cloud_index,
+    PAPER_VALIDATION, brute_force_top_k, build_small_bundle, dev_cert, exact_ids, homologous_pair,
+    model_dir, persistent_work_dir, start_cloud_index,
 };
 use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
@@ -157,7 +157,8 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
         &binary("edge-node").unwrap(),
         edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
             .into_iter()
-            .chain(["--cloud-timeout-ms".into(), "1000".into()]),
+            .chain(["--cloud-timeout-ms".into(), "1000".into()])
+            .chain(PAPER_VALIDATION.map(String::from)),
         &work,
         START_TIMEOUT,
     )

@@ -16,7 +16,8 @@ use hasten_proto::v1::{RetrieveRequest, retrieve_request};
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::wait_for;
 use hasten_tests::{
-    build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index, start_edge,
+    PAPER_VALIDATION, build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index,
+    start_edge,
 };
 use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
@@ -93,6 +94,10 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
                 // Which cached query an acceptance went through is what this test checks.
                 "--expose-matched-query-text",
                 "true",
+                PAPER_VALIDATION[0],
+                PAPER_VALIDATION[1],
+                PAPER_VALIDATION[2],
+                PAPER_VALIDATION[3],
             ],
         )
         .unwrap()
