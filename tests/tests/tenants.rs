@@ -82,23 +82,23 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
             &cloud.addr("quic_addr"),
             &dev_cert(&work, "cloud"),
             &[
-                "--edge-id",
-                name,
-                "--control-plane",
-                &control_plane,
-                "--tenants-file",
-                tenants.to_str().unwrap(),
-                // Required with tenants: status and metrics name every tenant.
-                "--metrics-addr",
-                "127.0.0.1:0",
-                // Which cached query an acceptance went through is what this test checks.
-                "--expose-matched-query-text",
-                "true",
-                PAPER_VALIDATION[0],
-                PAPER_VALIDATION[1],
-                PAPER_VALIDATION[2],
-                PAPER_VALIDATION[3],
-            ],
+                &[
+                    "--edge-id",
+                    name,
+                    "--control-plane",
+                    &control_plane,
+                    "--tenants-file",
+                    tenants.to_str().unwrap(),
+                    // Required with tenants: status and metrics name every tenant.
+                    "--metrics-addr",
+                    "127.0.0.1:0",
+                    // Which cached query an acceptance went through is what this test checks.
+                    "--expose-matched-query-text",
+                    "true",
+                ][..],
+                &PAPER_VALIDATION,
+            ]
+            .concat(),
         )
         .unwrap()
     };
