@@ -173,6 +173,7 @@ pub fn restore_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
     use hasten_proto::v1::{CacheEntry, CorpusFacts};
 
     fn state(entries: u64) -> ControlState {
@@ -220,14 +221,14 @@ mod tests {
         assert!(
             decode(&flipped)
                 .unwrap_err()
-                .to_string()
+                .to_string_full()
                 .contains("corrupt")
         );
         let truncated = &bytes[..bytes.len() - 5];
         assert!(
             decode(truncated)
                 .unwrap_err()
-                .to_string()
+                .to_string_full()
                 .contains("truncated")
         );
         assert!(decode(b"{}\n").is_err());

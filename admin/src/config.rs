@@ -125,10 +125,11 @@ impl Validate for AdminConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     #[test]
     fn bad_values_are_refused_naming_the_key() {
-        let refused = |config: AdminConfig| config.validate().unwrap_err().to_string();
+        let refused = |config: AdminConfig| config.validate().unwrap_err().to_string_full();
         assert!(AdminConfig::default().validate().is_ok());
         let none = AdminConfig {
             control_plane: vec![],

@@ -16,6 +16,7 @@
 //! is spent only under concurrent load (the previous batch held more than one search): a
 //! lone caller's search starts at once.
 
+use display_full_error::DisplayFullErrorExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -164,7 +165,7 @@ async fn collect<R: BatchRunner>(
     loop {
         while running.len() >= runner.parallelism().max(1) {
             if let Some(Err(err)) = running.join_next().await {
-                tracing::error!(%err, "batch task failed");
+                tracing::error!(error = %err.display_full(), "batch task failed");
             }
         }
         let first = match held.take() {

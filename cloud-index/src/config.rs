@@ -4,6 +4,7 @@
 //! (`HASTEN_CLOUD_SERVER__QUIC_ADDR` in the environment); the TLS files are flat keys, as in
 //! every Hasten binary.
 
+use display_full_error::DisplayFullErrorExt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -378,7 +379,7 @@ impl RouterConfig {
             ));
         }
         ShardMap::new(self.shards.clone())
-            .map_err(|e| ConfigError::invalid("shards", e.to_string()))
+            .map_err(|e| ConfigError::invalid("shards", e.to_string_full()))
     }
 
     pub fn router_settings(&self) -> RouterSettings {
@@ -399,7 +400,10 @@ impl Validate for RouterConfig {
             if let Err(err) = hasten_proto::control::endpoint(address, None) {
                 return Err(ConfigError::invalid(
                     "control_plane",
-                    format!("lists `{address}`, which is not a host:port: {err}"),
+                    format!(
+                        "lists `{address}`, which is not a host:port: {}",
+                        err.display_full()
+                    ),
                 ));
             }
         }
@@ -436,7 +440,7 @@ mod tests {
     use hasten_core::config::load_config;
 
     fn message(err: ConfigError) -> String {
-        err.to_string()
+        err.to_string_full()
     }
 
     #[derive(Serialize)]

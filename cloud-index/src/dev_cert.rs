@@ -12,9 +12,9 @@ use hasten_proto::tls::{Identity, TlsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevCertError {
-    #[error("generating the dev certificate: {0}")]
+    #[error("generating the dev certificate")]
     Generate(#[source] TlsError),
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Write {
         path: PathBuf,
         source: std::io::Error,

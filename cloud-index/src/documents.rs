@@ -86,6 +86,7 @@ pub fn merge_shard_documents(ids: &[DocId], answers: Vec<DocumentsResponse>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     fn limit() -> ResponseLimit {
         ResponseLimit::new(4, 100, 64, 0)
@@ -123,7 +124,7 @@ mod tests {
             ..Default::default()
         };
         let err = validated_ids(&request, &huge).unwrap_err();
-        assert!(err.to_string().contains("fewer ids"), "{err}");
+        assert!(err.to_string_full().contains("fewer ids"), "{err}");
         let without_texts = DocumentsRequest {
             include_texts: false,
             ..request

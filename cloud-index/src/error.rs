@@ -14,12 +14,12 @@ use tokio::task::JoinError;
 pub enum SearchError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    #[error("index failure: {0}")]
+    #[error("index failure")]
     Index(#[source] Arc<IndexError>),
-    #[error("search task failed: {0}")]
+    #[error("search task failed")]
     Task(#[source] Arc<JoinError>),
     /// The batch a search was queued in ended without answering it.
-    #[error("the batch carrying this search failed: {0}")]
+    #[error("the batch carrying this search failed")]
     BatchLost(#[source] RecvError),
     /// A step that always answers did not (a broken invariant, not an input).
     #[error("{0} gave no answer")]
@@ -54,6 +54,7 @@ impl From<RecvError> for SearchError {
 
 #[cfg(test)]
 mod tests {
+    use display_full_error::DisplayFullErrorExt;
     use std::error::Error;
 
     use super::*;
@@ -73,6 +74,6 @@ mod tests {
         let index = SearchError::from(IndexError::Invalid("bad buffer".into()));
         let source = index.source().unwrap();
         assert!(source.downcast_ref::<Arc<IndexError>>().is_some());
-        assert_eq!(source.to_string(), "bad buffer");
+        assert_eq!(source.to_string_full(), "bad buffer");
     }
 }

@@ -1,5 +1,6 @@
 //! The gRPC twin of the QUIC fast path.
 
+use display_full_error::DisplayFullErrorExt;
 use hasten_core::trace_export::{TRACEPARENT, set_remote_parent};
 use hasten_proto::v1::cloud_index_server::CloudIndex;
 use hasten_proto::v1::{
@@ -24,7 +25,7 @@ impl<B> CloudIndexGrpc<B> {
 
 impl From<SearchError> for Status {
     fn from(err: SearchError) -> Self {
-        let message = err.to_string();
+        let message = err.to_string_full();
         match err {
             SearchError::InvalidArgument(_) => Status::invalid_argument(message),
             SearchError::ShardUnavailable { .. } | SearchError::ShuttingDown => {

@@ -1,6 +1,7 @@
 //! The QUIC fast path: one bidirectional stream per request, one length-prefixed
 //! `QuicRequest` in, one `QuicResponse` out.
 
+use display_full_error::DisplayFullErrorExt;
 use std::net::SocketAddr;
 
 use hasten_core::trace_export::set_remote_parent;
@@ -25,7 +26,9 @@ pub async fn serve<B: SearchBackend>(endpoint: quinn::Endpoint, service: B) {
             let remote = incoming.remote_address();
             match incoming.await {
                 Ok(connection) => serve_connection(connection, service).await,
-                Err(err) => tracing::debug!(%remote, %err, "QUIC handshake failed"),
+                Err(err) => {
+                    tracing::debug!(%remote, error = %err.display_full(), "QUIC handshake failed")
+                }
             }
         });
     }
@@ -42,7 +45,7 @@ async fn serve_connection<B: SearchBackend>(connection: quinn::Connection, servi
                 tokio::spawn(handle_stream(send, recv, service).instrument(span));
             }
             Err(err) => {
-                tracing::debug!(%remote, %err, "QUIC connection closed");
+                tracing::debug!(%remote, error = %err.display_full(), "QUIC connection closed");
                 return;
             }
         }
@@ -78,7 +81,10 @@ async fn respond<B: SearchBackend>(
     let request = match request {
         Ok(request) => request,
         Err(err) => {
-            return error_response(Code::InvalidArgument, format!("bad request frame: {err}"));
+            return error_response(
+                Code::InvalidArgument,
+                format!("bad request frame: {}", err.display_full()),
+            );
         }
     };
     match request.body {
@@ -86,14 +92,14 @@ async fn respond<B: SearchBackend>(
             Ok(response) => QuicResponse {
                 body: Some(quic_response::Body::Search(response)),
             },
-            Err(err) => error_response(error_code(&err), err.to_string()),
+            Err(err) => error_response(error_code(&err), err.to_string_full()),
         },
         Some(quic_request::Body::Documents(documents)) => {
             match service.documents(documents).await {
                 Ok(response) => QuicResponse {
                     body: Some(quic_response::Body::Documents(response)),
                 },
-                Err(err) => error_response(error_code(&err), err.to_string()),
+                Err(err) => error_response(error_code(&err), err.to_string_full()),
             }
         }
         Some(quic_request::Body::Info(_)) => QuicResponse {
@@ -110,7 +116,7 @@ async fn handle_stream<B: SearchBackend>(
 ) {
     let request = read_frame::<_, QuicRequest>(&mut recv, DEFAULT_MAX_FRAME_BYTES).await;
     if let Err(FrameError::Io(err)) = &request {
-        tracing::debug!(%err, "request stream broke before a full frame arrived");
+        tracing::debug!(error = %err.display_full(), "request stream broke before a full frame arrived");
         return;
     }
     // The request's span joins the caller's trace when it sent one.
@@ -120,10 +126,10 @@ async fn handle_stream<B: SearchBackend>(
     }
     let response = respond(&service, request).instrument(span).await;
     if let Err(err) = write_frame(&mut send, &response).await {
-        tracing::debug!(%err, "could not write the response");
+        tracing::debug!(error = %err.display_full(), "could not write the response");
         return;
     }
     if let Err(err) = send.finish() {
-        tracing::debug!(%err, "could not finish the response stream");
+        tracing::debug!(error = %err.display_full(), "could not finish the response stream");
     }
 }

@@ -6,6 +6,7 @@
 //! new map's replicas are checked as soon as it arrives; replicas the map no longer lists
 //! are dropped with their connections and metrics.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -34,7 +35,7 @@ pub struct RouterSettings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
-    #[error("no client for shard map endpoint `{endpoint}`: {source}")]
+    #[error("no client for shard map endpoint `{endpoint}`")]
     Endpoint {
         endpoint: String,
         #[source]
@@ -233,7 +234,7 @@ impl ReplicaSet {
                     let replica = match self.get(endpoint) {
                         Ok(replica) => replica,
                         Err(err) => {
-                            tracing::warn!(%endpoint, %err, "shard map endpoint unusable");
+                            tracing::warn!(%endpoint, error = %err.display_full(), "shard map endpoint unusable");
                             return;
                         }
                     };
@@ -245,7 +246,7 @@ impl ReplicaSet {
                             }
                             None => replica.mark_live(),
                         },
-                        Err(err) => replica.check_failed(err.to_string()),
+                        Err(err) => replica.check_failed(err.to_string_full()),
                     }
                 })
             });
@@ -287,7 +288,7 @@ async fn establish_identity(
                 let info = match replica.info(settings.attempt_timeout).await {
                     Ok(info) => info,
                     Err(err) => {
-                        replica.mark_down(err.to_string());
+                        replica.mark_down(err.to_string_full());
                         continue;
                     }
                 };

@@ -22,6 +22,7 @@
 //! The shard map comes from a `watch` channel ([`crate::shard_map`]): the configured map,
 //! replaced by the control plane's when the router follows one.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -160,7 +161,7 @@ impl RouterState {
         for endpoint in endpoints {
             match self.replicas.get(endpoint) {
                 Ok(replica) => replicas.push(replica),
-                Err(err) => without_client.push(err.to_string()),
+                Err(err) => without_client.push(err.to_string_full()),
             }
         }
         let rotated: Vec<&Arc<Replica>> = (0..replicas.len())
@@ -206,10 +207,10 @@ impl RouterState {
                 }
                 Err(err) => err,
             };
-            tracing::debug!(shard, endpoint = %replica.endpoint, %error, "shard attempt failed; trying the next replica");
+            tracing::debug!(shard, endpoint = %replica.endpoint, error = %error.display_full(), "shard attempt failed; trying the next replica");
             self.metrics.failover(shard);
-            replica.mark_down(error.to_string());
-            failures.push(format!("{}: {error}", replica.endpoint));
+            replica.mark_down(error.to_string_full());
+            failures.push(format!("{}: {}", replica.endpoint, error.display_full()));
         }
         if Instant::now() >= deadline {
             return Err(SearchError::DeadlineExceeded {

@@ -1,6 +1,7 @@
 //! Exact search over one bundle (a shard, or a whole corpus): validation, the faiss call,
 //! and assembly of the hits.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,8 +95,9 @@ pub fn validated_queries(
     let dimension = limit.dimension();
     let mut queries = Vec::with_capacity(request.queries.len() * dimension);
     for (i, query) in request.queries.iter().enumerate() {
-        let v = normalized_query(&query.values, dimension)
-            .map_err(|e| SearchError::InvalidArgument(format!("queries[{i}]: {e}")))?;
+        let v = normalized_query(&query.values, dimension).map_err(|e| {
+            SearchError::InvalidArgument(format!("queries[{i}]: {}", e.display_full()))
+        })?;
         queries.extend(v);
     }
     Ok(queries)

@@ -2,6 +2,7 @@
 //! channel, set from its configuration at start and, with a control plane, from then on by
 //! the map the control plane replicates ([`follow_control_plane`]).
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ pub enum ShardMapError {
         first: usize,
         again: usize,
     },
-    #[error("`{endpoint}` (shard {shard}) is not a valid endpoint: {source}")]
+    #[error("`{endpoint}` (shard {shard}) is not a valid endpoint")]
     Endpoint {
         endpoint: String,
         shard: usize,
@@ -139,7 +140,7 @@ fn publish(map: &watch::Sender<Arc<ShardMap>>, replicated: &v1::ShardMap, index:
             true
         }
         Err(err) => {
-            tracing::error!(index, %err, "shard map from the control plane refused; keeping the current one");
+            tracing::error!(index, error = %err.display_full(), "shard map from the control plane refused; keeping the current one");
             false
         }
     });
@@ -173,7 +174,12 @@ mod tests {
             Err(ShardMapError::NoReplica(1))
         ));
         let twice = ShardMap::new(vec![vec!["a:1".into()], vec!["a:1".into()]]);
-        assert!(twice.unwrap_err().to_string().contains("again for shard 1"));
+        assert!(
+            twice
+                .unwrap_err()
+                .to_string_full()
+                .contains("again for shard 1")
+        );
         let bad = ShardMap::new(vec![vec!["a b:1".into()]]).unwrap_err();
         assert!(matches!(bad, ShardMapError::Endpoint { shard: 0, .. }));
         assert!(std::error::Error::source(&bad).is_some());

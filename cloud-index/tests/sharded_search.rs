@@ -6,6 +6,7 @@
 // A test fails by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -184,5 +185,5 @@ async fn micro_batched_searches_answer_what_single_searches_answer() {
         .search(expired, Some(Instant::now() - Duration::from_millis(1)))
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("deadline"), "{err}");
+    assert!(err.to_string_full().contains("deadline"), "{err}");
 }

@@ -235,6 +235,7 @@ impl Validate for ControlPlaneConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     #[test]
     fn defaults_are_valid_and_bad_peers_are_named() {
@@ -243,19 +244,25 @@ mod tests {
             peers: vec!["1=127.0.0.1:1".into(), "x=127.0.0.1:2".into()],
             ..ControlPlaneConfig::default()
         };
-        let err = config.validate().unwrap_err().to_string();
+        let err = config.validate().unwrap_err().to_string_full();
         assert!(err.contains("`x=127.0.0.1:2`"), "{err}");
         config.peers = vec!["2=127.0.0.1:2".into()];
-        let err = config.validate().unwrap_err().to_string();
+        let err = config.validate().unwrap_err().to_string_full();
         assert!(err.contains("must list this node (id 1)"), "{err}");
         config.join = true;
         config.validate().unwrap();
         config.auto_join = true;
-        let err = config.validate().unwrap_err().to_string();
+        let err = config.validate().unwrap_err().to_string_full();
         assert!(err.contains("`auto_join`"), "{err}");
         config.peers.push("1=127.0.0.1:1".into());
         config.validate().unwrap();
         config.peers = vec!["2=a:1".into(), "2=b:1".into()];
-        assert!(config.validate().unwrap_err().to_string().contains("twice"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string_full()
+                .contains("twice")
+        );
     }
 }

@@ -4,6 +4,7 @@
 //! joins the group the founders formed. A node restarted after joining finds itself among
 //! the members and asks nothing.
 
+use display_full_error::DisplayFullErrorExt;
 use std::time::Duration;
 
 use hasten_core::retry::RetryDelays;
@@ -48,7 +49,7 @@ async fn round(id: u64, address: &str, peers: &[String], access: &ControlAccess)
         let status = match connect(peer, access).await {
             Ok(mut client) => client.status(StatusRequest {}).await,
             Err(error) => {
-                why.push(format!("{peer}: {error}"));
+                why.push(format!("{peer}: {}", error.display_full()));
                 continue;
             }
         };
@@ -79,7 +80,7 @@ async fn round(id: u64, address: &str, peers: &[String], access: &ControlAccess)
             .await
             .map(|_| ())
             .map_err(|e| e.message().to_string()),
-        Err(error) => Err(error.to_string()),
+        Err(error) => Err(error.to_string_full()),
     };
     match added {
         Ok(()) => Round::Member,

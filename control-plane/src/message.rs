@@ -13,13 +13,13 @@ use crate::storage::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("invalid proposal: {0}")]
+    #[error("invalid proposal")]
     Invalid(#[from] CommandError),
-    #[error("proposal refused: {0}")]
+    #[error("proposal refused")]
     NotAdmitted(#[from] AdmissionError),
     #[error("no leader is known yet; retry shortly")]
     NoLeader,
-    #[error("the proposal was dropped by Raft ({0}); retry")]
+    #[error("the proposal was dropped by Raft; retry")]
     Dropped(#[source] raft::Error),
     /// Leadership moved while the proposal waited for its commit: it may have been lost
     /// with the old leader's uncommitted log (TiKV's raftstore answers such proposals
@@ -31,13 +31,13 @@ pub enum NodeError {
     Stale { term: u64, leader: u64 },
     #[error("membership change refused: {0}")]
     Membership(String),
-    #[error("membership change refused by Raft: {0}")]
+    #[error("membership change refused by Raft")]
     ConfChange(#[source] raft::Error),
-    #[error("storage: {0}")]
+    #[error("storage")]
     Store(#[from] StoreError),
     #[error("the control-plane node is shutting down")]
     ShuttingDown,
-    #[error("cannot start the Raft node's thread: {0}")]
+    #[error("cannot start the Raft node's thread")]
     Thread(#[source] std::io::Error),
 }
 

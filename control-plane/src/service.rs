@@ -1,6 +1,7 @@
 //! The control plane's client API (gRPC): proposals, the committed stream, snapshots,
 //! status and membership.
 
+use display_full_error::DisplayFullErrorExt;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -50,19 +51,19 @@ impl ControlPlaneService {
 fn status_of(err: NodeError) -> Status {
     match err {
         NodeError::Invalid(_) | NodeError::NotAdmitted(AdmissionError::Misfit { .. }) => {
-            Status::invalid_argument(err.to_string())
+            Status::invalid_argument(err.to_string_full())
         }
         NodeError::NotAdmitted(AdmissionError::UnknownCorpus { .. }) => {
-            Status::failed_precondition(err.to_string())
+            Status::failed_precondition(err.to_string_full())
         }
         NodeError::NoLeader
         | NodeError::Dropped(_)
         | NodeError::Stale { .. }
-        | NodeError::ShuttingDown => Status::unavailable(err.to_string()),
+        | NodeError::ShuttingDown => Status::unavailable(err.to_string_full()),
         NodeError::Membership(_) | NodeError::ConfChange(_) => {
-            Status::failed_precondition(err.to_string())
+            Status::failed_precondition(err.to_string_full())
         }
-        NodeError::Store(_) | NodeError::Thread(_) => Status::internal(err.to_string()),
+        NodeError::Store(_) | NodeError::Thread(_) => Status::internal(err.to_string_full()),
     }
 }
 
@@ -186,7 +187,9 @@ impl ControlPlaneService {
 async fn owned_state(view: StateView) -> Result<ControlState, Status> {
     tokio::task::spawn_blocking(move || view.into_state())
         .await
-        .map_err(|err| Status::internal(format!("copying the state failed: {err}")))
+        .map_err(|err| {
+            Status::internal(format!("copying the state failed: {}", err.display_full()))
+        })
 }
 
 /// The event that replaces a subscriber's whole state, encoded on the blocking pool (tens
@@ -194,7 +197,9 @@ async fn owned_state(view: StateView) -> Result<ControlState, Status> {
 async fn state_event(view: StateView) -> Result<EncodedEvent, Status> {
     tokio::task::spawn_blocking(move || view.into_event())
         .await
-        .map_err(|err| Status::internal(format!("encoding the state failed: {err}")))
+        .map_err(|err| {
+            Status::internal(format!("encoding the state failed: {}", err.display_full()))
+        })
 }
 
 /// Sends the committed events from `from_index` on: first what the node still keeps, then live

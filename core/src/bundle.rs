@@ -91,12 +91,12 @@ impl ShardOf {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}:{line}: invalid JSON: {source}")]
+    #[error("{path}:{line}: invalid JSON")]
     Json {
         path: PathBuf,
         line: usize,
@@ -125,7 +125,7 @@ pub enum BundleError {
         "{path}: this shard bundle records no hash of its own documents (format 1 did not), so they cannot be checked; rebuild it with `{rebuild}`"
     )]
     UnverifiableShard { path: PathBuf, rebuild: String },
-    #[error("encoding failed: {0}")]
+    #[error("encoding failed")]
     Encoder(#[from] EncoderError),
 }
 
@@ -470,6 +470,7 @@ impl ContentHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     fn doc(id: u64, title: &str, text: &str) -> Document {
         Document {
@@ -588,7 +589,7 @@ mod tests {
         let out = dir.path().join("bundle");
         write_bundle(&out, vec![], &[doc(0, "A", "a")], &[0.6, 0.8], 2, &[]).unwrap();
         std::fs::write(out.join(VECTORS), [0u8; 4]).unwrap();
-        let err = CorpusBundle::load(&out).unwrap_err().to_string();
+        let err = CorpusBundle::load(&out).unwrap_err().to_string_full();
         assert!(
             err.contains("vectors.f32") && err.contains("expected 8"),
             "{err}"

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration: {0}")]
+    #[error("configuration")]
     Load(#[from] Box<figment::Error>),
     #[error("configuration file {0} does not exist")]
     MissingFile(String),
@@ -241,6 +241,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
     use serde::Deserialize;
 
     #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -436,7 +437,7 @@ mod tests {
         std::fs::write(&file, "capacity = \"many\"\n").unwrap();
         let err = load_config::<Sample, _>(Some(&file), "HASTEN_NONE_", &Flags { capacity: None })
             .unwrap_err()
-            .to_string();
+            .to_string_full();
         assert!(err.contains("capacity"), "{err}");
         let missing = dir.path().join("absent.toml");
         assert!(matches!(

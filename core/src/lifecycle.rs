@@ -1,6 +1,7 @@
 //! What every Hasten server does as a process: announce readiness through a ready file and
 //! stop cleanly on Ctrl-C or SIGTERM.
 
+use display_full_error::DisplayFullErrorExt;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -41,7 +42,7 @@ fn write_through_staging(path: &Path, contents: &[u8], mode: Option<u32>) -> std
 pub async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!(%err, "cannot listen for Ctrl-C");
+            tracing::error!(error = %err.display_full(), "cannot listen for Ctrl-C");
             std::future::pending::<()>().await;
         }
     };
@@ -51,7 +52,7 @@ pub async fn shutdown_signal() {
                 signal.recv().await;
             }
             Err(err) => {
-                tracing::error!(%err, "cannot listen for SIGTERM");
+                tracing::error!(error = %err.display_full(), "cannot listen for SIGTERM");
                 std::future::pending::<()>().await;
             }
         }

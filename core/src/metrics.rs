@@ -2,6 +2,7 @@
 //! resident memory, open file descriptors), the text exposition, the latency buckets, and
 //! the routes that serve them with the health probes, and the listener that serves them.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 
 use axum::Router;
@@ -116,7 +117,7 @@ pub fn tls_reload_reporter(
         }
         Err(err) => {
             reloads.with_label_values(&["refused"]).inc();
-            tracing::warn!(%path, error = %err, "the changed TLS certificate cannot serve; keeping the previous one");
+            tracing::warn!(%path, error = %err.display_full(), "the changed TLS certificate cannot serve; keeping the previous one");
         }
     })
 }
@@ -127,7 +128,7 @@ pub fn exposition(registry: &Registry) -> String {
     // Encoding into a Vec fails only on metrics that break the format's rules, which the
     // registry refuses at registration.
     if let Err(err) = TextEncoder::new().encode(&registry.gather(), &mut out) {
-        tracing::error!(%err, "metrics encoding failed");
+        tracing::error!(error = %err.display_full(), "metrics encoding failed");
     }
     String::from_utf8_lossy(&out).into_owned()
 }
@@ -178,7 +179,7 @@ pub async fn serve(
     let routes = routes(registry, refresh, ready);
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, routes).await {
-            tracing::error!(%err, "metrics server stopped");
+            tracing::error!(error = %err.display_full(), "metrics server stopped");
         }
     });
     Ok(bound)

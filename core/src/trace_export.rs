@@ -4,6 +4,7 @@
 //! into its request (a QUIC request's field, a gRPC metadata entry) and the server makes
 //! its request span a child of it with [`set_remote_parent`].
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 
 use opentelemetry::propagation::TextMapPropagator;
@@ -63,7 +64,7 @@ impl TraceExport {
 impl Drop for TraceExport {
     fn drop(&mut self) {
         if let Err(err) = self.provider.shutdown() {
-            tracing::warn!(error = %err, "flushing the last spans to the OTLP collector failed");
+            tracing::warn!(error = %err.display_full(), "flushing the last spans to the OTLP collector failed");
         }
     }
 }

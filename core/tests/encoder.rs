@@ -5,6 +5,7 @@
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::PathBuf;
 
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
@@ -45,7 +46,7 @@ fn cuda_runtime_without_the_feature_is_refused() {
         matches!(err, hasten_core::encoder::EncoderError::Cuda(_)),
         "{err}"
     );
-    assert!(err.to_string().contains("`cuda` feature"), "{err}");
+    assert!(err.to_string_full().contains("`cuda` feature"), "{err}");
 }
 
 /// Golden values come from `tests/golden/minilm_reference.py`: a numpy implementation of the

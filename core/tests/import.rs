@@ -5,6 +5,7 @@
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::{Path, PathBuf};
 
 use hasten_core::bundle::{CorpusBundle, ImportError, ImportedVectors, build_bundle};
@@ -163,7 +164,7 @@ fn vectors_of_other_passages_are_refused() {
         matches!(err, ImportError::Disagrees { row: 0, .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("shifted.jsonl"), "{err}");
+    assert!(err.to_string_full().contains("shifted.jsonl"), "{err}");
     // Too short for the model: refused by dimension before any encoding.
     let short: Vec<Vec<f32>> = vectors.iter().map(|v| v[..128].to_vec()).collect();
     write_jsonl(&jsonl, &passages, &short);

@@ -8,6 +8,7 @@
 //! eviction comes from the log (its hot cache has no capacity of its own), so that every
 //! edge holds what the replicated state machine holds.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +30,7 @@ pub enum CacheError {
     UnknownTenant(Tenant),
     #[error("an edge serves at least one tenant")]
     NoTenant,
-    #[error("building a cache index failed: {0}")]
+    #[error("building a cache index failed")]
     Index(#[from] IndexError),
 }
 
@@ -106,7 +107,7 @@ impl CacheState {
         if !self.hot.contains(id)
             && let Err(err) = self.lookup.insert(id, text.as_deref(), &vector)
         {
-            tracing::error!(%err, "query lookup insertion failed");
+            tracing::error!(error = %err.display_full(), "query lookup insertion failed");
         }
         let change = self.hot.insert_as(id, text, document_ids);
         self.follow_removal(&change);
@@ -119,7 +120,7 @@ impl CacheState {
             }
         }
         if let Err(err) = self.channel.add(documents) {
-            tracing::error!(%err, "cache channel insertion failed");
+            tracing::error!(error = %err.display_full(), "cache channel insertion failed");
         }
         (change, missing)
     }
@@ -131,10 +132,10 @@ impl CacheState {
 
     fn follow_removal(&mut self, change: &CacheChange) {
         if let Err(err) = self.channel.remove(&change.released) {
-            tracing::error!(%err, "cache channel removal failed");
+            tracing::error!(error = %err.display_full(), "cache channel removal failed");
         }
         if let Err(err) = self.lookup.remove(&change.evicted) {
-            tracing::error!(%err, "query lookup removal failed");
+            tracing::error!(error = %err.display_full(), "query lookup removal failed");
         }
     }
 }
@@ -424,7 +425,7 @@ impl TenantCaches {
                 .collect();
             attached += wanted.len();
             if let Err(err) = state.channel.add(wanted) {
-                tracing::error!(%err, "cache channel insertion failed");
+                tracing::error!(error = %err.display_full(), "cache channel insertion failed");
             }
         }
         self.attached.fetch_add(attached as u64, Ordering::Relaxed);

@@ -779,6 +779,7 @@ impl Validate for EdgeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     #[test]
     fn defaults_and_bad_values_name_their_key() {
@@ -804,14 +805,20 @@ mod tests {
             config
                 .validate()
                 .unwrap_err()
-                .to_string()
+                .to_string_full()
                 .contains("`validation_depth`")
         );
         config.validation_depth = 10;
         config.tau = 1.5;
-        assert!(config.validate().unwrap_err().to_string().contains("`tau`"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string_full()
+                .contains("`tau`")
+        );
         config.tau = 0.2;
-        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string_full();
         config.require_matched_top = 11;
         assert!(error(&config).contains("`require_matched_top`"));
         config.require_matched_top = 10;
@@ -828,12 +835,18 @@ mod tests {
             config
                 .validate()
                 .unwrap_err()
-                .to_string()
+                .to_string_full()
                 .contains("`corpus_fraction`")
         );
         config.corpus_fraction = 0.5;
         config.k = 101;
-        assert!(config.validate().unwrap_err().to_string().contains("`k`"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string_full()
+                .contains("`k`")
+        );
     }
 
     #[test]
@@ -858,7 +871,7 @@ mod tests {
             "quic://router:7100",
         ] {
             config.cloud_addr = bad.into();
-            let error = config.validate().unwrap_err().to_string();
+            let error = config.validate().unwrap_err().to_string_full();
             assert!(
                 error.contains("`cloud_addr`") && error.contains(bad),
                 "{bad}: {error}"
@@ -868,7 +881,7 @@ mod tests {
 
     #[test]
     fn kv_workers_are_exclusive_with_other_generation_and_checked() {
-        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string_full();
         let mut config = EdgeConfig {
             bundle: Some("b".into()),
             kv_workers: vec!["127.0.0.1:7510".into(), "worker-1:7510".into()],
@@ -912,7 +925,7 @@ mod tests {
 
     #[test]
     fn an_engine_needs_a_url_and_a_model_and_no_other_backend() {
-        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string_full();
         let mut config = EdgeConfig {
             bundle: Some("b".into()),
             lm_engine_url: Some("http://vllm:8000/v1".into()),
@@ -954,7 +967,7 @@ mod tests {
 
     #[test]
     fn the_fuzzy_ablations_and_warm_queries_refuse_what_cannot_work() {
-        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string();
+        let error = |config: &EdgeConfig| config.validate().unwrap_err().to_string_full();
         let mut config = EdgeConfig {
             bundle: Some("b".into()),
             fuzzy_in_validation: false,

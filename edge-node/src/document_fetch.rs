@@ -2,6 +2,7 @@
 //! its documents by id, and those outside this edge's share are fetched from the cloud in
 //! batches (the cloud's documents-by-id call) and kept with the entry while it is cached.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ pub async fn fetch_missing_documents<C: CloudSearch>(caches: &TenantCaches, clou
             Ok(None) => caches.missing_added().await,
             Err(err) => {
                 let wait = waits.next_delay();
-                tracing::warn!(%err, retry_in = ?wait, "fetching cached entries' documents failed");
+                tracing::warn!(error = %err.display_full(), retry_in = ?wait, "fetching cached entries' documents failed");
                 tokio::time::sleep(wait).await;
             }
         }

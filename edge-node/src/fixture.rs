@@ -2,6 +2,7 @@
 //! for the unit tests of retrieval and caches. Vectors are chosen by each test so that
 //! which documents a query shares with a cached one is known in advance.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -47,7 +48,7 @@ impl CloudSearch for LocalCloud {
         let response = self
             .searcher
             .search(&fallback_request(queries, k, Duration::from_secs(1)))
-            .map_err(|e| CloudError::Refused(e.to_string()))?;
+            .map_err(|e| CloudError::Refused(e.to_string_full()))?;
         fallback_documents(response, queries.len())
     }
 
@@ -61,7 +62,7 @@ impl CloudSearch for LocalCloud {
         let response = self
             .searcher
             .documents(&request)
-            .map_err(|e| CloudError::Refused(e.to_string()))?;
+            .map_err(|e| CloudError::Refused(e.to_string_full()))?;
         Ok(response
             .documents
             .into_iter()

@@ -13,6 +13,7 @@
 //! Only SHA-256 digests of the tokens are kept; a presented token's digest is compared with
 //! every known digest in constant time, and no token reaches a log, an error or `Debug`.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -122,7 +123,7 @@ impl TenantDirectory {
         if !path.exists() {
             return Err(error("does not exist".into()));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string_full()))?;
         let file: TenantsFile = toml::from_str(&text).map_err(|e| error(unreadable(&text, &e)))?;
         Self::from_tokens(file.tenants).map_err(error)
     }
@@ -297,7 +298,7 @@ mod tests {
             (format!("[tenants]\nacme = [{secret}]\n"), "line 2"),
         ] {
             std::fs::write(&path, &text).unwrap();
-            let message = TenantDirectory::load(&path).unwrap_err().to_string();
+            let message = TenantDirectory::load(&path).unwrap_err().to_string_full();
             assert!(!message.contains("s3cret"), "{text:?} echoed: {message}");
             assert!(message.contains(place), "{text:?}: {message}");
         }

@@ -4,6 +4,7 @@
 //! the paper's ablation without the fuzzy channel in validation starts from a cache
 //! pre-filled with random questions.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -75,7 +76,7 @@ pub async fn warm_cache<C: CloudSearch>(
             Ok(()) => report.cached += 1,
             Err(error) => {
                 report.failed += 1;
-                tracing::debug!(%error, "a warm query was not cached");
+                tracing::debug!(error = %error.display_full(), "a warm query was not cached");
                 last_error = Some(error);
             }
         }

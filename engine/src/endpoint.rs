@@ -1,6 +1,7 @@
 //! One engine's HTTP API: its address, key and deadline, JSON calls and streamed chat
 //! completions.
 
+use display_full_error::DisplayFullErrorExt;
 use std::time::Duration;
 
 use eventsource_stream::{Event, EventStreamError, Eventsource};
@@ -151,7 +152,7 @@ impl ChatEvents {
         };
         let event = event.map_err(|source| EngineError::Reply {
             url: self.url.clone(),
-            message: source.to_string(),
+            message: source.to_string_full(),
         })?;
         if event.data.trim() == "[DONE]" {
             self.done = true;

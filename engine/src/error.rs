@@ -1,5 +1,6 @@
 //! What can go wrong between the edge and an engine.
 
+use display_full_error::DisplayFullErrorExt;
 use hasten_rag::RagError;
 
 /// A failed call to an engine; `url` is the address called.
@@ -62,7 +63,7 @@ impl EngineError {
                 message: format!("were refused by the generation engine: {message}"),
             };
         }
-        tracing::warn!(engine, error = %self, "generation engine failed");
+        tracing::warn!(engine, error = %self.display_full(), "generation engine failed");
         RagError::Worker {
             endpoint: engine.to_string(),
             retryable: self.is_retryable(),

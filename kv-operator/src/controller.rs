@@ -1,6 +1,7 @@
 //! The controller loop: watches pools and the StatefulSets and Jobs they own, and runs
 //! [`crate::reconcile`] on every change (and on the requeues it asks for).
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -29,7 +30,9 @@ pub async fn run(client: Client, namespace: &str, ctx: Arc<Context>) {
         .for_each(|result| async move {
             match result {
                 Ok((pool, _)) => tracing::debug!(pool = %pool.name, "reconciled"),
-                Err(err) => tracing::debug!(%err, "reconcile did not complete"),
+                Err(err) => {
+                    tracing::debug!(error = %err.display_full(), "reconcile did not complete")
+                }
             }
         })
         .await;

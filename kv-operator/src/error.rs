@@ -3,9 +3,9 @@
 /// Why a reconcile or the leader lease failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
-    #[error("rendering the {kind}: {source}")]
+    #[error("rendering the {kind}")]
     Render {
         kind: &'static str,
         #[source]
@@ -15,7 +15,7 @@ pub enum Error {
     MissingObjectKey(&'static str),
     #[error("the leader lease {0} is held elsewhere or could not be renewed in time")]
     LeaseLost(String),
-    #[error("finalizer: {0}")]
+    #[error("finalizer")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
 }
 

@@ -5,6 +5,7 @@
 //! holder renews it every `renew_every`; one that cannot renew within `renew_deadline` stops
 //! acting before anyone else may take over.
 
+use display_full_error::DisplayFullErrorExt;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -114,7 +115,9 @@ impl LeaderLease {
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Held) => return Ok(()),
                 Ok(Attempt::HeldElsewhere) => {}
-                Err(err) => tracing::warn!(%err, "leader lease unreadable; retrying"),
+                Err(err) => {
+                    tracing::warn!(error = %err.display_full(), "leader lease unreadable; retrying")
+                }
             }
             tokio::time::sleep(self.settings.renew_every).await;
         }
@@ -129,7 +132,7 @@ impl LeaderLease {
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Held) => renewed = Instant::now(),
                 Ok(Attempt::HeldElsewhere) => return Error::LeaseLost(self.settings.name.clone()),
-                Err(err) => tracing::warn!(%err, "leader lease not renewed"),
+                Err(err) => tracing::warn!(error = %err.display_full(), "leader lease not renewed"),
             }
             if renewed.elapsed() >= self.settings.renew_deadline {
                 return Error::LeaseLost(self.settings.name.clone());

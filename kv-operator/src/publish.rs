@@ -4,6 +4,7 @@
 //! commits it. The assignment is the ready workers' addresses; rendezvous hashing over them
 //! (`hasten_worker_api::kv::routing`) gives each chunk's owner on every edge alike.
 
+use display_full_error::DisplayFullErrorExt;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -18,7 +19,7 @@ const PROPOSE_DEADLINE: Duration = Duration::from_secs(5);
 pub enum PublishError {
     #[error("no control-plane node committed the assignment: {0}")]
     Unreachable(String),
-    #[error("the control plane refused the assignment: {0}")]
+    #[error("the control plane refused the assignment")]
     Refused(#[source] tonic::Status),
 }
 
@@ -49,7 +50,7 @@ impl ControlPlanePublisher {
             let mut client = match control::connect(endpoint, &self.access).await {
                 Ok(client) => client,
                 Err(err) => {
-                    failures.push(format!("{endpoint}: {err}"));
+                    failures.push(format!("{endpoint}: {}", err.display_full()));
                     continue;
                 }
             };

@@ -4,7 +4,7 @@ use hasten_lm::LmError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
-    #[error("the model failed: {0}")]
+    #[error("the model failed")]
     Lm(#[from] LmError),
     /// A tensor operation failed (boxed: candle's error is large, and rare).
     #[error(transparent)]

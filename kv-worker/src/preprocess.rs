@@ -7,6 +7,7 @@
 //! it stopped, and a new corpus version carries over exactly the entries it leaves valid
 //! ([`carry_over`]).
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -22,12 +23,12 @@ use crate::store::{ChunkKvStore, EntryMeta, KvKey, ModelId, StoreError, Variant}
 pub enum PreprocessError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("computing chunk {id}'s KV: {source}")]
+    #[error("computing chunk {id}'s KV")]
     Model {
         id: u64,
         source: Box<crate::KvError>,
     },
-    #[error("finding neighbours: {0}")]
+    #[error("finding neighbours")]
     Index(#[from] hasten_core::index::IndexError),
     #[error("catalog {path}: {message}")]
     Catalog { path: PathBuf, message: String },
@@ -145,7 +146,7 @@ impl Catalog {
             Err(e) => {
                 return Err(PreprocessError::Catalog {
                     path: path.to_path_buf(),
-                    message: e.to_string(),
+                    message: e.to_string_full(),
                 });
             }
         };
@@ -153,7 +154,7 @@ impl Catalog {
             .map(Some)
             .map_err(|e| PreprocessError::Catalog {
                 path: path.to_path_buf(),
-                message: e.to_string(),
+                message: e.to_string_full(),
             })
     }
 
@@ -161,12 +162,12 @@ impl Catalog {
         let path = Self::path(store_root, &self.model, &self.corpus);
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| PreprocessError::Catalog {
             path: path.clone(),
-            message: e.to_string(),
+            message: e.to_string_full(),
         })?;
         hasten_core::lifecycle::write_atomically(&path, &bytes).map_err(|e| {
             PreprocessError::Catalog {
                 path,
-                message: e.to_string(),
+                message: e.to_string_full(),
             }
         })
     }

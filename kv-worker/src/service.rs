@@ -2,6 +2,7 @@
 //! bounded queue, its text streamed as it is generated. Requests that can be refused without
 //! the model (unknown corpus version or chunk, bad ratio) are refused before they queue.
 
+use display_full_error::DisplayFullErrorExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,7 +54,7 @@ impl KvGenerationService {
 
 /// The status an error is sent back with, and its metrics label.
 pub fn status(error: &WorkerError) -> (Status, &'static str) {
-    let message = error.to_string();
+    let message = error.to_string_full();
     match error {
         WorkerError::Invalid { .. } | WorkerError::Kv(KvError::Ratio(_)) => {
             (Status::invalid_argument(message), "invalid_argument")
@@ -129,8 +130,8 @@ impl KvGeneration for KvGenerationService {
             .map_err(|error| {
                 self.metrics.observe_error("overloaded");
                 match error {
-                    QueueError::Full(_) => Status::resource_exhausted(error.to_string()),
-                    QueueError::Closed => Status::unavailable(error.to_string()),
+                    QueueError::Full(_) => Status::resource_exhausted(error.to_string_full()),
+                    QueueError::Closed => Status::unavailable(error.to_string_full()),
                 }
             })?;
         let queued = arrived.elapsed();
@@ -158,7 +159,7 @@ impl KvGeneration for KvGenerationService {
                     })
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "generation failed");
+                    tracing::warn!(error = %error.display_full(), "generation failed");
                     let (status, reason) = status(&error);
                     metrics.observe_error(reason);
                     Err(status)
@@ -197,7 +198,7 @@ impl KvGeneration for KvGenerationService {
             worker.info()
         })
         .await
-        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::internal(e.to_string_full()))?
         .map_err(|e| status(&e).0)?;
         self.metrics.observe_info(&info);
         Ok(Response::new(info_proto(info)))

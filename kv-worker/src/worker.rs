@@ -2,6 +2,7 @@
 //! id through the corpus version's catalog, a text by its content, computed on first use),
 //! then the fused prefill and greedy decoding.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -141,7 +142,10 @@ impl KvWorker {
             for version in versions.flatten() {
                 let path = version.path().join("catalog.json");
                 let catalog = Catalog::load(&path).map_err(|e| {
-                    WorkerError::invalid("catalog", format!("{}: {e}", path.display()))
+                    WorkerError::invalid(
+                        "catalog",
+                        format!("{}: {}", path.display(), e.display_full()),
+                    )
                 })?;
                 if let Some(catalog) = catalog.filter(|c| c.model == self.model_id) {
                     catalogs.insert(catalog.corpus.clone(), catalog);

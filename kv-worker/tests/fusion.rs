@@ -4,6 +4,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use candle_core::{Device, Tensor};
+use display_full_error::DisplayFullErrorExt;
 use hasten_kv_worker::fusion::select::{recompute_count, top_tokens};
 use hasten_kv_worker::fusion::{CACHEBLEND_LAYER, recompute_mask};
 use hasten_kv_worker::{FusedPrefill, FusionMode, FusionSettings, SegmentKv, assemble, prefill};
@@ -510,7 +511,7 @@ fn a_context_over_the_window_is_refused_with_its_counts() {
         32,
     )
     .unwrap_err()
-    .to_string();
+    .to_string_full();
     assert!(
         error.contains("249 tokens") && error.contains("window of 256"),
         "{error}"

@@ -4,6 +4,7 @@
 //! readers.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -157,7 +158,7 @@ fn entries_that_are_not_what_was_asked_for_are_refused_naming_both_values() {
     let foreign = key(&other, 1);
     plant(&foreign, &stored);
     let err = store.get(&foreign).map(|_| ()).unwrap_err();
-    let text = err.to_string();
+    let text = err.to_string_full();
     assert!(
         matches!(err, StoreError::Mismatch { field: "model", .. }),
         "{text}"
@@ -181,7 +182,7 @@ fn entries_that_are_not_what_was_asked_for_are_refused_naming_both_values() {
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("beef") && err.to_string().contains(CORPUS));
+    assert!(err.to_string_full().contains("beef") && err.to_string_full().contains(CORPUS));
 
     // Another chunk's, another variant's.
     let swapped = key(&tiny, 3);
@@ -206,7 +207,7 @@ fn entries_that_are_not_what_was_asked_for_are_refused_naming_both_values() {
     *flipped.last_mut().unwrap() ^= 0x40;
     plant(&key(&tiny, 1), &flipped);
     let err = store.get(&key(&tiny, 1)).map(|_| ()).unwrap_err();
-    assert!(err.to_string().contains("checksum"), "{err}");
+    assert!(err.to_string_full().contains("checksum"), "{err}");
     plant(&key(&tiny, 1), &stored[..stored.len() - 100]);
     assert!(matches!(
         store.get(&key(&tiny, 1)),

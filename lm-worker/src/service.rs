@@ -1,6 +1,7 @@
 //! The `Generation` gRPC service: one answer at a time on the worker's models, behind a
 //! bounded queue, its text streamed as it is generated.
 
+use display_full_error::DisplayFullErrorExt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,9 +73,9 @@ impl AnswerSink for WorkerSink<'_> {
 /// The status a failed answer is sent back with; a refused request names its field.
 fn status(error: &RagError) -> Status {
     match error.field() {
-        Some(_) => Status::invalid_argument(error.to_string()),
-        None if error.is_retryable() => Status::unavailable(error.to_string()),
-        None => Status::internal(error.to_string()),
+        Some(_) => Status::invalid_argument(error.to_string_full()),
+        None if error.is_retryable() => Status::unavailable(error.to_string_full()),
+        None => Status::internal(error.to_string_full()),
     }
 }
 
@@ -89,7 +90,7 @@ impl Generation for GenerationService {
         let started = Instant::now();
         let request = request_from_proto(request.into_inner()).map_err(|error| {
             self.metrics.observe_error("invalid_argument");
-            Status::invalid_argument(error.to_string())
+            Status::invalid_argument(error.to_string_full())
         })?;
         // Refused before queueing: a bad request should not wait minutes to learn it.
         if let Err(error) = self.backend.check(&request) {
@@ -110,8 +111,8 @@ impl Generation for GenerationService {
             .map_err(|error| {
                 self.metrics.observe_error("overloaded");
                 match error {
-                    QueueError::Full(_) => Status::resource_exhausted(error.to_string()),
-                    QueueError::Closed => Status::unavailable(error.to_string()),
+                    QueueError::Full(_) => Status::resource_exhausted(error.to_string_full()),
+                    QueueError::Closed => Status::unavailable(error.to_string_full()),
                 }
             })?;
         let (sender, receiver) = mpsc::unbounded_channel();
@@ -140,7 +141,7 @@ impl Generation for GenerationService {
                     return;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "generation failed");
+                    tracing::warn!(error = %error.display_full(), "generation failed");
                     metrics.observe_error(match error.field() {
                         Some(_) => "invalid_argument",
                         None => "internal",

@@ -1,5 +1,6 @@
 //! Which device the runtime computes on: `cpu` (the default, what CI tests) or `cuda`.
 
+use display_full_error::DisplayFullErrorExt;
 use std::fmt;
 use std::str::FromStr;
 
@@ -38,7 +39,7 @@ impl DeviceKind {
                     } else {
                         "build with `--features cuda` on a machine with CUDA"
                     };
-                    LmError::Device("cuda".into(), format!("{e} ({hint})"))
+                    LmError::Device("cuda".into(), format!("{} ({hint})", e.display_full()))
                 })?;
                 without_event_tracking(&device);
                 Ok(device)

@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LmError {
-    #[error("cannot open model file {path}: {source}")]
+    #[error("cannot open model file {path}")]
     Open {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not a readable GGUF file: {source}")]
+    #[error("{path} is not a readable GGUF file")]
     Gguf {
         path: PathBuf,
         #[source]
@@ -24,7 +24,7 @@ pub enum LmError {
     },
     #[error("{path}: architecture `{architecture}` is not supported (llama and qwen2 are)")]
     UnsupportedArchitecture { path: PathBuf, architecture: String },
-    #[error("{path}: tensor `{name}` cannot be loaded: {source}")]
+    #[error("{path}: tensor `{name}` cannot be loaded")]
     Tensor {
         path: PathBuf,
         name: String,

@@ -1,5 +1,6 @@
 //! Batched generation and one-pass scoring on top of [`Decoder::forward`].
 
+use display_full_error::DisplayFullErrorExt;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
@@ -293,7 +294,7 @@ fn choose(logits: &Tensor, sampling: Sampling, rng: &mut StdRng) -> Result<Vec<u
         .map(|mut row| {
             keep_nucleus(&mut row, sampling.top_p);
             let weights = rand::distr::weighted::WeightedIndex::new(&row)
-                .map_err(|e| LmError::InvalidInput(format!("sampling: {e}")))?;
+                .map_err(|e| LmError::InvalidInput(format!("sampling: {}", e.display_full())))?;
             Ok(weights.sample(rng) as u32)
         })
         .collect()

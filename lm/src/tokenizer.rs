@@ -4,6 +4,7 @@
 //! Control tokens (chat markers, end of text) are never produced from text: they are
 //! looked up by name, so a question that contains `<|im_end|>` cannot forge a turn.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 
@@ -71,11 +72,11 @@ impl GgufTokenizer {
         let types: Vec<u32> = match file.content.metadata.get("tokenizer.ggml.token_type") {
             Some(value) => value
                 .to_vec()
-                .map_err(|e| file.bad_key("tokenizer.ggml.token_type", e.to_string()))?
+                .map_err(|e| file.bad_key("tokenizer.ggml.token_type", e.to_string_full()))?
                 .iter()
                 .map(|v| v.to_i32().map(|t| t as u32).or_else(|_| v.to_u32()))
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|e| file.bad_key("tokenizer.ggml.token_type", e.to_string()))?,
+                .map_err(|e| file.bad_key("tokenizer.ggml.token_type", e.to_string_full()))?,
             None => Vec::new(),
         };
         let mut control = HashMap::new();
@@ -143,7 +144,7 @@ impl GgufTokenizer {
                 .metadata("tokenizer.ggml.add_bos_token")
                 .and_then(|v| {
                     v.to_bool()
-                        .map_err(|e| file.bad_key("add_bos_token", e.to_string()))
+                        .map_err(|e| file.bad_key("add_bos_token", e.to_string_full()))
                 })
                 .unwrap_or(false),
             eos,
@@ -155,7 +156,7 @@ impl GgufTokenizer {
         let encoding = self
             .inner
             .encode_fast(text, false)
-            .map_err(|e| LmError::Tokenize(e.to_string()))?;
+            .map_err(|e| LmError::Tokenize(e.to_string_full()))?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -168,7 +169,7 @@ impl GgufTokenizer {
             .collect();
         self.inner
             .decode(&kept, false)
-            .map_err(|e| LmError::Tokenize(e.to_string()))
+            .map_err(|e| LmError::Tokenize(e.to_string_full()))
     }
 
     /// The id of a control token such as `<|im_start|>`.

@@ -3,6 +3,7 @@
 //! records each query's outcome and latency. Latency runs from the query's *intended* send
 //! time, so a driver or edge that falls behind cannot hide its queueing (coordinated omission).
 
+use display_full_error::DisplayFullErrorExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,7 +57,7 @@ pub async fn post_json(
         .json(body)
         .send()
         .await
-        .map_err(|e| format!("transport: {e}"))?;
+        .map_err(|e| format!("transport: {}", e.display_full()))?;
     let status = response.status();
     if !status.is_success() {
         let body = response.text().await.unwrap_or_default();
@@ -85,7 +86,7 @@ impl Exchange for Retrieve {
             .await?
             .json::<EdgeReply>()
             .await
-            .map_err(|e| format!("bad reply: {e}"))
+            .map_err(|e| format!("bad reply: {}", e.display_full()))
     }
 }
 
@@ -251,7 +252,7 @@ pub async fn run_exchange<X: Exchange>(
             }
         }
         LoadModel::Open { rate_qps, seed } => {
-            let gaps = Exp::new(rate_qps.max(1e-9)).map_err(|e| e.to_string());
+            let gaps = Exp::new(rate_qps.max(1e-9)).map_err(|e| e.to_string_full());
             let mut rng = StdRng::seed_from_u64(seed);
             let mut intended = started;
             let mut tasks = Vec::with_capacity(workload.len());

@@ -1,6 +1,7 @@
 //! An experiment: a cloud tier, then each system under test as edge processes behind delay
 //! relays, the same workload through every one, one report.
 
+use display_full_error::DisplayFullErrorExt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -356,7 +357,7 @@ async fn wait_until_ready(http: SocketAddr, timeout: Duration) -> Result<(), Str
                 response.status().as_u16(),
                 response.text().await.unwrap_or_default()
             ),
-            Err(error) => error.to_string(),
+            Err(error) => error.to_string_full(),
         };
         if tokio::time::Instant::now() >= give_up {
             return Err(format!("not ready after {timeout:?}; /readyz said {last}"));
@@ -503,7 +504,11 @@ pub async fn run_system(
         .collect();
     let records_file = settings.work.join(format!("records-{index}.jsonl"));
     std::fs::write(&records_file, records).map_err(|source| {
-        EvalError::Invalid(format!("writing {}: {source}", records_file.display()))
+        EvalError::Invalid(format!(
+            "writing {}: {}",
+            records_file.display(),
+            source.display_full()
+        ))
     })?;
     let (summary, first_occurrence) = summarize_all_and_first(&outcome.records, workload_index);
     let throughput = outcome.records.len() as f64 / outcome.wall.as_secs_f64().max(1e-9);

@@ -6,6 +6,7 @@
 //! daily by a log-normal jitter of every entity's base popularity, and on some days one
 //! entity from outside the top ten trends to rank one for that day. Everything is seeded.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
@@ -51,7 +52,7 @@ pub struct DailyPopularity {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PopularityError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: String,
         source: std::io::Error,
@@ -88,7 +89,7 @@ impl ZipfModel {
             ));
         }
         let jitter = Normal::new(0.0, self.daily_jitter.max(0.0))
-            .map_err(|e| PopularityError::Invalid(e.to_string()))?;
+            .map_err(|e| PopularityError::Invalid(e.to_string_full()))?;
         let mut rng = StdRng::seed_from_u64(self.seed);
         let mut base: Vec<usize> = (0..entities).collect();
         base.shuffle(&mut rng);

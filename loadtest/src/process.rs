@@ -2,6 +2,7 @@
 //! they report their bound addresses, killed when dropped. The evaluation and the
 //! integration tests both run the system this way, as real processes on real sockets.
 
+use display_full_error::DisplayFullErrorExt;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,7 +16,7 @@ pub enum ProcessError {
         "{0} is missing: build the workspace binaries first (`cargo build --workspace --bins`)"
     )]
     MissingBinary(String),
-    #[error("cannot start {name}: {source}")]
+    #[error("cannot start {name}")]
     Spawn {
         name: String,
         source: std::io::Error,
@@ -40,7 +41,7 @@ pub enum ProcessError {
 /// or its parent when the executable is a test in `target/<profile>/deps/`.
 pub fn binary(name: &str) -> Result<PathBuf, ProcessError> {
     let exe = std::env::current_exe()
-        .map_err(|e| ProcessError::MissingBinary(format!("{name} ({e})")))?;
+        .map_err(|e| ProcessError::MissingBinary(format!("{name} ({})", e.display_full())))?;
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     if dir.file_name().is_some_and(|n| n == "deps") {
         dir.pop();
@@ -116,7 +117,7 @@ impl ManagedProcess {
                 process.ready =
                     serde_json::from_str(&text).map_err(|e| ProcessError::ReadyFile {
                         name: name.to_string(),
-                        message: e.to_string(),
+                        message: e.to_string_full(),
                     })?;
                 return Ok(process);
             }

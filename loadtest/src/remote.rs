@@ -3,6 +3,7 @@
 //! percentile spectrum (`.hgrm`, HdrHistogram's text format), a per-second time series, a
 //! log-scale percentile plot, and thresholds that fail the run (k6's convention: exit 99).
 
+use display_full_error::DisplayFullErrorExt;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::str::FromStr;
@@ -486,14 +487,14 @@ pub fn percentile_plot(histogram: &Histogram<u64>, path: &Path) -> Result<(), Re
         .collect();
     let top = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.1;
     let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| failed(e.to_string()))?;
+    root.fill(&WHITE).map_err(|e| failed(e.to_string_full()))?;
     let mut chart = ChartBuilder::on(&root)
         .caption("Latency by percentile", ("sans-serif", 22))
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(70)
         .build_cartesian_2d((1.0..1e5).log_scale(), 0.0..top)
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(e.to_string_full()))?;
     chart
         .configure_mesh()
         .x_desc("percentile")
@@ -503,11 +504,11 @@ pub fn percentile_plot(histogram: &Histogram<u64>, path: &Path) -> Result<(), Re
             format!("{percentile:.2}%")
         })
         .draw()
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(e.to_string_full()))?;
     chart
         .draw_series(LineSeries::new(points, BLUE.stroke_width(2)))
-        .map_err(|e| failed(e.to_string()))?;
-    root.present().map_err(|e| failed(e.to_string()))
+        .map_err(|e| failed(e.to_string_full()))?;
+    root.present().map_err(|e| failed(e.to_string_full()))
 }
 
 /// Where a deployment is and how to reach it.
@@ -526,9 +527,9 @@ pub struct Deployment {
 pub enum ClientError {
     #[error("the token is not a valid header value")]
     Token,
-    #[error("the CA certificate: {0}")]
+    #[error("the CA certificate")]
     Ca(#[source] reqwest::Error),
-    #[error("building the HTTP client: {0}")]
+    #[error("building the HTTP client")]
     Build(#[source] reqwest::Error),
 }
 
@@ -564,12 +565,12 @@ pub fn write_outputs<R>(
         let path = dir.join(name);
         std::fs::write(&path, text).map_err(|e| RemoteError::Write {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            reason: e.to_string_full(),
         })
     };
     std::fs::create_dir_all(dir).map_err(|e| RemoteError::Write {
         path: dir.display().to_string(),
-        reason: e.to_string(),
+        reason: e.to_string_full(),
     })?;
     let histogram = &summary.histogram;
     let json = serde_json::json!({"summary": summary, "thresholds": verdicts});

@@ -2,6 +2,7 @@
 //! table layout, each system against cloud-only) and SVG plots (latency/accuracy Pareto
 //! front of the threshold sweeps, latency CDF per system).
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::Path;
 
 use plotters::prelude::*;
@@ -353,10 +354,10 @@ impl Report {
 
     /// Writes report.json, report.md and the plots into `dir`.
     pub fn write(&self, dir: &Path) -> Result<(), String> {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-        let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("report.md"), self.markdown()).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string_full())?;
+        let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string_full())?;
+        std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string_full())?;
+        std::fs::write(dir.join("report.md"), self.markdown()).map_err(|e| e.to_string_full())?;
         self.pareto_plot(&dir.join("pareto.svg"))?;
         self.cdf_plot(&dir.join("latency-cdf.svg"))?;
         Ok(())
@@ -420,42 +421,42 @@ pub(crate) fn line_plot(
     lines: &[(String, Vec<(f64, f64)>)],
 ) -> Result<(), String> {
     let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    root.fill(&WHITE).map_err(|e| e.to_string_full())?;
     let mut chart = ChartBuilder::on(&root)
         .caption(axes.caption, ("sans-serif", 22))
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(60)
         .build_cartesian_2d(axes.x.1.clone(), axes.y.1.clone())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string_full())?;
     chart
         .configure_mesh()
         .x_desc(axes.x.0)
         .y_desc(axes.y.0)
         .draw()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string_full())?;
     for (i, (label, points)) in lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let mut points = points.clone();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string_full())?
             .label(label.clone())
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
         chart
             .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string_full())?;
     }
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+        .map_err(|e| e.to_string_full())?;
+    root.present().map_err(|e| e.to_string_full())
 }
 
 /// The cumulative distribution of each `(label, ascending values)`.
@@ -467,7 +468,7 @@ pub(crate) fn cdf_plot(
     series: &[(String, &[f64])],
 ) -> Result<(), String> {
     let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    root.fill(&WHITE).map_err(|e| e.to_string_full())?;
     let (_, hi_x) = bounds(
         series
             .iter()
@@ -479,13 +480,13 @@ pub(crate) fn cdf_plot(
         .x_label_area_size(44)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..hi_x, 0.0..1.0)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string_full())?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
         .draw()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string_full())?;
     for (i, (label, values)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let n = values.len().max(1) as f64;
@@ -496,7 +497,7 @@ pub(crate) fn cdf_plot(
             .collect();
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string_full())?
             .label(label.clone())
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
@@ -508,8 +509,8 @@ pub(crate) fn cdf_plot(
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+        .map_err(|e| e.to_string_full())?;
+    root.present().map_err(|e| e.to_string_full())
 }
 
 /// A plotting range around `values` with 5% margins (a unit range when empty or flat).

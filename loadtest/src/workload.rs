@@ -3,6 +3,7 @@
 //! relation is asked in its data set's words or one of the relation's paraphrases. A
 //! workload can be saved to JSON lines and replayed.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
@@ -292,7 +293,7 @@ pub fn write_jsonl(path: &Path, workload: &[WorkloadQuery]) -> Result<(), Worklo
 pub fn read_jsonl(path: &Path) -> Result<Vec<WorkloadQuery>, WorkloadError> {
     let text = std::fs::read_to_string(path).map_err(|e| WorkloadError::File {
         path: path.display().to_string(),
-        message: e.to_string(),
+        message: e.to_string_full(),
     })?;
     text.lines()
         .enumerate()
@@ -300,7 +301,7 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<WorkloadQuery>, WorkloadError> {
         .map(|(i, l)| {
             serde_json::from_str(l).map_err(|e| WorkloadError::File {
                 path: format!("{}:{}", path.display(), i + 1),
-                message: e.to_string(),
+                message: e.to_string_full(),
             })
         })
         .collect()
@@ -517,7 +518,7 @@ mod tests {
         assert!(
             read_jsonl(&path)
                 .unwrap_err()
-                .to_string()
+                .to_string_full()
                 .contains("w.jsonl:1")
         );
     }

@@ -48,7 +48,7 @@ const AUTHORIZATION: &str = "authorization";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("reading the token file {path}: {source}")]
+    #[error("reading the token file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -156,6 +156,7 @@ impl Interceptor for RequireToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     fn token(text: &str) -> AccessToken {
         AccessToken::new(text).unwrap()
@@ -189,7 +190,7 @@ mod tests {
         let loaded = AccessToken::load(&path).unwrap();
         assert!(!format!("{loaded:?}").contains("a-token"));
         std::fs::write(&path, "weak\n").unwrap();
-        let err = AccessToken::load(&path).unwrap_err().to_string();
+        let err = AccessToken::load(&path).unwrap_err().to_string_full();
         assert!(err.contains("token") && !err.contains("weak"), "{err}");
     }
 }

@@ -3,6 +3,7 @@
 //! its CA files when they change, so that a rotated CA is trusted from the next handshake
 //! without a restart.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
@@ -53,7 +54,7 @@ fn client_verifier(roots: &TrustRoots) -> Result<Arc<dyn ClientCertVerifier>, Tl
                 tracing::info!("trusting the changed CA files for client certificates")
             }
             ReloadOutcome::Failed(err) => tracing::warn!(
-                error = %err,
+                error = %err.display_full(),
                 "the changed CA files cannot be used; client certificates are checked as before"
             ),
         },

@@ -2,6 +2,7 @@
 //! answers a message which does not decode as the sender's mistake (INVALID_ARGUMENT)
 //! rather than prost's INTERNAL, which tells a client to look for a bug on the server.
 
+use display_full_error::DisplayFullErrorExt;
 use std::marker::PhantomData;
 
 use prost::Message;
@@ -49,7 +50,10 @@ impl<U: Message + Default> Decoder for StrictDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         U::decode(buf).map(Some).map_err(|err| {
-            Status::invalid_argument(format!("the message is not valid protobuf: {err}"))
+            Status::invalid_argument(format!(
+                "the message is not valid protobuf: {}",
+                err.display_full()
+            ))
         })
     }
 }

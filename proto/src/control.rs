@@ -1,6 +1,7 @@
 //! What every client of the control plane shares: connection settings, and the follower
 //! of the committed stream that edges (the hot cache) and routers (the shard map) run.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -172,11 +173,11 @@ impl FollowStatus {
 /// Why one subscription ended.
 #[derive(Debug, thiserror::Error)]
 enum StreamError {
-    #[error("cannot connect: {0}")]
+    #[error("cannot connect")]
     Connect(#[from] ConnectError),
-    #[error("the stream failed: {0}")]
+    #[error("the stream failed")]
     Stream(#[from] tonic::Status),
-    #[error("applying an event failed: {0}")]
+    #[error("applying an event failed")]
     Apply(#[from] tokio::task::JoinError),
 }
 
@@ -209,7 +210,9 @@ pub async fn follow<F>(
         .await
         {
             Ok(()) => tracing::info!(%endpoint, "control-plane stream ended; reconnecting"),
-            Err(err) => tracing::info!(%endpoint, %err, "control-plane stream lost; reconnecting"),
+            Err(err) => {
+                tracing::info!(%endpoint, error = %err.display_full(), "control-plane stream lost; reconnecting")
+            }
         }
         status.subscribed.store(false, Ordering::Release);
         tokio::time::sleep(wait).await;

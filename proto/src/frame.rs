@@ -23,9 +23,9 @@ pub enum FrameError {
     TooLarge { len: usize, max: usize },
     #[error("frame truncated: expected {expected} bytes, got {got}")]
     Truncated { expected: usize, got: usize },
-    #[error("undecodable frame: {0}")]
+    #[error("undecodable frame")]
     Decode(#[from] prost::DecodeError),
-    #[error("stream i/o: {0}")]
+    #[error("stream i/o")]
     Io(#[from] std::io::Error),
 }
 

@@ -3,6 +3,7 @@
 //! renewed Secret or a rotated CA needs no restart (tonic's own TLS reads them once, so the
 //! channels here connect through this module's connector).
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
@@ -53,7 +54,7 @@ impl GrpcClientTls {
                     )
                 }
                 ReloadOutcome::Failed(err) => tracing::warn!(
-                    error = %err,
+                    error = %err.display_full(),
                     "the changed TLS files cannot be used; gRPC clients keep the previous ones"
                 ),
             },

@@ -2,6 +2,7 @@
 //! a renewed Secret is served from the next handshake, without a restart. tonic's own TLS
 //! reads the pair once at start, so the servers here take TLS streams made by this module.
 
+use display_full_error::DisplayFullErrorExt;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -90,7 +91,7 @@ fn tls_incoming(
                     Err(err) => {
                         // Out of file descriptors, or a connection reset before it was
                         // taken: pause instead of spinning.
-                        tracing::warn!(%err, "accepting a gRPC connection failed");
+                        tracing::warn!(error = %err.display_full(), "accepting a gRPC connection failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
@@ -99,7 +100,7 @@ fn tls_incoming(
                 () = sender.closed() => return,
             };
             if let Err(err) = stream.set_nodelay(true) {
-                tracing::debug!(%err, "could not set TCP_NODELAY");
+                tracing::debug!(error = %err.display_full(), "could not set TCP_NODELAY");
             }
             let (acceptor, sender) = (acceptor.clone(), sender.clone());
             tokio::spawn(async move {
@@ -107,7 +108,9 @@ fn tls_incoming(
                     Ok(Ok(tls)) => {
                         let _ = sender.send(Ok(tls)).await;
                     }
-                    Ok(Err(err)) => tracing::debug!(%peer, %err, "gRPC TLS handshake failed"),
+                    Ok(Err(err)) => {
+                        tracing::debug!(%peer, error = %err.display_full(), "gRPC TLS handshake failed")
+                    }
                     Err(_) => tracing::debug!(%peer, "gRPC TLS handshake timed out"),
                 }
             });

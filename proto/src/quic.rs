@@ -2,6 +2,7 @@
 //! benchmark): TLS 1.3 always on, mutual when the server names the CA its clients' certificates
 //! must come from.
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,7 @@ pub fn server_config(
         ServerCertificate::Reloading(resolver) => builder.with_cert_resolver(resolver),
     };
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string()))?;
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string_full()))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(transport_config());
     Ok(config)
@@ -89,7 +90,7 @@ pub fn client_config(
         None => builder.with_no_client_auth(),
     };
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string()))?;
+    let crypto = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string_full()))?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport_config());
     Ok(config)

@@ -6,6 +6,7 @@
 //! Under mutual TLS each side proves itself to the other with a certificate issued by the
 //! deployment's CA: a peer without one is refused during the handshake, before any request.
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -16,33 +17,33 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: String,
         source: rustls_pki_types::pem::Error,
     },
     #[error("{path} holds no {what}")]
     Empty { path: String, what: &'static str },
-    #[error("certificate generation failed: {0}")]
+    #[error("certificate generation failed")]
     Generate(#[from] rcgen::Error),
-    #[error("TLS configuration refused: {0}")]
+    #[error("TLS configuration refused")]
     Rustls(#[from] rustls::Error),
     #[error("QUIC crypto configuration refused: {0}")]
     Quic(String),
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         path: String,
         source: std::io::Error,
     },
-    #[error("the key does not belong to the certificate: {0}")]
+    #[error("the key does not belong to the certificate")]
     KeyMismatch(#[source] rustls::Error),
     #[error("`{0}` is neither a DNS name nor an IP address")]
     BadName(String),
-    #[error("no certificate verifier for the certificate: {0}")]
+    #[error("no certificate verifier for the certificate")]
     Verifier(#[from] rustls::client::VerifierBuilderError),
     #[error("{path}: cannot read a certificate's validity: {reason}")]
     Validity { path: String, reason: String },
-    #[error("the certificate is not valid for `{name}`: {source}")]
+    #[error("the certificate is not valid for `{name}`")]
     NotValidFor {
         name: String,
         #[source]
@@ -234,7 +235,7 @@ fn earliest_expiry(certificates: &[CertificateDer<'_>], path: &Path) -> Result<i
         .iter()
         .map(|der| {
             let (_, certificate) = x509_parser::parse_x509_certificate(der.as_ref())
-                .map_err(|e| invalid(e.to_string()))?;
+                .map_err(|e| invalid(e.to_string_full()))?;
             Ok(certificate.validity().not_after.timestamp())
         })
         .try_fold(i64::MAX, |earliest, expiry: Result<i64, TlsError>| {
@@ -620,10 +621,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "").unwrap();
-        let err = TrustRoots::from_pem_file(&empty).unwrap_err().to_string();
+        let err = TrustRoots::from_pem_file(&empty)
+            .unwrap_err()
+            .to_string_full();
         assert!(err.contains("empty.pem"), "{err}");
         let missing = dir.path().join("missing.pem");
-        let err = TrustRoots::from_pem_file(&missing).unwrap_err().to_string();
+        let err = TrustRoots::from_pem_file(&missing)
+            .unwrap_err()
+            .to_string_full();
         assert!(err.contains("missing.pem"), "{err}");
     }
 }

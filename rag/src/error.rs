@@ -16,11 +16,11 @@ pub enum RagError {
     #[error("the query rewrite gave no question: {0:?}")]
     Rewrite(String),
     /// The language model failed (loading, tokenising or a forward pass).
-    #[error("language model: {0}")]
+    #[error("language model")]
     Lm(#[source] hasten_lm::LmError),
     /// A remote generation worker failed or could not be reached. `retryable`: the worker is
     /// down, busy or too slow, so the same request may succeed later or elsewhere.
-    #[error("generation worker at {endpoint}: {source}")]
+    #[error("generation worker at {endpoint}")]
     Worker {
         endpoint: String,
         retryable: bool,

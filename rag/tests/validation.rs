@@ -6,6 +6,7 @@ mod support;
 
 mod common;
 
+use display_full_error::DisplayFullErrorExt;
 use hasten_rag::{AnswerMode, AnswerRequest, Document, LmBackend, RagError};
 
 fn speculative() -> AnswerRequest {
@@ -17,7 +18,7 @@ fn speculative() -> AnswerRequest {
 
 fn refused_field(request: &AnswerRequest) -> (&'static str, String) {
     match request.validate() {
-        Err(error @ RagError::InvalidRequest { field, .. }) => (field, error.to_string()),
+        Err(error @ RagError::InvalidRequest { field, .. }) => (field, error.to_string_full()),
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
@@ -110,7 +111,7 @@ fn the_backend_refuses_before_running_a_model() {
         .expect_err("must refuse");
     assert_eq!(error.field(), Some("documents"), "{error}");
     assert!(
-        error.to_string().contains("document 0 has no vector"),
+        error.to_string_full().contains("document 0 has no vector"),
         "{error}"
     );
     assert!(streamed.is_empty());

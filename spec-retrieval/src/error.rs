@@ -1,10 +1,10 @@
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("language model: {0}")]
+    #[error("language model")]
     Lm(#[from] hasten_lm::LmError),
-    #[error("exact retrieval failed: {0}")]
+    #[error("exact retrieval failed")]
     Retrieval(#[source] RetrievalError),
-    #[error("query encoding failed: {0}")]
+    #[error("query encoding failed")]
     Encode(#[source] RetrievalError),
     #[error("the exact retriever answered {answered} result lists for {asked} queries")]
     ShortAnswer { asked: usize, answered: usize },
@@ -29,8 +29,8 @@ pub type Result<T> = std::result::Result<T, SpecError>;
 
 /// A retriever's failure, whatever its transport.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct RetrievalError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+#[error(transparent)]
+pub struct RetrievalError(pub Box<dyn std::error::Error + Send + Sync>);
 
 impl RetrievalError {
     pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {

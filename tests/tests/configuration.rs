@@ -1,6 +1,7 @@
 //! What each binary says about a configuration before it serves anything, as real
 //! processes: `--print-config` refuses an invalid configuration (non-zero, naming the key)
-//! instead of printing it, and a malformed tenants file is located without its tokens.
+//! instead of printing it, a malformed tenants file is located without its tokens, and a
+//! failure's causes are printed once each.
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -69,6 +70,34 @@ fn print_config_refuses_what_serving_would_refuse() {
     assert!(output.status.success());
     let printed: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(printed["bundle"], "b");
+}
+
+/// An error's message leaves its source to the chain, which the binary prints as "Caused
+/// by:" lines: each cause once. (Before errors kept to that, this printed the OS error twice:
+/// `0: DIR/manifest.json: No such file or directory`, then `1: No such file or directory`.)
+#[test]
+fn a_failure_prints_each_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = dir.path().join("absent-bundle");
+    let output = run(
+        "cloud-index",
+        &[
+            "serve",
+            "--bundle",
+            absent.to_str().unwrap(),
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--quic-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let chain = &stderr[stderr.find("Error: ").expect("an error chain")..];
+    assert!(chain.contains("manifest.json"), "{chain}");
+    assert_eq!(chain.matches("No such file").count(), 1, "{chain}");
 }
 
 #[test]

@@ -12,6 +12,7 @@
 //! batch whatever is queued into one transaction (up to the proposers' batch size), E
 //! watchers follow the key prefix, and lag is counted the same way.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -228,7 +229,7 @@ impl EtcdWriters {
                         .collect();
                     if let Err(err) = client.txn(puts).await {
                         dropped.fetch_add(count, Ordering::Relaxed);
-                        tracing::error!(%err, entries = count, "etcd refused a transaction");
+                        tracing::error!(error = %err.display_full(), entries = count, "etcd refused a transaction");
                     }
                 }
             });
@@ -458,7 +459,7 @@ async fn run_hasten(cli: &Cli) -> Result<Value> {
             let edges = cli.edges;
             tokio::spawn(async move {
                 if let Err(err) = subscribe(address, edges, tracker).await {
-                    tracing::error!(%err, "subscriber failed");
+                    tracing::error!(error = %err.display_full(), "subscriber failed");
                 }
             })
         })
@@ -503,7 +504,7 @@ async fn run_etcd(cli: &Cli, binary: &std::path::Path) -> Result<Value> {
             let edges = cli.edges;
             tokio::spawn(async move {
                 if let Err(err) = watch_etcd(url, edges, tracker).await {
-                    tracing::error!(%err, "etcd watcher failed");
+                    tracing::error!(error = %err.display_full(), "etcd watcher failed");
                 }
             })
         })

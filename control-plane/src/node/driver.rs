@@ -1,6 +1,7 @@
 //! The loop that drives a node: it owns the `RawNode`, the storage and the state machine,
 //! takes the queued requests in turns, and handles each `Ready`.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 
 use std::sync::Arc;
@@ -156,7 +157,7 @@ impl<T: Transport> RaftNode<T> {
     /// Raft cannot continue safely without its storage: the node stops (peers elect another
     /// leader) rather than acknowledge what was not persisted.
     fn stop(&mut self, err: &NodeError) {
-        tracing::error!(%err, "control-plane storage failed; the node stops");
+        tracing::error!(error = %err.display_full(), "control-plane storage failed; the node stops");
         for (_, pending) in self.pending.drain() {
             self.metrics.proposal_dropped();
             let _ = pending.reply.send(Err(NodeError::ShuttingDown));
@@ -244,7 +245,7 @@ impl<T: Transport> RaftNode<T> {
             NodeRequest::Step(messages) => {
                 for message in messages {
                     if let Err(err) = self.raw.step(message) {
-                        tracing::debug!(%err, "raft message ignored");
+                        tracing::debug!(error = %err.display_full(), "raft message ignored");
                     }
                 }
             }
@@ -414,7 +415,7 @@ impl<T: Transport> RaftNode<T> {
             ControlState::decode(snapshot.get_data()).map_err(|err| StoreError::Corrupt {
                 tree: "snapshot",
                 key: snapshot.get_metadata().index.to_string(),
-                reason: err.to_string(),
+                reason: err.to_string_full(),
             })?;
         self.state = CacheStateMachine::from_state(state);
         tracing::info!(
@@ -443,7 +444,7 @@ impl<T: Transport> RaftNode<T> {
                     let batch = CommandBatch::decode(entry.data.as_ref()).unwrap_or_else(|err| {
                         // Validated before proposing; a record that does not decode was
                         // written by something else. Skip it on every replica alike.
-                        tracing::error!(index = entry.index, %err, "undecodable log entry skipped");
+                        tracing::error!(index = entry.index, error = %err.display_full(), "undecodable log entry skipped");
                         CommandBatch::default()
                     });
                     let applied = self.state.apply(entry.index, entry.term, batch);
@@ -473,7 +474,7 @@ impl<T: Transport> RaftNode<T> {
         let change = match ConfChange::parse_from_bytes(&entry.data) {
             Ok(change) => change,
             Err(err) => {
-                tracing::error!(index = entry.index, %err, "undecodable membership change skipped");
+                tracing::error!(index = entry.index, error = %err.display_full(), "undecodable membership change skipped");
                 return Ok(());
             }
         };
@@ -492,7 +493,9 @@ impl<T: Transport> RaftNode<T> {
         }
         match self.raw.apply_conf_change(&change) {
             Ok(conf) => self.storage.set_conf_state(&conf),
-            Err(err) => tracing::warn!(%err, "membership change not applied"),
+            Err(err) => {
+                tracing::warn!(error = %err.display_full(), "membership change not applied")
+            }
         }
         tracing::info!(node = change.node_id, change = ?change.get_change_type(), "membership changed");
         Ok(())
@@ -548,7 +551,7 @@ impl<T: Transport> RaftNode<T> {
             let stored = storage.store_snapshot(&meta, &data).map(|replaced| {
                 let wrote = replaced.is_some();
                 if let Some(Err(err)) = replaced.map(snapshot_file::Replaced::remove) {
-                    tracing::warn!(%err, "removing the replaced snapshot failed; it stays on disk");
+                    tracing::warn!(error = %err.display_full(), "removing the replaced snapshot failed; it stays on disk");
                 }
                 StoredSnapshot {
                     meta: wrote.then_some(meta),
@@ -567,7 +570,7 @@ impl<T: Transport> RaftNode<T> {
     fn discard_beside(&self, compaction: Compaction) {
         self.beside.run(move || {
             if let Err(err) = compaction.discard() {
-                tracing::warn!(%err, "retiring compacted log segments or removing a replaced snapshot failed; they stay on disk");
+                tracing::warn!(error = %err.display_full(), "retiring compacted log segments or removing a replaced snapshot failed; they stay on disk");
             }
         });
     }

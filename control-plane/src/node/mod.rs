@@ -11,6 +11,7 @@
 //! then apply what committed and answer the proposers. A proposal still waiting when
 //! leadership moves is answered at once with [`NodeError::Stale`].
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -213,7 +214,7 @@ pub fn start<T: Transport>(
                 ControlState::decode(data.as_slice()).map_err(|err| StoreError::Corrupt {
                     tree: "raft_meta",
                     key: "raft-snapshot".into(),
-                    reason: err.to_string(),
+                    reason: err.to_string_full(),
                 })?;
             CacheStateMachine::from_state(decoded)
         }

@@ -1,4 +1,5 @@
 use super::*;
+use display_full_error::DisplayFullErrorExt;
 use hasten_proto::v1::{CommittedEvent, FlushTenant, InvalidateDocuments, RetireCorpusVersion};
 
 fn insert(origin: &str, seq: u64, docs: &[u64]) -> ControlCommand {
@@ -162,7 +163,7 @@ fn malformed_proposals_are_refused_before_the_log() {
     }
     let err = validate(&[insert("a", 1, &[1]), bad])
         .unwrap_err()
-        .to_string();
+        .to_string_full();
     assert!(
         err.contains("command 1") && err.contains("non-finite"),
         "{err}"
@@ -280,7 +281,7 @@ fn corpus_commands_and_settings_are_checked_before_the_log() {
     if let Some(control_command::Kind::Insert(entry)) = &mut unversioned.kind {
         entry.corpus_version.clear();
     }
-    let err = validate(&[unversioned]).unwrap_err().to_string();
+    let err = validate(&[unversioned]).unwrap_err().to_string_full();
     assert!(err.contains("corpus version"), "{err}");
 }
 
@@ -477,10 +478,10 @@ fn only_entries_that_fit_a_registered_corpus_are_admitted() {
         matches!(err, AdmissionError::Misfit { position: 1, .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("3 dimensions"), "{err}");
+    assert!(err.to_string_full().contains("3 dimensions"), "{err}");
     let beyond = insert("a", 3, &[1, 99_999_999]);
     let err = machine.admit(&[beyond]).unwrap_err();
-    assert!(err.to_string().contains("99999999"), "{err}");
+    assert!(err.to_string_full().contains("99999999"), "{err}");
     // A registration may repeat, not contradict; a corpus update leads to a known version.
     machine.admit(&[facts("v1", 2, 100)]).unwrap();
     assert!(machine.admit(&[facts("v1", 2, 50)]).is_err());

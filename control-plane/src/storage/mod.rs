@@ -16,6 +16,7 @@ mod paced;
 pub mod snapshot_file;
 pub mod wal;
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,7 +37,7 @@ use crate::state::EntryEvent;
 /// What can go wrong with the node's data directory.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("sled: {0}")]
+    #[error("sled")]
     Sled(#[from] sled::Error),
     #[error(transparent)]
     Log(#[from] WalError),
@@ -203,7 +204,7 @@ fn opening_error(dir: &Path, err: sled::Error) -> StoreError {
         // sled reports its lock as an i/o error of its own wording (sled 0.34).
         sled::Error::Io(source)
             if source.kind() == std::io::ErrorKind::WouldBlock
-                || source.to_string().contains("could not acquire lock") =>
+                || source.to_string_full().contains("could not acquire lock") =>
         {
             StoreError::Locked { dir, source }
         }
@@ -594,7 +595,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
         let err = RaftStorage::open(dir.path(), 1).err().unwrap();
-        assert!(err.to_string().contains("notes.txt"), "{err}");
+        assert!(err.to_string_full().contains("notes.txt"), "{err}");
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 1, "the store wrote into a foreign directory");
     }
@@ -616,7 +617,7 @@ mod tests {
             ),
             "a corrupted store opened, or its error says nothing: {err:?}"
         );
-        let message = err.map(|e| e.to_string()).unwrap_or_default();
+        let message = err.map(|e| e.to_string_full()).unwrap_or_default();
         assert!(message.contains(&path.display().to_string()), "{message}");
         assert!(
             message.contains("Recovering a control-plane node") || message.contains("rejoin"),

@@ -28,7 +28,7 @@ pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// What can go wrong with the log's files.
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
-    #[error("{action} {path}: {source}")]
+    #[error("{action} {path}")]
     Io {
         action: &'static str,
         path: PathBuf,

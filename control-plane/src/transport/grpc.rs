@@ -10,6 +10,7 @@
 //! what was lost. The peer tasks run on the process's main runtime, never on the node's
 //! own thread.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -102,7 +103,7 @@ impl GrpcTransport {
         let endpoint = match control::endpoint(address, self.access.tls.as_ref()) {
             Ok(endpoint) => endpoint,
             Err(err) => {
-                tracing::error!(to, %address, %err, "invalid peer address; messages to it are dropped");
+                tracing::error!(to, %address, error = %err.display_full(), "invalid peer address; messages to it are dropped");
                 return None;
             }
         };
@@ -180,10 +181,10 @@ async fn deliver_snapshot(
             })
             .await
             .map_err(|status| status.to_string()),
-        Err(err) => Err(err.to_string()),
+        Err(err) => Err(err.to_string_full()),
     };
     if let Err(err) = &delivered {
-        tracing::warn!(to, %err, "snapshot delivery failed; Raft sends another");
+        tracing::warn!(to, error = %err, "snapshot delivery failed; Raft sends another");
     }
     let _ = node
         .send(NodeRequest::SnapshotSent {
@@ -220,7 +221,9 @@ impl Stream for Outbox {
             match queue.poll_recv(cx) {
                 Poll::Ready(Some(message)) => match message.write_to_bytes() {
                     Ok(bytes) => messages.push(bytes),
-                    Err(err) => tracing::error!(%err, "unencodable raft message dropped"),
+                    Err(err) => {
+                        tracing::error!(error = %err.display_full(), "unencodable raft message dropped")
+                    }
                 },
                 Poll::Ready(None) => {
                     self.closed.store(true, Ordering::Release);
@@ -312,7 +315,9 @@ fn decode(batch: &RaftMessages) -> Result<Vec<Message>, Status> {
         .iter()
         .map(|bytes| Message::parse_from_bytes(bytes))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|err| Status::invalid_argument(format!("undecodable raft message: {err}")))
+        .map_err(|err| {
+            Status::invalid_argument(format!("undecodable raft message: {}", err.display_full()))
+        })
 }
 
 impl RaftPeerService {

@@ -2,6 +2,7 @@
 //! bundle already at the output path holds reused (the text and the model decide), the
 //! result written by [`write_bundle`].
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -43,7 +44,7 @@ fn previous_vectors(out: &Path) -> HashMap<[u8; 32], Vec<f32>> {
         Ok(_) => return HashMap::new(),
         Err(err) => {
             if out.exists() {
-                tracing::warn!(%err, "previous bundle unreadable; encoding every passage");
+                tracing::warn!(error = %err.display_full(), "previous bundle unreadable; encoding every passage");
             }
             return HashMap::new();
         }

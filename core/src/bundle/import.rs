@@ -9,6 +9,7 @@
 //! from the same model: [`ImportedVectors::check_against`] re-encodes a sample and refuses
 //! vectors that disagree.
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -23,7 +24,7 @@ pub const MIN_IMPORT_COSINE: f32 = 0.99;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -59,7 +60,7 @@ pub enum ImportError {
         row: usize,
         cosine: f32,
     },
-    #[error("encoding the check sample: {0}")]
+    #[error("encoding the check sample")]
     Encoder(#[from] EncoderError),
 }
 
@@ -99,7 +100,7 @@ fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, Imp
             serde_json::from_str(line).map_err(|e| ImportError::Line {
                 path: path.to_path_buf(),
                 line: i + 1,
-                message: e.to_string(),
+                message: e.to_string_full(),
             })
         })
         .collect()
@@ -401,7 +402,9 @@ mod tests {
         assert_eq!(corpus.passages[0].title, "A");
         assert_eq!(known[1].0, "b");
         std::fs::write(&path, "{\"text\": \"a\", \"vector\": [0, 0]}\n").unwrap();
-        let err = ImportedVectors::read_jsonl(&path).unwrap_err().to_string();
+        let err = ImportedVectors::read_jsonl(&path)
+            .unwrap_err()
+            .to_string_full();
         assert!(
             err.contains("v.jsonl:1") && err.contains("zero length"),
             "{err}"
@@ -411,7 +414,9 @@ mod tests {
             "{\"text\": \"a\", \"vector\": [1, 0]}\n{\"text\": \"b\", \"vector\": [1]}\n",
         )
         .unwrap();
-        let err = ImportedVectors::read_jsonl(&path).unwrap_err().to_string();
+        let err = ImportedVectors::read_jsonl(&path)
+            .unwrap_err()
+            .to_string_full();
         assert!(err.contains("v.jsonl:2"), "{err}");
         let npy_path = dir.path().join("v.npy");
         std::fs::write(&npy_path, npy(2, 2, &[1.0, 0.0, 0.0, 1.0])).unwrap();

@@ -133,6 +133,7 @@ pub(super) fn defect(vector: &[f32]) -> Option<VectorDefect> {
 
 #[cfg(test)]
 mod tests {
+    use display_full_error::DisplayFullErrorExt;
     use std::path::PathBuf;
 
     use super::super::{
@@ -189,7 +190,7 @@ mod tests {
     }
 
     fn load_error(bundle: &Path) -> String {
-        CorpusBundle::load(bundle).unwrap_err().to_string()
+        CorpusBundle::load(bundle).unwrap_err().to_string_full()
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub fn load_hotpot(path: &Path) -> Result<Corpus, CorpusError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     #[test]
     fn parses_context_paragraphs_and_the_first_supporting_title() {
@@ -86,7 +87,7 @@ mod tests {
             "{\"question\":\"q\",\"answer\":\"a\",\"context\":[]}\nnot json\n",
         )
         .unwrap();
-        let err = load_hotpot(&path).unwrap_err().to_string();
+        let err = load_hotpot(&path).unwrap_err().to_string_full();
         assert!(err.contains(":2:"), "{err}");
     }
 }

@@ -170,12 +170,12 @@ impl CorpusSources {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CorpusError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}:{line}: invalid JSON: {source}")]
+    #[error("{path}:{line}: invalid JSON")]
     Json {
         path: PathBuf,
         line: usize,

@@ -85,6 +85,7 @@ pub fn load_squad(path: &Path) -> Result<Corpus, CorpusError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use display_full_error::DisplayFullErrorExt;
 
     #[test]
     fn parses_articles_paragraphs_and_questions() {
@@ -114,7 +115,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.json");
         std::fs::write(&path, "{\"data\": 3}").unwrap();
-        let err = load_squad(&path).unwrap_err().to_string();
+        let err = load_squad(&path).unwrap_err().to_string_full();
         assert!(err.contains("bad.json"), "{err}");
     }
 }

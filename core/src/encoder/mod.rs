@@ -11,6 +11,7 @@
 mod candle;
 mod onnx;
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::{Path, PathBuf};
 
 use tokenizers::{Tokenizer, TruncationParams};
@@ -35,21 +36,21 @@ pub enum EncoderError {
         "model file {path} not found: run `make models` or point the model directory at an unpacked all-MiniLM-L6-v2"
     )]
     MissingFile { path: PathBuf },
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid model config {path}: {source}")]
+    #[error("invalid model config {path}")]
     Config {
         path: PathBuf,
         source: serde_json::Error,
     },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    #[error("model: {0}")]
+    #[error("encoder model")]
     Model(#[from] ::candle_core::Error),
-    #[error("ONNX Runtime ({context}): {source}")]
+    #[error("ONNX Runtime ({context})")]
     OnnxRuntime {
         context: String,
         source: ::ort::Error,
@@ -156,7 +157,7 @@ impl TextEncoder {
                 }
             })?;
         let mut tokenizer = Tokenizer::from_bytes(read(&model_dir.join("tokenizer.json"))?)
-            .map_err(|e| EncoderError::Tokenizer(e.to_string()))?;
+            .map_err(|e| EncoderError::Tokenizer(e.to_string_full()))?;
         // Padding is done here, per batch of similar lengths, not by the tokenizer.
         tokenizer.with_padding(None);
         tokenizer
@@ -164,7 +165,7 @@ impl TextEncoder {
                 max_length: MAX_TOKENS,
                 ..TruncationParams::default()
             }))
-            .map_err(|e| EncoderError::Tokenizer(e.to_string()))?;
+            .map_err(|e| EncoderError::Tokenizer(e.to_string_full()))?;
         // Texts per forward pass. candle amortises its per-call matmul overhead over ~32
         // texts; ONNX Runtime is fastest at a few (docs/benchmarks/encoder.md), where the
         // padding of texts sorted by length is near zero. A GPU needs large batches to fill.
@@ -225,7 +226,7 @@ impl TextEncoder {
         let encodings = self
             .tokenizer
             .encode_batch(texts.to_vec(), true)
-            .map_err(|e| EncoderError::Tokenizer(e.to_string()))?;
+            .map_err(|e| EncoderError::Tokenizer(e.to_string_full()))?;
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| encodings[i].len());
         let mut out = vec![Vec::new(); texts.len()];

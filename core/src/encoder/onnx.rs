@@ -4,6 +4,7 @@
 //! or the file `ORT_DYLIB_PATH` names), so building Hasten needs no ONNX Runtime and a
 //! machine without one still encodes with candle.
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
@@ -37,10 +38,10 @@ fn init_runtime(library: &Path) -> Result<&'static Environment, EncoderError> {
     static ENVIRONMENT: OnceLock<Result<Environment, String>> = OnceLock::new();
     match ENVIRONMENT.get_or_init(|| {
         ort::init_from(library)
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string_full())?
             .with_name("hasten-encoder")
             .build()
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string_full())
     }) {
         Ok(environment) => Ok(environment),
         Err(message) => Err(EncoderError::OnnxRuntimeLibrary {

@@ -18,7 +18,7 @@ use faiss::{ConcurrentIndex, FlatIndex, IdMap, Idx, Index};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
-    #[error("faiss: {0}")]
+    #[error("faiss")]
     Faiss(#[from] faiss::error::Error),
     #[error("{0}")]
     Invalid(String),

@@ -1,6 +1,7 @@
 //! The JSON API's wire types: `POST /v1/retrieve` bodies and replies, `GET /v1/status`,
 //! and error bodies. Domain types never reach serde; [`super::conversions`] maps them.
 
+use display_full_error::DisplayFullErrorExt;
 use serde::{Deserialize, Serialize};
 
 use super::InvalidArgument;
@@ -40,7 +41,7 @@ pub fn parse_json_object<T: serde::de::DeserializeOwned>(
     })?;
     deserializer
         .end()
-        .map_err(|err| InvalidArgument::new("body", err.to_string()))?;
+        .map_err(|err| InvalidArgument::new("body", err.to_string_full()))?;
     Ok(body)
 }
 

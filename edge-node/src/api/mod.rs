@@ -7,6 +7,7 @@ pub mod answer;
 pub mod conversions;
 pub mod json;
 
+use display_full_error::DisplayFullErrorExt;
 use hasten_core::vector::normalized_query;
 
 use crate::retrieval::{EngineError, Query};
@@ -109,7 +110,7 @@ impl RetrieveInput {
             }
             (None, Some(vector)) => Query::Vector(
                 normalized_query(&vector, limits.dimension)
-                    .map_err(|e| InvalidArgument::new("vector", e.to_string()))?,
+                    .map_err(|e| InvalidArgument::new("vector", e.to_string_full()))?,
             ),
         };
         Ok(ValidRequest { query, k })

@@ -1,6 +1,7 @@
 //! What answers are generated with: KV workers, an engine the team already runs, a
 //! generation worker, or models loaded here.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ async fn reach_engine(engine: Arc<EngineLm>, model: String) {
     let reached = (|| async { Ok::<_, hasten_engine::EngineError>((engine.probe().await?, engine.detect_scoring().await?)) })
         .retry(backoff)
         .notify(|error, after| {
-            tracing::warn!(engine = engine.url(), %error, retry_in = ?after, "generation engine not reachable yet")
+            tracing::warn!(engine = engine.url(), error = %error.display_full(), retry_in = ?after, "generation engine not reachable yet")
         })
         .await;
     if let Ok((models, scoring)) = reached {
@@ -141,7 +142,9 @@ pub(super) fn language_backend(
                     device = %info.device,
                     "generation worker reached"
                 ),
-                Err(error) => tracing::warn!(%error, "generation worker not reachable yet"),
+                Err(error) => {
+                    tracing::warn!(error = %error.display_full(), "generation worker not reachable yet")
+                }
             }
         });
         return Ok(Backends {

@@ -5,6 +5,7 @@
 mod generation;
 mod retrieval;
 
+use display_full_error::DisplayFullErrorExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -334,7 +335,7 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
     let grace = limits.shutdown_grace;
     servers.spawn(async move {
         if let Err(err) = grpc.await {
-            tracing::error!(%err, "gRPC server failed");
+            tracing::error!(error = %err.display_full(), "gRPC server failed");
         }
     });
     tracing::info!(%http_addr, %grpc_addr, ?metrics_addr, policy = ?config.policy, "serving");

@@ -1,6 +1,7 @@
 //! The retrieval engine: the bundle's documents, the fuzzy and cache channels, the tenants'
 //! caches and the QUIC link to the cloud; warming the cache before serving.
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,7 +166,9 @@ pub(super) async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClien
     loop {
         match engine.cloud().verify_link().await {
             Ok(()) => return,
-            Err(err) => tracing::debug!(%err, "cloud index not verified yet; retrying"),
+            Err(err) => {
+                tracing::debug!(error = %err.display_full(), "cloud index not verified yet; retrying")
+            }
         }
         tokio::time::sleep(waits.next_delay()).await;
     }

@@ -71,25 +71,25 @@ pub trait CloudSearch: Send + Sync + 'static {
 pub enum CloudError {
     /// The cloud's address names a host that does not resolve (now: it is looked up again
     /// on the next connection attempt).
-    #[error("cannot resolve the cloud index's address {addr}: {source}")]
+    #[error("cannot resolve the cloud index's address {addr}")]
     Resolve {
         addr: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot connect to the cloud index at {addr}: {source}")]
+    #[error("cannot connect to the cloud index at {addr}")]
     Connect {
         addr: SocketAddr,
         #[source]
         source: quinn::ConnectError,
     },
-    #[error("the connection to the cloud index at {addr} failed: {source}")]
+    #[error("the connection to the cloud index at {addr} failed")]
     Connection {
         addr: SocketAddr,
         #[source]
         source: quinn::ConnectionError,
     },
-    #[error("the request stream to the cloud index at {addr} was closed: {source}")]
+    #[error("the request stream to the cloud index at {addr} was closed")]
     Stream {
         addr: SocketAddr,
         #[source]

@@ -3,6 +3,7 @@
 //! state for readiness: an edge is ready once it has reached a cloud serving its corpus
 //! version, and not while the cloud serves another one.
 
+use display_full_error::DisplayFullErrorExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -224,7 +225,7 @@ impl QuicCloudClient {
         tokio::time::timeout(self.target.timeout, self.connection())
             .await
             .map_err(|_| CloudError::Timeout(self.target.timeout))
-            .inspect_err(|err| self.link.set(CloudLink::Unreachable(err.to_string())))?
+            .inspect_err(|err| self.link.set(CloudLink::Unreachable(err.to_string_full())))?
             .map(|_| ())
     }
 
@@ -249,7 +250,7 @@ impl QuicCloudClient {
         }
         let connection = self.connect().await.inspect_err(|err| {
             if !matches!(err, CloudError::VersionMismatch { .. }) {
-                self.link.set(CloudLink::Unreachable(err.to_string()));
+                self.link.set(CloudLink::Unreachable(err.to_string_full()));
             }
         })?;
         self.link.set(CloudLink::Verified);

@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use display_full_error::DisplayFullErrorExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -73,7 +74,7 @@ fn respond<R: Serialize>(outcome: Result<R, EdgeError>, what: &str) -> Response 
         Ok(reply) => axum::Json(reply).into_response(),
         Err(error) => {
             if error.is_server_side() {
-                tracing::warn!(error = %error, source = ?std::error::Error::source(&error), "{what} failed");
+                tracing::warn!(error = %error.display_full(), "{what} failed");
             }
             error.into_response()
         }

@@ -10,6 +10,7 @@ pub mod iterative;
 pub mod openai;
 pub mod server;
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -247,7 +248,9 @@ pub(crate) async fn read_json_bytes(
     match tokio::time::timeout(limits.timeout, to_bytes(body, limits.max_bytes)).await {
         Err(_) => Err(EdgeError::BodyTimeout(limits.timeout)),
         Ok(Err(err)) if is_length_limit(&err) => Err(EdgeError::PayloadTooLarge(limits.max_bytes)),
-        Ok(Err(err)) => Err(InvalidArgument::new("body", format!("unreadable: {err}")).into()),
+        Ok(Err(err)) => {
+            Err(InvalidArgument::new("body", format!("unreadable: {}", err.display_full())).into())
+        }
         Ok(Ok(bytes)) => Ok(bytes),
     }
 }

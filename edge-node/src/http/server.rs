@@ -5,6 +5,7 @@
 //! deadline for each request's head (which also closes a connection idle between
 //! requests), and a bounded drain on shutdown.
 
+use display_full_error::DisplayFullErrorExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +62,7 @@ pub async fn serve(
                 Err(err) => {
                     // Out of file descriptors, or a connection reset before it was taken:
                     // pause instead of spinning, keep serving the open ones.
-                    tracing::warn!(%err, "accepting an HTTP connection failed");
+                    tracing::warn!(error = %err.display_full(), "accepting an HTTP connection failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -79,7 +80,7 @@ pub async fn serve(
             continue;
         };
         if let Err(err) = stream.set_nodelay(true) {
-            tracing::debug!(%err, "could not set TCP_NODELAY");
+            tracing::debug!(error = %err.display_full(), "could not set TCP_NODELAY");
         }
         let service = TowerToHyperService::new(router.clone());
         let connection = builder
@@ -88,7 +89,7 @@ pub async fn serve(
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(err) = connection.await {
-                tracing::debug!(%peer, %err, "HTTP connection ended with an error");
+                tracing::debug!(%peer, error = %err.display_full(), "HTTP connection ended with an error");
             }
             drop((slot, client_slot));
         });

@@ -9,6 +9,7 @@
 
 pub mod apply;
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -175,7 +176,9 @@ fn follow_assignment(name: &str, pool: &KvPool, workers: &[String]) {
             "KV workers changed by the pool's assignment"
         ),
         Ok(false) => {}
-        Err(error) => tracing::error!(pool = name, %error, "KV pool assignment refused"),
+        Err(error) => {
+            tracing::error!(pool = name, error = %error.display_full(), "KV pool assignment refused")
+        }
     }
 }
 
@@ -270,7 +273,7 @@ impl Proposer {
                         self.connected_to = endpoint;
                     }
                     Err(err) => {
-                        tracing::debug!(%endpoint, %err, "control plane unreachable");
+                        tracing::debug!(%endpoint, error = %err.display_full(), "control plane unreachable");
                         if self.leader.take().is_some() {
                             self.unreachable_leader = Some(endpoint);
                             continue;

@@ -2,6 +2,7 @@
 //! retrieval and metrics, written once. The HTTP and gRPC front ends only turn their wire
 //! forms into an [`Incoming`] request and the result back.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -226,10 +227,7 @@ impl EdgeService {
             Err(error) => {
                 span.record("outcome", error.kind());
                 if error.is_server_side() {
-                    let cause = std::error::Error::source(error)
-                        .map(error_chain)
-                        .unwrap_or_default();
-                    tracing::warn!(parent: &span, %error, %cause, "request failed");
+                    tracing::warn!(parent: &span, error = %error.display_full(), "request failed");
                 }
                 self.metrics.observe_error(Some(&tenant), error, took);
             }
@@ -258,16 +256,4 @@ impl EdgeService {
             .observe_error(tenant, &error, started.elapsed());
         error
     }
-}
-
-/// An error and its causes, `: `-separated, for one log line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut chain = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        chain.push_str(": ");
-        chain.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    chain
 }

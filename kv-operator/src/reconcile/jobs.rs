@@ -3,6 +3,7 @@
 //! its pod's log, and once it ended, its summary (chunks done of all) from the termination
 //! message of its pod.
 
+use display_full_error::DisplayFullErrorExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, LogParams};
@@ -178,7 +179,7 @@ async fn job_progress(api: &Api<Pod>, pods: &[Pod]) -> Option<PreprocessingProgr
     match api.logs(&name, &params).await {
         Ok(log) => last_progress(&log),
         Err(error) => {
-            tracing::debug!(pod = %name, %error, "preprocessing log unreadable");
+            tracing::debug!(pod = %name, error = %error.display_full(), "preprocessing log unreadable");
             None
         }
     }

@@ -3,6 +3,7 @@
 //! succeeded, report status; on deletion, delete what owner references cannot (the workers'
 //! volume claims) before the finalizer goes.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -120,7 +121,7 @@ pub async fn reconcile(pool: Arc<KvWorkerPool>, ctx: Arc<Context>) -> Result<Act
 /// with exponential backoff per pool.
 pub fn error_policy(pool: Arc<KvWorkerPool>, error: &Error, ctx: Arc<Context>) -> Action {
     if error.is_conflict() {
-        tracing::debug!(pool = %pool_key(&pool), %error, "conflict; requeued");
+        tracing::debug!(pool = %pool_key(&pool), error = %error.display_full(), "conflict; requeued");
         return Action::requeue(REQUEUE_CONFLICT);
     }
     let failures = {
@@ -130,7 +131,7 @@ pub fn error_policy(pool: Arc<KvWorkerPool>, error: &Error, ctx: Arc<Context>) -
         *count
     };
     let delay = backoff(failures);
-    tracing::warn!(pool = %pool_key(&pool), %error, failures, ?delay, "reconcile failed");
+    tracing::warn!(pool = %pool_key(&pool), error = %error.display_full(), failures, ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -157,7 +158,7 @@ async fn publish_event(
     };
     // Events are for people; failing to record one must not fail the reconcile.
     if let Err(err) = ctx.recorder.publish(&event, &pool.object_ref(&())).await {
-        tracing::warn!(%err, reason, "event not recorded");
+        tracing::warn!(error = %err.display_full(), reason, "event not recorded");
     }
 }
 
@@ -391,7 +392,7 @@ async fn publish(
         }
         Err(err) => {
             ctx.metrics.published(Some(&err));
-            tracing::warn!(%err, assignment, "assignment not published; retried at the next reconcile");
+            tracing::warn!(error = %err.display_full(), assignment, "assignment not published; retried at the next reconcile");
             known
         }
     }

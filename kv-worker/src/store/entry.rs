@@ -5,6 +5,7 @@
 //! is refused, never read as KV.
 
 use candle_core::{DType, Device, Tensor};
+use display_full_error::DisplayFullErrorExt;
 use half::f16;
 use hasten_lm::{KvCache, RotaryTables};
 use serde::{Deserialize, Serialize};
@@ -259,7 +260,7 @@ pub fn decode(
     }
     let kv = KvCache::from_stored(layers, header.positions.clone(), rope)?;
     let segment = SegmentKv::new(header.tokens.clone(), kv)
-        .map_err(|e| StoreError::Corrupt(format!("{key}: {e}")))?;
+        .map_err(|e| StoreError::Corrupt(format!("{key}: {}", e.display_full())))?;
     Ok((header, segment))
 }
 

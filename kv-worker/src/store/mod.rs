@@ -12,6 +12,7 @@ mod key;
 mod sync;
 mod tiers;
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,18 +44,18 @@ pub enum StoreError {
     },
     #[error("corrupt KV entry: {0}")]
     Corrupt(String),
-    #[error("KV entry header: {0}")]
+    #[error("KV entry header")]
     Header(#[source] serde_json::Error),
     #[error("invalid KV key: {0}")]
     InvalidKey(String),
     #[error("sync: {0}")]
     Sync(String),
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("the model failed: {0}")]
+    #[error("the model failed")]
     Lm(#[from] hasten_lm::LmError),
     /// Boxed: candle's error is large, and rare here.
     #[error(transparent)]
@@ -228,7 +229,7 @@ impl ChunkKvStore {
         std::thread::spawn(move || {
             for key in missing {
                 if let Err(error) = store.load_shared(&key) {
-                    tracing::debug!(%key, %error, "prefetch failed; the request will report it");
+                    tracing::debug!(%key, error = %error.display_full(), "prefetch failed; the request will report it");
                 }
             }
         });
@@ -369,7 +370,7 @@ impl ChunkKvStore {
         let result = self.load(key);
         *slot.done.lock().unwrap_or_else(|p| p.into_inner()) = Some(match &result {
             Ok(segment) => Ok(Arc::clone(segment)),
-            Err(error) => Err(error.to_string()),
+            Err(error) => Err(error.to_string_full()),
         });
         slot.ready.notify_all();
         self.loading

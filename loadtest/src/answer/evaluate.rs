@@ -2,6 +2,7 @@
 //! fresh KV workers and edges behind the emulated network, the same questions at the same
 //! arrival times through every one, streamed as chat completions.
 
+use display_full_error::DisplayFullErrorExt;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -128,8 +129,13 @@ async fn run_one(
         .map(|r| format!("{}\n", record_json(r)))
         .collect();
     let file = cluster.work.join(format!("answers-{run}.jsonl"));
-    std::fs::write(&file, lines)
-        .map_err(|source| EvalError::Invalid(format!("writing {}: {source}", file.display())))?;
+    std::fs::write(&file, lines).map_err(|source| {
+        EvalError::Invalid(format!(
+            "writing {}: {}",
+            file.display(),
+            source.display_full()
+        ))
+    })?;
     let first = first_occurrences_of(&outcome.records, &first_occurrences(workload));
     let report = AnswerSystemReport {
         name: system.name.to_string(),

@@ -3,6 +3,7 @@
 //! its text chunks, and Hasten's extension on the last chunk (how retrieval went, where the
 //! time went).
 
+use display_full_error::DisplayFullErrorExt;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -176,7 +177,7 @@ impl Exchange for ChatAnswer {
         while let Some(bytes) = response
             .chunk()
             .await
-            .map_err(|e| format!("stream broken: {e}"))?
+            .map_err(|e| format!("stream broken: {}", e.display_full()))?
         {
             let now = Instant::now();
             for payload in lines.push(&bytes) {

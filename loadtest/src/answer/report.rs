@@ -2,6 +2,7 @@
 //! systems, where their time went, first occurrences, each system's goodput knee) and
 //! plots (TTFT CDF per load, goodput against offered rate).
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::Path;
 
 use serde::Serialize;
@@ -230,10 +231,10 @@ impl AnswerReport {
     }
 
     pub fn write(&self, dir: &Path) -> Result<(), String> {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-        let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("report.md"), self.markdown()).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string_full())?;
+        let json = serde_json::to_string_pretty(self).map_err(|e| e.to_string_full())?;
+        std::fs::write(dir.join("report.json"), json).map_err(|e| e.to_string_full())?;
+        std::fs::write(dir.join("report.md"), self.markdown()).map_err(|e| e.to_string_full())?;
         for (i, load) in self.loads().iter().enumerate() {
             self.ttft_cdf(load, &dir.join(format!("ttft-cdf-{i}.svg")))?;
         }

@@ -8,6 +8,7 @@
 //! change while serving ([`KvPool::set_workers`]: an operator's assignment through the
 //! control plane); a request keeps the members it started with.
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -348,7 +349,7 @@ impl LmBackend for KvPool {
             )) {
                 // Text already streamed cannot be taken back: no retry after it.
                 Err(error) if error.is_retryable() && !sent_text => {
-                    tracing::warn!(%error, "KV worker unavailable, trying the next");
+                    tracing::warn!(error = %error.display_full(), "KV worker unavailable, trying the next");
                     last = Some(error);
                 }
                 outcome => return outcome,

@@ -1,5 +1,6 @@
 //! The soak's processes: restartable and freezable, with the pids of frozen ones on disk.
 
+use display_full_error::DisplayFullErrorExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -101,7 +102,7 @@ impl Restartable {
 
     fn resume_quietly(&mut self) {
         if let Err(err) = self.resume() {
-            tracing::warn!(%err, "a frozen process could not be resumed; it is killed");
+            tracing::warn!(error = %err.display_full(), "a frozen process could not be resumed; it is killed");
             self.frozen = false;
         }
     }
@@ -147,7 +148,7 @@ fn note_stopped(work: &Path, pid: u32, name: &str, stopped: bool) {
         std::fs::write(&path, lines.join("\n") + "\n")
     };
     if let Err(err) = result {
-        tracing::warn!(%err, path = %path.display(), "cannot record a frozen process");
+        tracing::warn!(error = %err.display_full(), path = %path.display(), "cannot record a frozen process");
     }
 }
 

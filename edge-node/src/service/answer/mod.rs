@@ -18,6 +18,7 @@ pub mod ralm;
 pub mod spechop;
 mod stream;
 
+use display_full_error::DisplayFullErrorExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -402,7 +403,7 @@ impl AnswerService {
                 input.query.clone()
             }
             Some(Err(error)) => {
-                tracing::warn!(%error, "query rewrite failed; the rule's query is used");
+                tracing::warn!(error = %error.display_full(), "query rewrite failed; the rule's query is used");
                 notes.push(
                     "the query rewrite failed: retrieval ran on the standalone-question rule"
                         .into(),
@@ -447,7 +448,9 @@ fn queue_error(error: QueueError) -> EdgeError {
 /// A backend's failure as the edge reports it: a refused request names its field.
 fn generation_error(error: RagError) -> EdgeError {
     match error.field() {
-        Some(field) => EdgeError::InvalidArgument(InvalidArgument::new(field, error.to_string())),
+        Some(field) => {
+            EdgeError::InvalidArgument(InvalidArgument::new(field, error.to_string_full()))
+        }
         None if error.is_retryable() => EdgeError::GenerationUnavailable(error),
         None => EdgeError::Generation(error),
     }
