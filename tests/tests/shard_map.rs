@@ -85,11 +85,25 @@ async fn the_router_moves_to_the_replicas_the_control_plane_lists() {
     let b_endpoint = b.addr("grpc_addr");
     cluster.leader().await;
     let mut control = cluster.client(1).await;
-    // A map of two shards for a corpus the router serves as one: refused, A stays.
+    // A map of two shards for a corpus the router serves as one: refused, A stays. Waited
+    // for before the next map: a router that subscribes after both committed would see only
+    // the latest state, and never this map.
     control
         .propose(shard_map_command(&[&[&b_endpoint], &[&a_endpoint]]))
         .await
         .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = std::fs::read_to_string(&router.log).unwrap();
+        if log.contains("refused") && log.contains("has 2 shards") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the two-shard map was not refused:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     control
         .propose(shard_map_command(&[&[&b_endpoint]]))
         .await
@@ -121,12 +135,6 @@ async fn the_router_moves_to_the_replicas_the_control_plane_lists() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let log = std::fs::read_to_string(&router.log).unwrap();
-    assert!(
-        log.contains("refused") && log.contains("has 2 shards"),
-        "the two-shard map was not refused:\n{log}"
-    );
-
     a.stop();
     let from_b = cloud.search(request).await.unwrap().into_inner();
     assert_eq!(from_b, from_a);
