@@ -31,6 +31,21 @@ pub enum EvalError {
     Relay(std::io::Error),
     #[error("{0}")]
     Invalid(String),
+    #[error("writing {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Writes a run's records, one JSON object per line.
+pub(crate) fn write_records(
+    path: PathBuf,
+    records: impl Iterator<Item = serde_json::Value>,
+) -> Result<(), EvalError> {
+    let lines: String = records.map(|r| format!("{r}\n")).collect();
+    std::fs::write(&path, lines).map_err(|source| EvalError::Write { path, source })
 }
 
 /// One system under test: a name (`cloud-only`, `has`, ...), its swept parameters, and the
@@ -497,19 +512,10 @@ pub async fn run_system(
     let system = start_edges(&edge_spec, index, cloud, settings).await?;
     let edges = &system.edges;
     let outcome = driver::run(workload, &system.urls, driver_settings, progress).await;
-    let records: String = outcome
-        .records
-        .iter()
-        .map(|r| format!("{}\n", r.to_json()))
-        .collect();
-    let records_file = settings.work.join(format!("records-{index}.jsonl"));
-    std::fs::write(&records_file, records).map_err(|source| {
-        EvalError::Invalid(format!(
-            "writing {}: {}",
-            records_file.display(),
-            source.display_full()
-        ))
-    })?;
+    write_records(
+        settings.work.join(format!("records-{index}.jsonl")),
+        outcome.records.iter().map(|r| r.to_json()),
+    )?;
     let (summary, first_occurrence) = summarize_all_and_first(&outcome.records, workload_index);
     let throughput = outcome.records.len() as f64 / outcome.wall.as_secs_f64().max(1e-9);
     let mut report = SystemReport::new(

@@ -2,7 +2,6 @@
 //! fresh KV workers and edges behind the emulated network, the same questions at the same
 //! arrival times through every one, streamed as chat completions.
 
-use display_full_error::DisplayFullErrorExt;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use super::summary::{AnswerRecord, paired_difference, summarize};
 use super::systems::{AnswerSystem, BASELINE};
 use crate::driver::{self, DriverSettings, LoadModel};
 use crate::experiment::{
-    CloudTier, ClusterSettings, EdgeSpec, EvalError, START_TIMEOUT, start_edges,
+    CloudTier, ClusterSettings, EdgeSpec, EvalError, START_TIMEOUT, start_edges, write_records,
 };
 use crate::process::{ManagedProcess, binary, kv_worker_serve_args};
 use crate::workload::{WorkloadQuery, first_occurrences};
@@ -123,19 +122,10 @@ async fn run_one(
     let outcome =
         driver::run_exchange(workload, &edges.urls, exchange, driver_settings, progress).await;
     drop(edges);
-    let lines: String = outcome
-        .records
-        .iter()
-        .map(|r| format!("{}\n", record_json(r)))
-        .collect();
-    let file = cluster.work.join(format!("answers-{run}.jsonl"));
-    std::fs::write(&file, lines).map_err(|source| {
-        EvalError::Invalid(format!(
-            "writing {}: {}",
-            file.display(),
-            source.display_full()
-        ))
-    })?;
+    write_records(
+        cluster.work.join(format!("answers-{run}.jsonl")),
+        outcome.records.iter().map(record_json),
+    )?;
     let first = first_occurrences_of(&outcome.records, &first_occurrences(workload));
     let report = AnswerSystemReport {
         name: system.name.to_string(),
