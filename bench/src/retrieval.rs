@@ -8,8 +8,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
-use hasten_core::eval;
 use hasten_core::index::ExactIndex;
+use hasten_eval::metrics;
 use hasten_rag::Document;
 
 pub struct PassageRetriever {
@@ -91,6 +91,6 @@ impl PassageRetriever {
 pub fn holds_answer(documents: &[Document], golds: &[String]) -> bool {
     documents.iter().any(|d| {
         let text = format!("{} {}", d.title, d.text);
-        golds.iter().any(|gold| eval::contains(&text, gold))
+        golds.iter().any(|gold| metrics::contains(&text, gold))
     })
 }

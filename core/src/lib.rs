@@ -3,12 +3,10 @@
 //! handling every server shares, and the metrics registry with its HTTP routes. Nothing
 //! here opens a socket.
 
-pub mod answers;
 pub mod bundle;
 pub mod config;
 pub mod corpus;
 pub mod encoder;
-pub mod eval;
 pub mod index;
 pub mod lifecycle;
 pub mod logging;

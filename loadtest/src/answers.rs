@@ -7,12 +7,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use hasten_core::bundle::read_manifest;
+use hasten_eval::process::binary;
 use loadtest::answer::evaluate::{AskSettings, WorkerSettings, evaluate};
 use loadtest::answer::report::AnswerReport;
 use loadtest::answer::systems::{ANSWER_SYSTEMS, AnswerSystem, FUSION_RATIO};
 use loadtest::driver::{DriverSettings, LoadModel};
 use loadtest::experiment::{ClusterSettings, start_cloud};
-use loadtest::process::binary;
 
 use super::{
     CorpusArgs, NetworkArgs, RunMode, WorkloadArgs, absolute, corpus, make_workload, progress_bar,

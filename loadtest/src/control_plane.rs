@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::process::{ManagedProcess, ProcessError, binary};
+use hasten_eval::process::{ManagedProcess, ProcessError, binary};
 
 /// A node opens sled and binds its port in well under a second; this leaves room for a
 /// loaded machine.

@@ -11,14 +11,14 @@ use serde::Serialize;
 use crate::control_plane;
 use crate::draft_loss::traced_queries;
 use crate::driver::{self, DriverSettings};
-use crate::process::{
-    ManagedProcess, ProcessError, binary, cloud_index_route_args, cloud_index_serve_args,
-    edge_serve_args,
-};
 use crate::relay::{DelayModel, Relay};
 use crate::report::{EdgeDocuments, SystemReport};
 use crate::scoring::{WorkloadIndex, summarize_all_and_first};
 use crate::workload::WorkloadQuery;
+use hasten_eval::process::{
+    ManagedProcess, ProcessError, binary, cloud_index_route_args, cloud_index_serve_args,
+    edge_serve_args,
+};
 
 /// How long a service may take to load its bundle and build its indexes.
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(300);

@@ -8,7 +8,6 @@ pub mod driver;
 pub mod experiment;
 pub mod paraphrase;
 pub mod popularity;
-pub mod process;
 pub mod relay;
 pub mod remote;
 pub mod report;

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
+use hasten_eval::process::binary;
 use hasten_proto::tls::DevAuthority;
 use indicatif::{ProgressBar, ProgressStyle};
 use loadtest::driver::{DriverSettings, LoadModel};
@@ -18,7 +19,6 @@ use loadtest::experiment::{
     AblationSettings, ClusterSettings, HasVariant, Sweeps, run_system, start_cloud, system_specs,
 };
 use loadtest::popularity::{DailyPopularity, ZipfModel, read_topviews, views_then_model};
-use loadtest::process::binary;
 use loadtest::relay::DelayModel;
 use loadtest::report::Report;
 use loadtest::scoring::WorkloadIndex;

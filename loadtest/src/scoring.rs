@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use hasten_core::answers::contains_answer;
 use hasten_core::corpus::passage_fingerprint;
+use hasten_eval::answers::contains_answer;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::Path;
 
 use hasten_core::Question;
-use hasten_core::answers::normalize_answer;
+use hasten_eval::answers::normalize_answer;
 use rand::SeedableRng;
 use rand::distr::Distribution;
 use rand::distr::weighted::WeightedIndex;

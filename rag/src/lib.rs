@@ -5,7 +5,7 @@
 //! streaming the text. Speculative RAG clusters the documents ([`cluster`]), drafts an
 //! answer with a rationale from each one-document-per-cluster subset with the small model in
 //! one batch ([`subsets`], [`draft`]), scores every draft with the large model in one
-//! forward pass ([`verify`]) and answers with the best. The QA metrics are `hasten_core::eval`;
+//! forward pass ([`verify`]) and answers with the best. The QA metrics are `hasten_eval::metrics`;
 //! [`queue`] the bounded queue in front of a model.
 
 pub mod answer;

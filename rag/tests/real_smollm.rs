@@ -5,7 +5,7 @@
 #[path = "../../lm/tests/support/mod.rs"]
 mod support;
 
-use hasten_core::eval;
+use hasten_eval::metrics;
 use hasten_rag::{
     AnswerMode, AnswerRequest, DeviceKind, Document, LmBackend, LocalLm, SpeculativeSettings,
     WeightFormat,
@@ -60,7 +60,7 @@ fn smollm2_answers_from_the_documents_in_both_modes() {
         .expect("standard");
     eprintln!("standard: {:?} ({:?})", answer.text, answer.timings);
     assert!(
-        eval::contains(&answer.text, "Canberra"),
+        metrics::contains(&answer.text, "Canberra"),
         "{:?}",
         answer.text
     );

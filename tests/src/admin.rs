@@ -5,7 +5,7 @@
 
 use std::process::Output;
 
-use loadtest::process::binary;
+use hasten_eval::process::binary;
 use serde_json::Value;
 
 /// Runs `hasten-admin` against `nodes` with `args`, JSON output.

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use loadtest::process::{ManagedProcess, binary, edge_serve_args};
+use hasten_eval::process::{ManagedProcess, binary, edge_serve_args};
 
 use crate::edge::wait_for;
 use crate::{

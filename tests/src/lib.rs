@@ -1,5 +1,5 @@
 //! Helpers for the integration tests, which run Hasten's binaries as real processes on
-//! loopback (see `loadtest::process` for starting and stopping them).
+//! loopback (see `hasten_eval::process` for starting and stopping them).
 
 pub mod admin;
 pub mod answering;
@@ -17,7 +17,7 @@ use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::corpus::Document;
 use hasten_core::encoder::TextEncoder;
-use loadtest::process::{
+use hasten_eval::process::{
     ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args, edge_serve_args,
 };
 

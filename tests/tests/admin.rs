@@ -10,10 +10,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hasten_eval::process::binary;
 use hasten_proto::v1::{CacheEntry, ControlCommand, ControlState, ProposeRequest, control_command};
 use hasten_tests::admin::{admin, admin_json};
 use hasten_tests::cluster::Cluster;
-use loadtest::process::binary;
 use serde_json::Value;
 
 fn entry(seq: u64, tenant: &str) -> ControlCommand {

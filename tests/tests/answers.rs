@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_eval::process::{ManagedProcess, binary, edge_serve_args};
 use hasten_tests::answering::{
     Answering, START_TIMEOUT, client_python, small_model, start_answering, with_model,
 };
@@ -15,7 +16,6 @@ use hasten_tests::edge::post_json;
 use hasten_tests::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index,
 };
-use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
 
 async fn post(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) {

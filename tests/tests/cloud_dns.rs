@@ -15,8 +15,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hasten_eval::process::{ManagedProcess, binary, edge_serve_args};
 use hasten_tests::{build_small_bundle, model_dir, persistent_work_dir, write_tls_identity};
-use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::json;
 
 const NAME: &str = "hasten-cloud.test";

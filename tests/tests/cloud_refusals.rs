@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::corpus::Document;
+use hasten_eval::process::{ManagedProcess, ProcessError, binary, cloud_index_route_args};
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{QueryVector, SearchRequest};
 use hasten_tests::{build_small_bundle, persistent_work_dir, start_cloud_index};
-use loadtest::process::{ManagedProcess, ProcessError, binary, cloud_index_route_args};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Resident memory a refused search may leave behind: decoding the 1.5 MB request and

@@ -8,7 +8,7 @@
 
 use std::process::{Command, Output};
 
-use loadtest::process::binary;
+use hasten_eval::process::binary;
 
 fn run(name: &str, args: &[&str]) -> Output {
     Command::new(binary(name).unwrap())

@@ -11,8 +11,8 @@
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+use hasten_eval::process::binary;
 use hasten_tests::{model_dir, persistent_work_dir};
-use loadtest::process::binary;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

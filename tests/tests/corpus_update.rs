@@ -25,13 +25,13 @@ use std::time::Duration;
 
 use hasten_core::bundle::{CorpusBundle, write_bundle};
 use hasten_core::encoder::TextEncoder;
+use hasten_eval::process::ManagedProcess;
 use hasten_tests::admin::admin_json;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, status, wait_for, wait_ready};
 use hasten_tests::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::process::ManagedProcess;
 use serde_json::Value;
 
 const K: usize = 5;

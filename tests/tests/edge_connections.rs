@@ -13,10 +13,10 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hasten_eval::process::ManagedProcess;
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::process::ManagedProcess;
 use loadtest::scrape::Scrape;
 
 /// The timeouts the edges here run with: short, so that the test takes seconds.

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_eval::process::{ManagedProcess, binary};
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::edge_client::EdgeClient;
 use hasten_tests::answering::{
@@ -15,7 +16,6 @@ use hasten_tests::answering::{
 };
 use hasten_tests::edge::post_json;
 use hasten_tests::grpc_health_becomes;
-use loadtest::process::{ManagedProcess, binary};
 use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 

@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
+use hasten_eval::process::{ManagedProcess, binary, cloud_index_route_args};
 use hasten_tests::cluster::Cluster;
 use hasten_tests::{
     build_small_bundle, dev_cert, grpc_health, grpc_health_becomes, persistent_work_dir,
     start_cloud_index, start_edge,
 };
-use loadtest::process::{ManagedProcess, binary, cloud_index_route_args};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longer than the health service's one-second recheck, with room for a loaded machine.

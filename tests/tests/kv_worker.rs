@@ -14,6 +14,7 @@ use std::path::Path;
 use std::process::Command;
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_eval::process::{ManagedProcess, binary, kv_worker_serve_args};
 use hasten_kv_worker::progress::ProgressLine;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
@@ -22,7 +23,6 @@ use hasten_tests::edge::post_json;
 use hasten_tests::{
     build_small_bundle, grpc_health_becomes, persistent_work_dir, start_cloud_index,
 };
-use loadtest::process::{ManagedProcess, binary, kv_worker_serve_args};
 use loadtest::scrape::Scrape;
 use serde_json::Value;
 

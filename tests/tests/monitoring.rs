@@ -22,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_eval::process::{ManagedProcess, binary, cloud_index_route_args};
 use hasten_tests::answering::small_model;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, retrieve_body};
@@ -30,7 +31,6 @@ use hasten_tests::{
     workspace_root,
 };
 use loadtest::control_plane::free_loopback_port;
-use loadtest::process::{ManagedProcess, binary, cloud_index_route_args};
 use serde_json::{Value, json};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_eval::process::{ManagedProcess, binary, cloud_index_route_args, tls_args};
 use hasten_proto::control::{ControlAccess, GrpcTarget, MAX_MESSAGE_BYTES, connect, grpc_endpoint};
 use hasten_proto::tls::{DevAuthority, Identity, MutualTls, TlsPaths, TrustRoots};
 use hasten_proto::v1::InfoRequest;
@@ -26,7 +27,6 @@ use hasten_tests::{
     build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge, start_router,
 };
 use loadtest::control_plane::{free_loopback_port, node_args};
-use loadtest::process::{ManagedProcess, binary, cloud_index_route_args, tls_args};
 use loadtest::scrape::Scrape;
 use serde_json::json;
 
@@ -484,7 +484,7 @@ async fn a_rotated_ca_and_renewed_client_certificates_are_used_without_restarts(
     let start_cloud = |name: &str, quic_addr: &str| {
         let mut extra = tls_args(&cloud_tls);
         extra.extend(["--quic-addr".into(), quic_addr.into()]);
-        let mut args = loadtest::process::cloud_index_serve_args(
+        let mut args = hasten_eval::process::cloud_index_serve_args(
             &bundle_dir,
             "127.0.0.1:0",
             &work.join("unused.pem"),

@@ -12,10 +12,10 @@ use std::path::Path;
 use std::process::Output;
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_eval::process::binary;
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::process::binary;
 use loadtest::workload::{WorkloadQuery, write_jsonl};
 use serde_json::Value;
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_eval::process::{ManagedProcess, binary, edge_serve_args};
 use hasten_proto::codec::ProtoCodec;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::edge_client::EdgeClient;
@@ -23,7 +24,6 @@ use hasten_tests::{
     PAPER_VALIDATION, brute_force_top_k, build_small_bundle, dev_cert, exact_ids, homologous_pair,
     model_dir, persistent_work_dir, start_cloud_index,
 };
-use loadtest::process::{ManagedProcess, binary, edge_serve_args};
 use serde_json::{Value, json};
 
 const K: usize = 10;

@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hasten_eval::process::ManagedProcess;
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::process::ManagedProcess;
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 

@@ -27,7 +27,9 @@ use hasten_core::bundle::{FORMAT_VERSION, read_manifest, write_shards};
 use hasten_core::corpus::Document;
 use hasten_core::index::ExactIndex;
 use hasten_core::threads::{ComputeThreads, set_blas_min_batch, set_compute_threads};
-use loadtest::process::{ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args};
+use hasten_eval::process::{
+    ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};

@@ -21,7 +21,7 @@ use clap::{Parser, ValueEnum};
 use hasten_bench::{Latencies, write_report};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
-use loadtest::process::{ManagedProcess, binary, cloud_index_serve_args, edge_serve_args};
+use hasten_eval::process::{ManagedProcess, binary, cloud_index_serve_args, edge_serve_args};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -28,11 +28,11 @@ use futures::StreamExt;
 use hasten_bench::etcd::{EtcdClient, EtcdGroup};
 use hasten_bench::{Latencies, write_report};
 use hasten_core::DocId;
+use hasten_eval::process::ManagedProcess;
 use hasten_proto::control::{ControlAccess, MAX_MESSAGE_BYTES};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{CacheEntry, SubscribeRequest, applied_command};
 use loadtest::control_plane;
-use loadtest::process::ManagedProcess;
 use parking_lot::Mutex;
 use prost::Message;
 use serde_json::{Value, json};
@@ -524,7 +524,7 @@ async fn run_etcd(cli: &Cli, binary: &std::path::Path) -> Result<Value> {
     let rss: Vec<u64> = group
         .pids()
         .into_iter()
-        .filter_map(loadtest::process::resident_bytes_of)
+        .filter_map(hasten_eval::process::resident_bytes_of)
         .collect();
     followers.iter().for_each(tokio::task::JoinHandle::abort);
     Ok(json!({ "runs": runs, "node_rss_bytes": rss }))

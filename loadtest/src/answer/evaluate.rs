@@ -14,8 +14,8 @@ use crate::driver::{self, DriverSettings, LoadModel};
 use crate::experiment::{
     CloudTier, ClusterSettings, EdgeSpec, EvalError, START_TIMEOUT, start_edges, write_records,
 };
-use crate::process::{ManagedProcess, binary, kv_worker_serve_args};
 use crate::workload::{WorkloadQuery, first_occurrences};
+use hasten_eval::process::{ManagedProcess, binary, kv_worker_serve_args};
 
 /// The KV workers every system answers on.
 #[derive(Clone, Debug)]

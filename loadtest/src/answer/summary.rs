@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use hasten_core::eval::{best_of, contains, exact_match, f1};
+use hasten_eval::metrics::{best_of, contains, exact_match, f1};
 use serde::Serialize;
 
 use super::exchange::AnswerReply;

@@ -21,7 +21,7 @@ use hasten_bench::kv_workload::model_path;
 use hasten_bench::questions::read_questions;
 use hasten_bench::retrieval::{PassageRetriever, holds_answer};
 use hasten_core::encoder::{EncoderRuntime, TextEncoder};
-use hasten_core::eval::{best_of, exact_match, f1, normalize};
+use hasten_eval::metrics::{best_of, exact_match, f1, normalize};
 use hasten_kv_worker::quality::{first_token_kl, kv_deviation_per_layer};
 use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};

@@ -27,7 +27,7 @@ use hasten_bench::latency::Latency;
 use hasten_bench::mean;
 use hasten_bench::questions::{encode_documents, read_questions};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
-use hasten_core::eval;
+use hasten_eval::metrics;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use hasten_spec_retrieval::hop::{
     Action, Hop, HopAgent, HopOutcome, HopSettings, LmHopAgent, Verifier, run_sequential_agent,
@@ -257,7 +257,7 @@ fn main() -> Result<()> {
             question
                 .golds
                 .iter()
-                .any(|gold| eval::exact_match(&outcome.answer, gold))
+                .any(|gold| metrics::exact_match(&outcome.answer, gold))
         };
         agent.take();
         let started = Instant::now();

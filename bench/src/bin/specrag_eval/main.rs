@@ -34,7 +34,7 @@
 //! prompts, prefill, decoding, verification). Each question runs every system in turn, the
 //! starting system rotating from question to question, so that machine noise and any warm-up
 //! spread evenly over the systems. Accuracy is SQuAD's normalised exact match, token F1 and
-//! answer containment (`hasten_core::eval`), each the best over the gold answer's aliases.
+//! answer containment (`hasten_eval::metrics`), each the best over the gold answer's aliases.
 
 mod report;
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hasten_core::eval;
+use hasten_eval::metrics;
 use hasten_rag::Answer;
 use serde::Serialize;
 
@@ -30,9 +30,9 @@ impl Outcome {
             system,
             answer: text.to_string(),
             latency_s,
-            exact_match: eval::best_of(text, golds, eval::exact_match).unwrap_or(false),
-            f1: eval::best_of(text, golds, eval::f1).unwrap_or(0.0),
-            contains: eval::best_of(text, golds, eval::contains).unwrap_or(false),
+            exact_match: metrics::best_of(text, golds, metrics::exact_match).unwrap_or(false),
+            f1: metrics::best_of(text, golds, metrics::f1).unwrap_or(0.0),
+            contains: metrics::best_of(text, golds, metrics::contains).unwrap_or(false),
             prefill_s: answer.timings.prefill.as_secs_f64(),
             decode_s: answer.timings.decode.as_secs_f64(),
             verify_s: answer.timings.verify.as_secs_f64(),

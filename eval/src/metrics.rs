@@ -2,7 +2,7 @@
 //! normalised exact match, token-level F1, and containment as in the open-domain RAG papers.
 //!
 //! Punctuation is deleted, not turned into spaces, so "U.S." matches "US" as in SQuAD
-//! (`hasten_core::answers` splits on it instead, for matching answers inside passages).
+//! ([`crate::answers`] splits on it instead, for matching answers inside passages).
 
 use std::collections::HashMap;
 
