@@ -33,9 +33,9 @@ COPY . .
 # out of them within the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bins -p edge-node -p cloud-index -p control-plane \
+    cargo build --release --locked --bins -p hasten-edge-node -p hasten-cloud-index -p hasten-control-plane \
         -p hasten-lm-worker -p hasten-kv-worker -p hasten-kv-operator -p hasten-admin \
-        -p loadtest \
+        -p hasten-loadtest \
     && mkdir -p /out \
     && cp target/release/edge-node target/release/cloud-index target/release/control-plane \
         target/release/lm-worker target/release/kv-worker target/release/kv-operator \

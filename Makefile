@@ -97,10 +97,10 @@ crd:
 # embeds four of them and the configuration reference made from them; a test checks the
 # schemas are current and check-helm the two generated files.
 config-schemas:
-	$(CARGO) run --quiet -p edge-node --bin edge-node -- serve --print-config-schema > docs/config-schemas/edge.json
-	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- serve --print-config-schema > docs/config-schemas/shard.json
-	$(CARGO) run --quiet -p cloud-index --bin cloud-index -- route --print-config-schema > docs/config-schemas/router.json
-	$(CARGO) run --quiet -p control-plane --bin control-plane -- --print-config-schema > docs/config-schemas/control-plane.json
+	$(CARGO) run --quiet -p hasten-edge-node --bin edge-node -- serve --print-config-schema > docs/config-schemas/edge.json
+	$(CARGO) run --quiet -p hasten-cloud-index --bin cloud-index -- serve --print-config-schema > docs/config-schemas/shard.json
+	$(CARGO) run --quiet -p hasten-cloud-index --bin cloud-index -- route --print-config-schema > docs/config-schemas/router.json
+	$(CARGO) run --quiet -p hasten-control-plane --bin control-plane -- --print-config-schema > docs/config-schemas/control-plane.json
 	$(CARGO) run --quiet -p hasten-kv-worker --bin kv-worker -- serve --print-config-schema > docs/config-schemas/kv-worker.json
 	$(CARGO) run --quiet -p hasten-lm-worker --bin lm-worker -- serve --print-config-schema > docs/config-schemas/lm-worker.json
 	$(CARGO) run --quiet -p hasten-kv-operator --bin kv-operator -- run --print-config-schema > docs/config-schemas/kv-operator.json

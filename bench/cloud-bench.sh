@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-cargo build --release -p cloud-index -p hasten-bench --bins
+cargo build --release -p hasten-cloud-index -p hasten-bench --bins
 target_dir="${CARGO_TARGET_DIR:-target}"
 "$target_dir/release/hasten-cloud-bench" --work run/cloud-bench "$@"

@@ -11,7 +11,7 @@ rate=${1:-1000}
 seconds=${2:-8}
 command -v strace > /dev/null || { echo "needs strace (apt-get install strace)" >&2; exit 1; }
 TARGET=${CARGO_TARGET_DIR:-target}
-cargo build --release -p control-plane -p hasten-bench \
+cargo build --release -p hasten-control-plane -p hasten-bench \
   --bin control-plane --bin hasten-replication-bench
 work=run/durability-strace
 mkdir -p "$work"

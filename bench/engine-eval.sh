@@ -7,7 +7,7 @@
 # edges in turn and scores the answers. Writes run/engine-eval/report.json.
 #
 # usage: bench/engine-eval.sh [--limit N] [--k K]    (default 100 questions, k = 5)
-# Needs release binaries (cargo build --release -p edge-node -p cloud-index), `make models
+# Needs release binaries (cargo build --release -p hasten-edge-node -p hasten-cloud-index), `make models
 # clients` and the SQuAD data (DATA_DIR, default ../shared/data).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

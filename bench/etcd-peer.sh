@@ -18,7 +18,7 @@ if [ ! -x "$ETCD" ]; then
 fi
 "$ETCD" --version | sed -n 1p >&2
 TARGET=${CARGO_TARGET_DIR:-target}
-cargo build --release -p control-plane -p hasten-bench \
+cargo build --release -p hasten-control-plane -p hasten-bench \
   --bin control-plane --bin hasten-replication-bench
 # HASTEN_CPUS=0,1 pins the benchmark, the nodes and etcd (children inherit it) to those
 # cores: the 2-core workload on a larger, quieter machine.

@@ -50,8 +50,8 @@ fi
 
 binaries=(edge-node cloud-index control-plane lm-worker kv-worker kv-operator hasten-admin hasten-loadtest)
 log "building the binaries (release)"
-cargo build --release --locked --bins -p edge-node -p cloud-index -p control-plane \
-  -p hasten-lm-worker -p hasten-kv-worker -p hasten-kv-operator -p hasten-admin -p loadtest
+cargo build --release --locked --bins -p hasten-edge-node -p hasten-cloud-index -p hasten-control-plane \
+  -p hasten-lm-worker -p hasten-kv-worker -p hasten-kv-operator -p hasten-admin -p hasten-loadtest
 rm -rf .image-context
 mkdir -p .image-context/bin .image-context/models
 # Without their debug info (~190 MB each): vfs storage copies every layer whole.

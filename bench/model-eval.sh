@@ -6,8 +6,8 @@
 #
 # usage: bench/model-eval.sh [--limit N] [--k K] [--max-tokens T]     (default 100, 5, 32)
 # Models: SmolLM2-135M (`make models`) and, when `make models-large` installed them,
-# Qwen2.5-Coder-0.5B and -1.5B. Needs release binaries (cargo build --release -p edge-node
-# -p cloud-index) and the SQuAD data (DATA_DIR, default ../shared/data).
+# Qwen2.5-Coder-0.5B and -1.5B. Needs release binaries (cargo build --release -p hasten-edge-node
+# -p hasten-cloud-index) and the SQuAD data (DATA_DIR, default ../shared/data).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

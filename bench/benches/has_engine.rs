@@ -21,14 +21,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use edge_node::caches::{Eviction, TenantCaches};
-use edge_node::fallback::{CloudDocument, CloudError, CloudSearch};
-use edge_node::has::{CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, ValidationRules};
-use edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings};
-use edge_node::tenants::Tenant;
 use hasten_bench::{Latencies, clustered_vectors};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
 use hasten_core::index::ExactIndex;
+use hasten_edge_node::caches::{Eviction, TenantCaches};
+use hasten_edge_node::fallback::{CloudDocument, CloudError, CloudSearch};
+use hasten_edge_node::has::{
+    CacheChannel, DocumentStore, EdgeDocument, FuzzyChannel, ValidationRules,
+};
+use hasten_edge_node::retrieval::{EngineSettings, RetrievalEngine, RetrievalPolicy, StageTimings};
+use hasten_edge_node::tenants::Tenant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -15,7 +15,7 @@ scripts/cuda-toolchain.sh
 source "${HASTEN_CUDA_TOOLCHAIN:-$HOME/.cache/hasten-cuda/toolchain}/env.sh"
 export CARGO_TARGET_DIR=${HASTEN_CUDA_TARGET:-$HOME/.cache/hasten-cuda/target}
 cargo build -p hasten-bench --bin hasten-encoder-bench --bin hasten-fusionrag-eval --features cuda
-cargo build -p cloud-index --features cuda
+cargo build -p hasten-cloud-index --features cuda
 
 grep -qx '/.gpu/' .git/info/exclude || echo '/.gpu/' >> .git/info/exclude
 stage=$(mktemp -d)

@@ -118,7 +118,7 @@ impl Drop for EtcdGroup {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(loadtest::control_plane::free_loopback_port()?)
+    Ok(hasten_loadtest::control_plane::free_loopback_port()?)
 }
 
 impl EtcdGroup {

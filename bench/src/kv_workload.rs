@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use hasten_core::bundle::CorpusBundle;
-use loadtest::popularity::DailyPopularity;
+use hasten_loadtest::popularity::DailyPopularity;
 use rand::SeedableRng;
 use rand::distr::Distribution;
 use rand::distr::weighted::WeightedIndex;

@@ -12,14 +12,14 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use cloud_index::backend::{Admission, Metered};
-use cloud_index::config::{RouterConfig, ShardConfig};
-use cloud_index::dev_cert::{DevCertOrigin, DevCertificate, key_path};
-use cloud_index::grpc::CloudIndexGrpc;
-use cloud_index::metrics::{CloudMetrics, Role};
-use cloud_index::router::Router;
-use cloud_index::shard_map::follow_control_plane;
-use cloud_index::{ExactSearcher, SearchBackend, ShardService};
+use hasten_cloud_index::backend::{Admission, Metered};
+use hasten_cloud_index::config::{RouterConfig, ShardConfig};
+use hasten_cloud_index::dev_cert::{DevCertOrigin, DevCertificate, key_path};
+use hasten_cloud_index::grpc::CloudIndexGrpc;
+use hasten_cloud_index::metrics::{CloudMetrics, Role};
+use hasten_cloud_index::router::Router;
+use hasten_cloud_index::shard_map::follow_control_plane;
+use hasten_cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
 use hasten_core::config::{
     ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
@@ -355,7 +355,7 @@ async fn build(mut args: BuildArgs) -> Result<()> {
         &mut args.import_vectors,
         &mut args.import_passages,
     ] {
-        cloud_index::download::localize(sources, &downloads).await?;
+        hasten_cloud_index::download::localize(sources, &downloads).await?;
     }
     let sources = CorpusSources {
         squad: args.squad,
@@ -585,7 +585,7 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
         }
         (None, _) => None,
     };
-    let quic = cloud_index::quic::bind(
+    let quic = hasten_cloud_index::quic::bind(
         listeners.quic_addr,
         server_config(listeners.certificate, mutual.as_ref().map(MutualTls::trust))?,
     )
@@ -596,7 +596,10 @@ async fn serve_backend<B: SearchBackend>(backend: B, listeners: Listeners) -> Re
         .with_context(|| format!("binding gRPC on {}", listeners.grpc_addr))?;
     let grpc_addr = grpc_listener.local_addr()?;
 
-    let quic_task = tokio::spawn(cloud_index::quic::serve(quic.clone(), backend.clone()));
+    let quic_task = tokio::spawn(hasten_cloud_index::quic::serve(
+        quic.clone(),
+        backend.clone(),
+    ));
     let grpc_service = CloudIndexServer::new(CloudIndexGrpc::new(backend))
         .max_decoding_message_size(DEFAULT_MAX_FRAME_BYTES)
         .max_encoding_message_size(DEFAULT_MAX_FRAME_BYTES);

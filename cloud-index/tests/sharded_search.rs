@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cloud_index::ExactSearcher;
-use cloud_index::batcher::{BatchingSettings, MicroBatcher};
-use cloud_index::metrics::{CloudMetrics, Role};
-use cloud_index::router::merge_shard_results;
+use hasten_cloud_index::ExactSearcher;
+use hasten_cloud_index::batcher::{BatchingSettings, MicroBatcher};
+use hasten_cloud_index::metrics::{CloudMetrics, Role};
+use hasten_cloud_index::router::merge_shard_results;
 use hasten_core::bundle::{CorpusBundle, write_shards};
 use hasten_core::corpus::Document;
 use hasten_proto::v1::{QueryVector, SearchRequest};

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser};
-use control_plane::config::ControlPlaneConfig;
-use control_plane::metrics::NodeMetrics;
-use control_plane::node;
-use control_plane::service::ControlPlaneService;
-use control_plane::storage::RaftStorage;
-use control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
+use hasten_control_plane::config::ControlPlaneConfig;
+use hasten_control_plane::metrics::NodeMetrics;
+use hasten_control_plane::node;
+use hasten_control_plane::service::ControlPlaneService;
+use hasten_control_plane::storage::RaftStorage;
+use hasten_control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
 use hasten_core::config::{
     ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
 };
@@ -200,7 +200,7 @@ async fn main() -> Result<()> {
             .filter(|(id, _)| **id != config.id)
             .map(|(_, address)| address.clone())
             .collect();
-        tokio::spawn(control_plane::join::join_group(
+        tokio::spawn(hasten_control_plane::join::join_group(
             config.id,
             own,
             others,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use cloud_index::ExactSearcher;
+use hasten_cloud_index::ExactSearcher;
 use hasten_core::DocId;
 use hasten_core::bundle::{CorpusBundle, write_bundle};
 use hasten_core::corpus::Document;

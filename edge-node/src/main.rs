@@ -8,13 +8,13 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use edge_node::config::EdgeConfig;
-use edge_node::has::VoteWeighting;
-use edge_node::retrieval::RetrievalPolicy;
 use hasten_core::config::{
     ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::logging::LogArgs;
+use hasten_edge_node::config::EdgeConfig;
+use hasten_edge_node::has::VoteWeighting;
+use hasten_edge_node::retrieval::RetrievalPolicy;
 use hasten_worker_api::kv::FusionMode;
 use hasten_worker_api::kv::KvRouting;
 use hasten_worker_api::kv::Variant;

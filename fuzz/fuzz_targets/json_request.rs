@@ -2,9 +2,9 @@
 //! checked or refused naming a field, never a panic; whatever passes is within the limits.
 #![no_main]
 
-use edge_node::api::json::parse_body;
-use edge_node::api::{RequestLimits, RetrieveInput};
-use edge_node::retrieval::Query;
+use hasten_edge_node::api::json::parse_body;
+use hasten_edge_node::api::{RequestLimits, RetrieveInput};
+use hasten_edge_node::retrieval::Query;
 use libfuzzer_sys::fuzz_target;
 
 const LIMITS: RequestLimits = RequestLimits {

@@ -3,7 +3,7 @@
 //! decodes passes the cloud's request checks or is refused by them.
 #![no_main]
 
-use cloud_index::response_limit::ResponseLimit;
+use hasten_cloud_index::response_limit::ResponseLimit;
 use hasten_proto::frame::{DEFAULT_MAX_FRAME_BYTES, decode_frame, encode_frame};
 use hasten_proto::v1::{QuicRequest, QuicResponse, quic_request};
 use libfuzzer_sys::fuzz_target;
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         if let Some(quic_request::Body::Search(search)) = &request.body {
             // A shard of 100 passages of up to ~1 KB, 384-d.
             let limit = ResponseLimit::new(384, 100, 1024, 0);
-            if let Ok(queries) = cloud_index::searcher::validated_queries(search, &limit) {
+            if let Ok(queries) = hasten_cloud_index::searcher::validated_queries(search, &limit) {
                 assert_eq!(queries.len(), search.queries.len() * 384);
                 assert!(queries.iter().all(|x| x.is_finite()));
             }

@@ -3,7 +3,7 @@
 //! state machine whose snapshot restores to the same state. Nothing may panic.
 #![no_main]
 
-use control_plane::state::{CacheStateMachine, validate};
+use hasten_control_plane::state::{CacheStateMachine, validate};
 use hasten_proto::v1::{CommandBatch, RaftMessages};
 use libfuzzer_sys::fuzz_target;
 use prost::Message as _;

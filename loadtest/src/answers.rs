@@ -1,5 +1,5 @@
 //! The `answers` command (the binary's, not the library's): flags, the KV store made ready,
-//! then `loadtest::answer::evaluate` and the report.
+//! then `hasten_loadtest::answer::evaluate` and the report.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,11 +8,11 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use hasten_core::bundle::read_manifest;
 use hasten_eval::process::binary;
-use loadtest::answer::evaluate::{AskSettings, WorkerSettings, evaluate};
-use loadtest::answer::report::AnswerReport;
-use loadtest::answer::systems::{ANSWER_SYSTEMS, AnswerSystem, FUSION_RATIO};
-use loadtest::driver::{DriverSettings, LoadModel};
-use loadtest::experiment::{ClusterSettings, start_cloud};
+use hasten_loadtest::answer::evaluate::{AskSettings, WorkerSettings, evaluate};
+use hasten_loadtest::answer::report::AnswerReport;
+use hasten_loadtest::answer::systems::{ANSWER_SYSTEMS, AnswerSystem, FUSION_RATIO};
+use hasten_loadtest::driver::{DriverSettings, LoadModel};
+use hasten_loadtest::experiment::{ClusterSettings, start_cloud};
 
 use super::{
     CorpusArgs, NetworkArgs, RunMode, WorkloadArgs, absolute, corpus, make_workload, progress_bar,
@@ -41,7 +41,7 @@ pub struct AnswersArgs {
     #[arg(long, value_delimiter = ',')]
     rates: Vec<f64>,
     /// An answer counts toward goodput when its first text arrives within this (e.g. 2s).
-    #[arg(long, default_value = "2s", value_parser = loadtest::remote::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = hasten_loadtest::remote::parse_duration)]
     ttft_slo: Duration,
     /// The answering model (GGUF), the same for every system: the KV workers' model.
     #[arg(long, env = "HASTEN_ANSWER_MODEL_PATH")]

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use hasten_loadtest::driver::{DriverSettings, LoadModel};
+use hasten_loadtest::workload;
 use indicatif::{ProgressBar, ProgressStyle};
-use loadtest::driver::{DriverSettings, LoadModel};
-use loadtest::workload;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum RunTarget {
@@ -36,7 +36,7 @@ pub struct RunArgs {
     #[arg(long)]
     concurrency: Option<usize>,
     /// How long to send, e.g. 60s or 5m.
-    #[arg(long, default_value = "60s", value_parser = loadtest::remote::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = hasten_loadtest::remote::parse_duration)]
     duration: Duration,
     /// Documents per retrieval.
     #[arg(long, default_value_t = 10)]
@@ -55,13 +55,13 @@ pub struct RunArgs {
     #[arg(long)]
     ca_cert: Option<PathBuf>,
     /// Give up on a request after this long [default: 10s; 120s with --target answers].
-    #[arg(long, value_parser = loadtest::remote::parse_duration)]
+    #[arg(long, value_parser = hasten_loadtest::remote::parse_duration)]
     timeout: Option<Duration>,
     /// Pass condition, repeatable: p50, p90, p99, p99.9, p99.99 (any pNN), max, mean with
     /// ms/s; errors with % or a share; rps; e.g. --threshold 'p99<200ms' --threshold 'errors<0.1%'.
     /// With --target answers, ttft_ and itl_ latency figures too: 'ttft_p99<2s', 'itl_p50<100ms'.
     #[arg(long = "threshold")]
-    thresholds: Vec<loadtest::remote::Threshold>,
+    thresholds: Vec<hasten_loadtest::remote::Threshold>,
     #[arg(long, default_value_t = 7)]
     seed: u64,
     #[arg(long, default_value = "run/loadtest-run")]
@@ -74,7 +74,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         RunTarget::Retrieve => Duration::from_secs(10),
         RunTarget::Answers => Duration::from_secs(120),
     });
-    use loadtest::remote::{Deployment, RunSummary, THRESHOLDS_FAILED_EXIT, write_outputs};
+    use hasten_loadtest::remote::{Deployment, RunSummary, THRESHOLDS_FAILED_EXIT, write_outputs};
     let workload = workload::read_jsonl(&args.workload)
         .with_context(|| format!("reading the workload {}", args.workload.display()))?;
     if workload.is_empty() {
@@ -138,18 +138,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (summary, verdicts, written) = match args.target {
         RunTarget::Retrieve => {
             let outcome =
-                loadtest::driver::run(&workload, &deployment.edges, &settings, tick).await;
+                hasten_loadtest::driver::run(&workload, &deployment.edges, &settings, tick).await;
             let summary = RunSummary::new(&outcome.records, outcome.wall);
             let verdicts = summary.judge(&args.thresholds);
             let written = write_outputs(&args.out, &summary, &verdicts, &outcome.records);
             (summary, verdicts, written)
         }
         RunTarget::Answers => {
-            let exchange = loadtest::answer::exchange::ChatAnswer {
+            let exchange = hasten_loadtest::answer::exchange::ChatAnswer {
                 k: args.k,
                 max_tokens: args.max_tokens,
             };
-            let outcome = loadtest::driver::run_exchange(
+            let outcome = hasten_loadtest::driver::run_exchange(
                 &workload,
                 &deployment.edges,
                 exchange,

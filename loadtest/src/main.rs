@@ -12,17 +12,17 @@ use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_eval::process::binary;
-use hasten_proto::tls::DevAuthority;
-use indicatif::{ProgressBar, ProgressStyle};
-use loadtest::driver::{DriverSettings, LoadModel};
-use loadtest::experiment::{
+use hasten_loadtest::driver::{DriverSettings, LoadModel};
+use hasten_loadtest::experiment::{
     AblationSettings, ClusterSettings, HasVariant, Sweeps, run_system, start_cloud, system_specs,
 };
-use loadtest::popularity::{DailyPopularity, ZipfModel, read_topviews, views_then_model};
-use loadtest::relay::DelayModel;
-use loadtest::report::Report;
-use loadtest::scoring::WorkloadIndex;
-use loadtest::workload::{self, WorkloadQuery};
+use hasten_loadtest::popularity::{DailyPopularity, ZipfModel, read_topviews, views_then_model};
+use hasten_loadtest::relay::DelayModel;
+use hasten_loadtest::report::Report;
+use hasten_loadtest::scoring::WorkloadIndex;
+use hasten_loadtest::workload::{self, WorkloadQuery};
+use hasten_proto::tls::DevAuthority;
+use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
 #[command(

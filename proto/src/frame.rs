@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// (256 x 100 x 384 x 4 bytes ~ 39 MB) is the largest legitimate message; 64 MiB leaves
 /// room for texts while refusing a corrupt or hostile length before allocating it. The
 /// cloud's gRPC messages have the same limit, and a cloud server refuses a search whose
-/// answer could exceed it before searching (`cloud_index::response_limit`).
+/// answer could exceed it before searching (`hasten_cloud_index::response_limit`).
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 
 /// Bytes of the length prefix.

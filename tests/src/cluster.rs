@@ -8,12 +8,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hasten_eval::process::{ManagedProcess, binary};
+use hasten_loadtest::control_plane::{free_loopback_port, node_args};
 use hasten_proto::control::{ControlAccess, ControlClient, connect};
 use hasten_proto::v1::{
     ControlCommand, ControlState, CorpusFacts, NodeStatus, ProposeRequest, SnapshotRequest,
     StatusRequest, control_command,
 };
-use loadtest::control_plane::{free_loopback_port, node_args};
 
 use crate::persistent_work_dir;
 use crate::relay::Relay;

@@ -7,12 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{QueryVector, SearchRequest};
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index_with, start_edge,
 };
-use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,9 +14,9 @@ use std::process::Command;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::binary;
+use hasten_loadtest::workload::{WorkloadQuery, write_jsonl};
 use hasten_tests::answering::{ONE_AT_A_TIME, small_model, start_answering, with_model};
 use hasten_tests::{model_dir, persistent_work_dir};
-use loadtest::workload::{WorkloadQuery, write_jsonl};
 use serde_json::Value;
 
 const QUESTIONS: u64 = 6;

@@ -9,9 +9,9 @@
 use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
+use hasten_loadtest::scrape::Scrape;
 use hasten_tests::answering::{Answering, ONE_AT_A_TIME, small_model, start_answering, with_model};
 use hasten_tests::edge::{leave_after_first_event, post_json};
-use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 /// A streamed chat request's reply: its status, `Retry-After`, and the body's `data:` lines.

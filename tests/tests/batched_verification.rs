@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
-use edge_node::fallback::{CloudDocument, CloudSearch};
 use hasten_core::bundle::CorpusBundle;
+use hasten_edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
+use hasten_edge_node::fallback::{CloudDocument, CloudSearch};
 use hasten_proto::quic::client_config;
 use hasten_proto::tls::TrustRoots;
 use hasten_tests::{build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index};

@@ -10,16 +10,16 @@
 use std::path::Path;
 use std::time::Duration;
 
-use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
-use edge_node::fallback::{CloudError, CloudSearch};
 use hasten_core::bundle::CorpusBundle;
+use hasten_edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
+use hasten_edge_node::fallback::{CloudError, CloudSearch};
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::quic::client_config;
 use hasten_proto::tls::TrustRoots;
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_cloud_index_with,
     write_tls_identity,
 };
-use loadtest::scrape::Scrape;
 
 /// The edge's client for the cloud at `addr` serving `bundle`, trusting the PEM `trust`.
 fn cloud_client(addr: String, trust: &Path, bundle: &CorpusBundle) -> QuicCloudClient {

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
-use edge_node::retrieval::CacheReplication;
-use edge_node::tenants::Tenant;
+use hasten_edge_node::replication::{ControlPlaneLink, CorpusIdentity};
+use hasten_edge_node::retrieval::CacheReplication;
+use hasten_edge_node::tenants::Tenant;
 use hasten_proto::control::{ControlClient, endpoint};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{
@@ -586,7 +586,7 @@ async fn proposals_in_flight_when_the_leader_hangs_are_answered_long_before_the_
     let follower = follower_of(&cluster, leader);
     let metrics = cluster.nodes[&follower].addr("metrics_addr");
     let dropped = || async {
-        loadtest::scrape::Scrape::of(&metrics)
+        hasten_loadtest::scrape::Scrape::of(&metrics)
             .await
             .unwrap()
             .value("hasten_cp_proposals_total", &[("result", "dropped")])

@@ -14,10 +14,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hasten_eval::process::ManagedProcess;
+use hasten_loadtest::scrape::Scrape;
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::scrape::Scrape;
 
 /// The timeouts the edges here run with: short, so that the test takes seconds.
 const HEAD_TIMEOUT_MS: u64 = 600;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use hasten_core::bundle::CorpusBundle;
 use hasten_engine::{EngineLm, EngineSettings, Scoring};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
+use hasten_loadtest::scrape::Scrape;
 use hasten_rag::prompt::{VERIFY_INSTRUCTION, draft_text, standard_messages};
 use hasten_rag::rewrite::{REWRITE_TOKENS, rewrite_messages, standalone_question};
 use hasten_rag::verify::verify;
@@ -22,7 +23,6 @@ use hasten_tests::answering::{
 };
 use hasten_tests::edge::{leave_after_first_event, post_json};
 use hasten_tests::persistent_work_dir;
-use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 /// A system message that makes the small model write until `max_tokens`: what a client

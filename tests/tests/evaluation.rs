@@ -10,13 +10,13 @@
 
 use std::process::Command;
 
-use edge_node::lookup::normalized_text;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_edge_node::lookup::normalized_text;
 use hasten_eval::answers::contains_answer;
 use hasten_eval::process::binary;
+use hasten_loadtest::workload::read_jsonl;
 use hasten_tests::{brute_force_top_k, build_small_bundle, model_dir, persistent_work_dir};
-use loadtest::workload::read_jsonl;
 
 const QUERIES: usize = 240;
 const K: usize = 10;

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, binary, cloud_index_serve_args};
+use hasten_loadtest::control_plane::free_loopback_port;
+use hasten_loadtest::scrape::Scrape;
 use hasten_tests::edge::{retrieve, retrieve_body};
 use hasten_tests::{build_small_bundle, persistent_work_dir, start_edge, write_tls_identity};
-use loadtest::control_plane::free_loopback_port;
-use loadtest::scrape::Scrape;
 use serde_json::json;
 
 const K: usize = 10;

@@ -9,6 +9,7 @@
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, binary};
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::edge_client::EdgeClient;
 use hasten_tests::answering::{
@@ -16,7 +17,6 @@ use hasten_tests::answering::{
 };
 use hasten_tests::edge::post_json;
 use hasten_tests::grpc_health_becomes;
-use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 /// The answer's content, without the timings that differ from run to run.

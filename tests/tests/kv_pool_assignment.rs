@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use edge_node::replication::apply::kv_pool_workers;
+use hasten_edge_node::replication::apply::kv_pool_workers;
 use hasten_kv_operator::publish::{AssignmentPublisher, ControlPlanePublisher, PublishError};
 use hasten_proto::control::{self, FollowStatus};
 use hasten_proto::v1::KvPoolAssignment;

@@ -16,6 +16,7 @@ use std::process::Command;
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, binary, kv_worker_serve_args};
 use hasten_kv_worker::progress::ProgressLine;
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_tests::answering::{START_TIMEOUT, small_model, start_edge};
@@ -23,7 +24,6 @@ use hasten_tests::edge::post_json;
 use hasten_tests::{
     build_small_bundle, grpc_health_becomes, persistent_work_dir, start_cloud_index,
 };
-use loadtest::scrape::Scrape;
 use serde_json::Value;
 
 const CHUNKS: usize = 3;

@@ -12,11 +12,11 @@ use hasten_core::bundle::CorpusBundle;
 use std::time::Duration;
 
 use hasten_core::encoder::TextEncoder;
+use hasten_loadtest::scrape::Scrape;
 use hasten_tests::edge::wait_ready;
 use hasten_tests::{
     build_small_bundle, dev_cert, model_dir, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 /// What the test sent and what the replies' outcomes were.

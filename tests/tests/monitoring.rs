@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, binary, cloud_index_route_args};
+use hasten_loadtest::control_plane::free_loopback_port;
 use hasten_tests::answering::small_model;
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{retrieve, retrieve_body};
@@ -30,7 +31,6 @@ use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
     workspace_root,
 };
-use loadtest::control_plane::free_loopback_port;
 use serde_json::{Value, json};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, binary, cloud_index_route_args, tls_args};
+use hasten_loadtest::control_plane::{free_loopback_port, node_args};
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::control::{ControlAccess, GrpcTarget, MAX_MESSAGE_BYTES, connect, grpc_endpoint};
 use hasten_proto::tls::{DevAuthority, Identity, MutualTls, TlsPaths, TrustRoots};
 use hasten_proto::v1::InfoRequest;
@@ -26,8 +28,6 @@ use hasten_tests::edge::{retrieve, status, wait_for};
 use hasten_tests::{
     build_small_bundle, persistent_work_dir, start_cloud_index_with, start_edge, start_router,
 };
-use loadtest::control_plane::{free_loopback_port, node_args};
-use loadtest::scrape::Scrape;
 use serde_json::json;
 
 const K: usize = 10;

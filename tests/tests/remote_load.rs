@@ -13,10 +13,10 @@ use std::process::Output;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::binary;
+use hasten_loadtest::workload::{WorkloadQuery, write_jsonl};
 use hasten_tests::{
     build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::workload::{WorkloadQuery, write_jsonl};
 use serde_json::Value;
 
 const TOKEN: &str = "loadtest-token-0123456789abcdef";

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use hasten_core::bundle::{CorpusBundle, write_bundle};
 use hasten_eval::process::ManagedProcess;
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::control::ControlClient;
 use hasten_proto::v1::{
     CacheEntry, ControlCommand, ControlState, CorpusUpdate, ProposeRequest, RuntimeConfig,
@@ -20,7 +21,6 @@ use hasten_proto::v1::{
 use hasten_tests::cluster::Cluster;
 use hasten_tests::edge::{status, wait_for};
 use hasten_tests::{build_small_bundle, dev_cert, start_cloud_index, start_edge};
-use loadtest::scrape::Scrape;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(20);

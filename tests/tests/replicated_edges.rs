@@ -8,10 +8,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use edge_node::has::in_edge_share;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_edge_node::has::in_edge_share;
 use hasten_eval::process::ManagedProcess;
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::{ControlAccess, connect};
 use hasten_proto::v1::{ProposeRequest, SnapshotRequest, StatusRequest, SubscribeRequest};
@@ -21,7 +22,6 @@ use hasten_tests::{
     PAPER_VALIDATION, build_small_bundle, dev_cert, homologous_pair, model_dir,
     persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::scrape::Scrape;
 use serde_json::Value;
 
 const K: usize = 10;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, binary, cloud_index_route_args};
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{
     ControlCommand, ProposeRequest, QueryVector, SearchRequest, ShardMap, ShardReplicas,
@@ -18,7 +19,6 @@ use hasten_proto::v1::{
 };
 use hasten_tests::cluster::Cluster;
 use hasten_tests::{build_small_bundle, dev_cert, persistent_work_dir, start_cloud_index};
-use loadtest::scrape::Scrape;
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 

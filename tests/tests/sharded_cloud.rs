@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, ProcessError, binary, cloud_index_route_args};
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::v1::cloud_index_client::CloudIndexClient;
 use hasten_proto::v1::{DocumentsRequest, InfoRequest, QueryVector, SearchRequest};
 use hasten_tests::{
     brute_force_top_k, build_small_bundle, persistent_work_dir, start_cloud_index, start_edge,
 };
-use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 const K: usize = 10;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::v1::edge_client::EdgeClient;
 use hasten_proto::v1::{RetrieveRequest, retrieve_request};
 use hasten_tests::cluster::Cluster;
@@ -19,7 +20,6 @@ use hasten_tests::{
     PAPER_VALIDATION, build_small_bundle, dev_cert, homologous_pair, model_dir, start_cloud_index,
     start_edge,
 };
-use loadtest::scrape::Scrape;
 use serde_json::{Value, json};
 
 const K: usize = 10;

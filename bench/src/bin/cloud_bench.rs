@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use edge_node::fallback::CloudSearch;
-use edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
 use hasten_bench::{Latencies, clustered_vectors};
 use hasten_core::bundle::{FORMAT_VERSION, read_manifest, write_shards};
 use hasten_core::corpus::Document;
 use hasten_core::index::ExactIndex;
 use hasten_core::threads::{ComputeThreads, set_blas_min_batch, set_compute_threads};
+use hasten_edge_node::fallback::CloudSearch;
+use hasten_edge_node::fallback::quic::{CloudEndpoint, QuicCloudClient};
 use hasten_eval::process::{
     ManagedProcess, binary, cloud_index_route_args, cloud_index_serve_args,
 };

@@ -17,6 +17,7 @@ use hasten_bench::kv_workload::{chunk_ids, draw_stream, model_path, percentile};
 use hasten_bench::questions::read_questions;
 use hasten_core::bundle::CorpusBundle;
 use hasten_eval::process::{ManagedProcess, binary, kv_worker_serve_args};
+use hasten_loadtest::popularity::ZipfModel;
 use hasten_proto::v1 as pb;
 use hasten_proto::v1::kv_generation_client::KvGenerationClient;
 use hasten_rag::{AnswerRequest, Document, LmBackend};
@@ -24,7 +25,6 @@ use hasten_worker_api::kv::KvPool;
 use hasten_worker_api::kv::KvRouting;
 use hasten_worker_api::kv::Variant;
 use hasten_worker_api::kv::{FusionMode, FusionSettings};
-use loadtest::popularity::ZipfModel;
 use serde_json::json;
 
 #[derive(Parser, Debug)]

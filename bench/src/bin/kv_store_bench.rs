@@ -1,7 +1,7 @@
 //! hasten-kv-store-bench: the chunk KV store under TopViews-shaped traffic. HotpotQA
 //! questions are the entities (each asks over its own 10 paragraphs, the chunks), drawn day by
 //! day with popularity from the real page views where a question's first title appears in
-//! them and the built-in Zipf model otherwise (`loadtest::popularity::views_then_model`). For
+//! them and the built-in Zipf model otherwise (`hasten_loadtest::popularity::views_then_model`). For
 //! each RAM budget the same request stream runs against a fresh store over the same
 //! preprocessed entries: every request resolves its chunks' similarity-guided KV (memory hit
 //! or a read from disk: the page cache is warm, so "disk" is reading, checking and decoding a
@@ -23,7 +23,7 @@ use hasten_kv_worker::store::{
 use hasten_kv_worker::worker::{ChunkInput, GenerateRequest, KvWorker};
 use hasten_kv_worker::{FusionSettings, KvEngine};
 use hasten_lm::{LanguageModel, WeightFormat};
-use loadtest::popularity::{ZipfModel, read_topviews, views_then_model};
+use hasten_loadtest::popularity::{ZipfModel, read_topviews, views_then_model};
 use serde_json::json;
 
 #[derive(Parser, Debug)]

@@ -21,18 +21,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use edge_node::replication::{ControlPlaneLink, CorpusIdentity, ENTRIES_PER_PROPOSAL};
-use edge_node::retrieval::CacheReplication;
-use edge_node::tenants::Tenant;
 use futures::StreamExt;
 use hasten_bench::etcd::{EtcdClient, EtcdGroup};
 use hasten_bench::{Latencies, write_report};
 use hasten_core::DocId;
+use hasten_edge_node::replication::{ControlPlaneLink, CorpusIdentity, ENTRIES_PER_PROPOSAL};
+use hasten_edge_node::retrieval::CacheReplication;
+use hasten_edge_node::tenants::Tenant;
 use hasten_eval::process::ManagedProcess;
+use hasten_loadtest::control_plane;
 use hasten_proto::control::{ControlAccess, MAX_MESSAGE_BYTES};
 use hasten_proto::v1::control_plane_client::ControlPlaneClient;
 use hasten_proto::v1::{CacheEntry, SubscribeRequest, applied_command};
-use loadtest::control_plane;
 use parking_lot::Mutex;
 use prost::Message;
 use serde_json::{Value, json};
@@ -382,7 +382,7 @@ fn rates(cli: &Cli) -> Vec<u64> {
 async fn snapshots_taken(metrics_addrs: &[String]) -> f64 {
     let mut taken = 0.0;
     for addr in metrics_addrs {
-        if let Ok(scrape) = loadtest::scrape::Scrape::of(addr).await {
+        if let Ok(scrape) = hasten_loadtest::scrape::Scrape::of(addr).await {
             taken += scrape.value("hasten_cp_snapshots_total", &[]);
         }
     }

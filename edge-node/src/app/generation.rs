@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use backon::{ExponentialBuilder, Retryable};
-use edge_node::config::EdgeConfig;
-use edge_node::service::answer::IterativeModel;
 use hasten_core::bundle::read_manifest;
+use hasten_edge_node::config::EdgeConfig;
+use hasten_edge_node::service::answer::IterativeModel;
 use hasten_engine::{ApiKey, EngineLm};
 use hasten_proto::grpc_client_tls::GrpcClientTls;
 use hasten_proto::tls::MutualTls;

@@ -11,23 +11,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use edge_node::api::{ReplyOptions, RequestLimits};
-use edge_node::config::EdgeConfig;
-use edge_node::document_fetch::fetch_missing_documents;
-use edge_node::grpc::EdgeGrpc;
-use edge_node::has::in_edge_share;
-use edge_node::http::BodyLimits;
-use edge_node::http::server::{self as http_server, HttpServerLimits};
-use edge_node::metrics::EdgeMetrics;
-use edge_node::replication::{ControlPlaneLink, CorpusIdentity};
-use edge_node::service::answer::metrics::AnswerMetrics;
-use edge_node::service::answer::{AnswerLimits, AnswerService};
-use edge_node::service::retrieve::EdgeService;
-use edge_node::tenants::TenantDirectory;
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::metrics::prometheus::Registry;
+use hasten_edge_node::api::{ReplyOptions, RequestLimits};
+use hasten_edge_node::config::EdgeConfig;
+use hasten_edge_node::document_fetch::fetch_missing_documents;
+use hasten_edge_node::grpc::EdgeGrpc;
+use hasten_edge_node::has::in_edge_share;
+use hasten_edge_node::http::BodyLimits;
+use hasten_edge_node::http::server::{self as http_server, HttpServerLimits};
+use hasten_edge_node::metrics::EdgeMetrics;
+use hasten_edge_node::replication::{ControlPlaneLink, CorpusIdentity};
+use hasten_edge_node::service::answer::metrics::AnswerMetrics;
+use hasten_edge_node::service::answer::{AnswerLimits, AnswerService};
+use hasten_edge_node::service::retrieve::EdgeService;
+use hasten_edge_node::tenants::TenantDirectory;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::health::readiness_health;
@@ -230,20 +230,20 @@ fn routes(config: &EdgeConfig, services: &Services) -> (axum::Router, axum::Rout
         timeout: Duration::from_millis(config.body_timeout_ms),
     };
     let (service, answers) = (&services.retrieval, &services.answers);
-    let api = edge_node::http::api_routes(service.clone(), body_limits)
-        .merge(edge_node::http::answer::answer_routes(
+    let api = hasten_edge_node::http::api_routes(service.clone(), body_limits)
+        .merge(hasten_edge_node::http::answer::answer_routes(
             answers.clone(),
             body_limits,
         ))
-        .merge(edge_node::http::openai::chat_routes(
+        .merge(hasten_edge_node::http::openai::chat_routes(
             answers.clone(),
             body_limits,
         ))
-        .merge(edge_node::http::iterative::iterative_routes(
+        .merge(hasten_edge_node::http::iterative::iterative_routes(
             answers.clone(),
             body_limits,
         ))
-        .merge(edge_node::http::embeddings::embedding_routes(
+        .merge(hasten_edge_node::http::embeddings::embedding_routes(
             service.clone(),
             body_limits,
         ));
@@ -251,9 +251,12 @@ fn routes(config: &EdgeConfig, services: &Services) -> (axum::Router, axum::Rout
         let answers = answers.clone();
         Arc::new(move || answers.generation())
     };
-    let admin =
-        edge_node::http::admin_routes(service.clone(), generation, services.registry.clone());
-    (edge_node::http::with_request_ids(api), admin)
+    let admin = hasten_edge_node::http::admin_routes(
+        service.clone(),
+        generation,
+        services.registry.clone(),
+    );
+    (hasten_edge_node::http::with_request_ids(api), admin)
 }
 
 /// Binds the listeners, writes the ready file and serves until a shutdown signal.

@@ -7,18 +7,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use edge_node::caches::{Eviction, TenantCaches};
-use edge_node::config::EdgeConfig;
-use edge_node::fallback::quic::{CloudEndpoint, CloudTls, QuicCloudClient};
-use edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, ValidationRules};
-use edge_node::retrieval::{EngineSettings, RetrievalEngine};
-use edge_node::tenants::{Tenant, TenantDirectory};
-use edge_node::warmup::{read_warm_queries, warm_cache};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::encoder::TextEncoder;
 use hasten_core::metrics::prometheus::{IntGaugeVec, Registry};
 use hasten_core::metrics::tls_reload_reporter;
 use hasten_core::retry::RetryDelays;
+use hasten_edge_node::caches::{Eviction, TenantCaches};
+use hasten_edge_node::config::EdgeConfig;
+use hasten_edge_node::fallback::quic::{CloudEndpoint, CloudTls, QuicCloudClient};
+use hasten_edge_node::has::{CacheChannel, DocumentStore, FuzzyChannel, ValidationRules};
+use hasten_edge_node::retrieval::{EngineSettings, RetrievalEngine};
+use hasten_edge_node::tenants::{Tenant, TenantDirectory};
+use hasten_edge_node::warmup::{read_warm_queries, warm_cache};
 use hasten_proto::quic::{ClientTlsFiles, reloading_client_config};
 use hasten_proto::tls::MutualTls;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use loadtest::workload::WorkloadQuery;
+use hasten_loadtest::workload::WorkloadQuery;
 use parking_lot::Mutex;
 use rand::SeedableRng;
 use rand::rngs::StdRng;

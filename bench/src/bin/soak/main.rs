@@ -57,7 +57,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use clap::Parser;
 use hasten_bench::write_report;
-use loadtest::workload::read_jsonl;
+use hasten_loadtest::workload::read_jsonl;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::time::Instant;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use hasten_eval::process::ManagedProcess;
-use loadtest::control_plane::free_loopback_port;
+use hasten_loadtest::control_plane::free_loopback_port;
 
 const START_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where the pids of frozen processes are kept while they are frozen.

@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use anyhow::Result;
+use hasten_loadtest::scrape::Scrape;
 use hasten_proto::tls::MutualTls;
-use loadtest::scrape::Scrape;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::time::Instant;

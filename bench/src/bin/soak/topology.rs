@@ -6,8 +6,8 @@ use anyhow::{Result, anyhow};
 use hasten_eval::process::{
     binary, cloud_index_route_args, cloud_index_serve_args, edge_serve_args, tls_args,
 };
+use hasten_loadtest::control_plane::node_args;
 use hasten_proto::tls::{DevAuthority, MutualTls, TlsPaths};
-use loadtest::control_plane::node_args;
 
 use crate::processes::{Restartable, fixed_address};
 use crate::{Cli, TENANTS};
