@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use hasten_core::config::{ConfigError, Validate};
+use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::tls::{MutualTls, TlsPaths};
@@ -31,15 +31,9 @@ pub struct AdminConfig {
     /// gRPC addresses (host:port) of the control-plane nodes; `status` asks every one, the
     /// other commands the first that answers (membership goes to the leader).
     pub control_plane: Vec<String>,
-    /// PEM CA certificate of the deployment: with `tls_cert` and `tls_key`, mutual TLS.
-    pub tls_ca: Option<PathBuf>,
-    /// PEM certificate chain of this client, issued by the deployment's CA.
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of `tls_cert`.
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
     /// File holding the control plane's shared token, when it requires one.
     pub token_file: Option<PathBuf>,
     pub output: OutputFormat,
@@ -51,10 +45,7 @@ impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             control_plane: vec!["127.0.0.1:7400".into()],
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
             token_file: None,
             output: OutputFormat::Table,
             timeout_s: 30,
@@ -70,10 +61,10 @@ impl AdminConfig {
     /// The certificate and token the tool shows the nodes, read from their files.
     pub fn access(&self) -> anyhow::Result<ControlAccess> {
         let tls = TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
+            &self.tls.tls_ca,
+            &self.tls.tls_extra_ca,
+            &self.tls.tls_cert,
+            &self.tls.tls_key,
         )
         .map_err(|message| ConfigError::invalid("tls_ca", message))?
         .map(|paths| MutualTls::load(&paths))
@@ -112,10 +103,10 @@ impl Validate for AdminConfig {
             return Err(ConfigError::invalid("timeout_s", "must be at least 1"));
         }
         TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
+            &self.tls.tls_ca,
+            &self.tls.tls_extra_ca,
+            &self.tls.tls_cert,
+            &self.tls.tls_key,
         )
         .map_err(|message| ConfigError::invalid("tls_ca", message))?;
         Ok(())
@@ -147,7 +138,10 @@ mod tests {
         };
         assert!(refused(zero).contains("`timeout_s`"));
         let half_tls = AdminConfig {
-            tls_cert: Some("c.pem".into()),
+            tls: TlsConfig {
+                tls_cert: Some("c.pem".into()),
+                ..TlsConfig::default()
+            },
             ..AdminConfig::default()
         };
         assert!(refused(half_tls).contains("`tls_ca`"));

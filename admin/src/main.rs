@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand};
 use hasten_core::config::{
-    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+    ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_proto::v1::{
     ControlCommand, CorpusUpdate, FlushTenant, InvalidateDocuments, MemberRequest,
@@ -42,7 +42,7 @@ struct Cli {
     control_plane: Vec<String>,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
     /// File holding the control plane's shared token.
     #[arg(long, global = true)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hasten_core::config::{ConfigError, Validate};
+use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_core::logging::LogFormat;
 use hasten_proto::tls::TlsPaths;
 use schemars::JsonSchema;
@@ -147,13 +147,13 @@ impl BatchingConfig {
 
 /// TLS of a server: mutual (a CA and this server's certificate files), server-only
 /// (certificate files), or a generated dev certificate.
-fn validate_tls(
-    tls_ca: &Option<PathBuf>,
-    tls_extra_ca: &Option<PathBuf>,
-    tls_cert: &Option<PathBuf>,
-    tls_key: &Option<PathBuf>,
-    server: &ServerConfig,
-) -> Result<(), ConfigError> {
+fn validate_tls(tls: &TlsConfig, server: &ServerConfig) -> Result<(), ConfigError> {
+    let TlsConfig {
+        tls_ca,
+        tls_cert,
+        tls_key,
+        tls_extra_ca,
+    } = tls;
     if tls_extra_ca.is_some() && tls_ca.is_none() {
         return Err(ConfigError::invalid(
             "tls_extra_ca",
@@ -182,17 +182,12 @@ fn validate_tls(
 }
 
 /// The mutual-TLS files, when a CA is configured (checked by [`validate_tls`]).
-fn mutual_tls_paths(
-    tls_ca: &Option<PathBuf>,
-    tls_extra_ca: &Option<PathBuf>,
-    tls_cert: &Option<PathBuf>,
-    tls_key: &Option<PathBuf>,
-) -> Option<TlsPaths> {
+fn mutual_tls_paths(tls: &TlsConfig) -> Option<TlsPaths> {
     Some(TlsPaths {
-        ca: tls_ca.clone()?,
-        extra_ca: tls_extra_ca.clone(),
-        cert: tls_cert.clone()?,
-        key: tls_key.clone()?,
+        ca: tls.tls_ca.clone()?,
+        extra_ca: tls.tls_extra_ca.clone(),
+        cert: tls.tls_cert.clone()?,
+        key: tls.tls_key.clone()?,
     })
 }
 
@@ -207,17 +202,9 @@ pub struct ShardConfig {
     /// Corpus bundle to serve: a shard bundle (`cloud-index build --shards`) or a whole
     /// corpus. Required.
     pub bundle: Option<PathBuf>,
-    /// PEM CA certificate for mutual TLS: when set, QUIC and gRPC clients must show a
-    /// certificate issued by it (edges, routers), and `tls_cert`/`tls_key` are required.
-    pub tls_ca: Option<PathBuf>,
-    /// PEM certificate chain for QUIC (and, with `tls_ca`, gRPC) TLS; with `tls_key`. When
-    /// both are absent a self-signed dev certificate is generated.
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key for QUIC TLS.
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
     /// OpenMP threads for faiss's per-query scans and result merging. 1, because batches go
     /// through OpenBLAS (see `blas_min_batch`), and OpenMP threads running beside OpenBLAS's
     /// oversubscribe the cores (docs/benchmarks/cloud-tier.md: OpenMP 2 + OpenBLAS 2 ran a
@@ -241,10 +228,7 @@ impl Default for ShardConfig {
             log_format: LogFormat::default(),
             otlp_endpoint: None,
             bundle: None,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
             openmp_threads: 1,
             openblas_threads: 0,
             blas_min_batch: 4,
@@ -257,12 +241,7 @@ impl Default for ShardConfig {
 impl ShardConfig {
     /// The mutual-TLS files, when a CA is configured.
     pub fn mutual_tls(&self) -> Option<TlsPaths> {
-        mutual_tls_paths(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
+        mutual_tls_paths(&self.tls)
     }
 }
 
@@ -275,13 +254,7 @@ impl Validate for ShardConfig {
                 "is required: the corpus or shard bundle directory made by `cloud-index build`",
             ));
         }
-        validate_tls(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-            &self.server,
-        )?;
+        validate_tls(&self.tls, &self.server)?;
         self.server.validate()?;
         self.batching.validate(usize::MAX)
     }
@@ -304,17 +277,9 @@ pub struct RouterConfig {
     /// File holding the control plane's shared token (`hasten_proto::auth`), for a control
     /// plane without mutual TLS.
     pub control_plane_token_file: Option<PathBuf>,
-    /// PEM CA certificate for mutual TLS: when set, clients must show a certificate issued
-    /// by it, shards and the control plane are reached over mutual TLS, and
-    /// `tls_cert`/`tls_key` are required.
-    pub tls_ca: Option<PathBuf>,
-    /// PEM certificate chain for QUIC (and, with `tls_ca`, gRPC) TLS; with `tls_key`.
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key for QUIC TLS.
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
     /// Deadline of a request that names none, in milliseconds; equal to the edge's default
     /// cloud timeout, the longest anyone waits for a fallback.
     #[schemars(range(min = 1))]
@@ -345,10 +310,7 @@ impl Default for RouterConfig {
             shards: Vec::new(),
             control_plane: Vec::new(),
             control_plane_token_file: None,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
             request_timeout_ms: 2_000,
             attempt_timeout_ms: 1_000,
             health_interval_ms: 1_000,
@@ -362,12 +324,7 @@ impl Default for RouterConfig {
 impl RouterConfig {
     /// The mutual-TLS files, when a CA is configured.
     pub fn mutual_tls(&self) -> Option<TlsPaths> {
-        mutual_tls_paths(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
+        mutual_tls_paths(&self.tls)
     }
 
     /// The configured shard map.
@@ -413,13 +370,7 @@ impl Validate for RouterConfig {
                 "is given but `control_plane` names no node",
             ));
         }
-        validate_tls(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-            &self.server,
-        )?;
+        validate_tls(&self.tls, &self.server)?;
         for (key, value) in [
             ("request_timeout_ms", self.request_timeout_ms),
             ("attempt_timeout_ms", self.attempt_timeout_ms),
@@ -462,9 +413,9 @@ mod tests {
         assert!(message(config.validate().unwrap_err()).contains("`bundle`"));
         config.bundle = Some("b".into());
         config.validate().unwrap();
-        config.tls_cert = Some("cert.pem".into());
+        config.tls.tls_cert = Some("cert.pem".into());
         assert!(message(config.validate().unwrap_err()).contains("tls_key"));
-        config.tls_cert = None;
+        config.tls.tls_cert = None;
         config.server.max_in_flight = 0;
         assert!(message(config.validate().unwrap_err()).contains("`server.max_in_flight`"));
         config.server.max_in_flight = 1;

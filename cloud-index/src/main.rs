@@ -22,7 +22,7 @@ use hasten_cloud_index::shard_map::follow_control_plane;
 use hasten_cloud_index::{ExactSearcher, SearchBackend, ShardService};
 use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
 use hasten_core::config::{
-    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+    ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
@@ -164,7 +164,7 @@ struct ServeArgs {
     server: ServerArgs,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
     #[command(flatten)]
     batching: BatchingArgs,
     /// OpenMP threads for faiss; 0 for every core.
@@ -259,7 +259,7 @@ struct RouteArgs {
     server: ServerArgs,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
     /// Deadline of a request that names none, in milliseconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -695,7 +695,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     let tls = ServerTls::load(
         config.mutual_tls(),
-        (&config.tls_cert, &config.tls_key),
+        (&config.tls.tls_cert, &config.tls.tls_key),
         &config.server.dev_cert_out,
         &config.server.dev_cert_names,
     )?;
@@ -779,7 +779,7 @@ async fn route(mut args: RouteArgs) -> Result<()> {
     .await?;
     let tls = ServerTls::load(
         config.mutual_tls(),
-        (&config.tls_cert, &config.tls_key),
+        (&config.tls.tls_cert, &config.tls.tls_key),
         &config.server.dev_cert_out,
         &config.server.dev_cert_names,
     )?;

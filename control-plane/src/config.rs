@@ -5,9 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hasten_core::config::{ConfigError, Validate};
+use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_core::logging::LogFormat;
-use hasten_proto::tls::TlsPaths;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -65,16 +64,9 @@ pub struct ControlPlaneConfig {
     pub propose_timeout_ms: u64,
     /// File written (atomically) with the listening address once the node serves.
     pub ready_file: Option<PathBuf>,
-    /// PEM CA certificate of the deployment: with `tls_cert` and `tls_key`, gRPC is mutual
-    /// TLS, both toward peers and for every client (edges, operators).
-    pub tls_ca: Option<PathBuf>,
-    /// PEM certificate chain of this node, for mutual TLS.
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of this node, for mutual TLS.
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
     /// File holding the shared token (`hasten_proto::auth`) every call must carry, peers'
     /// included; the node sends it to its peers. Without mutual TLS, required unless
     /// `listen` is a loopback address.
@@ -101,27 +93,13 @@ impl Default for ControlPlaneConfig {
             retained_events: 2_048,
             propose_timeout_ms: 5_000,
             ready_file: None,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
             auth_token_file: None,
         }
     }
 }
 
 impl ControlPlaneConfig {
-    /// The mutual-TLS files, or `None` when mutual TLS is off.
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
-    }
-
     /// The founding members by id.
     pub fn members(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
         let mut members = BTreeMap::new();
@@ -216,7 +194,7 @@ impl Validate for ControlPlaneConfig {
                 "must be positive",
             ));
         }
-        if self.mutual_tls()?.is_none()
+        if self.tls.mutual_tls()?.is_none()
             && self.auth_token_file.is_none()
             && !self.listen.ip().is_loopback()
         {

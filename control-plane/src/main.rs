@@ -12,7 +12,7 @@ use hasten_control_plane::service::ControlPlaneService;
 use hasten_control_plane::storage::RaftStorage;
 use hasten_control_plane::transport::grpc::{GrpcTransport, RaftPeerService};
 use hasten_core::config::{
-    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+    ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
@@ -94,7 +94,7 @@ struct Cli {
     ready_file: Option<PathBuf>,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
     /// File holding the shared token every call must carry (for a deployment without
     /// mutual TLS).
     #[arg(long)]
@@ -115,6 +115,7 @@ async fn main() -> Result<()> {
         "hasten-control-plane",
     )?;
     let tls = config
+        .tls
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))
         .transpose()

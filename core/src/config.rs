@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use hasten_proto::tls::TlsPaths;
 use schemars::generate::SchemaSettings;
 use schemars::transform::RecursiveTransform;
 use schemars::{JsonSchema, Schema};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -111,28 +112,48 @@ where
     Ok(Some(config))
 }
 
-/// The TLS flags every binary takes (flatten into its command, and into its serialised
-/// flags with `#[serde(flatten)]`): all three turn mutual TLS on.
-#[derive(clap::Args, Clone, Debug, Default, Serialize)]
-pub struct TlsArgs {
-    /// PEM CA certificate of the deployment, for mutual TLS (with --tls-cert and --tls-key):
-    /// peers must show a certificate it issued.
+// The four TLS keys every binary has, flattened into its configuration (the keys stay at
+// the top level: `tls_ca`, ...) and into its command line (`--tls-ca`, ...), where each
+// overrides the file and the environment only when given. A plain comment: a doc comment
+// would become the description of every configuration that flattens this one.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM CA certificate of the deployment. With `tls_cert` and `tls_key` it turns mutual
+    /// TLS on: peers must show a certificate it issued, and this component shows its own to
+    /// the servers it calls.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<PathBuf>,
-    /// PEM certificate chain of this component: shown to its clients, and under mutual TLS
-    /// to the servers it calls.
+    /// PEM certificate chain of this component, with `tls_key`: shown to its clients, and
+    /// under mutual TLS to the servers it calls. (cloud-index without it serves a generated
+    /// dev certificate, and with it but without `tls_ca` serves server-only TLS.)
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
+    /// PEM private key of `tls_cert`.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides --tls-ca (a CA rotation: the other CA).
+    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
+    /// the other CA, so that peers with certificates from either are accepted.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_extra_ca: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// The mutual-TLS files: all of `tls_ca`, `tls_cert` and `tls_key` (on) or none (off),
+    /// `tls_extra_ca` only with them.
+    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
+        TlsPaths::all_or_none(
+            &self.tls_ca,
+            &self.tls_extra_ca,
+            &self.tls_cert,
+            &self.tls_key,
+        )
+        .map_err(|message| ConfigError::invalid("tls_ca", message))
+    }
 }
 
 /// `command` with the help of each flag that sets a key of `T` ending in `[default: ...]`,
@@ -242,7 +263,6 @@ where
 mod tests {
     use super::*;
     use display_full_error::DisplayFullErrorExt;
-    use serde::Deserialize;
 
     #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
     struct Sample {
@@ -364,6 +384,69 @@ mod tests {
             assert_eq!(unset.capacity, 0);
             Ok(())
         });
+    }
+
+    #[derive(Debug, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+    #[serde(default, deny_unknown_fields)]
+    struct WithTls {
+        capacity: usize,
+        #[serde(flatten)]
+        tls: TlsConfig,
+    }
+
+    #[derive(Serialize)]
+    struct TlsFlags {
+        #[serde(flatten)]
+        tls: TlsConfig,
+    }
+
+    #[test]
+    fn tls_keys_stay_at_the_top_level_and_unknown_keys_are_still_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "capacity = 3\ntls_ca = \"ca.pem\"\ntls_cert = \"c.pem\"\n",
+        )
+        .unwrap();
+        let flags = TlsFlags {
+            tls: TlsConfig {
+                tls_key: Some("k.pem".into()),
+                ..TlsConfig::default()
+            },
+        };
+        let got: WithTls = load_config(Some(&file), "HASTEN_TLS_TEST_", &flags).unwrap();
+        assert_eq!(got.capacity, 3);
+        let paths = got.tls.mutual_tls().unwrap().unwrap();
+        assert_eq!(
+            (paths.ca, paths.cert, paths.key),
+            ("ca.pem".into(), "c.pem".into(), "k.pem".into())
+        );
+
+        std::fs::write(&file, "capacity = 3\ntls_cerrt = \"c.pem\"\n").unwrap();
+        let refused = load_config::<WithTls, _>(Some(&file), "HASTEN_TLS_TEST_", &flags)
+            .unwrap_err()
+            .to_string_full();
+        assert!(refused.contains("tls_cerrt"), "{refused}");
+
+        let schema = serde_json::to_value(config_schema::<WithTls>()).unwrap();
+        for key in ["capacity", "tls_ca", "tls_cert", "tls_key", "tls_extra_ca"] {
+            assert!(schema["properties"][key].is_object(), "{key}: {schema}");
+        }
+        assert_eq!(schema["additionalProperties"], false, "{schema}");
+    }
+
+    #[test]
+    fn half_a_tls_configuration_names_its_key() {
+        let half = TlsConfig {
+            tls_cert: Some("c.pem".into()),
+            ..TlsConfig::default()
+        };
+        assert!(matches!(
+            half.mutual_tls(),
+            Err(ConfigError::Invalid { key: "tls_ca", .. })
+        ));
+        assert_eq!(TlsConfig::default().mutual_tls().unwrap(), None);
     }
 
     #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]

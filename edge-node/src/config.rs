@@ -4,12 +4,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::{ConfigError, Validate};
+use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_core::logging::LogFormat;
 use hasten_engine::ApiKey;
 use hasten_lm::{DeviceKind, WeightFormat};
-use hasten_proto::tls::TlsPaths;
 use hasten_worker_api::kv::{DEFAULT_RATIO, FusionMode, KvRouting, Variant};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -65,17 +64,9 @@ pub struct EdgeConfig {
     /// PEM file of the certificate(s) to trust for the cloud (its CA, or its dev certificate)
     /// when mutual TLS is off; under mutual TLS the cloud is trusted through `tls_ca`.
     pub cloud_ca: PathBuf,
-    /// PEM CA certificate of the deployment: with `tls_cert` and `tls_key`, the edge shows
-    /// its certificate to the cloud (QUIC) and the control plane (gRPC) and trusts theirs
-    /// only if issued by this CA.
-    pub tls_ca: Option<PathBuf>,
-    /// PEM certificate chain of this edge, for mutual TLS.
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of this edge, for mutual TLS.
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
     /// Deadline of one cloud request in milliseconds, connection set-up included.
     #[schemars(range(min = 1))]
     pub cloud_timeout_ms: u64,
@@ -315,10 +306,7 @@ impl Default for EdgeConfig {
             cloud_addr: "127.0.0.1:7100".into(),
             cloud_server_name: "localhost".into(),
             cloud_ca: PathBuf::from("run/cloud-dev-cert.pem"),
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
             cloud_timeout_ms: 2_000,
             policy: RetrievalPolicy::Has,
             semantic_threshold: 0.9,
@@ -476,17 +464,6 @@ impl EdgeConfig {
         }
         Ok(())
     }
-
-    /// The mutual-TLS files, or `None` when mutual TLS is off.
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
-    }
 }
 
 impl Validate for EdgeConfig {
@@ -628,7 +605,7 @@ impl Validate for EdgeConfig {
                 "must be at least 1",
             ));
         }
-        self.mutual_tls()?;
+        self.tls.mutual_tls()?;
         if self.control_plane_token_file.is_some() && self.control_plane.is_empty() {
             return Err(ConfigError::invalid(
                 "control_plane_token_file",

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use hasten_core::config::{
-    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+    ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::logging::LogArgs;
 use hasten_edge_node::config::EdgeConfig;
@@ -100,7 +100,7 @@ struct ServeArgs {
     cloud_ca: Option<PathBuf>,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
     /// Cloud request deadline in milliseconds.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -5,9 +5,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::{ConfigError, Validate};
+use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_core::logging::LogFormat;
-use hasten_proto::tls::TlsPaths;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -52,14 +51,9 @@ pub struct OperatorConfig {
     pub control_plane: Vec<String>,
     /// File holding the control plane's shared token.
     pub control_plane_token_file: Option<PathBuf>,
-    /// Mutual TLS to the control plane: the deployment's CA, and the operator's certificate
-    /// and key (all three or none).
-    pub tls_ca: Option<PathBuf>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
 }
 
 impl Default for OperatorConfig {
@@ -81,24 +75,8 @@ impl Default for OperatorConfig {
             lease_deadline_s: 10,
             control_plane: Vec::new(),
             control_plane_token_file: None,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
         }
-    }
-}
-
-impl OperatorConfig {
-    /// The mutual-TLS files to the control plane, when all three are set.
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 
@@ -130,10 +108,10 @@ impl Validate for OperatorConfig {
             ));
         }
         if self.control_plane.is_empty()
-            && (self.control_plane_token_file.is_some() || self.tls_ca.is_some())
+            && (self.control_plane_token_file.is_some() || self.tls.tls_ca.is_some())
         {
             return Err(ConfigError::invalid(
-                if self.tls_ca.is_some() {
+                if self.tls.tls_ca.is_some() {
                     "tls_ca"
                 } else {
                     "control_plane_token_file"
@@ -147,7 +125,7 @@ impl Validate for OperatorConfig {
                 "adds to the workers' mutual TLS: it needs `worker_tls_secret`",
             ));
         }
-        self.mutual_tls()?;
+        self.tls.mutual_tls()?;
         Ok(())
     }
 }
@@ -197,7 +175,10 @@ mod tests {
         assert_eq!(
             key(OperatorConfig {
                 control_plane: vec!["cp-0:7400".into()],
-                tls_ca: Some("ca.pem".into()),
+                tls: TlsConfig {
+                    tls_ca: Some("ca.pem".into()),
+                    ..TlsConfig::default()
+                },
                 ..good
             }),
             "tls_ca"

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use hasten_core::config::{
-    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+    ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::logging::LogArgs;
 use hasten_kv_operator::config::OperatorConfig;
@@ -102,7 +102,7 @@ struct RunArgs {
     control_plane_token_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
 }
 
 fn print_crd() -> Result<()> {
@@ -168,6 +168,7 @@ async fn run(args: RunArgs) -> Result<()> {
     );
     if !config.control_plane.is_empty() {
         let tls = config
+            .tls
             .mutual_tls()?
             .map(|paths| MutualTls::load(&paths))
             .transpose()

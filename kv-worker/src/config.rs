@@ -4,10 +4,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::{ConfigError, Validate};
+use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_core::logging::LogFormat;
 use hasten_lm::{DeviceKind, WeightFormat};
-use hasten_proto::tls::TlsPaths;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -46,14 +45,9 @@ pub struct KvWorkerConfig {
     pub queue: usize,
     /// New tokens when a request asks for 0.
     pub max_new_tokens: usize,
-    /// Mutual TLS: the deployment's CA, and this worker's certificate and key (all three or
-    /// none).
-    pub tls_ca: Option<PathBuf>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
 }
@@ -75,10 +69,7 @@ impl Default for KvWorkerConfig {
             gpu_budget: 2 << 30,
             queue: 16,
             max_new_tokens: 64,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
             ready_file: None,
         }
     }
@@ -91,16 +82,6 @@ impl KvWorkerConfig {
             DeviceKind::Cpu => WeightFormat::Fast,
             DeviceKind::Cuda => WeightFormat::F32,
         })
-    }
-
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 
@@ -130,7 +111,7 @@ impl Validate for KvWorkerConfig {
         if self.store.as_os_str().is_empty() {
             return Err(ConfigError::invalid("store", "must name a directory"));
         }
-        self.mutual_tls()?;
+        self.tls.mutual_tls()?;
         Ok(())
     }
 }
@@ -177,7 +158,10 @@ mod tests {
             ),
             (
                 KvWorkerConfig {
-                    tls_ca: Some("ca.pem".into()),
+                    tls: TlsConfig {
+                        tls_ca: Some("ca.pem".into()),
+                        ..TlsConfig::default()
+                    },
                     ..good.clone()
                 },
                 "tls_ca",

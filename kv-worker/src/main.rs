@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use hasten_core::bundle::CorpusBundle;
 use hasten_core::config::{
-    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+    ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::{LogArgs, LogFormat};
@@ -203,7 +203,7 @@ struct ServeArgs {
     max_new_tokens: Option<usize>,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
     /// Write the bound addresses as JSON to this file once serving.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -547,6 +547,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         "hasten-kv-worker",
     )?;
     let mutual = config
+        .tls
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))
         .transpose()

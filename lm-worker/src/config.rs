@@ -4,9 +4,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use hasten_core::config::{ConfigError, Validate};
+use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_core::logging::LogFormat;
-use hasten_proto::tls::TlsPaths;
 use hasten_rag::{DeviceKind, WeightFormat};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -34,14 +33,9 @@ pub struct WorkerConfig {
     pub lm_weights: WeightFormat,
     /// Answers waiting behind the one generating; beyond it RESOURCE_EXHAUSTED.
     pub queue: usize,
-    /// Mutual TLS: the deployment's CA, and this worker's certificate and key (all three or
-    /// none); callers must then show a certificate from the CA.
-    pub tls_ca: Option<PathBuf>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificates trusted besides `tls_ca` (mutual TLS only): during a CA rotation
-    /// the other CA, so that peers with certificates from either are accepted.
-    pub tls_extra_ca: Option<PathBuf>,
+    /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
+    #[serde(flatten)]
+    pub tls: TlsConfig,
     /// When set, a JSON file with the bound addresses is written here once serving.
     pub ready_file: Option<PathBuf>,
 }
@@ -59,24 +53,9 @@ impl Default for WorkerConfig {
             lm_weights: WeightFormat::Fast,
             // As the edge's: a 135M model answers in about a second on 2 cores.
             queue: 16,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_extra_ca: None,
+            tls: TlsConfig::default(),
             ready_file: None,
         }
-    }
-}
-
-impl WorkerConfig {
-    pub fn mutual_tls(&self) -> Result<Option<TlsPaths>, ConfigError> {
-        TlsPaths::all_or_none(
-            &self.tls_ca,
-            &self.tls_extra_ca,
-            &self.tls_cert,
-            &self.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
 }
 
@@ -92,7 +71,7 @@ impl Validate for WorkerConfig {
         if self.queue == 0 {
             return Err(ConfigError::invalid("queue", "must be at least 1"));
         }
-        self.mutual_tls()?;
+        self.tls.mutual_tls()?;
         Ok(())
     }
 }
@@ -124,7 +103,10 @@ mod tests {
         );
         assert_eq!(
             key(WorkerConfig {
-                tls_ca: Some("ca.pem".into()),
+                tls: TlsConfig {
+                    tls_ca: Some("ca.pem".into()),
+                    ..TlsConfig::default()
+                },
                 ..good
             }),
             "tls_ca"

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use hasten_core::config::{
-    ConfigSource, TlsArgs, help_with_defaults, parse_command, resolve_config,
+    ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
 use hasten_core::logging::LogArgs;
@@ -78,7 +78,7 @@ struct ServeArgs {
     queue: Option<usize>,
     #[command(flatten)]
     #[serde(flatten)]
-    tls: TlsArgs,
+    tls: TlsConfig,
     /// Write the bound addresses as JSON to this file once serving.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -104,6 +104,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         "hasten-lm-worker",
     )?;
     let mutual = config
+        .tls
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))
         .transpose()

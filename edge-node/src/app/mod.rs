@@ -70,6 +70,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
     };
     tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
     let mutual = config
+        .tls
         .mutual_tls()?
         .map(|paths| MutualTls::load(&paths))
         .transpose()
