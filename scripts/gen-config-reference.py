@@ -2,20 +2,26 @@
 """Writes docs/config-reference.md from the binaries' configuration schemas in
 docs/config-schemas/ (each binary's `--print-config-schema`, written by
 `make config-schemas` from the Rust config types; a test keeps them current), so that the
-reference of every key, its type, default, allowed values and meaning is the code's.
-`--check` compares instead of writing.
+reference of every key, its type, default, allowed values and meaning is the code's. It
+also fills the default column of each table in docs/configuration.md that follows a
+`<!-- defaults: SCHEMA -->` marker, so the guide shows the types' defaults too and writes
+none by hand. `--check` compares instead of writing.
 
     python3 scripts/gen-config-reference.py [--check]
 """
 
 import argparse
 import json
+import re
+import struct
 import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCHEMAS = ROOT / "docs" / "config-schemas"
 OUT = ROOT / "docs" / "config-reference.md"
+GUIDE = ROOT / "docs" / "configuration.md"
+DEFAULTS_MARKER = re.compile(r"<!-- defaults: ([\w.-]+) -->")
 # Schema file, the command it configures, its environment prefix.
 BINARIES = [
     ("edge.json", "edge-node serve", "HASTEN_EDGE_"),
@@ -65,15 +71,89 @@ def bounds_of(node):
     return ", ".join(parts)
 
 
+def number(value, node):
+    """A default as the type holds it: an f32's shortest decimal (0.9, not 0.8999999761581421)."""
+    if isinstance(value, float) and node.get("format") == "float":
+        single = struct.unpack("<f", struct.pack("<f", value))[0]
+        for digits in range(1, 10):
+            text = f"{value:.{digits}g}"
+            if struct.unpack("<f", struct.pack("<f", float(text)))[0] == single:
+                return text
+    return json.dumps(value)
+
+
+def shown_default(node):
+    default = node.get("default")
+    if default is None:
+        return "unset"
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return f"`{number(default, node)}`"
+    return f"`{json.dumps(default)}`"
+
+
+def node_at(schema, path):
+    """The schema of a dotted key, its default taken from its table's where it has none."""
+    node = schema
+    for part in path.split("."):
+        table_default = node.get("default")
+        node = node.get("properties", {}).get(part)
+        if node is None:
+            return None
+        if "default" not in node and isinstance(table_default, dict) and part in table_default:
+            node = {**node, "default": table_default[part]}
+    return node
+
+
+def guide_default(node):
+    """A default as the guide's tables show it: numbers and booleans bare, text quoted."""
+    default = node.get("default")
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, (int, float)):
+        return number(default, node)
+    if isinstance(default, str):
+        return f"`{default}`"
+    return f"`{json.dumps(default)}`"
+
+
+def fill_guide(text):
+    """docs/configuration.md with the default cell of every row of a marked table taken
+    from the schema: the keys are the row's first cell's code spans (flags, `--x`, are
+    skipped), their defaults joined as the keys are (`a` / `b`, or `a`, `b`)."""
+    out = []
+    schema = None
+    schema_name = ""
+    for line in text.split("\n"):
+        marker = DEFAULTS_MARKER.search(line)
+        if marker:
+            schema_name = marker.group(1)
+            schema = json.loads((SCHEMAS / schema_name).read_text())
+        elif schema is not None and not line.startswith("|") and line.strip():
+            schema = None
+        if schema is not None and line.startswith("| `"):
+            cells = line.split(" | ")
+            keys = [k for k in re.findall(r"`([^`]+)`", cells[0]) if not k.startswith("--")]
+            separator = " / " if " / " in cells[0] else ", "
+            nodes = [node_at(schema, key) for key in keys]
+            missing = [key for key, node in zip(keys, nodes) if node is None]
+            if missing:
+                sys.exit(f"{GUIDE.name}: {', '.join(missing)} is not a key of {schema_name}")
+            cells[1] = separator.join(guide_default(node) for node in nodes)
+            line = " | ".join(cells)
+        out.append(line)
+    return "\n".join(out)
+
+
 def rows(schema, prefix=""):
-    for key, node in schema.get("properties", {}).items():
+    for key in schema.get("properties", {}):
         path = f"{prefix}{key}"
+        node = node_at(schema, key)
         if node.get("type") == "object" and "properties" in node:
             yield from rows(node, f"{path}.")
             continue
-        default = node.get("default")
-        shown = "unset" if default is None else f"`{json.dumps(default)}`"
-        yield f"| `{path}` | {type_of(node)} | {shown} | {bounds_of(node)} | {cell(node.get('description', ''))} |"
+        yield f"| `{path}` | {type_of(node)} | {shown_default(node)} | {bounds_of(node)} | {cell(node.get('description', ''))} |"
 
 
 def render():
@@ -110,15 +190,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    text = render()
+    outputs = [(OUT, render()), (GUIDE, fill_guide(GUIDE.read_text()))]
     if args.check:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is stale: run make config-schemas", file=sys.stderr)
+        stale = [path for path, text in outputs if path.read_text() != text]
+        for path in stale:
+            print(f"{path} is stale: run make config-schemas", file=sys.stderr)
+        if stale:
             sys.exit(1)
-        print(f"{OUT.name} matches the configuration schemas")
+        print(f"{OUT.name} and {GUIDE.name}'s defaults match the configuration schemas")
         return
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
+    for path, text in outputs:
+        path.write_text(text)
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
