@@ -358,7 +358,7 @@ impl EngineLm {
         &self,
         question: &str,
         settings: hasten_spec_retrieval::ralm::RalmSettings,
-    ) -> Result<crate::ralm::EngineRalm<'_>, hasten_spec_retrieval::SpecError> {
+    ) -> Result<crate::ralm::EngineRalm<'_>, hasten_spec_retrieval::StepError> {
         self.takes_token_ids()?;
         crate::ralm::EngineRalm::new(self, question, settings)
     }
@@ -367,7 +367,7 @@ impl EngineLm {
     pub fn hop_agent(
         &self,
         hops: usize,
-    ) -> Result<crate::hop::EngineHopAgent<'_>, hasten_spec_retrieval::SpecError> {
+    ) -> Result<crate::hop::EngineHopAgent<'_>, hasten_spec_retrieval::StepError> {
         self.takes_token_ids()?;
         Ok(crate::hop::EngineHopAgent::new(self, hops))
     }
@@ -378,11 +378,11 @@ impl EngineLm {
         self.scoring.get() == Some(&Scoring::LlamaCppForcedTokens)
     }
 
-    fn takes_token_ids(&self) -> Result<(), hasten_spec_retrieval::SpecError> {
+    fn takes_token_ids(&self) -> Result<(), hasten_spec_retrieval::StepError> {
         if self.steps_token_ids() {
             return Ok(());
         }
-        Err(hasten_spec_retrieval::SpecError::InvalidRequest(
+        Err(hasten_spec_retrieval::StepError::InvalidRequest(
             "iterative and multi-hop RAG on an engine need llama.cpp's server (token ids in and \
              out), and this edge's engine is not one or was not reached yet"
                 .into(),

@@ -7,7 +7,7 @@ use hasten_spec_retrieval::hop::{
     Action, DOCUMENT_TOKENS, Hop, HopAgent, LINE_TOKENS, action, first_line, plan_prompt,
     read_prompt,
 };
-use hasten_spec_retrieval::{RetrievedDocument, SpecError};
+use hasten_spec_retrieval::{RetrievedDocument, StepError};
 
 use crate::EngineLm;
 use crate::error::EngineError;
@@ -24,11 +24,11 @@ impl<'a> EngineHopAgent<'a> {
         Self { engine, hops }
     }
 
-    fn call<T>(&self, work: impl Future<Output = Result<T, EngineError>>) -> Result<T, SpecError> {
+    fn call<T>(&self, work: impl Future<Output = Result<T, EngineError>>) -> Result<T, StepError> {
         self.engine
             .runtime()
             .block_on(work)
-            .map_err(|error| SpecError::Generation {
+            .map_err(|error| StepError::Generation {
                 endpoint: self.engine.url().to_string(),
                 retryable: error.is_retryable(),
                 source: Box::new(error),
@@ -40,7 +40,7 @@ impl<'a> EngineHopAgent<'a> {
         &self,
         messages: &[hasten_rag::ChatMessage],
         prefix: &str,
-    ) -> Result<String, SpecError> {
+    ) -> Result<String, StepError> {
         let api = LlamaCpp::new(self.engine.generation_endpoint());
         self.call(async {
             let rendered = api.render(messages).await?;
@@ -52,7 +52,7 @@ impl<'a> EngineHopAgent<'a> {
     }
 
     /// `text` cut to [`DOCUMENT_TOKENS`] of the engine's tokens.
-    fn clip(&self, text: &str) -> Result<String, SpecError> {
+    fn clip(&self, text: &str) -> Result<String, StepError> {
         let api = LlamaCpp::new(self.engine.generation_endpoint());
         self.call(async {
             let tokens = api.tokenize(text, false).await?;
@@ -65,7 +65,7 @@ impl<'a> EngineHopAgent<'a> {
 }
 
 impl HopAgent for EngineHopAgent<'_> {
-    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> Result<Action, SpecError> {
+    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> Result<Action, StepError> {
         let answer = must_answer || hops.len() >= self.hops;
         let (messages, prefix) = plan_prompt(question, hops, answer);
         Ok(action(question, answer, self.line(&messages, prefix)?))
@@ -77,7 +77,7 @@ impl HopAgent for EngineHopAgent<'_> {
         _hops: &[Hop],
         query: &str,
         documents: &[RetrievedDocument],
-    ) -> Result<String, SpecError> {
+    ) -> Result<String, StepError> {
         let messages = read_prompt(question, query, documents, |text| self.clip(text))?;
         self.line(&messages, "")
     }

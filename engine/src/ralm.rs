@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use hasten_spec_retrieval::RetrievedDocument;
-use hasten_spec_retrieval::SpecError;
+use hasten_spec_retrieval::StepError;
 use hasten_spec_retrieval::ralm::{
     RalmSettings, RalmStepper, StepTokens, check_request, query_after, ralm_messages,
 };
@@ -34,7 +34,7 @@ impl<'a> EngineRalm<'a> {
         engine: &'a EngineLm,
         question: &str,
         settings: RalmSettings,
-    ) -> Result<Self, SpecError> {
+    ) -> Result<Self, StepError> {
         check_request(question, &settings)?;
         Ok(Self {
             engine,
@@ -48,8 +48,8 @@ impl<'a> EngineRalm<'a> {
         self.engine.generation_endpoint()
     }
 
-    fn failed(&self, error: EngineError) -> SpecError {
-        SpecError::Generation {
+    fn failed(&self, error: EngineError) -> StepError {
+        StepError::Generation {
             endpoint: self.endpoint().base.clone(),
             retryable: error.is_retryable(),
             source: Box::new(error),
@@ -57,7 +57,7 @@ impl<'a> EngineRalm<'a> {
     }
 
     /// Runs an engine call from the blocking thread a run is on.
-    fn call<T>(&self, work: impl Future<Output = Result<T, EngineError>>) -> Result<T, SpecError> {
+    fn call<T>(&self, work: impl Future<Output = Result<T, EngineError>>) -> Result<T, StepError> {
         self.engine
             .runtime()
             .block_on(work)
@@ -87,7 +87,7 @@ impl RalmStepper for EngineRalm<'_> {
         &self.settings
     }
 
-    fn query_text(&self, generated: &[u32]) -> Result<String, SpecError> {
+    fn query_text(&self, generated: &[u32]) -> Result<String, StepError> {
         let tail = &generated[generated.len().saturating_sub(self.settings.query_tokens)..];
         if tail.is_empty() {
             return Ok(self.question.clone());
@@ -100,7 +100,7 @@ impl RalmStepper for EngineRalm<'_> {
         &self,
         document: &RetrievedDocument,
         generated: &[u32],
-    ) -> Result<StepTokens, SpecError> {
+    ) -> Result<StepTokens, StepError> {
         let budget = self.settings.max_new_tokens.saturating_sub(generated.len());
         let count = self.settings.interval.min(budget);
         if count == 0 {
@@ -137,7 +137,7 @@ impl RalmStepper for EngineRalm<'_> {
         })
     }
 
-    fn text(&self, generated: &[u32]) -> Result<String, SpecError> {
+    fn text(&self, generated: &[u32]) -> Result<String, StepError> {
         let text = self.call(LlamaCpp::new(self.endpoint()).detokenize(generated))?;
         Ok(text.trim().to_owned())
     }

@@ -20,5 +20,5 @@ pub mod retriever;
 #[cfg(test)]
 mod test_corpus;
 
-pub use error::{Result, RetrievalError, SpecError};
+pub use error::{EncodeError, RetrieverError, SpecError, StepError, StepResult};
 pub use retriever::{ExactRetriever, QueryEncoder, RetrievedDocument};

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::error::{Result, RetrievalError, SpecError};
+use crate::error::{EncodeError, RetrieverError, SpecError};
 
 /// A retrieved document with what speculation needs: its text for the prompt and its vector,
 /// so the per-request cache can rank it with the exact retriever's own metric.
@@ -17,32 +17,35 @@ pub struct RetrievedDocument {
 }
 
 /// The exact retriever: top-`k` by inner product for each query, best first, in one call.
+/// Its `Error` reaches the run's caller whole ([`SpecError::Retrieval`]).
 pub trait ExactRetriever: Send + Sync {
+    type Error: RetrieverError;
+
     fn search_batch(
         &self,
         queries: &[Vec<f32>],
         k: usize,
-    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError>;
+    ) -> Result<Vec<Vec<RetrievedDocument>>, Self::Error>;
 }
 
 /// Text to a normalised query vector, the same for exact and speculative retrieval.
 pub trait QueryEncoder: Send + Sync {
-    fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError>;
+    fn encode(&self, text: &str) -> Result<Vec<f32>, EncodeError>;
 }
 
 /// all-MiniLM-L6-v2, the encoder the edge and the cloud index share.
 impl QueryEncoder for hasten_core::encoder::TextEncoder {
-    fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError> {
-        self.encode_one(text).map_err(RetrievalError::new)
+    fn encode(&self, text: &str) -> Result<Vec<f32>, EncodeError> {
+        self.encode_one(text).map_err(EncodeError::new)
     }
 }
 
 /// One batched exact search, refused when it answers fewer lists than it was asked.
-pub(crate) fn exact_search(
-    exact: &dyn ExactRetriever,
+pub(crate) fn exact_search<R: RetrieverError>(
+    exact: &dyn ExactRetriever<Error = R>,
     queries: &[Vec<f32>],
     k: usize,
-) -> Result<Vec<Vec<RetrievedDocument>>> {
+) -> Result<Vec<Vec<RetrievedDocument>>, SpecError<R>> {
     let results = exact
         .search_batch(queries, k)
         .map_err(SpecError::Retrieval)?;

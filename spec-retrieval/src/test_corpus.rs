@@ -5,12 +5,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hasten_core::index::ExactIndex;
+use hasten_core::index::{ExactIndex, IndexError};
 use hasten_core::vector::dot;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::error::RetrievalError;
+use crate::error::EncodeError;
 use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument};
 
 pub const DIMENSION: usize = 32;
@@ -21,7 +21,7 @@ pub const DIMENSION: usize = 32;
 pub struct TrigramEncoder;
 
 impl QueryEncoder for TrigramEncoder {
-    fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, RetrievalError> {
+    fn encode(&self, text: &str) -> std::result::Result<Vec<f32>, EncodeError> {
         let chars: Vec<char> = text.to_lowercase().chars().collect();
         let mut vector = vec![0f32; DIMENSION];
         for window in chars.windows(3) {
@@ -57,11 +57,13 @@ impl FaissRetriever {
 }
 
 impl ExactRetriever for FaissRetriever {
+    type Error = IndexError;
+
     fn search_batch(
         &self,
         queries: &[Vec<f32>],
         k: usize,
-    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
+    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, IndexError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(self.latency);
         self.search_now(queries, k)
@@ -74,9 +76,9 @@ impl FaissRetriever {
         &self,
         queries: &[Vec<f32>],
         k: usize,
-    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
+    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, IndexError> {
         let flat: Vec<f32> = queries.concat();
-        let hits = self.index.search(&flat, k).map_err(RetrievalError::new)?;
+        let hits = self.index.search(&flat, k)?;
         Ok(hits
             .into_iter()
             .map(|hits| {

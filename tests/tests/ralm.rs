@@ -2,7 +2,8 @@
 //! generating with SmolLM2-135M-Instruct (skipped, saying so, when HASTEN_LM_DIR is unset)
 //! and retrieving from the cloud over QUIC every 4 tokens. RaLMSpec's answer and the
 //! documents it read must be the sequential run's, whatever its stride and techniques; the
-//! reply reports the speculation; bad settings are refused naming the field.
+//! reply reports the speculation; bad settings are refused naming the field; a run whose
+//! cloud is gone is answered as a retrieval fallback is.
 
 // A test fails by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -23,9 +24,9 @@ async fn ralm(http: &reqwest::Client, edge: &str, body: &Value) -> (u16, Value) 
 async fn ralmspec_on_the_edge_answers_as_the_sequential_run() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let Some(model) = small_model() else { return };
-    // The cloud process lives as long as its binding: kept to the end of the test.
+    // The cloud process lives as long as its binding: dropped (killed) at the end.
     let Answering {
-        cloud: _cloud,
+        cloud,
         edge,
         bundle_dir,
         ..
@@ -58,6 +59,22 @@ async fn ralmspec_on_the_edge_answers_as_the_sequential_run() {
         let (status, reply) = ralm(&http, &addr, &body).await;
         assert_eq!(status, 400, "{body}: {reply}");
         assert_eq!(reply["error"]["field"], field, "{body}: {reply}");
+    }
+
+    // The exact retriever's own error crosses the spec-retrieval seam typed: with the cloud
+    // gone a run is answered as a fallback is (503, or 504 at the cloud deadline), not as
+    // an internal failure of iterative RAG (500).
+    drop(cloud);
+    for speculate in [false, true] {
+        let body = json!({"question": question, "max_tokens": 8, "speculate": speculate});
+        let (status, reply) = ralm(&http, &addr, &body).await;
+        assert!(
+            matches!(
+                (status, reply["error"]["code"].as_str()),
+                (503, Some("unavailable")) | (504, Some("deadline_exceeded"))
+            ),
+            "{body}: {status} {reply}"
+        );
     }
 }
 

@@ -173,7 +173,7 @@ pub enum EdgeError {
     GenerationUnavailable(#[source] hasten_rag::RagError),
     /// Iterative RAG (`/v1/ralm`) failed on a valid request (HTTP 500).
     #[error("internal error: iterative RAG failed")]
-    IterativeFailed(#[source] hasten_spec_retrieval::SpecError),
+    IterativeFailed(#[source] hasten_spec_retrieval::SpecError<EngineError>),
 }
 
 impl EdgeError {
@@ -224,7 +224,8 @@ impl From<EngineError> for EdgeError {
             EngineError::Index(_)
             | EngineError::Encode(_)
             | EngineError::Cache(_)
-            | EngineError::Misconfigured(_) => EdgeError::Internal(err),
+            | EngineError::Misconfigured(_)
+            | EngineError::TaskLost => EdgeError::Internal(err),
         }
     }
 }

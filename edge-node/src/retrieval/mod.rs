@@ -97,6 +97,10 @@ pub enum EngineError {
     Cache(#[from] CacheError),
     #[error("{0}")]
     Misconfigured(&'static str),
+    /// A search a blocking thread handed to the runtime ended without its answer (the
+    /// runtime is shutting down).
+    #[error("the search task ended without an answer")]
+    TaskLost,
 }
 
 /// What to retrieve for: a question's text, or a ready (L2-normalised) query vector.

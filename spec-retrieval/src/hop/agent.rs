@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use hasten_lm::{ChatMessage, GenerationOptions, LanguageModel, Role, Sampling, generate};
 
 use super::{Action, Hop, HopAgent};
-use crate::error::{Result, SpecError};
+use crate::error::{StepError, StepResult};
 use crate::retriever::RetrievedDocument;
 
 const PLAN_INSTRUCTION: &str = "You answer questions that need several look-ups. Write the \
@@ -39,7 +39,7 @@ impl<'a> LmHopAgent<'a> {
     }
 
     /// One greedy line after `messages` and a forced start of the reply (`prefix`).
-    fn line(&self, messages: &[ChatMessage], prefix: &str) -> Result<String> {
+    fn line(&self, messages: &[ChatMessage], prefix: &str) -> StepResult<String> {
         let tokenizer = &self.model.tokenizer;
         let mut prompt = self.model.chat.prompt(tokenizer, messages)?;
         prompt.extend(tokenizer.encode(prefix)?);
@@ -62,7 +62,7 @@ impl<'a> LmHopAgent<'a> {
         Ok(first_line(&tokenizer.decode(&tokens)?))
     }
 
-    fn clip(&self, text: &str) -> Result<String> {
+    fn clip(&self, text: &str) -> StepResult<String> {
         let tokens = self.model.tokenizer.encode(text)?;
         if tokens.len() <= DOCUMENT_TOKENS {
             return Ok(text.to_owned());
@@ -72,7 +72,7 @@ impl<'a> LmHopAgent<'a> {
 }
 
 impl HopAgent for LmHopAgent<'_> {
-    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> Result<Action> {
+    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> StepResult<Action> {
         let answer = must_answer || hops.len() >= self.hops;
         let (messages, prefix) = plan_prompt(question, hops, answer);
         Ok(action(question, answer, self.line(&messages, prefix)?))
@@ -84,7 +84,7 @@ impl HopAgent for LmHopAgent<'_> {
         _hops: &[Hop],
         query: &str,
         documents: &[RetrievedDocument],
-    ) -> Result<String> {
+    ) -> StepResult<String> {
         let messages = read_prompt(question, query, documents, |text| self.clip(text))?;
         self.line(&messages, "")
     }
@@ -123,10 +123,10 @@ pub fn read_prompt(
     question: &str,
     query: &str,
     documents: &[RetrievedDocument],
-    clip: impl Fn(&str) -> Result<String>,
-) -> Result<Vec<ChatMessage>> {
+    clip: impl Fn(&str) -> StepResult<String>,
+) -> StepResult<Vec<ChatMessage>> {
     if documents.is_empty() {
-        return Err(SpecError::NoDocument);
+        return Err(StepError::InvalidRequest("no document to read".into()));
     }
     let mut user = String::new();
     for document in documents {

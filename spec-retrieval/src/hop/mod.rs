@@ -21,7 +21,7 @@ pub use agent::{
 pub use run::{run_sequential_agent, run_spechop};
 pub use verify::{Verifier, token_set_jaccard};
 
-use crate::error::Result;
+use crate::error::{RetrieverError, StepResult};
 use crate::retriever::RetrievedDocument;
 
 /// The agent's next move.
@@ -45,7 +45,7 @@ pub struct Hop {
 /// A multi-hop agent, deterministic (greedy) so that equal inputs give equal moves.
 pub trait HopAgent {
     /// The next action after `hops`; with `must_answer` (the hop budget is spent) an answer.
-    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> Result<Action>;
+    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> StepResult<Action>;
     /// The sub-answer for `query` from `documents`, after `hops`.
     fn read(
         &self,
@@ -53,13 +53,17 @@ pub trait HopAgent {
         hops: &[Hop],
         query: &str,
         documents: &[RetrievedDocument],
-    ) -> Result<String>;
+    ) -> StepResult<String>;
 }
 
 /// Guesses a sub-query's exact result at once (the edge's cache or fuzzy channel, a share of
 /// the corpus).
 pub trait HopSpeculator {
-    fn speculate(&mut self, query: &[f32], k: usize) -> Result<Vec<RetrievedDocument>>;
+    /// Reaches the run's caller whole ([`crate::SpecError::Speculation`]).
+    type Error: RetrieverError;
+
+    fn speculate(&mut self, query: &[f32], k: usize)
+    -> Result<Vec<RetrievedDocument>, Self::Error>;
 }
 
 /// Shape of an agent run.

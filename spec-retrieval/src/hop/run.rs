@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, sync_channel};
 
 use super::verify::token_set_jaccard;
 use super::{Action, Hop, HopAgent, HopOutcome, HopSettings, HopSpeculator, HopStats, Verifier};
-use crate::error::{Result, RetrievalError, SpecError};
+use crate::error::{RetrieverError, SpecError, StepError, StepResult};
 use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument, exact_search};
 
 fn ids(documents: &[RetrievedDocument]) -> Vec<u64> {
@@ -19,11 +19,11 @@ fn next_action(
     question: &str,
     hops: &[Hop],
     settings: &HopSettings,
-) -> Result<Action> {
+) -> StepResult<Action> {
     let must_answer = hops.len() >= settings.max_hops;
     let action = agent.act(question, hops, must_answer)?;
     if must_answer && matches!(action, Action::Search(_)) {
-        return Err(SpecError::InvalidRequest(format!(
+        return Err(StepError::InvalidRequest(format!(
             "the agent searched again after {} hops, its budget",
             settings.max_hops
         )));
@@ -31,28 +31,31 @@ fn next_action(
     Ok(action)
 }
 
-fn encode(encoder: &dyn QueryEncoder, query: &str) -> Result<Vec<f32>> {
+fn encode<R: RetrieverError>(
+    encoder: &dyn QueryEncoder,
+    query: &str,
+) -> Result<Vec<f32>, SpecError<R>> {
     encoder.encode(query).map_err(SpecError::Encode)
 }
 
-fn exact_one(
-    exact: &dyn ExactRetriever,
+fn exact_one<R: RetrieverError>(
+    exact: &dyn ExactRetriever<Error = R>,
     query: Vec<f32>,
     k: usize,
-) -> Result<Vec<RetrievedDocument>> {
+) -> Result<Vec<RetrievedDocument>, SpecError<R>> {
     exact_search(exact, &[query], k)?
         .pop()
         .ok_or(SpecError::NoDocument)
 }
 
 /// The agent waiting for every exact retrieval before it reads.
-pub fn run_sequential_agent(
+pub fn run_sequential_agent<R: RetrieverError>(
     agent: &dyn HopAgent,
     question: &str,
     encoder: &dyn QueryEncoder,
-    exact: &dyn ExactRetriever,
+    exact: &dyn ExactRetriever<Error = R>,
     settings: &HopSettings,
-) -> Result<HopOutcome> {
+) -> Result<HopOutcome, SpecError<R>> {
     let _span = tracing::info_span!("hop_seq").entered();
     let mut hops = Vec::new();
     loop {
@@ -78,21 +81,21 @@ pub fn run_sequential_agent(
 }
 
 /// A hop continued from speculated documents, its exact retrieval in flight.
-struct Pending {
+struct Pending<R> {
     hop: Hop,
     /// `None` when the speculator had no guess: the hop waits for its exact documents and
     /// nothing runs past it.
     speculated: Option<Vec<RetrievedDocument>>,
-    exact: Receiver<Result<Vec<RetrievedDocument>>>,
+    exact: Receiver<Result<Vec<RetrievedDocument>, SpecError<R>>>,
 }
 
 /// Issues an exact retrieval on its own thread. A discarded hop's retrieval finishes
 /// unheard; nothing waits for it.
-fn launch(
-    exact: &Arc<dyn ExactRetriever>,
+fn launch<R: RetrieverError>(
+    exact: &Arc<dyn ExactRetriever<Error = R>>,
     query: Vec<f32>,
     k: usize,
-) -> Receiver<Result<Vec<RetrievedDocument>>> {
+) -> Receiver<Result<Vec<RetrievedDocument>, SpecError<R>>> {
     let (answer, answered) = sync_channel(1);
     let exact = Arc::clone(exact);
     std::thread::spawn(move || {
@@ -104,24 +107,24 @@ fn launch(
 /// SpecHop with at most `k` hops awaiting verification. Same agent, same answers as
 /// [`run_sequential_agent`] under [`Verifier::Strict`].
 #[allow(clippy::too_many_arguments)]
-pub fn run_spechop(
+pub fn run_spechop<R: RetrieverError>(
     agent: &dyn HopAgent,
     question: &str,
     encoder: &dyn QueryEncoder,
-    exact: &Arc<dyn ExactRetriever>,
-    speculator: &mut dyn HopSpeculator,
+    exact: &Arc<dyn ExactRetriever<Error = R>>,
+    speculator: &mut dyn HopSpeculator<Error = R>,
     settings: &HopSettings,
     k: usize,
     verifier: Verifier,
-) -> Result<HopOutcome> {
+) -> Result<HopOutcome, SpecError<R>> {
     let _span = tracing::info_span!("spechop", k, ?verifier).entered();
     if k == 0 {
-        return Err(SpecError::InvalidRequest(
-            "SpecHop needs at least one speculative thread (k >= 1)".into(),
+        return Err(SpecError::invalid(
+            "SpecHop needs at least one speculative thread (k >= 1)",
         ));
     }
     let mut committed: Vec<Hop> = Vec::new();
-    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut pending: VecDeque<Pending<R>> = VecDeque::new();
     // The answer at the head of the speculated trajectory; stands once every hop before it
     // is committed.
     let mut head_answer: Option<String> = None;
@@ -149,7 +152,9 @@ pub fn run_spechop(
                     let vector = encode(encoder, &query)?;
                     let exact_answer = launch(exact, vector.clone(), settings.k_documents);
                     stats.exact_calls += 1;
-                    let guess = speculator.speculate(&vector, settings.k_documents)?;
+                    let guess = speculator
+                        .speculate(&vector, settings.k_documents)
+                        .map_err(SpecError::Speculation)?;
                     let (sub_answer, speculated) = if guess.is_empty() {
                         (String::new(), None)
                     } else {
@@ -171,14 +176,12 @@ pub fn run_spechop(
             continue;
         }
         let Some(oldest) = pending.pop_front() else {
-            return Err(SpecError::InvalidRequest(
-                "SpecHop found nothing to verify and nothing to run".into(),
+            return Err(SpecError::invalid(
+                "SpecHop found nothing to verify and nothing to run",
             ));
         };
         let exact_documents = oldest.exact.recv().map_err(|_| {
-            SpecError::Retrieval(RetrievalError::new(
-                "the exact retrieval thread ended without an answer",
-            ))
+            SpecError::ThreadLost("the exact retrieval thread ended without an answer")
         })??;
         let (stands, exact_reading) = match &oldest.speculated {
             // Nothing was guessed, so nothing ran past this hop.

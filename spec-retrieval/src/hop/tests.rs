@@ -12,9 +12,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::Result;
 use crate::retriever::{ExactRetriever, RetrievedDocument};
 use crate::test_corpus::{FaissRetriever, TrigramEncoder, corpus};
+use crate::{SpecError, StepResult};
+use hasten_core::index::IndexError;
 
 /// Searches for the question and what it read last; reads the first two documents' titles
 /// and first words; answers with everything it read.
@@ -23,7 +24,7 @@ struct ScriptedAgent {
 }
 
 impl HopAgent for ScriptedAgent {
-    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> Result<Action> {
+    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> StepResult<Action> {
         if must_answer || hops.len() >= self.hops {
             let read: Vec<&str> = hops.iter().map(|h| h.sub_answer.as_str()).collect();
             return Ok(Action::Answer(read.join(" | ")));
@@ -38,7 +39,7 @@ impl HopAgent for ScriptedAgent {
         _hops: &[Hop],
         _query: &str,
         documents: &[RetrievedDocument],
-    ) -> Result<String> {
+    ) -> StepResult<String> {
         Ok(documents
             .iter()
             .take(2)
@@ -69,7 +70,9 @@ struct Guess {
 }
 
 impl HopSpeculator for Guess {
-    fn speculate(&mut self, query: &[f32], k: usize) -> Result<Vec<RetrievedDocument>> {
+    type Error = IndexError;
+
+    fn speculate(&mut self, query: &[f32], k: usize) -> Result<Vec<RetrievedDocument>, IndexError> {
         let mut documents = self
             .exact
             .search_now(&[query.to_vec()], k)
@@ -121,8 +124,13 @@ fn sequential(f: &Fixture) -> HopOutcome {
     .unwrap()
 }
 
-fn spechop(f: &Fixture, accuracy: Accuracy, k: usize, verifier: Verifier) -> Result<HopOutcome> {
-    let exact: Arc<dyn ExactRetriever> = f.exact.clone();
+fn spechop(
+    f: &Fixture,
+    accuracy: Accuracy,
+    k: usize,
+    verifier: Verifier,
+) -> Result<HopOutcome, SpecError<IndexError>> {
+    let exact: Arc<dyn ExactRetriever<Error = IndexError>> = f.exact.clone();
     let mut guess = Guess {
         exact: Arc::clone(&f.exact),
         accuracy,

@@ -19,7 +19,7 @@ use hasten_lm::{
 };
 
 use super::RalmSettings;
-use crate::error::{Result, SpecError};
+use crate::error::{StepError, StepResult};
 use crate::retriever::RetrievedDocument;
 
 /// The system turn: a few sentences, so that generation spans several retrievals.
@@ -39,12 +39,12 @@ pub fn ralm_messages(title: &str, text: &str, question: &str) -> Vec<ChatMessage
 }
 
 /// Refuses what no step can run: an empty question, a zero interval or token budget.
-pub fn check_request(question: &str, settings: &RalmSettings) -> Result<()> {
+pub fn check_request(question: &str, settings: &RalmSettings) -> StepResult<()> {
     if question.trim().is_empty() {
-        return Err(SpecError::InvalidRequest("the question is empty".into()));
+        return Err(StepError::InvalidRequest("the question is empty".into()));
     }
     if settings.interval == 0 || settings.max_new_tokens == 0 {
-        return Err(SpecError::InvalidRequest(format!(
+        return Err(StepError::InvalidRequest(format!(
             "interval ({}) and max_new_tokens ({}) must be at least 1",
             settings.interval, settings.max_new_tokens
         )));
@@ -75,11 +75,11 @@ pub trait RalmStepper: Sync {
     fn settings(&self) -> &RalmSettings;
     /// The retrieval query after `generated`: the question and the last
     /// [`RalmSettings::query_tokens`] generated tokens.
-    fn query_text(&self, generated: &[u32]) -> Result<String>;
+    fn query_text(&self, generated: &[u32]) -> StepResult<String>;
     /// The next step's tokens after `generated`, reading `document`.
-    fn step(&self, document: &RetrievedDocument, generated: &[u32]) -> Result<StepTokens>;
+    fn step(&self, document: &RetrievedDocument, generated: &[u32]) -> StepResult<StepTokens>;
     /// The answer's text.
-    fn text(&self, generated: &[u32]) -> Result<String>;
+    fn text(&self, generated: &[u32]) -> StepResult<String>;
 }
 
 /// Documents whose prefilled prompt a request keeps: a run reads a handful, and one
@@ -110,7 +110,11 @@ pub struct RalmGenerator<'a> {
 }
 
 impl<'a> RalmGenerator<'a> {
-    pub fn new(model: &'a LanguageModel, question: &str, settings: RalmSettings) -> Result<Self> {
+    pub fn new(
+        model: &'a LanguageModel,
+        question: &str,
+        settings: RalmSettings,
+    ) -> StepResult<Self> {
         check_request(question, &settings)?;
         Ok(Self {
             model,
@@ -130,7 +134,7 @@ impl RalmStepper for RalmGenerator<'_> {
         &self.settings
     }
 
-    fn query_text(&self, generated: &[u32]) -> Result<String> {
+    fn query_text(&self, generated: &[u32]) -> StepResult<String> {
         let tail = &generated[generated.len().saturating_sub(self.settings.query_tokens)..];
         if tail.is_empty() {
             return Ok(self.question.clone());
@@ -139,7 +143,7 @@ impl RalmStepper for RalmGenerator<'_> {
         Ok(query_after(&self.question, &text))
     }
 
-    fn step(&self, document: &RetrievedDocument, generated: &[u32]) -> Result<StepTokens> {
+    fn step(&self, document: &RetrievedDocument, generated: &[u32]) -> StepResult<StepTokens> {
         let budget = self.settings.max_new_tokens.saturating_sub(generated.len());
         let count = self.settings.interval.min(budget);
         if count == 0 {
@@ -151,7 +155,7 @@ impl RalmStepper for RalmGenerator<'_> {
         let prompt = self.prompt_kv(document)?;
         let context = self.model.decoder.rope().max_positions();
         if prompt.len + generated.len() + count > context {
-            return Err(SpecError::InvalidRequest(format!(
+            return Err(StepError::InvalidRequest(format!(
                 "a prompt of {} tokens, {} generated and {count} more exceed the model's \
                  context of {context}",
                 prompt.len,
@@ -202,14 +206,14 @@ impl RalmStepper for RalmGenerator<'_> {
         })
     }
 
-    fn text(&self, generated: &[u32]) -> Result<String> {
+    fn text(&self, generated: &[u32]) -> StepResult<String> {
         Ok(self.model.tokenizer.decode(generated)?.trim().to_owned())
     }
 }
 
 impl RalmGenerator<'_> {
     /// `document`'s prompt prefilled, from this request's cache or computed now.
-    fn prompt_kv(&self, document: &RetrievedDocument) -> Result<Arc<PromptKv>> {
+    fn prompt_kv(&self, document: &RetrievedDocument) -> StepResult<Arc<PromptKv>> {
         if let Some(kept) = self.lock_prompts().prompts.get(&document.id) {
             return Ok(Arc::clone(kept));
         }
@@ -246,7 +250,7 @@ impl RalmGenerator<'_> {
 
     /// The chat prompt with `document` (its first [`RalmSettings::document_tokens`] tokens),
     /// ending in the open assistant turn the generated tokens continue.
-    fn prompt(&self, document: &RetrievedDocument) -> Result<Vec<u32>> {
+    fn prompt(&self, document: &RetrievedDocument) -> StepResult<Vec<u32>> {
         let tokens = self.model.tokenizer.encode(&document.text)?;
         let text = if tokens.len() > self.settings.document_tokens {
             self.model

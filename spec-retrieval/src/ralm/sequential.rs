@@ -4,15 +4,15 @@ use std::time::Instant;
 
 use super::generator::RalmStepper;
 use super::{RalmOutput, RalmTimings};
-use crate::error::{Result, SpecError};
+use crate::error::{RetrieverError, SpecError};
 use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument, exact_search};
 
 /// Runs one request sequentially: retrieve, generate `interval` tokens, repeat.
-pub fn run_sequential(
+pub fn run_sequential<R: RetrieverError>(
     generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
-    exact: &dyn ExactRetriever,
-) -> Result<RalmOutput> {
+    exact: &dyn ExactRetriever<Error = R>,
+) -> Result<RalmOutput, SpecError<R>> {
     let started = Instant::now();
     let _span = tracing::info_span!("ralm_seq").entered();
     let mut timings = RalmTimings::default();
@@ -44,12 +44,12 @@ pub fn run_sequential(
 }
 
 /// The query vector after `generated`, timed.
-pub(super) fn encode(
+pub(super) fn encode<R: RetrieverError>(
     generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
     generated: &[u32],
     timings: &mut RalmTimings,
-) -> Result<Vec<f32>> {
+) -> Result<Vec<f32>, SpecError<R>> {
     let started = Instant::now();
     let text = generator.query_text(generated)?;
     let query = encoder.encode(&text).map_err(SpecError::Encode)?;
@@ -58,10 +58,10 @@ pub(super) fn encode(
 }
 
 /// The best document of the `index`-th query's results.
-pub(super) fn top_one(
+pub(super) fn top_one<R: RetrieverError>(
     results: &[Vec<RetrievedDocument>],
     index: usize,
-) -> Result<RetrievedDocument> {
+) -> Result<RetrievedDocument, SpecError<R>> {
     results
         .get(index)
         .and_then(|hits| hits.first())

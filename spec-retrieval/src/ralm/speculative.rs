@@ -9,7 +9,7 @@ use super::generator::{RalmStepper, StepTokens};
 use super::os3::{StrideScheduler, Verified};
 use super::sequential::{encode, top_one};
 use super::{RalmOutput, RalmTimings, SpeculationSettings, SpeculationStats, Stride};
-use crate::error::{Result, RetrievalError, SpecError};
+use crate::error::{RetrieverError, SpecError, StepResult};
 use crate::retriever::{ExactRetriever, QueryEncoder, RetrievedDocument, exact_search};
 
 /// A generation step that read a speculated document, awaiting verification.
@@ -31,13 +31,13 @@ fn first_mismatch(speculated: &[u64], exact: &[u64]) -> Option<usize> {
 
 /// Runs one request with RaLMSpec. `speculator` is the request's own (a fresh
 /// [`LocalDocumentCache`](super::LocalDocumentCache) in production).
-pub fn run_speculative(
+pub fn run_speculative<R: RetrieverError>(
     generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
-    exact: &dyn ExactRetriever,
+    exact: &dyn ExactRetriever<Error = R>,
     speculator: &mut dyn Speculator,
     settings: &SpeculationSettings,
-) -> Result<RalmOutput> {
+) -> Result<RalmOutput, SpecError<R>> {
     run_with_verifier(
         generator,
         encoder,
@@ -59,7 +59,7 @@ struct Run<'g> {
 }
 
 impl Run<'_> {
-    fn step(&mut self, document: &RetrievedDocument) -> Result<(StepTokens, Duration)> {
+    fn step(&mut self, document: &RetrievedDocument) -> StepResult<(StepTokens, Duration)> {
         let started = Instant::now();
         let step = self.generator.step(document, &self.generated)?;
         let took = started.elapsed();
@@ -73,21 +73,21 @@ impl Run<'_> {
     }
 }
 
-pub(super) fn run_with_verifier(
+pub(super) fn run_with_verifier<R: RetrieverError>(
     generator: &dyn RalmStepper,
     encoder: &dyn QueryEncoder,
-    exact: &dyn ExactRetriever,
+    exact: &dyn ExactRetriever<Error = R>,
     speculator: &mut dyn Speculator,
     settings: &SpeculationSettings,
     verifier: Verifier,
-) -> Result<RalmOutput> {
+) -> Result<RalmOutput, SpecError<R>> {
     let started = Instant::now();
     let _span = tracing::info_span!("ralm_spec", ?settings.stride, settings.prefetch,
         settings.asynchronous)
     .entered();
     if settings.prefetch == 0 || settings.stride == Stride::Fixed(0) {
-        return Err(SpecError::InvalidRequest(
-            "the stride and the prefetch size must be at least 1".into(),
+        return Err(SpecError::invalid(
+            "the stride and the prefetch size must be at least 1",
         ));
     }
     // A fixed stride, or OS3's scheduler choosing one before every verification.
@@ -139,7 +139,7 @@ pub(super) fn run_with_verifier(
         let queries: Vec<Vec<f32>> = round.iter().map(|r| r.query.clone()).collect();
         let verify_started = Instant::now();
         let (results, ahead, verify_seconds) = if settings.asynchronous && !run.finished {
-            std::thread::scope(|scope| -> Result<_> {
+            std::thread::scope(|scope| -> Result<_, SpecError<R>> {
                 let verification = scope.spawn(|| {
                     let started = Instant::now();
                     let results = exact_search(exact, &queries, settings.prefetch);
@@ -147,9 +147,9 @@ pub(super) fn run_with_verifier(
                 });
                 let ahead = step_ahead(&mut run, encoder, speculator)?;
                 let waited = Instant::now();
-                let (results, took) = verification.join().map_err(|_| {
-                    SpecError::Retrieval(RetrievalError::new("the verification thread panicked"))
-                })?;
+                let (results, took) = verification
+                    .join()
+                    .map_err(|_| SpecError::ThreadLost("the verification thread panicked"))?;
                 run.timings.retrieval_wait += waited.elapsed();
                 Ok((results?, ahead, took.as_secs_f64()))
             })?
@@ -170,7 +170,7 @@ pub(super) fn run_with_verifier(
         }
         let exact_ids: Vec<u64> = (0..results.len())
             .map(|i| top_one(&results, i).map(|d| d.id))
-            .collect::<Result<_>>()?;
+            .collect::<Result<_, SpecError<R>>>()?;
         let speculated_ids: Vec<u64> = round.iter().map(|r| r.document).collect();
         let matched = match verifier(&speculated_ids, &exact_ids) {
             None => {
@@ -222,13 +222,13 @@ pub(super) fn run_with_verifier(
 }
 
 /// A retrieval with nothing to speculate from (the request's first): exact, then its step.
-fn cold_step(
+fn cold_step<R: RetrieverError>(
     run: &mut Run<'_>,
-    exact: &dyn ExactRetriever,
+    exact: &dyn ExactRetriever<Error = R>,
     speculator: &mut dyn Speculator,
     query: &[f32],
     prefetch: usize,
-) -> Result<()> {
+) -> Result<(), SpecError<R>> {
     let waited = Instant::now();
     let results = exact_search(exact, &[query.to_vec()], prefetch)?;
     run.timings.retrieval_wait += waited.elapsed();
@@ -243,11 +243,11 @@ fn cold_step(
 
 /// The speculation step run while a verification is in flight, from the text as it stands;
 /// its tokens are kept aside until the verification confirms everything before them.
-fn step_ahead(
+fn step_ahead<R: RetrieverError>(
     run: &mut Run<'_>,
     encoder: &dyn QueryEncoder,
     speculator: &mut dyn Speculator,
-) -> Result<Option<(Speculated, StepTokens, Duration)>> {
+) -> Result<Option<(Speculated, StepTokens, Duration)>, SpecError<R>> {
     let query = encode(run.generator, encoder, &run.generated, &mut run.timings)?;
     let Some(document) = speculator.speculate(&query) else {
         return Ok(None);

@@ -6,7 +6,12 @@
 use hasten_bench::latency::{Latency, LatencySampler};
 use hasten_bench::retrieval::PassageRetriever;
 use hasten_core::vector::dot;
-use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument};
+use hasten_spec_retrieval::{ExactRetriever, RetrievedDocument};
+
+/// The emulated cloud's failure: its corpus search's, chain and all.
+#[derive(Debug, thiserror::Error)]
+#[error("searching the emulated cloud: {0:#}")]
+pub struct SearchFailed(anyhow::Error);
 
 /// A cloud shard reached over an emulated link.
 pub struct EmulatedCloud<'a> {
@@ -24,16 +29,15 @@ impl<'a> EmulatedCloud<'a> {
 }
 
 impl ExactRetriever for EmulatedCloud<'_> {
+    type Error = SearchFailed;
+
     fn search_batch(
         &self,
         queries: &[Vec<f32>],
         k: usize,
-    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
+    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, SearchFailed> {
         let delay = self.latency.next();
-        let found = self
-            .passages
-            .search(queries, k)
-            .map_err(|e| RetrievalError::new(format!("{e:#}")))?;
+        let found = self.passages.search(queries, k).map_err(SearchFailed)?;
         let results = queries
             .iter()
             .zip(found)

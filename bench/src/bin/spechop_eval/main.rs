@@ -27,6 +27,7 @@ use hasten_bench::latency::Latency;
 use hasten_bench::mean;
 use hasten_bench::questions::{encode_documents, read_questions};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
+use hasten_core::index::IndexError;
 use hasten_eval::metrics;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use hasten_spec_retrieval::hop::{
@@ -131,7 +132,7 @@ impl HopAgent for TimedAgent<'_> {
         question: &str,
         hops: &[Hop],
         must_answer: bool,
-    ) -> hasten_spec_retrieval::Result<Action> {
+    ) -> hasten_spec_retrieval::StepResult<Action> {
         let started = Instant::now();
         let action = self.inner.act(question, hops, must_answer);
         self.add(started.elapsed());
@@ -144,7 +145,7 @@ impl HopAgent for TimedAgent<'_> {
         hops: &[Hop],
         query: &str,
         documents: &[RetrievedDocument],
-    ) -> hasten_spec_retrieval::Result<String> {
+    ) -> hasten_spec_retrieval::StepResult<String> {
         let started = Instant::now();
         let read = self.inner.read(question, hops, query, documents);
         self.add(started.elapsed());
@@ -223,7 +224,7 @@ fn main() -> Result<()> {
         documents,
     });
     let target = Arc::new(SlowExact::new(Arc::clone(&corpus), latency, args.seed)?);
-    let exact: Arc<dyn ExactRetriever> = target.clone();
+    let exact: Arc<dyn ExactRetriever<Error = IndexError>> = target.clone();
     let mut speculator = Speculator::new(Arc::clone(&corpus), &kind, args.seed)?;
     let device = DeviceKind::Cpu.open()?;
     let model = LanguageModel::load_with(&args.model, &device, args.weights)

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use hasten_bench::latency::{Latency, LatencySampler};
-use hasten_core::index::{ExactIndex, IvfPqIndex, IvfShape};
+use hasten_core::index::{ExactIndex, IndexError, IvfPqIndex, IvfShape};
 use hasten_core::vector::dot;
 use hasten_spec_retrieval::hop::HopSpeculator;
-use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument, SpecError};
+use hasten_spec_retrieval::{ExactRetriever, RetrievedDocument};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -80,20 +80,19 @@ impl SlowExact {
 }
 
 impl ExactRetriever for SlowExact {
+    type Error = IndexError;
+
     fn search_batch(
         &self,
         queries: &[Vec<f32>],
         k: usize,
-    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
+    ) -> std::result::Result<Vec<Vec<RetrievedDocument>>, IndexError> {
         let started = Instant::now();
         let delay = self.latency.next();
         let flat = queries.concat();
         // faiss finds the candidates; the canonical inner product ranks them, as the cloud
         // does, so ties and rounding cannot depend on the batch.
-        let hits = self
-            .index
-            .search(&flat, k + 8)
-            .map_err(RetrievalError::new)?;
+        let hits = self.index.search(&flat, k + 8)?;
         let results = queries
             .iter()
             .zip(hits)
@@ -184,17 +183,17 @@ impl Speculator {
 }
 
 impl HopSpeculator for Speculator {
+    type Error = IndexError;
+
     fn speculate(
         &mut self,
         query: &[f32],
         k: usize,
-    ) -> hasten_spec_retrieval::Result<Vec<RetrievedDocument>> {
+    ) -> std::result::Result<Vec<RetrievedDocument>, IndexError> {
         let started = Instant::now();
         let found = match &self.fuzzy {
             Some(index) => {
-                let hits = index
-                    .search(query, FUZZY_CANDIDATES)
-                    .map_err(|e| SpecError::Retrieval(RetrievalError::new(e)))?;
+                let hits = index.search(query, FUZZY_CANDIDATES)?;
                 self.corpus
                     .exact_top(query, hits.iter().map(|h| h.id as usize), k)
             }

@@ -12,13 +12,13 @@ use hasten_lm::LanguageModel;
 use hasten_rag::RagError;
 use hasten_spec_retrieval::hop::{Action, Hop, HopAgent};
 use hasten_spec_retrieval::ralm::{RalmSettings, RalmStepper, StepTokens};
-use hasten_spec_retrieval::{RetrievalError, RetrievedDocument, SpecError};
+use hasten_spec_retrieval::{RetrievedDocument, SpecError, StepError, StepResult};
 
 use super::AnswerService;
 use super::metrics::AnswerMetrics;
 use crate::api::EdgeError;
+use crate::fallback::CloudDocument;
 use crate::fallback::quic::QuicCloudClient;
-use crate::fallback::{CloudDocument, CloudError};
 use crate::retrieval::{EngineError, RetrievalEngine};
 use crate::service::retrieve::EdgeService;
 use crate::tenants::Tenant;
@@ -47,7 +47,7 @@ impl EngineHandle {
     pub fn block_on<T, F>(
         &self,
         work: impl FnOnce(Arc<RetrievalEngine<QuicCloudClient>>) -> F,
-    ) -> Result<T, RetrievalError>
+    ) -> Result<T, EngineError>
     where
         T: Send + 'static,
         F: Future<Output = T> + Send + 'static,
@@ -58,9 +58,7 @@ impl EngineHandle {
             // The request may have given up; nobody is left to tell.
             let _ = answer.send(task.await);
         });
-        answered
-            .recv()
-            .map_err(|_| RetrievalError::new("the cloud search task ended without an answer"))
+        answered.recv().map_err(|_| EngineError::TaskLost)
     }
 }
 
@@ -74,25 +72,18 @@ pub(super) fn retrieved(document: CloudDocument) -> RetrievedDocument {
     }
 }
 
-/// A failed run as the edge reports it: the cloud's failures as fallbacks report them.
-pub(super) fn edge_error(error: SpecError) -> EdgeError {
-    match error {
-        SpecError::Retrieval(RetrievalError(source)) => match source.downcast::<CloudError>() {
-            Ok(cloud) => EdgeError::from(EngineError::Cloud(*cloud)),
-            Err(other) => match other.downcast::<EngineError>() {
-                Ok(engine) => EdgeError::from(*engine),
-                Err(other) => {
-                    EdgeError::IterativeFailed(SpecError::Retrieval(RetrievalError(other)))
-                }
-            },
-        },
-        SpecError::Lm(error) => EdgeError::Generation(RagError::Lm(error)),
-        SpecError::Cancelled => EdgeError::Generation(RagError::Cancelled),
-        SpecError::Generation {
+/// A failed run (or step) as the edge reports it: its retrievers' failures as fallbacks
+/// report them.
+pub(super) fn edge_error(error: impl Into<SpecError<EngineError>>) -> EdgeError {
+    match error.into() {
+        SpecError::Retrieval(engine) | SpecError::Speculation(engine) => EdgeError::from(engine),
+        SpecError::Step(StepError::Lm(error)) => EdgeError::Generation(RagError::Lm(error)),
+        SpecError::Step(StepError::Cancelled) => EdgeError::Generation(RagError::Cancelled),
+        SpecError::Step(StepError::Generation {
             endpoint,
             retryable,
             source,
-        } => {
+        }) => {
             let error = RagError::Worker {
                 endpoint,
                 retryable,
@@ -114,9 +105,9 @@ pub(super) fn edge_error(error: SpecError) -> EdgeError {
 pub(super) struct Departure(Arc<AtomicBool>);
 
 impl Departure {
-    fn check(&self) -> Result<(), SpecError> {
+    fn check(&self) -> StepResult<()> {
         if self.0.load(Ordering::Relaxed) {
-            Err(SpecError::Cancelled)
+            Err(StepError::Cancelled)
         } else {
             Ok(())
         }
@@ -151,31 +142,22 @@ impl<T: RalmStepper + ?Sized> RalmStepper for Cancellable<'_, T> {
         self.inner.settings()
     }
 
-    fn query_text(&self, generated: &[u32]) -> hasten_spec_retrieval::Result<String> {
+    fn query_text(&self, generated: &[u32]) -> StepResult<String> {
         self.inner.query_text(generated)
     }
 
-    fn step(
-        &self,
-        document: &RetrievedDocument,
-        generated: &[u32],
-    ) -> hasten_spec_retrieval::Result<StepTokens> {
+    fn step(&self, document: &RetrievedDocument, generated: &[u32]) -> StepResult<StepTokens> {
         self.departure.check()?;
         self.inner.step(document, generated)
     }
 
-    fn text(&self, generated: &[u32]) -> hasten_spec_retrieval::Result<String> {
+    fn text(&self, generated: &[u32]) -> StepResult<String> {
         self.inner.text(generated)
     }
 }
 
 impl<T: HopAgent + ?Sized> HopAgent for Cancellable<'_, T> {
-    fn act(
-        &self,
-        question: &str,
-        hops: &[Hop],
-        must_answer: bool,
-    ) -> hasten_spec_retrieval::Result<Action> {
+    fn act(&self, question: &str, hops: &[Hop], must_answer: bool) -> StepResult<Action> {
         self.departure.check()?;
         self.inner.act(question, hops, must_answer)
     }
@@ -186,7 +168,7 @@ impl<T: HopAgent + ?Sized> HopAgent for Cancellable<'_, T> {
         hops: &[Hop],
         query: &str,
         documents: &[RetrievedDocument],
-    ) -> hasten_spec_retrieval::Result<String> {
+    ) -> StepResult<String> {
         self.departure.check()?;
         self.inner.read(question, hops, query, documents)
     }

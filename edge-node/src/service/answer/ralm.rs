@@ -9,7 +9,7 @@ use hasten_spec_retrieval::ralm::{
     LocalDocumentCache, Os3Settings, RalmGenerator, RalmOutput, RalmSettings, RalmStepper,
     SpeculationSettings, SpeculationStats, Stride, run_sequential, run_speculative,
 };
-use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument};
+use hasten_spec_retrieval::{ExactRetriever, RetrievedDocument};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
@@ -19,6 +19,7 @@ use super::iterative::{
 };
 use crate::api::{EdgeError, InvalidArgument};
 use crate::fallback::CloudSearch;
+use crate::retrieval::EngineError;
 use crate::tenants::Tenant;
 
 /// How many retrievals RaLMSpec speculates before verifying: a number, or `os3`.
@@ -167,18 +168,17 @@ fn run(context: RunContext<'_>, input: &RalmInput) -> Result<RalmOutput, EdgeErr
 struct CloudRetriever(EngineHandle);
 
 impl ExactRetriever for CloudRetriever {
+    type Error = EngineError;
+
     fn search_batch(
         &self,
         queries: &[Vec<f32>],
         k: usize,
-    ) -> Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
+    ) -> Result<Vec<Vec<RetrievedDocument>>, EngineError> {
         let queries = queries.to_vec();
-        let results = self
-            .0
-            .block_on(
-                move |engine| async move { engine.cloud().search_batch(&queries, k, None).await },
-            )?
-            .map_err(RetrievalError::new)?;
+        let results = self.0.block_on(move |engine| async move {
+            engine.cloud().search_batch(&queries, k, None).await
+        })??;
         Ok(results
             .into_iter()
             .map(|documents| documents.into_iter().map(retrieved).collect())

@@ -14,7 +14,7 @@ use hasten_spec_retrieval::hop::{
     Hop, HopAgent, HopOutcome, HopSettings, HopSpeculator, HopStats, LmHopAgent, Verifier,
     run_sequential_agent, run_spechop,
 };
-use hasten_spec_retrieval::{ExactRetriever, RetrievalError, RetrievedDocument, SpecError};
+use hasten_spec_retrieval::{ExactRetriever, RetrievedDocument};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
@@ -23,7 +23,7 @@ use super::iterative::{
     Cancellable, EngineHandle, IterativeModel, RunContext, edge_error, retrieved,
 };
 use crate::api::{EdgeError, InvalidArgument};
-use crate::retrieval::StageTimings;
+use crate::retrieval::{EngineError, StageTimings};
 use crate::tenants::Tenant;
 
 /// `POST /v1/spechop` body. Without settings, SpecHop with 3 threads and the strict
@@ -192,7 +192,7 @@ fn run(
     };
     let engine = context.engine;
     let encoder = context.service.encoder().as_ref();
-    let exact: Arc<dyn ExactRetriever> = Arc::new(CachingCloudRetriever {
+    let exact: Arc<dyn ExactRetriever<Error = EngineError>> = Arc::new(CachingCloudRetriever {
         engine: engine.clone(),
         tenant: tenant.clone(),
     });
@@ -225,24 +225,23 @@ struct CachingCloudRetriever {
 }
 
 impl ExactRetriever for CachingCloudRetriever {
+    type Error = EngineError;
+
     fn search_batch(
         &self,
         queries: &[Vec<f32>],
         k: usize,
-    ) -> Result<Vec<Vec<RetrievedDocument>>, RetrievalError> {
+    ) -> Result<Vec<Vec<RetrievedDocument>>, EngineError> {
         queries
             .iter()
             .map(|query| {
                 let (tenant, vector) = (self.tenant.clone(), query.clone());
-                let documents = self
-                    .engine
-                    .block_on(move |engine| async move {
-                        let mut timings = StageTimings::default();
-                        engine
-                            .exact_from_cloud(&tenant, None, vector, k, None, &mut timings)
-                            .await
-                    })?
-                    .map_err(RetrievalError::new)?;
+                let documents = self.engine.block_on(move |engine| async move {
+                    let mut timings = StageTimings::default();
+                    engine
+                        .exact_from_cloud(&tenant, None, vector, k, None, &mut timings)
+                        .await
+                })??;
                 Ok(documents.into_iter().map(retrieved).collect())
             })
             .collect()
@@ -257,12 +256,20 @@ struct DraftSpeculator {
 }
 
 impl HopSpeculator for DraftSpeculator {
-    fn speculate(&mut self, query: &[f32], k: usize) -> Result<Vec<RetrievedDocument>, SpecError> {
-        let speculation = self
-            .engine
-            .engine
-            .speculate(&self.tenant, query, k, false, &mut StageTimings::default())
-            .map_err(|error| SpecError::Retrieval(RetrievalError::new(error)))?;
+    type Error = EngineError;
+
+    fn speculate(
+        &mut self,
+        query: &[f32],
+        k: usize,
+    ) -> Result<Vec<RetrievedDocument>, EngineError> {
+        let speculation = self.engine.engine.speculate(
+            &self.tenant,
+            query,
+            k,
+            false,
+            &mut StageTimings::default(),
+        )?;
         Ok(speculation
             .draft
             .into_iter()
