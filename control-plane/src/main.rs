@@ -146,23 +146,7 @@ async fn main() -> Result<()> {
     let address = listener.local_addr()?;
     let registry = hasten_core::metrics::registry()?;
     let metrics = NodeMetrics::register(&registry)?;
-    let expiry = hasten_core::metrics::register_certificate_expiry(
-        &registry,
-        &hasten_proto::tls::expiries(tls.as_ref())?,
-    )?;
-    let grpc_tls_config = tls
-        .as_ref()
-        .map(|mutual| {
-            let report = hasten_core::metrics::tls_reload_reporter(
-                &registry,
-                expiry,
-                "certificate",
-                mutual.paths().cert.display().to_string(),
-            )?;
-            grpc_tls::reloading_server_config(mutual, move |outcome| report(outcome.result()))
-                .context("configuring gRPC TLS")
-        })
-        .transpose()?;
+    let grpc_tls_config = hasten_core::metrics::reloading_grpc_tls(&registry, tls.as_ref())?;
     let ready: ReadinessCheck = {
         let metrics = metrics.clone();
         Arc::new(move || metrics.readiness())

@@ -122,6 +122,37 @@ pub fn tls_reload_reporter(
     })
 }
 
+/// Why a gRPC server's reloading TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcTlsError {
+    #[error("registering the TLS metrics")]
+    Metrics(#[from] prometheus::Error),
+    #[error("configuring gRPC TLS")]
+    Tls(#[from] hasten_proto::tls::TlsError),
+}
+
+/// A gRPC server's mutual TLS, its certificate read again when its files change, with the
+/// certificates' expiry and the reloads on `registry`; `None` without mutual TLS.
+pub fn reloading_grpc_tls(
+    registry: &Registry,
+    mutual: Option<&hasten_proto::tls::MutualTls>,
+) -> Result<Option<Arc<rustls::ServerConfig>>, GrpcTlsError> {
+    let expiry = register_certificate_expiry(registry, &hasten_proto::tls::expiries(mutual)?)?;
+    let Some(mutual) = mutual else {
+        return Ok(None);
+    };
+    let report = tls_reload_reporter(
+        registry,
+        expiry,
+        "certificate",
+        mutual.paths().cert.display().to_string(),
+    )?;
+    let config = hasten_proto::grpc_tls::reloading_server_config(mutual, move |outcome| {
+        report(outcome.result())
+    })?;
+    Ok(Some(config))
+}
+
 /// The registry's metrics in Prometheus's text format.
 pub fn exposition(registry: &Registry) -> String {
     let mut out = Vec::new();

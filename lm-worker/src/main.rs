@@ -129,23 +129,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(WorkerMetrics::register(&registry)?);
-    let expiry = hasten_core::metrics::register_certificate_expiry(
-        &registry,
-        &hasten_proto::tls::expiries(mutual.as_ref())?,
-    )?;
-    let grpc_tls_config = mutual
-        .as_ref()
-        .map(|mutual| {
-            let report = hasten_core::metrics::tls_reload_reporter(
-                &registry,
-                expiry,
-                "certificate",
-                mutual.paths().cert.display().to_string(),
-            )?;
-            grpc_tls::reloading_server_config(mutual, move |outcome| report(outcome.result()))
-                .context("configuring gRPC TLS")
-        })
-        .transpose()?;
+    let grpc_tls_config = hasten_core::metrics::reloading_grpc_tls(&registry, mutual.as_ref())?;
     // Ready once serving: the models are loaded before the listener opens.
     let ready: ReadinessCheck = Arc::new(|| Ok(()));
     let metrics_addr = hasten_core::metrics::serve(

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use hasten_cloud_index::SearchBackend;
+use hasten_cloud_index::config::ServerConfig;
 use hasten_cloud_index::dev_cert::{DevCertOrigin, DevCertificate, key_path};
 use hasten_cloud_index::grpc::CloudIndexGrpc;
 use hasten_core::lifecycle::{shutdown_signal, write_atomically};
@@ -119,15 +120,36 @@ impl ServerTls {
 
 /// Where a server listens and reports itself.
 pub(super) struct Listeners {
-    pub(super) quic_addr: SocketAddr,
-    pub(super) grpc_addr: SocketAddr,
+    quic_addr: SocketAddr,
+    grpc_addr: SocketAddr,
     /// Already serving (bound before the slow start-up, for liveness probes).
-    pub(super) metrics_addr: SocketAddr,
-    pub(super) tls: ServerTls,
-    pub(super) certificate: ServerCertificate,
-    pub(super) ready_file: Option<PathBuf>,
+    metrics_addr: SocketAddr,
+    tls: ServerTls,
+    certificate: ServerCertificate,
+    ready_file: Option<PathBuf>,
     /// What `/readyz` answers, answered on the gRPC port too (`grpc.health.v1`).
-    pub(super) ready: ReadinessCheck,
+    ready: ReadinessCheck,
+}
+
+impl Listeners {
+    /// The listeners of `server`, its metrics listener already bound at `metrics_addr`.
+    pub(super) fn new(
+        server: &ServerConfig,
+        metrics_addr: SocketAddr,
+        tls: ServerTls,
+        certificate: ServerCertificate,
+        ready: ReadinessCheck,
+    ) -> Self {
+        Self {
+            quic_addr: server.quic_addr,
+            grpc_addr: server.grpc_addr,
+            metrics_addr,
+            tls,
+            certificate,
+            ready_file: server.ready_file.clone(),
+            ready,
+        }
+    }
 }
 
 /// Serves `/metrics`, `/readyz` and `/healthz` on `addr` from now on; returns the bound

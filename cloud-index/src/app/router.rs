@@ -104,15 +104,7 @@ pub(crate) async fn serve(config: RouterConfig) -> Result<()> {
             metrics,
             "all".into(),
         ),
-        Listeners {
-            quic_addr: config.server.quic_addr,
-            grpc_addr: config.server.grpc_addr,
-            metrics_addr,
-            tls,
-            certificate,
-            ready_file: config.server.ready_file.clone(),
-            ready,
-        },
+        Listeners::new(&config.server, metrics_addr, tls, certificate, ready),
     )
     .await
 }

@@ -62,23 +62,7 @@ pub(crate) async fn serve(config: KvWorkerConfig) -> Result<()> {
 
     let registry = hasten_core::metrics::registry()?;
     let metrics = Arc::new(KvMetrics::register(&registry)?);
-    let expiry = hasten_core::metrics::register_certificate_expiry(
-        &registry,
-        &hasten_proto::tls::expiries(mutual.as_ref())?,
-    )?;
-    let grpc_tls_config = mutual
-        .as_ref()
-        .map(|mutual| {
-            let report = hasten_core::metrics::tls_reload_reporter(
-                &registry,
-                expiry,
-                "certificate",
-                mutual.paths().cert.display().to_string(),
-            )?;
-            grpc_tls::reloading_server_config(mutual, move |outcome| report(outcome.result()))
-                .context("configuring gRPC TLS")
-        })
-        .transpose()?;
+    let grpc_tls_config = hasten_core::metrics::reloading_grpc_tls(&registry, mutual.as_ref())?;
     metrics.observe_info(&info);
     // Ready once serving: the model and the catalogs are loaded before the listener opens.
     let ready: ReadinessCheck = Arc::new(|| Ok(()));
