@@ -138,7 +138,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (summary, verdicts, written) = match args.target {
         RunTarget::Retrieve => {
             let outcome =
-                hasten_loadtest::driver::run(&workload, &deployment.edges, &settings, tick).await;
+                hasten_loadtest::retrieve::run(&workload, &deployment.edges, &settings, tick).await;
             let summary = RunSummary::new(&outcome.records, outcome.wall);
             let verdicts = summary.judge(&args.thresholds);
             let written = write_outputs(&args.out, &summary, &verdicts, &outcome.records);

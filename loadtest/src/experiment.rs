@@ -10,9 +10,10 @@ use serde::Serialize;
 
 use crate::control_plane;
 use crate::draft_loss::traced_queries;
-use crate::driver::{self, DriverSettings};
+use crate::driver::DriverSettings;
 use crate::relay::{DelayModel, Relay};
 use crate::report::{EdgeDocuments, SystemReport};
+use crate::retrieve;
 use crate::scoring::{WorkloadIndex, summarize_all_and_first};
 use crate::workload::WorkloadQuery;
 use hasten_eval::process::{
@@ -511,7 +512,7 @@ pub async fn run_system(
     };
     let system = start_edges(&edge_spec, index, cloud, settings).await?;
     let edges = &system.edges;
-    let outcome = driver::run(workload, &system.urls, driver_settings, progress).await;
+    let outcome = retrieve::run(workload, &system.urls, driver_settings, progress).await;
     write_records(
         settings.work.join(format!("records-{index}.jsonl")),
         outcome.records.iter().map(|r| r.to_json()),

@@ -11,6 +11,7 @@ pub mod popularity;
 pub mod relay;
 pub mod remote;
 pub mod report;
+pub mod retrieve;
 pub mod scoring;
 pub mod scrape;
 pub mod workload;
