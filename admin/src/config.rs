@@ -8,7 +8,6 @@ use anyhow::Context;
 use hasten_core::config::{ConfigError, TlsConfig, Validate};
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
-use hasten_proto::tls::{MutualTls, TlsPaths};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -60,16 +59,7 @@ impl AdminConfig {
 
     /// The certificate and token the tool shows the nodes, read from their files.
     pub fn access(&self) -> anyhow::Result<ControlAccess> {
-        let tls = TlsPaths::all_or_none(
-            &self.tls.tls_ca,
-            &self.tls.tls_extra_ca,
-            &self.tls.tls_cert,
-            &self.tls.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))?
-        .map(|paths| MutualTls::load(&paths))
-        .transpose()
-        .context("loading the mutual-TLS files (`tls_ca`, `tls_cert`, `tls_key`)")?;
+        let tls = self.tls.load_mutual()?;
         let token = self
             .token_file
             .as_deref()
@@ -102,13 +92,7 @@ impl Validate for AdminConfig {
         if self.timeout_s == 0 {
             return Err(ConfigError::invalid("timeout_s", "must be at least 1"));
         }
-        TlsPaths::all_or_none(
-            &self.tls.tls_ca,
-            &self.tls.tls_extra_ca,
-            &self.tls.tls_cert,
-            &self.tls.tls_key,
-        )
-        .map_err(|message| ConfigError::invalid("tls_ca", message))?;
+        self.tls.mutual_tls()?;
         Ok(())
     }
 }

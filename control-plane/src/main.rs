@@ -23,7 +23,6 @@ use hasten_proto::control::MAX_MESSAGE_BYTES;
 use hasten_proto::encoded_events::control_plane_server::ControlPlaneServer;
 use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
-use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::raft_peer_server::RaftPeerServer;
 use serde::Serialize;
 use tonic::service::interceptor::InterceptedService;
@@ -114,12 +113,7 @@ async fn main() -> Result<()> {
         config.otlp_endpoint.as_deref(),
         "hasten-control-plane",
     )?;
-    let tls = config
-        .tls
-        .mutual_tls()?
-        .map(|paths| MutualTls::load(&paths))
-        .transpose()
-        .context("loading the mutual-TLS files")?;
+    let tls = config.tls.load_mutual()?;
     let token = config
         .auth_token_file
         .as_deref()

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
-use hasten_proto::tls::TlsPaths;
+use hasten_proto::tls::{MutualTls, TlsError, TlsPaths};
 use schemars::generate::SchemaSettings;
 use schemars::transform::RecursiveTransform;
 use schemars::{JsonSchema, Schema};
@@ -154,6 +154,23 @@ impl TlsConfig {
         )
         .map_err(|message| ConfigError::invalid("tls_ca", message))
     }
+
+    /// The mutual-TLS files, read and checked; `None` when mutual TLS is off.
+    pub fn load_mutual(&self) -> Result<Option<MutualTls>, MutualTlsError> {
+        self.mutual_tls()?
+            .map(|paths| MutualTls::load(&paths))
+            .transpose()
+            .map_err(MutualTlsError::Load)
+    }
+}
+
+/// Why a binary's mutual TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum MutualTlsError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("loading the mutual-TLS files (`tls_ca`, `tls_cert`, `tls_key`)")]
+    Load(#[source] TlsError),
 }
 
 /// `command` with the help of each flag that sets a key of `T` ending in `[default: ...]`,
@@ -447,6 +464,35 @@ mod tests {
             Err(ConfigError::Invalid { key: "tls_ca", .. })
         ));
         assert_eq!(TlsConfig::default().mutual_tls().unwrap(), None);
+    }
+
+    #[test]
+    fn loading_mutual_tls_names_the_files_that_failed() {
+        assert!(TlsConfig::default().load_mutual().unwrap().is_none());
+        let missing = TlsConfig {
+            tls_ca: Some("/nonexistent/ca.pem".into()),
+            tls_cert: Some("/nonexistent/c.pem".into()),
+            tls_key: Some("/nonexistent/k.pem".into()),
+            tls_extra_ca: None,
+        };
+        let error = missing.load_mutual().unwrap_err();
+        assert!(matches!(error, MutualTlsError::Load(_)), "{error:?}");
+        assert!(
+            error.to_string_full().contains("/nonexistent/"),
+            "{}",
+            error.to_string_full()
+        );
+        let half = TlsConfig {
+            tls_cert: None,
+            ..missing
+        };
+        assert!(matches!(
+            half.load_mutual(),
+            Err(MutualTlsError::Config(ConfigError::Invalid {
+                key: "tls_ca",
+                ..
+            }))
+        ));
     }
 
     #[derive(Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -24,7 +24,6 @@ use hasten_kv_operator::reconcile::Context;
 use hasten_kv_operator::resources::RenderSettings;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
-use hasten_proto::tls::MutualTls;
 use kube::CustomResourceExt;
 use kube::runtime::events::{Recorder, Reporter};
 use serde::Serialize;
@@ -167,12 +166,7 @@ async fn run(args: RunArgs) -> Result<()> {
         recorder,
     );
     if !config.control_plane.is_empty() {
-        let tls = config
-            .tls
-            .mutual_tls()?
-            .map(|paths| MutualTls::load(&paths))
-            .transpose()
-            .context("loading the mutual-TLS files")?;
+        let tls = config.tls.load_mutual()?;
         hasten_core::metrics::register_certificate_expiry(
             &registry,
             &hasten_proto::tls::expiries(tls.as_ref())?,

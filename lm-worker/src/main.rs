@@ -18,7 +18,6 @@ use hasten_lm_worker::config::WorkerConfig;
 use hasten_lm_worker::metrics::WorkerMetrics;
 use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
-use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::generation_server::GenerationServer;
 use hasten_rag::{DeviceKind, LmBackend, LocalLm, WeightFormat};
 use serde::Serialize;
@@ -103,12 +102,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         config.otlp_endpoint.as_deref(),
         "hasten-lm-worker",
     )?;
-    let mutual = config
-        .tls
-        .mutual_tls()?
-        .map(|paths| MutualTls::load(&paths))
-        .transpose()
-        .context("loading the mutual-TLS files")?;
+    let mutual = config.tls.load_mutual()?;
     let model = config
         .lm_model
         .clone()

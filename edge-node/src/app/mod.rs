@@ -31,7 +31,7 @@ use hasten_edge_node::tenants::TenantDirectory;
 use hasten_proto::auth::AccessToken;
 use hasten_proto::control::ControlAccess;
 use hasten_proto::health::readiness_health;
-use hasten_proto::tls::{MutualTls, TrustRoots};
+use hasten_proto::tls::TrustRoots;
 use hasten_proto::v1::edge_server::EdgeServer;
 use hasten_rag::SpeculativeSettings;
 
@@ -69,12 +69,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
         }
     };
     tracing::info!(tenants = tenants.tenants().len(), "tenants loaded");
-    let mutual = config
-        .tls
-        .mutual_tls()?
-        .map(|paths| MutualTls::load(&paths))
-        .transpose()
-        .context("loading the mutual-TLS files")?;
+    let mutual = config.tls.load_mutual()?;
     // The language models load before the bundle: a bad file stops the start at once, naming
     // the file and why.
     let Backends {

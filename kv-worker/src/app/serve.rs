@@ -12,7 +12,6 @@ use hasten_kv_worker::service::KvGenerationService;
 use hasten_kv_worker::worker::KvWorker;
 use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
-use hasten_proto::tls::MutualTls;
 use hasten_proto::v1::kv_generation_server::KvGenerationServer;
 
 /// Serves `KvGeneration` over the configured store until a shutdown signal.
@@ -22,12 +21,7 @@ pub(crate) async fn serve(config: KvWorkerConfig) -> Result<()> {
         config.otlp_endpoint.as_deref(),
         "hasten-kv-worker",
     )?;
-    let mutual = config
-        .tls
-        .mutual_tls()?
-        .map(|paths| MutualTls::load(&paths))
-        .transpose()
-        .context("loading the mutual-TLS files")?;
+    let mutual = config.tls.load_mutual()?;
     let model_path = config
         .model
         .clone()
