@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Probes the answer surface as a new user would (bench/answer_probes.py): a "stuff" prompt,
 # streams abandoned after their first line, a burst of streams, back-to-back requests on a
-# queue of one. Starts a cloud index and two edges (the default queue, and answer_queue = 1)
+# queue of one. Starts a cloud index and two edges (the default queue, and answer.queue = 1)
 # answering with SmolLM2-135M, on loopback, and stops them at the end.
 #
 # usage: bench/answer-probes.sh [EDGE_BINARY]   (default: the workspace's debug edge-node;
@@ -31,7 +31,7 @@ rm -f "$run"/*.ready "$run"/cloud.pem
   > "$run/cloud.log" 2>&1 &
 pids+=($!)
 wait_ready "$run/cloud.ready"
-echo 'answer_queue = 1' > "$run/queue-1.toml"
+printf '[answer]\nqueue = 1\n' > "$run/queue-1.toml"
 start_edge() {
   local name=$1; shift
   "$edge_bin" serve --bundle "$bundle" --cloud-addr "$(field "$run/cloud.ready" quic_addr)" \

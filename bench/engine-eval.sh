@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine path against the in-process runtime, same model, same questions: a cloud index
-# over SQuAD-dev's articles, one edge generating in process (`lm_model`) and one generating on
-# llama.cpp's own server (`lm_engine_url`, the xllamacpp wheel `make clients` installs), both
+# over SQuAD-dev's articles, one edge generating in process (`answer.model`) and one generating on
+# llama.cpp's own server (`engine.url`, the xllamacpp wheel `make clients` installs), both
 # serving SmolLM2-135M-Instruct Q4_1 on this machine's cores (2 threads each; the questions go
 # one at a time, so they never compete). bench/answer_eval.py asks every question of both
 # edges in turn and scores the answers. Writes run/engine-eval/report.json.

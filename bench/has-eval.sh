@@ -16,7 +16,7 @@
 #   bench/has-eval.sh --squad FILE       the earlier SQuAD evaluation (SQuAD paragraphs,
 #                                        HotpotQA and wiki18 passages; SQuAD questions)
 #   bench/has-eval.sh ... -- ARGS        ARGS go to hasten-loadtest eval as they are, e.g.
-#                                        -- --has-variant 'rank=--vote-weighting=rank'
+#                                        -- --has-variant 'rank=--set retrieval.vote_weighting=rank'
 #
 # Environment: QUERIES (20000; SQuAD: 5000), RATE_QPS (30, open loop), MODE (realtime, or
 # replay: no emulated network, quality at full speed), MAX_PASSAGES (20), SYSTEMS, TAUS,

@@ -38,12 +38,12 @@ Subcommands:
       The chart README's corpus update without downtime as rendered: the installed release
       (BLUE) with its edges on the new claim and green's router, its shards on the old one;
       a cloud-only release (GREEN) over the new claim serving blue's cloud certificate, and
-      the same under mutual TLS (GREEN_MTLS). Blue's edges' cloud_server_name must verify in
+      the same under mutual TLS (GREEN_MTLS). Blue's edges' cloud.server_name must verify in
       memory against both, green's router policy must admit blue's edges on QUIC.
   mtls-names RENDERED
       Takes the mutual-TLS Secret Helm generated (tls.mutual.generate) and runs, in memory, a
       mutual TLS handshake for every host name the rendered configurations dial (router's
-      shard replicas, control-plane peers, the edges' control plane and cloud_server_name):
+      shard replicas, control-plane peers, the edges' control plane and cloud.server_name):
       the certificate must verify for that name as a server and as a client, both from the
       CA. A name outside the certificate and a client without one must fail.
   mtls-handshake BINDIR RENDERED

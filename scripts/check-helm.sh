@@ -265,7 +265,7 @@ PY
 check pool-autoscaling pool_autoscaled
 
 # What each layout's configurations name is mounted; mutual TLS (all of tls_ca, tls_cert,
-# tls_key) and tenants_file as the layout asks.
+# tls_key) and the edge's server.tenants_file as the layout asks.
 check files-default "$py" "$helper" check-files off off "$out/default.yaml"
 check files-production "$py" "$helper" check-files on on "$out/production.yaml"
 check files-monitoring "$py" "$helper" check-files off off "$out/monitoring.yaml"
@@ -328,9 +328,9 @@ check refuses-bad-enum refuses bad-enum "value must be one of" --set edge.kind=S
 check refuses-corpus-claim-root refuses corpus-claim-root 'corpus.bootstrap.onClaim' \
   --set corpus.existingClaim=hasten-corpus --set corpus.bootstrap.onClaim=true
 # The binaries' own keys, through their schemas generated from the Rust config types.
-check refuses-config-bound refuses config-bound "at '/edge/config/tau': maximum" --set edge.config.tau=5
-check refuses-config-enum refuses config-enum "at '/edge/config/policy': value must be one of 'has'" \
-  --set edge.config.policy=fastest
+check refuses-config-bound refuses config-bound "at '/edge/config/retrieval/tau': maximum" --set edge.config.retrieval.tau=5
+check refuses-config-enum refuses config-enum "at '/edge/config/retrieval/policy': value must be one of 'has'" \
+  --set edge.config.retrieval.policy=fastest
 check refuses-config-key refuses config-key "additional properties 'max_wait_ms' not allowed" \
   --set cloud.router.config.batching.max_wait_ms=5
 check refuses-config-zero refuses config-zero "at '/controlPlane/config/tick_ms': minimum" \

@@ -43,8 +43,8 @@ def dialled_names(tomls):
         if key == "control-plane.toml":
             names.update(host(peer.split("=", 1)[1]) for peer in config["peers"])
         if key == "edge.toml":
-            names.update(host(a) for a in config.get("control_plane", []))
-            names.add(config["cloud_server_name"])
+            names.update(host(a) for a in config.get("control_plane", {}).get("nodes", []))
+            names.add(config["cloud"]["server_name"])
     return sorted(names)
 
 
@@ -320,9 +320,9 @@ def corpus_update(blue_path, green_path, green_mtls_path, old_claim, new_claim, 
     if rolling.get("maxUnavailable") != 0:
         errors.append(f"blue's edges roll with {rolling}: an old edge would stop before its successor is ready")
     edge_toml = next(c for (_, key), (_, c) in rendered_tomls(blue).items() if key == "edge.toml")
-    if edge_toml.get("cloud_addr") != cloud_addr:
-        errors.append(f"blue's edge.toml cloud_addr is {edge_toml.get('cloud_addr')!r}, not {cloud_addr}")
-    server_name = edge_toml["cloud_server_name"]
+    if edge_toml["cloud"].get("addr") != cloud_addr:
+        errors.append(f"blue's edge.toml cloud.addr is {edge_toml['cloud'].get('addr')!r}, not {cloud_addr}")
+    server_name = edge_toml["cloud"]["server_name"]
 
     for docs, label in ((green, "green"), (green_mtls, "green (mutual TLS)")):
         extra = [d["metadata"]["name"] for d in docs if d["kind"] in (*WORKLOAD_KINDS, "Pod")

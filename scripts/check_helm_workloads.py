@@ -84,8 +84,8 @@ def check_files(mutual, tenants, rendered):
                         errors.append(f"{where}: {key} sets {dev} under mutual TLS")
             elif "tls_ca" in config:
                 errors.append(f"{where}: {key} sets tls_ca with mutual TLS off")
-            if key == "edge.toml" and (tenants == "on") != ("tenants_file" in config):
-                errors.append(f"{where}: {key} {'lacks' if tenants == 'on' else 'sets'} tenants_file")
+            if key == "edge.toml" and (tenants == "on") != ("tenants_file" in config.get("server", {})):
+                errors.append(f"{where}: {key} {'lacks' if tenants == 'on' else 'sets'} server.tenants_file")
     if mutual == "on" and any(name.endswith("-cloud-tls") for name in secrets):
         errors.append("tls.cloud's Secret is rendered although mutual TLS supersedes it")
     exit_on(errors)
@@ -206,16 +206,18 @@ def edge_kv_wiring(rendered, golden, namespace):
         tomllib.loads(d["data"]["edge-kv.toml"]) for d in load_docs(golden) if d["kind"] == "ConfigMap" and "edge-kv.toml" in (d.get("data") or {})
     )
     edge = next(c for (_, key), (_, c) in rendered_tomls(docs).items() if key == "edge.toml")
-    if "kv_workers" not in edge:
-        fail("the edges' configuration has no kv_workers")
+    kv = edge.get("kv", {})
+    fragment = fragment.get("kv", {})
+    if "workers" not in kv:
+        fail("the edges' configuration has no kv.workers")
     pools = {d["metadata"]["name"]: d for d in docs if d["kind"] == "KvWorkerPool"}
-    name = next((n for n in pools if edge["kv_workers"][0].startswith(f"{n}-0.")), None)
+    name = next((n for n in pools if kv["workers"][0].startswith(f"{n}-0.")), None)
     if name is None:
-        fail(f"the edges dial {edge['kv_workers'][0]}, of no rendered pool ({sorted(pools)})")
+        fail(f"the edges dial {kv['workers'][0]}, of no rendered pool ({sorted(pools)})")
     pool = pools[name]
     expected = [
         address.replace("wiki", name).replace(".rag.", f".{namespace}.")
-        for address in fragment["kv_workers"]
+        for address in fragment["workers"]
     ]
     # An autoscaled pool has no replicas of its own: the edges start with its minimum.
     scaler = next(
@@ -230,14 +232,14 @@ def edge_kv_wiring(rendered, golden, namespace):
     replicas = scaler["spec"]["minReplicas"] if scaler else pool["spec"]["replicas"]
     expected = [expected[0].replace(f"{name}-0.", f"{name}-{i}.") for i in range(replicas)]
     errors = []
-    if edge["kv_workers"] != expected:
-        errors.append(f"kv_workers {edge['kv_workers']}, the operator's naming gives {expected}")
+    if kv["workers"] != expected:
+        errors.append(f"kv.workers {kv['workers']}, the operator's naming gives {expected}")
     fusion = pool["spec"].get("fusion", {})
-    if edge.get("kv_mode") != fusion.get("mode", "fusionrag"):
-        errors.append(f"kv_mode {edge.get('kv_mode')!r}, the pool's {fusion.get('mode')!r}")
-    if abs(edge.get("kv_recompute_ratio", -1) - fusion.get("recomputeRatio", 0.15)) > 1e-9:
-        errors.append(f"kv_recompute_ratio {edge.get('kv_recompute_ratio')}, the pool's {fusion.get('recomputeRatio')}")
-    if "control_plane" in edge and edge.get("kv_pool") != f"{namespace}/{name}":
-        errors.append(f"kv_pool {edge.get('kv_pool')!r}, expected {namespace}/{name} to follow the published assignment")
+    if kv.get("mode") != fusion.get("mode", "fusionrag"):
+        errors.append(f"kv.mode {kv.get('mode')!r}, the pool's {fusion.get('mode')!r}")
+    if abs(kv.get("recompute_ratio", -1) - fusion.get("recomputeRatio", 0.15)) > 1e-9:
+        errors.append(f"kv.recompute_ratio {kv.get('recompute_ratio')}, the pool's {fusion.get('recomputeRatio')}")
+    if edge.get("control_plane", {}).get("nodes") and kv.get("pool") != f"{namespace}/{name}":
+        errors.append(f"kv.pool {kv.get('pool')!r}, expected {namespace}/{name} to follow the published assignment")
     exit_on(errors)
-    print(f"the edges dial the {replicas} workers of pool {name} as the operator names them, {edge['kv_mode']} at {edge['kv_recompute_ratio']}, following {edge.get('kv_pool')}")
+    print(f"the edges dial the {replicas} workers of pool {name} as the operator names them, {kv['mode']} at {kv['recompute_ratio']}, following {kv.get('pool')}")

@@ -405,7 +405,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, toml).unwrap();
-        load_config(Some(&file), "HASTEN_CONFIG_TEST_UNUSED_", &NoFlags {})
+        load_config(Some(&file), "HASTEN_CONFIG_TEST_UNUSED_", &NoFlags {}, &[])
     }
 
     #[test]

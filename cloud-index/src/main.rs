@@ -38,6 +38,10 @@ enum Command {
     Route(RouteArgs),
 }
 
+// The flags name what differs between two processes that share one configuration file:
+// where the process listens, what it reads and writes, whom it dials and who it is
+// (docs/configuration.md). Every other key is set in the file, in the environment or for
+// one run with `--set TABLE.KEY=VALUE`.
 #[derive(Args, Serialize)]
 struct ServeArgs {
     #[command(flatten)]
@@ -55,42 +59,10 @@ struct ServeArgs {
     #[command(flatten)]
     #[serde(flatten)]
     tls: TlsConfig,
-    #[command(flatten)]
-    batching: BatchingArgs,
-    /// OpenMP threads for faiss; 0 for every core.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    openmp_threads: Option<usize>,
-    /// OpenBLAS threads; 0 for every core.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    openblas_threads: Option<usize>,
-    /// Smallest batch searched as one matrix product.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    blas_min_batch: Option<usize>,
 }
 
-/// Micro-batching, the `[batching]` table; shared by `serve` (one faiss call per batch) and
-/// `route` (one request per shard per batch).
-#[derive(Args, Serialize)]
-struct BatchingArgs {
-    /// Coalesce concurrent searches into one batch.
-    #[arg(long = "batching", value_name = "BATCHING")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    enabled: Option<bool>,
-    /// Most query vectors in one batch.
-    #[arg(long = "batch-max-queries", value_name = "BATCH_MAX_QUERIES")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_queries: Option<usize>,
-    /// Longest a search waits for company, in microseconds.
-    #[arg(long = "batch-max-wait-us", value_name = "BATCH_MAX_WAIT_US")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_wait_us: Option<u64>,
-}
-
-/// What shard servers and routers share, the `[server]` table: where they listen, how they
-/// report themselves, and how much they take on at once.
+/// What shard servers and routers share, the `[server]` table: where they listen and how
+/// they report themselves.
 #[derive(Args, Serialize)]
 struct ServerArgs {
     /// UDP address for QUIC.
@@ -105,10 +77,6 @@ struct ServerArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     metrics_addr: Option<SocketAddr>,
-    /// Searches answered at once; beyond it RESOURCE_EXHAUSTED.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_in_flight: Option<usize>,
     /// Where to write the generated dev certificate.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -150,24 +118,6 @@ struct RouteArgs {
     #[command(flatten)]
     #[serde(flatten)]
     tls: TlsConfig,
-    /// Deadline of a request that names none, in milliseconds.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    request_timeout_ms: Option<u64>,
-    /// Longest one attempt on one replica, in milliseconds.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    attempt_timeout_ms: Option<u64>,
-    /// Period of replica health checks, in milliseconds.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    health_interval_ms: Option<u64>,
-    /// How long start-up waits for a replica of every shard, in seconds.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    startup_timeout_s: Option<u64>,
-    #[command(flatten)]
-    batching: BatchingArgs,
 }
 
 impl RouteArgs {

@@ -30,6 +30,10 @@ use tonic::service::interceptor::InterceptedService;
 /// One node of Hasten's control plane: replicates the hot cache, the shard map and runtime
 /// configuration with Raft, persisted in its own write-ahead log, and streams committed
 /// events to edges.
+// The flags name what differs between two processes that share one configuration file:
+// where the process listens, what it reads and writes, whom it dials and who it is
+// (docs/configuration.md). Every other key is set in the file, in the environment or for
+// one run with `--set KEY=VALUE`.
 #[derive(Parser, Serialize)]
 #[command(version)]
 struct Cli {
@@ -67,26 +71,6 @@ struct Cli {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
-    /// Raft tick in milliseconds.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tick_ms: Option<u64>,
-    /// Applied entries kept before snapshot and log truncation.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_log_entries: Option<u64>,
-    /// Payload bytes of applied entries kept before snapshot and truncation.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_log_bytes: Option<u64>,
-    /// Committed events kept behind a compaction point for resuming subscribers.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    retained_events: Option<u64>,
-    /// Milliseconds a proposal waits for its commit.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    propose_timeout_ms: Option<u64>,
     /// Write the listening address here once serving.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

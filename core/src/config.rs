@@ -31,6 +31,22 @@ impl ConfigError {
             message: message.into(),
         }
     }
+
+    /// The key that the file, the environment or a flag named and the configuration does
+    /// not have, when that is why loading failed. (A struct that flattens another, as every
+    /// configuration flattens [`TlsConfig`], reports it as serde's message, not as the kind.)
+    pub fn unknown_key(&self) -> Option<&str> {
+        let Self::Load(error) = self else {
+            return None;
+        };
+        match &error.kind {
+            figment::error::Kind::UnknownField(key, _) => Some(key),
+            figment::error::Kind::Message(message) => {
+                message.strip_prefix("unknown field `")?.split('`').next()
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The flags every binary takes about its configuration itself (flatten into its command).
@@ -46,6 +62,38 @@ pub struct ConfigSource {
     /// Helm chart's values schema check a file against it).
     #[arg(long, conflicts_with = "print_config")]
     pub print_config_schema: bool,
+    /// Set one key for this run, `TABLE.KEY=VALUE` (`retrieval.tau=0.2`), over the file, the
+    /// environment and the other flags; repeat it for more keys.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    pub set: Vec<Setting>,
+}
+
+/// One `--set` of a key: its dotted path from the top of the configuration and its value,
+/// read as the environment's values are (`0.2` a number, `true` a boolean, `[a, b]` a
+/// list, anything else a string).
+#[derive(Clone, Debug)]
+pub struct Setting {
+    pub key: String,
+    pub value: figment::value::Value,
+}
+
+fn parse_setting(text: &str) -> Result<Setting, String> {
+    let expected = "expected TABLE.KEY=VALUE or KEY=VALUE (`retrieval.tau=0.2`)";
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: {expected}"))?;
+    let key = key.trim();
+    let well_formed = key.split('.').all(|part| {
+        !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    });
+    if !well_formed {
+        return Err(format!("`{key}` is not a key: {expected}"));
+    }
+    let Ok(value) = value.parse::<figment::value::Value>();
+    Ok(Setting {
+        key: key.to_string(),
+        value,
+    })
 }
 
 /// Checks `otlp_endpoint`: an `http://` or `https://` URL of a collector's OTLP/gRPC port.
@@ -102,7 +150,7 @@ where
         println!("{text}");
         return Ok(None);
     }
-    let config: T = load_config(source.config.as_deref(), env_prefix, flags)?;
+    let config: T = load_config(source.config.as_deref(), env_prefix, flags, &source.set)?;
     config.validate()?;
     if source.print_config {
         let text = serde_json::to_string_pretty(&config).map_err(ConfigError::Print)?;
@@ -219,7 +267,11 @@ pub fn parse_command<C: clap::FromArgMatches>(command: clap::Command) -> C {
 fn default_of_key(defaults: &serde_json::Value, key: &str) -> Option<String> {
     use serde_json::Value;
     let object = defaults.as_object()?;
-    let value = match object.get(key) {
+    let value = match key.split_once('.') {
+        Some((table, rest)) => return default_of_key(object.get(table)?, rest),
+        None => object.get(key),
+    };
+    let value = match value {
         Some(value) => value,
         None => {
             let mut found = object
@@ -257,7 +309,13 @@ fn default_of_key(defaults: &serde_json::Value, key: &str) -> Option<String> {
 /// sets `quic_addr` of `[server]` (keys themselves hold single underscores only). `flags` is
 /// the command line as a serialisable struct whose unset options are skipped
 /// (`#[serde(skip_serializing_if = "Option::is_none")]`), nested as the tables are.
-pub fn load_config<T, F>(file: Option<&Path>, env_prefix: &str, flags: &F) -> Result<T, ConfigError>
+/// `settings` (`--set`) come last: a key set for one run wins over everything else.
+pub fn load_config<T, F>(
+    file: Option<&Path>,
+    env_prefix: &str,
+    flags: &F,
+    settings: &[Setting],
+) -> Result<T, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned,
     F: Serialize,
@@ -269,9 +327,13 @@ where
         }
         figment = figment.merge(Toml::file(path));
     }
-    figment
+    figment = figment
         .merge(Env::prefixed(env_prefix).split("__"))
-        .merge(Serialized::defaults(flags))
+        .merge(Serialized::defaults(flags));
+    for setting in settings {
+        figment = figment.merge(Serialized::default(&setting.key, &setting.value));
+    }
+    figment
         .extract()
         .map_err(|e| ConfigError::Load(Box::new(e)))
 }
@@ -350,6 +412,9 @@ mod tests {
             clap::Arg::new("window_ms").long("window-ms").help("Window"),
             clap::Arg::new("workers").long("workers").help("Workers"),
             clap::Arg::new("other").long("other").help("Not a key"),
+            clap::Arg::new("batching.workers")
+                .long("batch-workers")
+                .help("Batch workers"),
         ]);
         let command = help_with_defaults::<HelpSample>(command);
         let help = |id: &str| {
@@ -376,6 +441,8 @@ mod tests {
         // In two tables: which one the flag sets is not the help's to guess.
         assert_eq!(help("workers").0, "Workers");
         assert_eq!(help("other").0, "Not a key");
+        // A dotted id names its table, even where the key is in two.
+        assert_eq!(help("batching.workers").0, "Batch workers [default: 4]");
     }
 
     #[test]
@@ -386,8 +453,13 @@ mod tests {
         std::fs::write(&file, "tau = 0.5\ncapacity = 3\nname = \"file\"\n").unwrap();
         figment::Jail::expect_with(|jail| {
             jail.set_env("HASTEN_TEST_NAME", "env");
-            let got: Sample =
-                load_config(Some(&file), "HASTEN_TEST_", &Flags { capacity: Some(9) }).unwrap();
+            let got: Sample = load_config(
+                Some(&file),
+                "HASTEN_TEST_",
+                &Flags { capacity: Some(9) },
+                &[],
+            )
+            .unwrap();
             assert_eq!(
                 got,
                 Sample {
@@ -397,7 +469,7 @@ mod tests {
                 }
             );
             let unset: Sample =
-                load_config(None, "HASTEN_TEST_", &Flags { capacity: None }).unwrap();
+                load_config(None, "HASTEN_TEST_", &Flags { capacity: None }, &[]).unwrap();
             assert_eq!(unset.capacity, 0);
             Ok(())
         });
@@ -432,7 +504,7 @@ mod tests {
                 ..TlsConfig::default()
             },
         };
-        let got: WithTls = load_config(Some(&file), "HASTEN_TLS_TEST_", &flags).unwrap();
+        let got: WithTls = load_config(Some(&file), "HASTEN_TLS_TEST_", &flags, &[]).unwrap();
         assert_eq!(got.capacity, 3);
         let paths = got.tls.mutual_tls().unwrap().unwrap();
         assert_eq!(
@@ -441,7 +513,7 @@ mod tests {
         );
 
         std::fs::write(&file, "capacity = 3\ntls_cerrt = \"c.pem\"\n").unwrap();
-        let refused = load_config::<WithTls, _>(Some(&file), "HASTEN_TLS_TEST_", &flags)
+        let refused = load_config::<WithTls, _>(Some(&file), "HASTEN_TLS_TEST_", &flags, &[])
             .unwrap_err()
             .to_string_full();
         assert!(refused.contains("tls_cerrt"), "{refused}");
@@ -534,7 +606,7 @@ mod tests {
                     max_in_flight: Some(9),
                 },
             };
-            let got: Nested = load_config(Some(&file), "HASTEN_TEST_", &flags).unwrap();
+            let got: Nested = load_config(Some(&file), "HASTEN_TEST_", &flags, &[]).unwrap();
             assert_eq!(
                 got,
                 Nested {
@@ -550,7 +622,7 @@ mod tests {
                     max_in_flight: None,
                 },
             };
-            let from_file: Nested = load_config(Some(&file), "HASTEN_NONE_", &unset).unwrap();
+            let from_file: Nested = load_config(Some(&file), "HASTEN_NONE_", &unset, &[]).unwrap();
             assert_eq!(
                 from_file.server.max_in_flight, 3,
                 "an empty flag table keeps the file's keys"
@@ -564,14 +636,70 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
         std::fs::write(&file, "capacity = \"many\"\n").unwrap();
-        let err = load_config::<Sample, _>(Some(&file), "HASTEN_NONE_", &Flags { capacity: None })
-            .unwrap_err()
-            .to_string_full();
+        let err =
+            load_config::<Sample, _>(Some(&file), "HASTEN_NONE_", &Flags { capacity: None }, &[])
+                .unwrap_err()
+                .to_string_full();
         assert!(err.contains("capacity"), "{err}");
         let missing = dir.path().join("absent.toml");
         assert!(matches!(
-            load_config::<Sample, _>(Some(&missing), "HASTEN_NONE_", &Flags { capacity: None }),
+            load_config::<Sample, _>(
+                Some(&missing),
+                "HASTEN_NONE_",
+                &Flags { capacity: None },
+                &[]
+            ),
             Err(ConfigError::MissingFile(_))
         ));
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail fixes the closure's error type
+    fn a_set_key_wins_over_flags_and_reaches_into_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "[server]\nquic_addr = \"file\"\nmax_in_flight = 3\n").unwrap();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HASTEN_TEST_CLOUD_TIMEOUT_MS", "1500");
+            let flags = NestedFlags {
+                server: ServerFlags {
+                    max_in_flight: Some(9),
+                },
+            };
+            let settings = [
+                "server.max_in_flight=12",
+                "cloud_timeout_ms=250",
+                "server.quic_addr=[::1]:1",
+            ]
+            .map(|text| parse_setting(text).unwrap());
+            let got: Nested = load_config(Some(&file), "HASTEN_TEST_", &flags, &settings).unwrap();
+            assert_eq!(
+                got,
+                Nested {
+                    cloud_timeout_ms: 250,
+                    server: Server {
+                        quic_addr: "[::1]:1".into(),
+                        max_in_flight: 12,
+                    },
+                }
+            );
+            let unknown = [parse_setting("server.max_inflight=1").unwrap()];
+            let error = load_config::<Nested, _>(None, "HASTEN_NONE_", &flags, &unknown)
+                .unwrap_err()
+                .to_string_full();
+            assert!(error.contains("max_inflight"), "{error}");
+            Ok(())
+        });
+        for bad in ["tau", "=1", "retrieval..tau=1", "a b=1"] {
+            assert!(parse_setting(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_setting("retrieval.tau=0.2")
+                .unwrap()
+                .value
+                .to_num()
+                .and_then(|n| n.to_f64()),
+            Some(0.2)
+        );
     }
 }

@@ -12,12 +12,7 @@ use hasten_core::config::{
     ConfigSource, TlsConfig, help_with_defaults, parse_command, resolve_config,
 };
 use hasten_core::logging::LogArgs;
-use hasten_edge_node::config::EdgeConfig;
-use hasten_edge_node::has::VoteWeighting;
-use hasten_edge_node::retrieval::RetrievalPolicy;
-use hasten_worker_api::kv::FusionMode;
-use hasten_worker_api::kv::KvRouting;
-use hasten_worker_api::kv::Variant;
+use hasten_edge_node::config::{EdgeConfig, moved_key};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -37,6 +32,11 @@ enum Command {
     Serve(ServeArgs),
 }
 
+// The flags name what differs between two processes that share one configuration file:
+// where the process listens, what it reads, whom it dials and who it is
+// (docs/configuration.md, "Flags"). Every other key is set in the file, in the environment
+// or for one run with `--set TABLE.KEY=VALUE`. Each table of flags serialises as the
+// configuration's table of the same name, its unset flags skipped.
 #[derive(Args, Serialize)]
 struct ServeArgs {
     #[command(flatten)]
@@ -53,167 +53,6 @@ struct ServeArgs {
     #[arg(long, env = "HASTEN_MODEL_DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     model_dir: Option<PathBuf>,
-    /// JSON API address.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    http_addr: Option<SocketAddr>,
-    /// gRPC API address.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    grpc_addr: Option<SocketAddr>,
-    /// Address of /v1/status, /metrics, /readyz, /healthz [default: the HTTP API's];
-    /// required with --tenants-file.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metrics_addr: Option<SocketAddr>,
-    /// HTTP connections open at once.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_connections: Option<usize>,
-    /// HTTP connections one client address may hold open [default: max_connections / 4].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_connections_per_client: Option<usize>,
-    /// Milliseconds to send a request's head, or to start the next one.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    header_timeout_ms: Option<u64>,
-    /// Milliseconds for a request's body to arrive.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    body_timeout_ms: Option<u64>,
-    /// Milliseconds requests may take to finish after SIGTERM.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shutdown_grace_ms: Option<u64>,
-    /// Cloud index QUIC address.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cloud_addr: Option<String>,
-    /// TLS name of the cloud.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cloud_server_name: Option<String>,
-    /// PEM certificate(s) to trust for the cloud.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cloud_ca: Option<PathBuf>,
-    #[command(flatten)]
-    #[serde(flatten)]
-    tls: TlsConfig,
-    /// Cloud request deadline in milliseconds.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cloud_timeout_ms: Option<u64>,
-    /// has | cloud-only | edge-ivf | exact-cache | semantic-cache.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    policy: Option<RetrievalPolicy>,
-    /// Cosine similarity at which semantic-cache reuses a result.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    semantic_threshold: Option<f32>,
-    /// Default k.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    k: Option<usize>,
-    /// Homology threshold tau.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tau: Option<f64>,
-    /// Draft documents validated and fallback documents cached, whatever k.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    validation_depth: Option<usize>,
-    /// Cached queries per tenant, FIFO, without a control plane.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache_capacity: Option<usize>,
-    /// Fuzzy-channel candidates re-ranked exactly.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fuzzy_candidates: Option<usize>,
-    /// Cache-channel candidates re-ranked exactly.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache_candidates: Option<usize>,
-    /// Run the fuzzy channel.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fuzzy_channel: Option<bool>,
-    /// Fuzzy-channel documents take part in validation.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fuzzy_in_validation: Option<bool>,
-    /// Fuzzy-channel documents join served drafts.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fuzzy_in_draft: Option<bool>,
-    /// How shared documents' votes weigh: count or rank.
-    #[arg(long, value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    vote_weighting: Option<VoteWeighting>,
-    /// The validating query's best N cached documents must be in the draft.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    require_matched_top: Option<usize>,
-    /// Re-rank accepted drafts with the validating query's documents.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    draft_with_matched: Option<bool>,
-    /// Hybrid validation: only cached queries this similar vote [default: none].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    hybrid_similarity: Option<f32>,
-    /// Questions (one per line) fetched from the cloud and cached before serving.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warm_queries: Option<PathBuf>,
-    /// Share of the corpus this edge holds (fuzzy channel and documents), (0, 1].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    corpus_fraction: Option<f64>,
-    /// Fuzzy-channel IVF lists [default: 4 x sqrt(n)].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fuzzy_nlist: Option<usize>,
-    /// Fuzzy-channel probes [default: nlist x 64 / 8192, at least ~8,192 codes].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fuzzy_nprobe: Option<usize>,
-    /// Cache-channel IVF lists [default: 4 x sqrt(n)].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache_nlist: Option<usize>,
-    /// Cache-channel probes [default: nlist / 16].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache_nprobe: Option<usize>,
-    /// A control-plane node's gRPC address (repeat for each); replicates the cache.
-    #[arg(long = "control-plane", value_name = "HOST:PORT")]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    control_plane: Vec<String>,
-    /// File holding the control plane's shared token, for a control plane without mutual TLS.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    control_plane_token_file: Option<PathBuf>,
-    /// Requests answered at once; beyond it 429 / RESOURCE_EXHAUSTED.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_in_flight: Option<usize>,
-    /// TOML file of tenants and their bearer tokens; without it the API is open.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tenants_file: Option<PathBuf>,
-    /// Show the matched cached query's text in replies (another user's question).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    expose_matched_query_text: Option<bool>,
-    /// Show where each HaS draft came from in replies (document ids of the channels and
-    /// the best cached query).
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    expose_draft_trace: Option<bool>,
     /// This edge's name in replicated entries.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -222,84 +61,157 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     ready_file: Option<PathBuf>,
-    /// GGUF model that answers /v1/answer (and verifies speculative drafts).
-    #[arg(long)]
+    #[command(flatten)]
+    #[serde(flatten)]
+    tls: TlsConfig,
+    #[command(flatten)]
+    server: ServerArgs,
+    #[command(flatten)]
+    cloud: CloudArgs,
+    #[command(flatten)]
+    retrieval: RetrievalArgs,
+    #[command(flatten)]
+    control_plane: ControlPlaneArgs,
+    #[command(flatten)]
+    answer: AnswerArgs,
+    #[command(flatten)]
+    kv: KvArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Args, Serialize)]
+struct ServerArgs {
+    /// JSON API address.
+    #[arg(long, id = "server.http_addr", value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_model: Option<PathBuf>,
-    /// Small GGUF model that writes Speculative RAG's drafts [default: lm_model].
-    #[arg(long)]
+    http_addr: Option<SocketAddr>,
+    /// gRPC API address.
+    #[arg(long, id = "server.grpc_addr", value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_drafter: Option<PathBuf>,
-    /// host:port of a generation worker (lm-worker) to answer with instead of lm_model.
-    #[arg(long)]
+    grpc_addr: Option<SocketAddr>,
+    /// Address of /v1/status, /metrics, /readyz, /healthz [default: the HTTP API's];
+    /// required with --tenants-file.
+    #[arg(long, id = "server.metrics_addr", value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_worker: Option<String>,
-    /// A FusionRAG KV worker's gRPC address (repeat for each) to answer with instead of
-    /// lm_model: retrieved documents go to it as chunk ids.
-    #[arg(long = "kv-worker", value_name = "HOST:PORT")]
+    metrics_addr: Option<SocketAddr>,
+    /// TOML file of tenants and their bearer tokens; without it the API is open.
+    #[arg(long, id = "server.tenants_file", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenants_file: Option<PathBuf>,
+}
+
+#[derive(Args, Serialize)]
+struct CloudArgs {
+    /// Cloud index QUIC address, host:port.
+    #[arg(long = "cloud-addr", id = "cloud.addr", value_name = "HOST:PORT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    addr: Option<String>,
+    /// TLS name of the cloud.
+    #[arg(
+        long = "cloud-server-name",
+        id = "cloud.server_name",
+        value_name = "NAME"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_name: Option<String>,
+    /// PEM certificate(s) to trust for the cloud.
+    #[arg(long = "cloud-ca", id = "cloud.ca", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca: Option<PathBuf>,
+}
+
+#[derive(Args, Serialize)]
+struct RetrievalArgs {
+    /// Questions (one per line) fetched from the cloud and cached before serving.
+    #[arg(long, id = "retrieval.warm_queries", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_queries: Option<PathBuf>,
+}
+
+#[derive(Args, Serialize)]
+struct ControlPlaneArgs {
+    /// A control-plane node's gRPC address (repeat for each); replicates the cache.
+    #[arg(
+        long = "control-plane",
+        id = "control_plane.nodes",
+        value_name = "HOST:PORT"
+    )]
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    kv_workers: Vec<String>,
-    /// namespace/name of the KvWorkerPool whose assignment (through the control plane) the
-    /// KV workers follow.
-    #[arg(long)]
+    nodes: Vec<String>,
+    /// File holding the control plane's shared token, for a control plane without mutual TLS.
+    #[arg(
+        long = "control-plane-token-file",
+        id = "control_plane.token_file",
+        value_name = "FILE"
+    )]
     #[serde(skip_serializing_if = "Option::is_none")]
-    kv_pool: Option<String>,
-    /// fusionrag, cacheblend, full-reuse or full-prefill.
-    #[arg(long, value_parser = parse_fusion_mode)]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Args, Serialize)]
+struct AnswerArgs {
+    /// GGUF model that answers /v1/answer (and verifies speculative drafts).
+    #[arg(long = "lm-model", id = "answer.model", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    kv_mode: Option<FusionMode>,
-    /// Share of chunk tokens the KV worker recomputes.
-    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Small GGUF model that writes Speculative RAG's drafts [default: --lm-model].
+    #[arg(long = "lm-drafter", id = "answer.drafter", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    kv_recompute_ratio: Option<f64>,
-    /// similarity or full-reuse: which stored chunk KV the workers read.
-    #[arg(long, value_parser = parse_variant)]
+    drafter: Option<PathBuf>,
+    /// host:port of a generation worker (lm-worker) to answer with instead of --lm-model.
+    #[arg(long = "lm-worker", id = "answer.worker", value_name = "HOST:PORT")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    kv_variant: Option<Variant>,
-    /// kv-aware or round-robin: which KV worker a request goes to.
-    #[arg(long, value_parser = parse_routing)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kv_routing: Option<KvRouting>,
+    worker: Option<String>,
+}
+
+#[derive(Args, Serialize)]
+struct KvArgs {
+    /// A FusionRAG KV worker's gRPC address (repeat for each) to answer with instead of
+    /// --lm-model: retrieved documents go to it as chunk ids.
+    #[arg(long = "kv-worker", id = "kv.workers", value_name = "HOST:PORT")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    workers: Vec<String>,
+}
+
+#[derive(Args, Serialize)]
+struct EngineArgs {
     /// Base URL of an OpenAI-compatible engine to generate on (http://vllm:8000/v1).
-    #[arg(long)]
+    #[arg(long = "lm-engine-url", id = "engine.url", value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_url: Option<String>,
+    url: Option<String>,
     /// The model the engine serves, as its /v1/models names it.
-    #[arg(long)]
+    #[arg(long = "lm-engine-model", id = "engine.model", value_name = "MODEL")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_model: Option<String>,
-    /// Engine that writes Speculative RAG's drafts (a smaller model) [default: lm_engine_url].
-    #[arg(long)]
+    model: Option<String>,
+    /// Engine that writes Speculative RAG's drafts (a smaller model) [default: --lm-engine-url].
+    #[arg(
+        long = "lm-engine-drafter-url",
+        id = "engine.drafter_url",
+        value_name = "URL"
+    )]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_drafter_url: Option<String>,
-    /// The drafter engine's model [default: lm_engine_model].
-    #[arg(long)]
+    drafter_url: Option<String>,
+    /// The drafter engine's model [default: --lm-engine-model].
+    #[arg(
+        long = "lm-engine-drafter-model",
+        id = "engine.drafter_model",
+        value_name = "MODEL"
+    )]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_drafter_model: Option<String>,
-    /// File holding the engine's API key (or set HASTEN_EDGE_LM_ENGINE_API_KEY).
-    #[arg(long)]
+    drafter_model: Option<String>,
+    /// File holding the engine's API key (or set HASTEN_EDGE_ENGINE__API_KEY).
+    #[arg(
+        long = "lm-engine-api-key-file",
+        id = "engine.api_key_file",
+        value_name = "FILE"
+    )]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_api_key_file: Option<PathBuf>,
+    api_key_file: Option<PathBuf>,
     /// PEM file of the CA that signed an https engine's certificate.
-    #[arg(long)]
+    #[arg(long = "lm-engine-ca", id = "engine.ca", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_ca: Option<PathBuf>,
-    /// Longest wait for the engine's next bytes, in ms.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_timeout_ms: Option<u64>,
-    /// Answers sent to the engine at once.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lm_engine_concurrency: Option<usize>,
-    /// cpu, or cuda in a build with the `cuda` feature.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lm_device: Option<hasten_lm::DeviceKind>,
-    /// fast, q8_0, f32 or as_stored.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lm_weights: Option<hasten_lm::WeightFormat>,
+    ca: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -311,8 +223,22 @@ async fn main() -> Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let Some(config) = resolve_config::<EdgeConfig, _>(&args.source, "HASTEN_EDGE_", &args)? else {
-        return Ok(());
+    let config = match resolve_config::<EdgeConfig, _>(&args.source, "HASTEN_EDGE_", &args) {
+        Ok(Some(config)) => config,
+        Ok(None) => return Ok(()),
+        Err(error) => {
+            let moved = error
+                .unknown_key()
+                .and_then(|old| Some((old.to_string(), moved_key(old)?)));
+            let error = anyhow::Error::from(error);
+            return Err(match moved {
+                Some((old, new)) => error.context(format!(
+                    "configuration: `{old}` is `{new}` now: the edge's keys are grouped in \
+                     tables (docs/configuration.md)"
+                )),
+                None => error,
+            });
+        }
     };
     let _traces = hasten_core::logging::init_with_traces(
         config.log_format,
@@ -320,20 +246,4 @@ async fn serve(args: ServeArgs) -> Result<()> {
         "hasten-edge",
     )?;
     app::serve(config).await
-}
-
-fn parse_fusion_mode(value: &str) -> Result<FusionMode, String> {
-    serde_json::from_value(serde_json::Value::String(value.into())).map_err(|_| {
-        format!("`{value}`: expected fusionrag, cacheblend, full-reuse or full-prefill")
-    })
-}
-
-fn parse_routing(value: &str) -> Result<KvRouting, String> {
-    serde_json::from_value(serde_json::Value::String(value.into()))
-        .map_err(|_| format!("`{value}`: expected kv-aware or round-robin"))
-}
-
-fn parse_variant(value: &str) -> Result<Variant, String> {
-    serde_json::from_value(serde_json::Value::String(value.into()))
-        .map_err(|_| format!("`{value}`: expected similarity or full-reuse"))
 }

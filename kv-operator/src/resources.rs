@@ -194,10 +194,11 @@ pub fn edge_fragment(pool: &KvWorkerPool, settings: &RenderSettings) -> String {
         .collect();
     format!(
         "# edge-node keys for KvWorkerPool {name}, rendered by {FIELD_MANAGER}.\n\
-         kv_workers = [{workers}]\n\
-         kv_mode = \"{mode}\"\n\
-         kv_recompute_ratio = {ratio}\n\
-         kv_routing = \"kv-aware\"\n",
+         [kv]\n\
+         workers = [{workers}]\n\
+         mode = \"{mode}\"\n\
+         recompute_ratio = {ratio}\n\
+         routing = \"kv-aware\"\n",
         name = pool.name_any(),
         workers = workers.join(", "),
         mode = pool.spec.fusion.mode.as_str(),

@@ -19,8 +19,6 @@ use hasten_core::config::{
 };
 use hasten_core::logging::{LogArgs, LogFormat};
 use hasten_kv_worker::config::KvWorkerConfig;
-use hasten_kv_worker::store::KvDtype;
-use hasten_lm::{DeviceKind, WeightFormat};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -51,6 +49,10 @@ enum Command {
     Sync(SyncArgs),
 }
 
+// The flags name what differs between two processes that share one configuration file:
+// where the process listens, what it reads and writes, whom it dials and who it is
+// (docs/configuration.md). Every other key is set in the file, in the environment or for
+// one run with `--set KEY=VALUE`.
 #[derive(Args, Serialize)]
 struct ServeArgs {
     #[command(flatten)]
@@ -71,42 +73,14 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<PathBuf>,
-    /// cpu, or cuda in a build with the `cuda` feature.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    device: Option<DeviceKind>,
-    /// as-stored, q8_0, f32 or fast [default: fast on cpu, f32 on cuda].
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    weights: Option<WeightFormat>,
     /// The store's directory.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<PathBuf>,
-    /// f16 or f32, for text chunks' entries written while serving.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    dtype: Option<KvDtype>,
     /// Refuse a model file whose SHA-256 is not this.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     model_sha256: Option<String>,
-    /// Bytes of chunk KV kept in RAM.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ram_budget: Option<u64>,
-    /// Bytes of chunk KV kept in GPU memory.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    gpu_budget: Option<u64>,
-    /// Answers waiting behind the one generating.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    queue: Option<usize>,
-    /// New tokens when a request asks for 0.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_new_tokens: Option<usize>,
     #[command(flatten)]
     #[serde(flatten)]
     tls: TlsConfig,

@@ -19,7 +19,7 @@ use hasten_lm_worker::metrics::WorkerMetrics;
 use hasten_proto::grpc_tls;
 use hasten_proto::health::readiness_health;
 use hasten_proto::v1::generation_server::GenerationServer;
-use hasten_rag::{DeviceKind, LmBackend, LocalLm, WeightFormat};
+use hasten_rag::{LmBackend, LocalLm};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -39,6 +39,10 @@ enum Command {
     Serve(ServeArgs),
 }
 
+// The flags name what differs between two processes that share one configuration file:
+// where the process listens, what it reads and writes, whom it dials and who it is
+// (docs/configuration.md). Every other key is set in the file, in the environment or for
+// one run with `--set KEY=VALUE`.
 #[derive(Args, Serialize)]
 struct ServeArgs {
     #[command(flatten)]
@@ -63,18 +67,6 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     lm_drafter: Option<PathBuf>,
-    /// cpu, or cuda in a build with the `cuda` feature.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lm_device: Option<DeviceKind>,
-    /// fast, q8_0, f32 or as_stored.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lm_weights: Option<WeightFormat>,
-    /// Answers waiting behind the one generating.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    queue: Option<usize>,
     #[command(flatten)]
     #[serde(flatten)]
     tls: TlsConfig,

@@ -82,7 +82,7 @@ pub struct AnswersArgs {
     concurrency: usize,
     #[command(flatten)]
     network: NetworkArgs,
-    /// Extra flag for every edge, e.g. `--edge-arg=--tau=0.3` (repeatable).
+    /// Extra flag for every edge, e.g. `--edge-arg=--set=retrieval.tau=0.3` (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     edge_arg: Vec<String>,
     /// Leading questions that warm caches but are left out of the figures.

@@ -111,7 +111,7 @@ pub struct HasVariant {
 impl std::str::FromStr for HasVariant {
     type Err = String;
 
-    /// `NAME=FLAGS`, the flags separated by spaces: `rank=--vote-weighting=rank`.
+    /// `NAME=FLAGS`, the flags separated by spaces: `rank=--set=retrieval.vote_weighting=rank`.
     fn from_str(text: &str) -> Result<Self, String> {
         let (name, flags) = text
             .split_once('=')
@@ -133,12 +133,12 @@ fn has_specs(name: &str, sweeps: &Sweeps, replicated: bool, extra: &[String]) ->
     let mut specs = Vec::new();
     for &fraction in &sweeps.corpus_fractions {
         for &tau in &sweeps.taus {
-            let t = tau.to_string();
-            let f = fraction.to_string();
-            let mut args = vec!["--policy", "has", "--tau", &t];
+            let t = format!("retrieval.tau={tau}");
+            let f = format!("retrieval.corpus_fraction={fraction}");
+            let mut args = vec!["--set", "retrieval.policy=has", "--set", &t];
             let mut params = serde_json::json!({ "tau": tau });
             if fraction < 1.0 {
-                args.extend(["--corpus-fraction", &f]);
+                args.extend(["--set", &f]);
                 params["corpus_fraction"] = serde_json::json!(fraction);
             }
             args.extend(extra.iter().map(String::as_str));
@@ -167,31 +167,32 @@ pub fn system_specs(
         )));
     }
     let no_fuzzy_tau = ablation.tau;
+    let no_fuzzy_tau_key = format!("retrieval.tau={no_fuzzy_tau}");
     let mut specs = Vec::new();
     for name in names {
         match name.as_str() {
             "cloud-only" => specs.push(SystemSpec::new(
                 "cloud-only",
                 serde_json::json!({}),
-                &["--policy", "cloud-only"],
+                &["--set", "retrieval.policy=cloud-only"],
             )),
             "edge-ivf" => specs.push(SystemSpec::new(
                 "edge-ivf",
                 serde_json::json!({}),
-                &["--policy", "edge-ivf"],
+                &["--set", "retrieval.policy=edge-ivf"],
             )),
             "exact-cache" => specs.push(SystemSpec::new(
                 "exact-cache",
                 serde_json::json!({}),
-                &["--policy", "exact-cache"],
+                &["--set", "retrieval.policy=exact-cache"],
             )),
             "semantic-cache" => {
                 for theta in &sweeps.thetas {
-                    let t = theta.to_string();
+                    let t = format!("retrieval.semantic_threshold={theta}");
                     specs.push(SystemSpec::new(
                         "semantic-cache",
                         serde_json::json!({"theta": theta}),
-                        &["--policy", "semantic-cache", "--semantic-threshold", &t],
+                        &["--set", "retrieval.policy=semantic-cache", "--set", &t],
                     ));
                 }
             }
@@ -204,39 +205,50 @@ pub fn system_specs(
             }
             "has-replicated" => specs.extend(has_specs("has-replicated", sweeps, true, &[])),
             "has-no-fuzzy" => {
-                let t = no_fuzzy_tau.to_string();
                 specs.push(SystemSpec::new(
                     "has-no-fuzzy",
                     serde_json::json!({"tau": no_fuzzy_tau}),
-                    &["--policy", "has", "--tau", &t, "--fuzzy-channel", "false"],
+                    &[
+                        "--set",
+                        "retrieval.policy=has",
+                        "--set",
+                        &no_fuzzy_tau_key,
+                        "--set",
+                        "retrieval.fuzzy_channel=false",
+                    ],
                 ));
             }
             // The paper's Table VI: the fuzzy channel kept out of validation, the cache
             // pre-filled with random questions (its footnote 7), then kept out of drafts.
             "has-no-fuzzy-validation" => {
-                let t = no_fuzzy_tau.to_string();
                 let warm = ablation.warm_queries.display().to_string();
                 specs.push(SystemSpec::new(
                     "has-no-fuzzy-validation",
                     serde_json::json!({"tau": no_fuzzy_tau, "warm_queries": ablation.warm_count}),
                     &[
-                        "--policy",
-                        "has",
-                        "--tau",
-                        &t,
-                        "--fuzzy-in-validation",
-                        "false",
+                        "--set",
+                        "retrieval.policy=has",
+                        "--set",
+                        &no_fuzzy_tau_key,
+                        "--set",
+                        "retrieval.fuzzy_in_validation=false",
                         "--warm-queries",
                         &warm,
                     ],
                 ));
             }
             "has-no-fuzzy-draft" => {
-                let t = no_fuzzy_tau.to_string();
                 specs.push(SystemSpec::new(
                     "has-no-fuzzy-draft",
                     serde_json::json!({"tau": no_fuzzy_tau}),
-                    &["--policy", "has", "--tau", &t, "--fuzzy-in-draft", "false"],
+                    &[
+                        "--set",
+                        "retrieval.policy=has",
+                        "--set",
+                        &no_fuzzy_tau_key,
+                        "--set",
+                        "retrieval.fuzzy_in_draft=false",
+                    ],
                 ));
             }
             other => {
@@ -437,10 +449,10 @@ pub async fn start_edges(
         // Leave room for the emulated WAN on top of the cloud's own time; the matched
         // query's text is what CAR is judged by.
         args.extend([
-            "--cloud-timeout-ms".into(),
-            "30000".into(),
-            "--expose-matched-query-text".into(),
-            "true".into(),
+            "--set".into(),
+            "cloud.timeout_ms=30000".into(),
+            "--set".into(),
+            "retrieval.expose_matched_query_text=true".into(),
         ]);
         args.extend(spec.args.iter().cloned());
         args.extend(settings.extra_edge_args.iter().cloned());
@@ -504,7 +516,7 @@ pub async fn run_system(
     // Only retrieval runs read draft traces (where an accepted draft lost its gold
     // passage); answer runs leave them off.
     let mut args = spec.edge_args.clone();
-    args.extend(["--expose-draft-trace".into(), "true".into()]);
+    args.extend(["--set".into(), "retrieval.expose_draft_trace=true".into()]);
     let edge_spec = EdgeSpec {
         name: &spec.name,
         args: &args,
@@ -607,15 +619,17 @@ mod tests {
             specs[4]
                 .edge_args
                 .windows(2)
-                .any(|w| w == ["--fuzzy-channel", "false"])
+                .any(|w| w == ["--set", "retrieval.fuzzy_channel=false"])
         );
         let flags = |i: usize| specs[i].edge_args.join(" ");
-        assert!(
-            flags(5).contains("--tau 0.3 --fuzzy-in-validation false --warm-queries out/warm.txt")
-        );
+        assert!(flags(5).contains(
+            "--set retrieval.tau=0.3 --set retrieval.fuzzy_in_validation=false \
+                 --warm-queries out/warm.txt"
+        ));
         assert_eq!(labels[5].1, r#"{"tau":0.3,"warm_queries":7}"#);
         assert!(
-            flags(6).contains("--fuzzy-in-draft false") && !flags(6).contains("--warm-queries")
+            flags(6).contains("--set retrieval.fuzzy_in_draft=false")
+                && !flags(6).contains("--warm-queries")
         );
         let unknown = system_specs(&["hnsw".into()], &sweeps, &ablation).unwrap_err();
         assert!(
@@ -636,7 +650,7 @@ mod tests {
             thetas: vec![],
             corpus_fractions: vec![0.01, 1.0],
             has_variants: vec![
-                "rank=--vote-weighting=rank --draft-with-matched=true"
+                "rank=--set=retrieval.vote_weighting=rank --set=retrieval.draft_with_matched=true"
                     .parse()
                     .unwrap(),
             ],
@@ -657,12 +671,13 @@ mod tests {
             specs[1]
                 .edge_args
                 .join(" ")
-                .ends_with("--tau 0.6 --corpus-fraction 0.01")
+                .ends_with("--set retrieval.tau=0.6 --set retrieval.corpus_fraction=0.01")
         );
         assert!(
             !specs[2]
                 .edge_args
-                .contains(&"--corpus-fraction".to_string())
+                .iter()
+                .any(|arg| arg.starts_with("retrieval.corpus_fraction"))
         );
         // The variant follows `has`, swept alike, with its flags last.
         assert!(
@@ -670,12 +685,10 @@ mod tests {
                 .iter()
                 .all(|s| s.name == "has-rank" && !s.replicated)
         );
-        assert!(
-            specs[7]
-                .edge_args
-                .join(" ")
-                .ends_with("--tau 0.6 --vote-weighting=rank --draft-with-matched=true")
-        );
+        assert!(specs[7].edge_args.join(" ").ends_with(
+            "--set retrieval.tau=0.6 --set=retrieval.vote_weighting=rank \
+                     --set=retrieval.draft_with_matched=true"
+        ));
         assert!(specs[8..].iter().all(|s| s.replicated) && specs.len() == 12);
         assert!("rank".parse::<HasVariant>().is_err() && "x=".parse::<HasVariant>().is_err());
         let out_of_range = Sweeps {

@@ -225,7 +225,7 @@ struct EvalArgs {
     corpus_fractions: Vec<f64>,
     /// HaS with other rules, as NAME=FLAGS (edge flags separated by spaces), reported as
     /// has-NAME and swept over --taus wherever `has` is listed, e.g.
-    /// `--has-variant 'rank=--vote-weighting=rank'` (repeatable).
+    /// `--has-variant 'rank=--set=retrieval.vote_weighting=rank'` (repeatable).
     #[arg(long)]
     has_variant: Vec<HasVariant>,
     /// tau of the fuzzy-channel ablations.
@@ -240,7 +240,8 @@ struct EvalArgs {
     /// speed, for quality figures (run both from one --workload file).
     #[arg(long, value_enum, default_value_t = RunMode::Realtime)]
     mode: RunMode,
-    /// Extra flag for every edge, e.g. `--edge-arg=--corpus-fraction=0.1` (repeatable).
+    /// Extra flag for every edge, e.g. `--edge-arg=--set=retrieval.corpus_fraction=0.1`
+    /// (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     edge_arg: Vec<String>,
     /// Edges per system; client i talks to edge i mod N.

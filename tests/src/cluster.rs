@@ -128,14 +128,14 @@ impl Cluster {
             .unwrap_or_else(|| self.addresses.values().cloned().collect());
         let mut args = node_args(id, &addresses, &self.work.join(format!("node-{id}")));
         args.extend([
-            "--tick-ms".to_string(),
-            "50".into(),
-            "--max-log-entries".into(),
-            self.max_log_entries.to_string(),
+            "--set".to_string(),
+            "tick_ms=50".into(),
+            "--set".into(),
+            format!("max_log_entries={}", self.max_log_entries),
             // Every compaction discards all events, so that subscribers that resume
             // behind one exercise the whole-state path.
-            "--retained-events".into(),
-            "0".into(),
+            "--set".into(),
+            "retained_events=0".into(),
         ]);
         args.extend(
             self.node_flags

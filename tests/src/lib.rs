@@ -189,7 +189,12 @@ pub fn write_tls_identity(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf)> 
 /// homologous pair is chosen on a small bundle's exact top 10 need them: the edge's defaults
 /// (20 documents, tau 0.4) were chosen on 104,603 passages, where such a pair need not
 /// reach them.
-pub const PAPER_VALIDATION: [&str; 4] = ["--validation-depth", "10", "--tau", "0.2"];
+pub const PAPER_VALIDATION: [&str; 4] = [
+    "--set",
+    "retrieval.validation_depth=10",
+    "--set",
+    "retrieval.tau=0.2",
+];
 
 /// `edge-node serve` over `bundle` as process `name`, falling back to the cloud at
 /// `cloud_addr` (QUIC, trusting `cloud_ca`), with `extra` flags.

@@ -25,7 +25,13 @@ async fn bursts_beyond_the_bounds_are_refused_at_once_and_counted() {
         "cloud",
         &bundle_dir,
         "127.0.0.1:0",
-        &["--max-in-flight", "1", "--batching", "false"].map(String::from),
+        &[
+            "--set",
+            "server.max_in_flight=1",
+            "--set",
+            "batching.enabled=false",
+        ]
+        .map(String::from),
     )
     .unwrap();
     let edge = start_edge(
@@ -34,7 +40,12 @@ async fn bursts_beyond_the_bounds_are_refused_at_once_and_counted() {
         &bundle_dir,
         &cloud.addr("quic_addr"),
         &dev_cert(&work, "cloud"),
-        &["--max-in-flight", "2", "--tau", "0.9"],
+        &[
+            "--set",
+            "server.max_in_flight=2",
+            "--set",
+            "retrieval.tau=0.9",
+        ],
     )
     .unwrap();
     let edge_addr = edge.addr("http_addr");

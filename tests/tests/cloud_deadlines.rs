@@ -81,7 +81,12 @@ async fn fallbacks_keep_their_deadline_when_the_cloud_hangs_or_dies() {
         &bundle_dir,
         &cloud.addr("quic_addr"),
         &dev_cert(&work, "cloud"),
-        &["--cloud-timeout-ms", &timeout_ms, "--policy", "cloud-only"],
+        &[
+            "--set",
+            &format!("cloud.timeout_ms={timeout_ms}"),
+            "--set",
+            "retrieval.policy=cloud-only",
+        ],
     )
     .unwrap();
     let edge_addr = edge.addr("http_addr");

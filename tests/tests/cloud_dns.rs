@@ -110,7 +110,7 @@ async fn an_edge_follows_the_clouds_name_to_its_new_address() {
         &format!("{NAME}:{port}"),
         &identity.0,
     ));
-    args.extend(["--policy".into(), "cloud-only".into()]);
+    args.extend(["--set".into(), "retrieval.policy=cloud-only".into()]);
     let edge = ManagedProcess::start("edge", unshare, args, &work, START_TIMEOUT).unwrap();
     let edge_addr = edge.addr("http_addr");
     let http = reqwest::Client::builder()

@@ -328,26 +328,26 @@ fn every_flag_shows_its_keys_default_once() {
                 "{name} {command:?} --{flag} shows two defaults: {help}"
             );
         }
-        let mut keys: Vec<(String, serde_json::Value)> = Vec::new();
+        // Each key with the flags that may set it: its own name, and for a key of a table
+        // also the table's name before it (`cloud.addr`: `--cloud-addr`).
+        let mut keys: Vec<(Vec<String>, serde_json::Value)> = Vec::new();
         for (key, property) in schema["properties"].as_object().unwrap() {
             match property.get("properties") {
-                Some(table) => {
-                    keys.extend(
-                        table.as_object().unwrap().iter().map(|(k, p)| {
-                            (k.clone(), p.get("default").cloned().unwrap_or_default())
-                        }),
+                Some(table) => keys.extend(table.as_object().unwrap().iter().map(|(k, p)| {
+                    (
+                        vec![k.replace('_', "-"), format!("{key}_{k}").replace('_', "-")],
+                        p.get("default").cloned().unwrap_or_default(),
                     )
-                }
+                })),
                 None => keys.push((
-                    key.clone(),
+                    vec![key.replace('_', "-")],
                     property.get("default").cloned().unwrap_or_default(),
                 )),
             }
         }
         let mut checked = 0;
-        for (key, default) in keys {
-            let flag = key.replace('_', "-");
-            let Some((_, help)) = helps.iter().find(|(f, _)| *f == flag) else {
+        for (flags, default) in keys {
+            let Some((flag, help)) = helps.iter().find(|(f, _)| flags.contains(f)) else {
                 continue;
             };
             let shown = help

@@ -579,7 +579,7 @@ async fn proposals_in_flight_when_the_leader_hangs_are_answered_long_before_the_
         "control-plane-stale",
         3,
         10_000,
-        &["--propose-timeout-ms", "30000"],
+        &["--set", "propose_timeout_ms=30000"],
     );
     let leader = cluster.leader().await;
     register(&cluster).await;

@@ -79,7 +79,12 @@ async fn idle_and_half_sent_requests_are_closed_after_their_timeouts() {
     let (_cloud, edge) = edge(
         &work,
         "edge",
-        &["--header-timeout-ms", &head, "--body-timeout-ms", &body],
+        &[
+            "--set",
+            &format!("server.header_timeout_ms={head}"),
+            "--set",
+            &format!("server.body_timeout_ms={body}"),
+        ],
     );
     let addr = edge.addr("http_addr");
     let head_timeout = Duration::from_millis(HEAD_TIMEOUT_MS);
@@ -130,10 +135,10 @@ async fn connections_beyond_the_bound_are_closed_at_once_and_counted() {
         &work,
         "edge",
         &[
-            "--max-connections",
-            &max,
-            "--max-connections-per-client",
-            &max,
+            "--set",
+            &format!("server.max_connections={max}"),
+            "--set",
+            &format!("server.max_connections_per_client={max}"),
             "--metrics-addr",
             "127.0.0.1:0",
         ],
@@ -201,10 +206,10 @@ async fn one_client_holds_at_most_its_bound_and_others_are_answered() {
         &work,
         "edge",
         &[
-            "--max-connections",
-            &max,
-            "--max-connections-per-client",
-            &per_client,
+            "--set",
+            &format!("server.max_connections={max}"),
+            "--set",
+            &format!("server.max_connections_per_client={per_client}"),
             "--metrics-addr",
             "127.0.0.1:0",
         ],
@@ -261,7 +266,11 @@ fn sigterm_waits_for_idle_and_half_sent_clients_no_longer_than_the_grace() {
     let work = persistent_work_dir("edge-connections-sigterm").unwrap();
     let grace = GRACE.as_millis().to_string();
     // Head and body timeouts left at their defaults (10 s): only the grace bounds the drain.
-    let (_cloud, mut edge) = edge(&work, "edge", &["--shutdown-grace-ms", &grace]);
+    let (_cloud, mut edge) = edge(
+        &work,
+        "edge",
+        &["--set", &format!("server.shutdown_grace_ms={grace}")],
+    );
     let addr = edge.addr("http_addr");
     let mut clients: Vec<TcpStream> = (0..50)
         .map(|_| TcpStream::connect(&addr).unwrap())

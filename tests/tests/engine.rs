@@ -349,7 +349,7 @@ async fn an_engine_that_is_down_or_silent_is_a_503_within_the_deadline() {
         }
     });
     let mut generation = with_engine(&down, ENGINE_MODEL);
-    generation.extend(["--lm-engine-timeout-ms".into(), "1500".into()]);
+    generation.extend(["--set".into(), "engine.timeout_ms=1500".into()]);
     let Answering {
         cloud,
         edge,
@@ -357,7 +357,7 @@ async fn an_engine_that_is_down_or_silent_is_a_503_within_the_deadline() {
         work,
     } = start_answering("engine-faults", "down-edge", &generation);
     let mut hung = with_engine(&silent_addr, ENGINE_MODEL);
-    hung.extend(["--lm-engine-timeout-ms".into(), "1500".into()]);
+    hung.extend(["--set".into(), "engine.timeout_ms=1500".into()]);
     let silent_edge =
         hasten_tests::answering::start_edge(&work, "silent-edge", &bundle_dir, &cloud, &hung);
     let http = reqwest::Client::new();

@@ -95,7 +95,7 @@ async fn with_the_cloud_down_fallbacks_fail_fast_drafts_keep_serving_and_recover
         &bundle_dir,
         &quic_addr,
         &cert,
-        &["--cloud-timeout-ms", &timeout_ms],
+        &["--set", &format!("cloud.timeout_ms={timeout_ms}")],
     )
     .unwrap();
     let edge_addr = edge.addr("http_addr");
@@ -167,7 +167,7 @@ async fn a_cloud_restarted_with_its_dev_certificate_keeps_serving_its_edges() {
         &bundle_dir,
         &quic_addr,
         &dev_cert,
-        &["--cloud-timeout-ms", "800"],
+        &["--set", "cloud.timeout_ms=800"],
     )
     .unwrap();
     let edge_addr = edge.addr("http_addr");

@@ -116,7 +116,7 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         &binary("kv-worker").unwrap(),
         [
             kv_worker_serve_args(&model, &store),
-            vec!["--dtype".into(), "f32".into()],
+            vec!["--set".into(), "dtype=f32".into()],
         ]
         .concat(),
         &work,

@@ -62,10 +62,10 @@ async fn json_logs_name_each_request_by_its_id() {
         &[
             "--log-format",
             "json",
-            "--cloud-timeout-ms",
-            "1500",
-            "--tau",
-            "1",
+            "--set",
+            "cloud.timeout_ms=1500",
+            "--set",
+            "retrieval.tau=1",
         ],
     )
     .unwrap();

@@ -42,7 +42,7 @@ async fn counters_and_histograms_move_by_what_the_traffic_did() {
         &bundle_dir,
         &cloud.addr("quic_addr"),
         &dev_cert(&work, "cloud"),
-        &["--tau", "0.9"],
+        &["--set", "retrieval.tau=0.9"],
     )
     .unwrap();
     let (edge_addr, cloud_metrics) = (edge.addr("http_addr"), cloud.addr("metrics_addr"));

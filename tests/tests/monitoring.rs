@@ -291,7 +291,7 @@ async fn prometheus_sees_every_dashboard_query_and_fires_the_shard_alert() {
     let cp_address = control_plane.addresses[&1].clone();
     // With the small model the edge answers too, and the answers dashboard is checked.
     let answer_model = small_model();
-    let mut edge_flags = vec!["--control-plane", &cp_address, "--tau", "1"];
+    let mut edge_flags = vec!["--control-plane", &cp_address, "--set", "retrieval.tau=1"];
     let model_path = answer_model.as_ref().map(|m| m.display().to_string());
     if let Some(model) = &model_path {
         edge_flags.extend(["--lm-model", model.as_str()]);

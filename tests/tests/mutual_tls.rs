@@ -85,7 +85,10 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
         let shards = [vec![cloud.addr("grpc_addr")]];
         let mut args = cloud_index_route_args(&shards, &work.join("unused.pem"));
         args.extend(tls_args(paths));
-        args.extend(["--startup-timeout-s".into(), startup_timeout_s.into()]);
+        args.extend([
+            "--set".into(),
+            format!("startup_timeout_s={startup_timeout_s}"),
+        ]);
         ManagedProcess::start(
             name,
             &binary("cloud-index").unwrap(),
@@ -109,7 +112,7 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
         let dir = work.join(format!("node-{id}"));
         let _ = std::fs::remove_dir_all(&dir);
         let mut args = node_args(id, &addresses, &dir);
-        args.extend(["--tick-ms".into(), "50".into()]);
+        args.extend(["--set".into(), "tick_ms=50".into()]);
         args.extend(tls_args(&cp_tls));
         nodes.push(
             ManagedProcess::start(
@@ -128,7 +131,7 @@ async fn every_link_needs_a_certificate_from_the_deployments_ca() {
         for address in &addresses {
             extra.extend(["--control-plane".to_string(), address.clone()]);
         }
-        extra.extend(["--cloud-timeout-ms".into(), "1000".into()]);
+        extra.extend(["--set".into(), "cloud.timeout_ms=1000".into()]);
         extra
     };
     let start = |name: &str, extra: Vec<String>| {
@@ -506,8 +509,8 @@ async fn a_rotated_ca_and_renewed_client_certificates_are_used_without_restarts(
     let quic_addr = cloud.addr("quic_addr");
     let start = |name: &str| {
         let mut extra = tls_args(&edge_tls);
-        extra.extend(["--policy".into(), "cloud-only".into()]);
-        extra.extend(["--cloud-timeout-ms".into(), "1000".into()]);
+        extra.extend(["--set".into(), "retrieval.policy=cloud-only".into()]);
+        extra.extend(["--set".into(), "cloud.timeout_ms=1000".into()]);
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         start_edge(&work, name, &bundle_dir, &quic_addr, &edge_tls.ca, &extra).unwrap()
     };
@@ -587,7 +590,7 @@ async fn a_grpc_client_follows_a_rotated_ca_without_a_restart() {
     };
     let shard = start_shard("shard-1");
     let mut extra = tls_args(&router_tls);
-    extra.extend(["--health-interval-ms".into(), "300".into()]);
+    extra.extend(["--set".into(), "health_interval_ms=300".into()]);
     let router = start_router(&work, "router", &[vec![shard_addr.clone()]], &extra).unwrap();
     let readyz = format!("http://{}/readyz", router.addr("metrics_addr"));
     let http = reqwest::Client::new();

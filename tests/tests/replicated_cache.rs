@@ -151,7 +151,7 @@ async fn edges_hold_what_the_state_machine_holds_whatever_their_own_capacity() {
                 &bundle_dir,
                 &cloud,
                 &control_plane,
-                &["--cache-capacity", "3"],
+                &["--set", "retrieval.cache_capacity=3"],
             )
         })
         .collect();

@@ -40,7 +40,12 @@ fn start_replicated_edge(
     more: &[&str],
 ) -> ManagedProcess {
     // Which cached query an acceptance went through is what these tests check.
-    let mut extra = vec!["--edge-id", name, "--expose-matched-query-text", "true"];
+    let mut extra = vec![
+        "--edge-id",
+        name,
+        "--set",
+        "retrieval.expose_matched_query_text=true",
+    ];
     extra.extend(PAPER_VALIDATION);
     extra.extend(more);
     for address in control_plane {
@@ -270,7 +275,7 @@ async fn edges_holding_a_fraction_fetch_the_documents_of_replicated_entries() {
     let cert = dev_cert(&work, "cloud");
     cluster.leader().await;
     let nodes: Vec<&String> = cluster.addresses.values().collect();
-    let fraction = ["--corpus-fraction", "0.3"];
+    let fraction = ["--set", "retrieval.corpus_fraction=0.3"];
     let edge_a = start_replicated_edge(
         &work,
         "edge-a",

@@ -157,7 +157,7 @@ async fn speculative_edge_in_front_of_an_exact_cloud() {
         &binary("edge-node").unwrap(),
         edge_serve_args(&bundle_dir, &model_dir(), &cloud.addr("quic_addr"), &cert)
             .into_iter()
-            .chain(["--cloud-timeout-ms".into(), "1000".into()])
+            .chain(["--set".into(), "cloud.timeout_ms=1000".into()])
             .chain(PAPER_VALIDATION.map(String::from)),
         &work,
         START_TIMEOUT,

@@ -52,10 +52,10 @@ async fn the_router_moves_to_the_replicas_the_control_plane_lists() {
         [
             "--control-plane",
             &cluster.addresses[&1],
-            "--health-interval-ms",
-            "200",
-            "--startup-timeout-s",
-            "20",
+            "--set",
+            "health_interval_ms=200",
+            "--set",
+            "startup_timeout_s=20",
         ]
         .map(String::from),
     );

@@ -35,7 +35,15 @@ fn start_shard(work: &Path, name: &str, bundle: &Path, grpc_addr: &str) -> Manag
 
 fn start_router(work: &Path, shards: &[Vec<String>]) -> Result<ManagedProcess, ProcessError> {
     let mut args = cloud_index_route_args(shards, &work.join("router.pem"));
-    args.extend(["--health-interval-ms", "200", "--startup-timeout-s", "20"].map(String::from));
+    args.extend(
+        [
+            "--set",
+            "health_interval_ms=200",
+            "--set",
+            "startup_timeout_s=20",
+        ]
+        .map(String::from),
+    );
     ManagedProcess::start(
         "router",
         &binary("cloud-index").unwrap(),
@@ -95,7 +103,12 @@ async fn router_fails_over_between_replicas_and_names_a_lost_shard() {
         &bundle_dir,
         &router.addr("quic_addr"),
         &work.join("router.pem"),
-        &["--cloud-timeout-ms", "3000", "--tau", "0.9"],
+        &[
+            "--set",
+            "cloud.timeout_ms=3000",
+            "--set",
+            "retrieval.tau=0.9",
+        ],
     )
     .unwrap();
 

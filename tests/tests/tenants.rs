@@ -93,8 +93,8 @@ async fn homologous_questions_of_two_tenants_never_share_a_cache() {
                     "--metrics-addr",
                     "127.0.0.1:0",
                     // Which cached query an acceptance went through is what this test checks.
-                    "--expose-matched-query-text",
-                    "true",
+                    "--set",
+                    "retrieval.expose_matched_query_text=true",
                 ][..],
                 &PAPER_VALIDATION,
             ]

@@ -97,7 +97,12 @@ async fn a_fallback_is_one_trace_from_the_edge_through_the_router_to_the_shard()
         &bundle_dir,
         &router.addr("quic_addr"),
         &dev_cert(&work, "router"),
-        &["--policy", "cloud-only", "--otlp-endpoint", &endpoint],
+        &[
+            "--set",
+            "retrieval.policy=cloud-only",
+            "--otlp-endpoint",
+            &endpoint,
+        ],
     )
     .unwrap();
 

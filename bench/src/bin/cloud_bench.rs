@@ -197,10 +197,10 @@ impl Cluster {
                 &cli.work.join(format!("{name}.pem")),
             );
             args.extend([
-                "--batching".into(),
-                batching.to_string(),
-                "--openblas-threads".into(),
-                cli.shard_blas_threads.to_string(),
+                "--set".into(),
+                format!("batching.enabled={batching}"),
+                "--set".into(),
+                format!("openblas_threads={}", cli.shard_blas_threads),
             ]);
             shards.push(ManagedProcess::start(
                 &name, &bin, &args, &cli.work, timeout,
@@ -210,12 +210,12 @@ impl Cluster {
             shards.iter().map(|s| vec![s.addr("grpc_addr")]).collect();
         let mut args = cloud_index_route_args(&endpoints, &cli.work.join("router.pem"));
         args.extend([
-            "--request-timeout-ms".into(),
-            "60000".into(),
-            "--attempt-timeout-ms".into(),
-            "60000".into(),
-            "--batching".into(),
-            batching.to_string(),
+            "--set".into(),
+            "request_timeout_ms=60000".into(),
+            "--set".into(),
+            "attempt_timeout_ms=60000".into(),
+            "--set".into(),
+            format!("batching.enabled={batching}"),
         ]);
         let router = ManagedProcess::start("router", &bin, &args, &cli.work, timeout)?;
         let addr: SocketAddr = router

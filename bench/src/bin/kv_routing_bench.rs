@@ -107,8 +107,8 @@ fn run_policy(
                 [
                     kv_worker_serve_args(&setup.model, &args.store),
                     vec![
-                        "--ram-budget".into(),
-                        (args.ram_budget_mib << 20).to_string(),
+                        "--set".into(),
+                        format!("ram_budget={}", args.ram_budget_mib << 20),
                     ],
                 ]
                 .concat(),

@@ -38,7 +38,7 @@ async fn reach_engine(engine: Arc<EngineLm>, model: String) {
                 engine = engine.url(),
                 %model,
                 ?models,
-                "the generation engine does not list `lm_engine_model` (some engines answer for \
+                "the generation engine does not list `engine.model` (some engines answer for \
                  any name)"
             );
         }
@@ -46,22 +46,22 @@ async fn reach_engine(engine: Arc<EngineLm>, model: String) {
     }
 }
 
-/// The engine's API key: given in the configuration, or read from `lm_engine_api_key_file`.
+/// The engine's API key: given in the configuration, or read from `engine.api_key_file`.
 fn engine_api_key(config: &EdgeConfig) -> Result<Option<ApiKey>> {
-    if let Some(path) = &config.lm_engine_api_key_file {
+    if let Some(path) = &config.engine.api_key_file {
         let key = std::fs::read_to_string(path).with_context(|| {
             format!(
-                "configuration: `lm_engine_api_key_file`: reading {}",
+                "configuration: `engine.api_key_file`: reading {}",
                 path.display()
             )
         })?;
         return Ok(Some(ApiKey::new(key.trim())));
     }
-    Ok(config.lm_engine_api_key.clone())
+    Ok(config.engine.api_key.clone())
 }
 
 /// The `/v1/answer` backend; the KV workers' pool when that is the backend (it follows the
-/// pool's assignment with `kv_pool`); what `/v1/ralm` and `/v1/spechop` step (the model
+/// pool's assignment with `kv.pool`); what `/v1/ralm` and `/v1/spechop` step (the model
 /// loaded here, or the engine).
 pub(super) struct Backends {
     pub answers: Option<Arc<dyn LmBackend>>,
@@ -80,23 +80,23 @@ pub(super) fn language_backend(
             .transpose()
             .context("loading the mutual-TLS files for the generation workers")
     };
-    if !config.kv_workers.is_empty() {
+    if !config.kv.workers.is_empty() {
         let bundle_dir = config.bundle.clone().unwrap_or_default();
         let corpus_version = read_manifest(&bundle_dir)
             .with_context(|| format!("reading the bundle manifest in {}", bundle_dir.display()))?
             .corpus_version;
         let pool = KvPool::connect_lazy(
-            &config.kv_workers,
+            &config.kv.workers,
             grpc_tls()?,
             corpus_version,
             FusionSettings {
-                mode: config.kv_mode,
-                ratio: config.kv_recompute_ratio,
+                mode: config.kv.mode,
+                ratio: config.kv.recompute_ratio,
             },
-            config.kv_variant,
-            config.kv_routing,
+            config.kv.variant,
+            config.kv.routing,
         )
-        .context("configuration: `kv_workers`")?;
+        .context("configuration: `kv.workers`")?;
         tracing::info!(backend = ?pool, "answering with KV workers");
         let pool = Arc::new(pool);
         return Ok(Backends {
@@ -105,21 +105,21 @@ pub(super) fn language_backend(
             iterative: None,
         });
     }
-    if let Some(url) = &config.lm_engine_url {
+    if let Some(url) = &config.engine.url {
         let engine = EngineLm::new(hasten_engine::EngineSettings {
             url: url.clone(),
-            model: config.lm_engine_model.clone().unwrap_or_default(),
-            drafter_url: config.lm_engine_drafter_url.clone(),
-            drafter_model: config.lm_engine_drafter_model.clone(),
+            model: config.engine.model.clone().unwrap_or_default(),
+            drafter_url: config.engine.drafter_url.clone(),
+            drafter_model: config.engine.drafter_model.clone(),
             api_key: engine_api_key(config)?,
-            timeout: Duration::from_millis(config.lm_engine_timeout_ms),
-            ca_file: config.lm_engine_ca.clone(),
+            timeout: Duration::from_millis(config.engine.timeout_ms),
+            ca_file: config.engine.ca.clone(),
         })
-        .context("configuration: `lm_engine_url`")?;
+        .context("configuration: `engine.url`")?;
         let engine = Arc::new(engine);
         tokio::spawn(reach_engine(
             Arc::clone(&engine),
-            config.lm_engine_model.clone().unwrap_or_default(),
+            config.engine.model.clone().unwrap_or_default(),
         ));
         return Ok(Backends {
             answers: Some(Arc::clone(&engine) as Arc<dyn LmBackend>),
@@ -127,9 +127,9 @@ pub(super) fn language_backend(
             iterative: Some(IterativeModel::Engine(engine)),
         });
     }
-    if let Some(worker) = &config.lm_worker {
-        let remote =
-            RemoteLm::connect_lazy(worker, grpc_tls()?).context("configuration: `lm_worker`")?;
+    if let Some(worker) = &config.answer.worker {
+        let remote = RemoteLm::connect_lazy(worker, grpc_tls()?)
+            .context("configuration: `answer.worker`")?;
         let remote = Arc::new(remote);
         // The worker may start after the edge: it is found on first use; this only logs.
         let probe = Arc::clone(&remote);
@@ -153,9 +153,9 @@ pub(super) fn language_backend(
             iterative: None,
         });
     }
-    let Some(model) = &config.lm_model else {
+    let Some(model) = &config.answer.model else {
         tracing::info!(
-            "no `lm_model`, `lm_worker`, `kv_workers` nor `lm_engine_url`: /v1/answer answers 503"
+            "no `answer.model`, `answer.worker`, `kv.workers` nor `engine.url`: /v1/answer answers 503"
         );
         return Ok(Backends {
             answers: None,
@@ -163,15 +163,15 @@ pub(super) fn language_backend(
             iterative: None,
         });
     };
-    let drafter = config.lm_drafter.as_ref().unwrap_or(model);
+    let drafter = config.answer.drafter.as_ref().unwrap_or(model);
     let started = std::time::Instant::now();
-    let backend = LocalLm::load_with(drafter, model, config.lm_device, config.lm_weights)
-        .context("loading the language models (`lm_model`, `lm_drafter`)")?;
+    let backend = LocalLm::load_with(drafter, model, config.answer.device, config.answer.weights)
+        .context("loading the language models (`answer.model`, `answer.drafter`)")?;
     tracing::info!(
         model = %model.display(),
         drafter = %drafter.display(),
-        device = %config.lm_device,
-        weights = %config.lm_weights,
+        device = %config.answer.device,
+        weights = %config.answer.weights,
         took_ms = started.elapsed().as_millis() as u64,
         "language models loaded"
     );

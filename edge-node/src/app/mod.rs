@@ -38,7 +38,7 @@ use hasten_rag::SpeculativeSettings;
 use generation::{Backends, language_backend};
 use retrieval::{build_engine, verify_cloud_link, warm_before_serving};
 
-/// Serves until a shutdown signal, then drains within `shutdown_grace_ms`.
+/// Serves until a shutdown signal, then drains within `server.shutdown_grace_ms`.
 pub async fn serve(config: EdgeConfig) -> Result<()> {
     let services = assemble(&config).await?;
     run(&config, services).await
@@ -57,11 +57,12 @@ struct Services {
 async fn assemble(config: &EdgeConfig) -> Result<Services> {
     // Secrets first: a bad file fails the start before the bundle and encoder load.
     let control_token = config
-        .control_plane_token_file
+        .control_plane
+        .token_file
         .as_deref()
         .map(AccessToken::load)
         .transpose()?;
-    let tenants = match &config.tenants_file {
+    let tenants = match &config.server.tenants_file {
         Some(path) => TenantDirectory::load(path)?,
         None => {
             tracing::warn!("no tenants file: the API is open and every request shares one cache");
@@ -79,7 +80,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
     } = language_backend(config, mutual.as_ref())?;
     let bundle_dir = config.bundle.clone().unwrap_or_default();
     // With a fraction, only the edge's share stays in memory; the rest comes from the cloud.
-    let fraction = config.corpus_fraction;
+    let fraction = config.retrieval.corpus_fraction;
     let bundle = CorpusBundle::load_share(&bundle_dir, |id| in_edge_share(id, fraction))
         .with_context(|| format!("loading the bundle {}", bundle_dir.display()))?;
     tracing::info!(
@@ -100,14 +101,14 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
     let registry = hasten_core::metrics::registry()?;
     let certificates = match &mutual {
         Some(mutual) => mutual.expiries()?,
-        // Without mutual TLS the edge trusts the cloud through `cloud_ca` alone.
+        // Without mutual TLS the edge trusts the cloud through `cloud.ca` alone.
         None => vec![(
             "cloud_ca",
-            TrustRoots::from_pem_file(&config.cloud_ca)
+            TrustRoots::from_pem_file(&config.cloud.ca)
                 .with_context(|| {
                     format!(
                         "loading the cloud CA {} (a dev cloud writes its certificate to run/cloud-dev-cert.pem)",
-                        config.cloud_ca.display()
+                        config.cloud.ca.display()
                     )
                 })?
                 .expires_at(),
@@ -122,7 +123,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
         mutual.as_ref(),
         (&registry, expiry),
     )?;
-    let link = (!config.control_plane.is_empty()).then(|| {
+    let link = (!config.control_plane.nodes.is_empty()).then(|| {
         let corpus = CorpusIdentity {
             version: bundle.manifest.corpus_version.clone(),
             dimension: bundle.dimension(),
@@ -131,7 +132,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
         ControlPlaneLink::start(
             &config.edge_id,
             corpus,
-            config.control_plane.clone(),
+            config.control_plane.nodes.clone(),
             ControlAccess {
                 tls: mutual.clone(),
                 token: control_token,
@@ -142,14 +143,14 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
         engine = engine.with_replication(link.clone());
     }
     let limits = RequestLimits {
-        default_k: config.k,
-        max_k: config.max_k,
-        max_query_chars: config.max_query_chars,
+        default_k: config.retrieval.k,
+        max_k: config.retrieval.max_k,
+        max_query_chars: config.server.max_query_chars,
         dimension: bundle.dimension(),
     };
     drop(bundle);
     let engine = Arc::new(engine);
-    match &config.warm_queries {
+    match &config.retrieval.warm_queries {
         // Warming verifies the link before it asks the cloud.
         Some(path) => warm_before_serving(&engine, &encoder, path).await?,
         None => {
@@ -169,42 +170,42 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
         Arc::clone(&engine),
         limits,
         ReplyOptions {
-            matched_query_text: config.expose_matched_query_text,
-            draft_trace: config.expose_draft_trace,
+            matched_query_text: config.retrieval.expose_matched_query_text,
+            draft_trace: config.retrieval.expose_draft_trace,
         },
         Arc::clone(&metrics),
-        config.max_in_flight,
+        config.server.max_in_flight,
         Arc::new(tenants),
         link.as_ref().map(|link| link.status()),
     );
     if let Some(link) = &link {
-        let kv_follow = config.kv_pool.clone().zip(kv_pool);
+        let kv_follow = config.kv.pool.clone().zip(kv_pool);
         if let Some((name, _)) = &kv_follow {
             tracing::info!(pool = %name, "KV workers follow the pool's assignment");
         }
         link.follow(engine, kv_follow);
-        tracing::info!(control_plane = ?config.control_plane, "hot cache replicated through the control plane; evictions follow its log");
+        tracing::info!(control_plane = ?config.control_plane.nodes, "hot cache replicated through the control plane; evictions follow its log");
     }
     let answers = AnswerService::new(
         service.clone(),
         backend,
         iterative,
         AnswerLimits {
-            default_max_tokens: config.answer_default_tokens,
-            max_tokens: config.answer_max_tokens,
-            max_question_chars: config.max_query_chars,
-            max_queued: config.answer_queue,
-            per_tenant: config.answer_queue_per_tenant,
-            rewrite_queries: config.chat_query_rewrite,
+            default_max_tokens: config.answer.default_tokens,
+            max_tokens: config.answer.max_tokens,
+            max_question_chars: config.server.max_query_chars,
+            max_queued: config.answer.queue,
+            per_tenant: config.answer.queue_per_tenant,
+            rewrite_queries: config.answer.chat_query_rewrite,
             // An engine batches the answers it is sent; this process's cores do not.
-            concurrency: if config.lm_engine_url.is_some() {
-                config.lm_engine_concurrency
+            concurrency: if config.engine.url.is_some() {
+                config.engine.concurrency
             } else {
                 1
             },
             speculative: SpeculativeSettings {
-                drafts: config.speculative_drafts,
-                clusters: config.speculative_clusters,
+                drafts: config.answer.speculative_drafts,
+                clusters: config.answer.speculative_clusters,
                 ..SpeculativeSettings::default()
             },
         },
@@ -222,8 +223,8 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
 /// metrics).
 fn routes(config: &EdgeConfig, services: &Services) -> (axum::Router, axum::Router) {
     let body_limits = BodyLimits {
-        max_bytes: config.max_body_bytes,
-        timeout: Duration::from_millis(config.body_timeout_ms),
+        max_bytes: config.server.max_body_bytes,
+        timeout: Duration::from_millis(config.server.body_timeout_ms),
     };
     let (service, answers) = (&services.retrieval, &services.answers);
     let api = hasten_edge_node::http::api_routes(service.clone(), body_limits)
@@ -269,11 +270,11 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
             .await
             .with_context(|| format!("binding {what} on {addr}"))
     };
-    let http_listener = bind(config.http_addr, "HTTP").await?;
+    let http_listener = bind(config.server.http_addr, "HTTP").await?;
     let http_addr = http_listener.local_addr()?;
-    let grpc_listener = bind(config.grpc_addr, "gRPC").await?;
+    let grpc_listener = bind(config.server.grpc_addr, "gRPC").await?;
     let grpc_addr = grpc_listener.local_addr()?;
-    let admin_listener = match config.metrics_addr {
+    let admin_listener = match config.server.metrics_addr {
         Some(addr) => Some(bind(addr, "the admin routes").await?),
         None => None,
     };
@@ -284,10 +285,10 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let limits = HttpServerLimits {
-        max_connections: config.max_connections,
-        max_connections_per_client: config.connections_per_client(),
-        header_timeout: Duration::from_millis(config.header_timeout_ms),
-        shutdown_grace: Duration::from_millis(config.shutdown_grace_ms),
+        max_connections: config.server.max_connections,
+        max_connections_per_client: config.server.connections_per_client(),
+        header_timeout: Duration::from_millis(config.server.header_timeout_ms),
+        shutdown_grace: Duration::from_millis(config.server.shutdown_grace_ms),
     };
     // Without an admin address of their own, the admin routes share the API's.
     let (api, admin) = match admin_listener {
@@ -322,7 +323,7 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
         // The same bound as the JSON API's body: a 384-d vector is ~1.5 KB in protobuf.
         .add_service(
             EdgeServer::new(EdgeGrpc::new(service.clone(), answers))
-                .max_decoding_message_size(config.max_body_bytes),
+                .max_decoding_message_size(config.server.max_body_bytes),
         )
         .add_service(readiness_health(Arc::new(move || service.readiness())))
         .serve_with_incoming_shutdown(
@@ -337,7 +338,7 @@ async fn run(config: &EdgeConfig, services: Services) -> Result<()> {
             tracing::error!(error = %err.display_full(), "gRPC server failed");
         }
     });
-    tracing::info!(%http_addr, %grpc_addr, ?metrics_addr, policy = ?config.policy, "serving");
+    tracing::info!(%http_addr, %grpc_addr, ?metrics_addr, policy = ?config.retrieval.policy, "serving");
     if let Some(path) = &config.ready_file {
         let mut ready = serde_json::json!({
             "http_addr": http_addr.to_string(),

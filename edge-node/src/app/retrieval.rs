@@ -32,7 +32,12 @@ const CACHE_TRAINING_ROWS: usize = 100_000;
 fn cache_channel(bundle_dir: &Path, dimension: usize, config: &EdgeConfig) -> Result<CacheChannel> {
     let sample = CorpusBundle::vector_sample(bundle_dir, CACHE_TRAINING_ROWS)
         .with_context(|| format!("sampling the bundle {}", bundle_dir.display()))?;
-    let channel = CacheChannel::train(dimension, &sample, config.cache_nlist, config.cache_nprobe)?;
+    let channel = CacheChannel::train(
+        dimension,
+        &sample,
+        config.retrieval.cache_nlist,
+        config.retrieval.cache_nprobe,
+    )?;
     let shape = channel.shape();
     tracing::info!(
         nlist = shape.nlist,
@@ -45,7 +50,7 @@ fn cache_channel(bundle_dir: &Path, dimension: usize, config: &EdgeConfig) -> Re
 /// The QUIC client's TLS toward the cloud, made again from its files when they change (a
 /// renewed certificate, a rotated CA; reloads reported on `expiry` and in
 /// `hasten_tls_reloads_total`): mutual TLS through the deployment's CA, or trust in
-/// `cloud_ca` alone.
+/// `cloud.ca` alone.
 fn cloud_tls(
     config: &EdgeConfig,
     mutual: Option<&MutualTls>,
@@ -68,10 +73,10 @@ fn cloud_tls(
                 "mutual TLS is off (no `tls_ca`): the edge shows no certificate, and control-plane gRPC is plaintext"
             );
             let files = ClientTlsFiles {
-                trust: vec![config.cloud_ca.clone()],
+                trust: vec![config.cloud.ca.clone()],
                 identity: None,
             };
-            (files, "cloud_ca", &config.cloud_ca)
+            (files, "cloud_ca", &config.cloud.ca)
         }
     };
     let report = tls_reload_reporter(registry, expiry, series, shown.display().to_string())?;
@@ -93,21 +98,21 @@ pub(super) fn build_engine(
     let cloud = QuicCloudClient::new(
         tls,
         CloudEndpoint {
-            addr: config.cloud_addr.clone(),
-            server_name: config.cloud_server_name.clone(),
-            timeout: Duration::from_millis(config.cloud_timeout_ms),
+            addr: config.cloud.addr.clone(),
+            server_name: config.cloud.server_name.clone(),
+            timeout: Duration::from_millis(config.cloud.timeout_ms),
             corpus_version: corpus_version.clone(),
         },
     )
     .context("opening the QUIC client endpoint")?;
     let documents = Arc::new(DocumentStore::from_bundle(bundle));
-    let fuzzy = if config.policy.drafts() && config.fuzzy_channel {
+    let fuzzy = if config.retrieval.policy.drafts() && config.retrieval.fuzzy_channel {
         let started = Instant::now();
         let fuzzy = FuzzyChannel::build(
             &documents,
-            config.corpus_fraction,
-            config.fuzzy_nlist,
-            config.fuzzy_nprobe,
+            config.retrieval.corpus_fraction,
+            config.retrieval.fuzzy_nlist,
+            config.retrieval.fuzzy_nprobe,
         )
         .context("building the fuzzy channel")?;
         tracing::info!(
@@ -123,35 +128,38 @@ pub(super) fn build_engine(
     };
     // With a control plane, evictions come only from its log: one FIFO decider for the
     // one replicated cache.
-    let eviction = if config.control_plane.is_empty() {
-        Eviction::Fifo(config.cache_capacity)
+    let eviction = if config.control_plane.nodes.is_empty() {
+        Eviction::Fifo(config.retrieval.cache_capacity)
     } else {
         Eviction::FromLog
     };
     let caches = TenantCaches::new(
-        config.policy.lookup(config.hybrid_similarity.is_some()),
+        config
+            .retrieval
+            .policy
+            .lookup(config.retrieval.hybrid_similarity.is_some()),
         tenants.tenants(),
         eviction,
         &cache_channel(bundle_dir, bundle.dimension(), config)?,
         documents,
         corpus_version,
-        config.validation_depth,
+        config.retrieval.validation_depth,
     )?;
     Ok(RetrievalEngine::new(
         EngineSettings {
-            policy: config.policy,
-            tau: config.tau,
-            fuzzy_candidates: config.fuzzy_candidates,
-            cache_candidates: config.cache_candidates,
-            semantic_threshold: config.semantic_threshold,
-            fuzzy_in_validation: config.fuzzy_in_validation,
-            fuzzy_in_draft: config.fuzzy_in_draft,
+            policy: config.retrieval.policy,
+            tau: config.retrieval.tau,
+            fuzzy_candidates: config.retrieval.fuzzy_candidates,
+            cache_candidates: config.retrieval.cache_candidates,
+            semantic_threshold: config.retrieval.semantic_threshold,
+            fuzzy_in_validation: config.retrieval.fuzzy_in_validation,
+            fuzzy_in_draft: config.retrieval.fuzzy_in_draft,
             validation: ValidationRules {
-                weighting: config.vote_weighting,
-                require_matched_top: config.require_matched_top,
+                weighting: config.retrieval.vote_weighting,
+                require_matched_top: config.retrieval.require_matched_top,
             },
-            draft_with_matched: config.draft_with_matched,
-            hybrid_similarity: config.hybrid_similarity,
+            draft_with_matched: config.retrieval.draft_with_matched,
+            hybrid_similarity: config.retrieval.hybrid_similarity,
         },
         Arc::new(caches),
         fuzzy,
@@ -174,14 +182,14 @@ pub(super) async fn verify_cloud_link(engine: Arc<RetrievalEngine<QuicCloudClien
     }
 }
 
-/// Fills the shared cache from `warm_queries` once the cloud answers; the edge serves only
+/// Fills the shared cache from `retrieval.warm_queries` once the cloud answers; the edge serves only
 /// after, so that its first requests meet the warmed cache.
 pub(super) async fn warm_before_serving(
     engine: &Arc<RetrievalEngine<QuicCloudClient>>,
     encoder: &TextEncoder,
     path: &Path,
 ) -> Result<()> {
-    let questions = read_warm_queries(path).context("configuration: `warm_queries`")?;
+    let questions = read_warm_queries(path).context("configuration: `retrieval.warm_queries`")?;
     let started = Instant::now();
     let texts: Vec<&str> = questions.iter().map(String::as_str).collect();
     let vectors = encoder

@@ -51,7 +51,7 @@ fn start_workers(
     for w in 0..settings.count.max(1) {
         let mut args = kv_worker_serve_args(&settings.model, &settings.store);
         if let Some(bytes) = settings.ram_budget {
-            args.extend(["--ram-budget".into(), bytes.to_string()]);
+            args.extend(["--set".into(), format!("ram_budget={bytes}")]);
         }
         let worker = tokio::task::block_in_place(|| {
             ManagedProcess::start(

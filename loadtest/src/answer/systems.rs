@@ -95,23 +95,23 @@ impl AnswerSystem {
             Retrieval::Cloud => "cloud-only",
             Retrieval::Has => "has",
         };
-        let mut args = vec!["--policy".to_string(), policy.to_string()];
+        let mut settings = vec![format!("retrieval.policy={policy}")];
         let prefill: &[&str] = match self.prefill {
-            Prefill::Full => &["--kv-mode", "full-prefill", "--kv-routing", "round-robin"],
+            Prefill::Full => &["kv.mode=full-prefill", "kv.routing=round-robin"],
             Prefill::Fusion => &[
-                "--kv-mode",
-                "fusionrag",
-                "--kv-variant",
-                "similarity",
-                "--kv-routing",
-                "kv-aware",
+                "kv.mode=fusionrag",
+                "kv.variant=similarity",
+                "kv.routing=kv-aware",
             ],
         };
-        args.extend(prefill.iter().map(|s| s.to_string()));
+        settings.extend(prefill.iter().map(|s| s.to_string()));
         if self.prefill == Prefill::Fusion {
-            args.extend(["--kv-recompute-ratio".into(), fusion_ratio.to_string()]);
+            settings.push(format!("kv.recompute_ratio={fusion_ratio}"));
         }
-        args
+        settings
+            .into_iter()
+            .flat_map(|setting| ["--set".to_string(), setting])
+            .collect()
     }
 }
 
@@ -125,21 +125,21 @@ mod tests {
         let systems = AnswerSystem::parse_list(&names).unwrap();
         let hasten = systems[0].edge_args(FUSION_RATIO).join(" ");
         assert!(
-            hasten.starts_with("--policy has --kv-mode fusionrag"),
+            hasten.starts_with("--set retrieval.policy=has --set kv.mode=fusionrag"),
             "{hasten}"
         );
-        assert!(hasten.contains("--kv-routing kv-aware --kv-recompute-ratio 0.15"));
+        assert!(hasten.contains("--set kv.routing=kv-aware --set kv.recompute_ratio=0.15"));
         assert!(systems[0].replicated());
         assert!(
             systems[0]
                 .edge_args(0.3)
                 .join(" ")
-                .ends_with("--kv-recompute-ratio 0.3")
+                .ends_with("--set kv.recompute_ratio=0.3")
         );
         let standard = systems[1].edge_args(0.3).join(" ");
         assert_eq!(
             standard,
-            "--policy cloud-only --kv-mode full-prefill --kv-routing round-robin"
+            "--set retrieval.policy=cloud-only --set kv.mode=full-prefill --set kv.routing=round-robin"
         );
         assert!(!systems[1].replicated());
         let unknown = AnswerSystem::parse_list(&["vllm".into()]).unwrap_err();

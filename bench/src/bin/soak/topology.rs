@@ -107,8 +107,8 @@ impl Topology {
                 "--tenants-file".into(),
                 tenants_file.display().to_string(),
                 // The cross-tenant check reads which cached query an acceptance went through.
-                "--expose-matched-query-text".into(),
-                "true".into(),
+                "--set".into(),
+                "retrieval.expose_matched_query_text=true".into(),
                 // Status and metrics name every tenant: with a tenants file they are served on
                 // an admin address of their own.
                 "--metrics-addr".into(),
