@@ -158,7 +158,7 @@ async fn refusals_come_before_the_reply_and_the_answer_is_counted_exactly() {
         edge,
         bundle_dir,
         ..
-    } = start_configured("answer-refusals", &model, "answer_queue = 1\n", &[]);
+    } = start_configured("answer-refusals", &model, "[answer]\nqueue = 1\n", &[]);
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let bundle = CorpusBundle::load(&bundle_dir).unwrap();
@@ -303,7 +303,7 @@ async fn one_tenant_cannot_fill_the_queue_and_an_iterative_client_that_leaves_fr
     } = start_configured(
         "answer-tenants",
         &model,
-        "answer_queue = 4\nanswer_queue_per_tenant = 1\n",
+        "[answer]\nqueue = 4\nqueue_per_tenant = 1\n",
         &[
             "--tenants-file",
             tenants.to_str().unwrap(),
@@ -382,7 +382,12 @@ async fn with_chat_query_rewrite_a_follow_up_is_retrieved_as_the_models_standalo
     let _alone = ONE_AT_A_TIME.lock().await;
     let Answering {
         mut cloud, edge, ..
-    } = start_configured("answer-rewrite", &model, "chat_query_rewrite = true\n", &[]);
+    } = start_configured(
+        "answer-rewrite",
+        &model,
+        "[answer]\nchat_query_rewrite = true\n",
+        &[],
+    );
     let http = reqwest::Client::new();
     let addr = edge.addr("http_addr");
     let (first, follow_up) = ("Who won Super Bowl 50?", "Who did they beat?");

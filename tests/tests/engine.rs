@@ -61,7 +61,7 @@ fn rewrite_config(work_name: &str) -> Vec<String> {
     let path = persistent_work_dir(work_name)
         .unwrap()
         .join("edge-rewrite.toml");
-    std::fs::write(&path, "chat_query_rewrite = true\n").unwrap();
+    std::fs::write(&path, "[answer]\nchat_query_rewrite = true\n").unwrap();
     vec!["--config".into(), path.display().to_string()]
 }
 
