@@ -19,8 +19,10 @@
 # (60), MAX_PASSAGES (3), ARTICLES (4), MAX_TOKENS (16), K (5), EDGES (2), WORKERS (2),
 # FUSION_RATIO (0.15: the share of chunk tokens FusionRAG recomputes),
 # DATA_DIR (../shared/data), OUT (run/answer-eval/<time>), RAYON_NUM_THREADS (1: one thread
-# per process, so that two KV workers do not oversubscribe two cores). The corpus bundle and
-# the KV store are built once under run/answer-eval/ and reused (the store is per model).
+# per process, so that two KV workers do not oversubscribe two cores), PROFILE (release, or
+# dev to reuse `make test`'s build: the same greedy answers, but its times are not figures).
+# The corpus bundle and the KV store are built once under run/answer-eval/ and reused (the
+# store is per model).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --questions) questions=$2; shift 2 ;;
     --squad) squad=$2; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -74,13 +76,15 @@ if [ -f "$bundle/manifest.json" ]; then
 fi
 
 # --workspace keeps the workspace build's feature set (a -p build recompiles shared crates).
-cargo build --release --workspace --bins
+profile=${PROFILE:-release}
+cargo build --profile "$profile" --workspace --bins
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-export PATH=$target/release:$PATH
+bin=$target/$([ "$profile" = dev ] && echo debug || echo "$profile")
+export PATH=$bin:$PATH
 export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-1}
 
-"$target/release/hasten-loadtest" answers "${corpus[@]}" --bundle-out "$bundle" \
+"$bin/hasten-loadtest" answers "${corpus[@]}" --bundle-out "$bundle" \
   "${popularity[@]}" --queries "${QUERIES:-160}" --rates "${RATES:-0.25,0.5,1}" \
   --mode "${MODE:-realtime}" --ttft-slo "${TTFT_SLO:-5s}" \
   --systems "${SYSTEMS:-standard,has+full-prefill,cloud+fusionrag,hasten}" \
