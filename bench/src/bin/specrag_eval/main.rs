@@ -220,25 +220,31 @@ fn main() -> Result<()> {
         }
         None => None,
     };
+    // Seconds each question's retrieval took, where it was retrieved while screening: the
+    // passages screened are the ones answered over, not retrieved a second time.
+    let mut retrieval_times: Vec<Option<f64>> = vec![None; questions.len()];
     if let (true, Some(retriever)) = (args.answerable_only, &retriever) {
         let mut screened = 0;
         let mut answerable = Vec::new();
-        for question in questions {
+        for mut question in questions {
             if args.limit.is_some_and(|limit| answerable.len() >= limit) {
                 break;
             }
             screened += 1;
+            let started = Instant::now();
             let passages =
                 retriever.retrieve(&encoder, &question.question, usize::from(args.passages))?;
+            let seconds = started.elapsed().as_secs_f64();
             if holds_answer(&passages, &question.golds) {
-                answerable.push(question);
+                question.documents = passages;
+                answerable.push((question, Some(seconds)));
             }
         }
         eprintln!(
             "{} questions whose passages hold a gold answer, of the first {screened}",
             answerable.len()
         );
-        questions = answerable;
+        (questions, retrieval_times) = answerable.into_iter().unzip();
     }
     let backend = LocalLm::load_with(&args.drafter, &args.verifier, args.device, args.weights)
         .with_context(|| {
@@ -275,11 +281,16 @@ fn main() -> Result<()> {
         let mut encoding_s = 0.0;
         if let Some(retriever) = &retriever {
             // The same passages for every system, so no system's latency counts this.
-            let started = Instant::now();
-            question.documents = retriever
-                .retrieve(&encoder, &question.question, usize::from(args.passages))
-                .with_context(|| format!("question {index}: retrieving its passages"))?;
-            let seconds = started.elapsed().as_secs_f64();
+            let seconds = match retrieval_times[index] {
+                Some(seconds) => seconds,
+                None => {
+                    let started = Instant::now();
+                    question.documents = retriever
+                        .retrieve(&encoder, &question.question, usize::from(args.passages))
+                        .with_context(|| format!("question {index}: retrieving its passages"))?;
+                    started.elapsed().as_secs_f64()
+                }
+            };
             retrieval_total += seconds;
             retrieval_s = Some(seconds);
         } else {
