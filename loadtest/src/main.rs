@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use hasten_core::Question;
 use hasten_core::bundle::CorpusBundle;
+use hasten_core::corpus::CorpusFiles;
 use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_eval::process::binary;
 use hasten_loadtest::driver::{DriverSettings, LoadModel};
@@ -92,29 +93,8 @@ struct CorpusArgs {
     /// Corpus bundle to use as is (made by `cloud-index build`).
     #[arg(long, conflicts_with_all = ["squad", "hotpot", "wiki18", "wiki_articles", "entity_questions"])]
     bundle: Option<PathBuf>,
-    /// SQuAD-format JSON file: passages and questions (repeatable).
-    #[arg(long)]
-    squad: Vec<PathBuf>,
-    /// HotpotQA JSON-lines file: its context paragraphs join the corpus (repeatable).
-    #[arg(long)]
-    hotpot: Vec<PathBuf>,
-    /// wiki18 passage JSON-lines file (repeatable).
-    #[arg(long)]
-    wiki18: Vec<PathBuf>,
-    /// Full Wikipedia articles (JSON lines, gzipped or not), split into passages of at most
-    /// 100 words under their title (repeatable).
-    #[arg(long)]
-    wiki_articles: Vec<PathBuf>,
-    /// Keep each article's first N passages only.
-    #[arg(long)]
-    max_passages_per_article: Option<usize>,
-    /// EntityQuestions JSON lines (gzipped or not): questions about a subject under a
-    /// Wikidata relation; their passages come from --wiki-articles (repeatable).
-    #[arg(long)]
-    entity_questions: Vec<PathBuf>,
-    /// Keep only EntityQuestions whose subject's article the corpus holds (`has_article`).
-    #[arg(long)]
-    entity_questions_with_article: bool,
+    #[command(flatten)]
+    files: CorpusFiles,
     /// Where to build the bundle from the files above (vectors are reused between runs).
     #[arg(long, default_value = "run/eval/bundle")]
     bundle_out: PathBuf,
@@ -304,7 +284,7 @@ fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
     let bundle_dir = match &args.bundle {
         Some(dir) => dir.clone(),
         None => {
-            if args.squad.is_empty() && args.entity_questions.is_empty() {
+            if args.files.squad.is_empty() && args.files.entity_questions.is_empty() {
                 bail!(
                     "give --bundle, or questions to build one from: --squad, or \
                      --entity-questions with --wiki-articles (optionally --hotpot, --wiki18)"
@@ -319,25 +299,7 @@ fn corpus(args: &CorpusArgs) -> Result<(PathBuf, Vec<Question>)> {
                 .arg("--model-dir")
                 .arg(&args.model_dir)
                 .stdout(std::io::stderr());
-            for (flag, paths) in [
-                ("--squad", &args.squad),
-                ("--hotpot", &args.hotpot),
-                ("--wiki18", &args.wiki18),
-                ("--wiki-articles", &args.wiki_articles),
-                ("--entity-questions", &args.entity_questions),
-            ] {
-                for path in paths {
-                    build.arg(flag).arg(path);
-                }
-            }
-            if let Some(limit) = args.max_passages_per_article {
-                build
-                    .arg("--max-passages-per-article")
-                    .arg(limit.to_string());
-            }
-            if args.entity_questions_with_article {
-                build.arg("--entity-questions-with-article");
-            }
+            build.args(args.files.to_flags());
             let status = build.status().context("running cloud-index build")?;
             if !status.success() {
                 bail!("cloud-index build failed ({status})");

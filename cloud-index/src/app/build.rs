@@ -8,34 +8,14 @@ use crate::progress::EncodeProgress;
 use anyhow::{Context, Result};
 use clap::Args;
 use hasten_core::bundle::{CorpusBundle, ImportedVectors, build_bundle, write_shards};
-use hasten_core::corpus::{ArticleFilter, Corpus, CorpusSources, SyntheticSpec};
+use hasten_core::corpus::{Corpus, CorpusFiles, SyntheticSpec};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, EncoderRuntime, TextEncoder};
 use hasten_core::logging::LogFormat;
 
 #[derive(Args)]
 pub(crate) struct BuildArgs {
-    /// SQuAD v1.1 JSON file (repeatable).
-    #[arg(long)]
-    squad: Vec<PathBuf>,
-    /// HotpotQA JSON-lines file; every context paragraph becomes a passage (repeatable).
-    #[arg(long)]
-    hotpot: Vec<PathBuf>,
-    /// wiki18 passage JSON-lines file (repeatable).
-    #[arg(long)]
-    wiki18: Vec<PathBuf>,
-    /// Full-article JSON-lines file (`title`, `text`; e.g. wiki-entity-articles.jsonl.gz),
-    /// split into passages of at most 100 words under their title, as DPR did (repeatable).
-    #[arg(long)]
-    wiki_articles: Vec<PathBuf>,
-    /// Keep only each article's first N passages of --wiki-articles.
-    #[arg(long)]
-    max_passages_per_article: Option<usize>,
-    /// EntityQuestions JSON-lines file: its questions go into the bundle (repeatable).
-    #[arg(long)]
-    entity_questions: Vec<PathBuf>,
-    /// Keep only the EntityQuestions whose subject's article the corpus holds.
-    #[arg(long)]
-    entity_questions_with_article: bool,
+    #[command(flatten)]
+    corpus: CorpusFiles,
     /// Add the synthetic knowledge base with this many entities (the default corpus when no
     /// file is given has 300).
     #[arg(long)]
@@ -151,33 +131,22 @@ pub(crate) async fn build(mut args: BuildArgs) -> Result<()> {
         None => args.out.with_extension("downloads"),
     };
     for sources in [
-        &mut args.squad,
-        &mut args.hotpot,
-        &mut args.wiki18,
-        &mut args.wiki_articles,
-        &mut args.entity_questions,
+        &mut args.corpus.squad,
+        &mut args.corpus.hotpot,
+        &mut args.corpus.wiki18,
+        &mut args.corpus.wiki_articles,
+        &mut args.corpus.entity_questions,
         &mut args.import_vectors,
         &mut args.import_passages,
     ] {
         hasten_cloud_index::download::localize(sources, &downloads).await?;
     }
-    let sources = CorpusSources {
-        squad: args.squad,
-        hotpot: args.hotpot,
-        wiki18: args.wiki18,
-        wiki_articles: args.wiki_articles,
-        max_passages_per_article: args.max_passages_per_article,
-        entity_questions: args.entity_questions,
-        entity_question_filter: if args.entity_questions_with_article {
-            ArticleFilter::WithArticle
-        } else {
-            ArticleFilter::All
-        },
-        synthetic: args.synthetic_entities.map(|entities| SyntheticSpec {
+    let sources = args
+        .corpus
+        .into_sources(args.synthetic_entities.map(|entities| SyntheticSpec {
             entities,
             seed: args.synthetic_seed,
-        }),
-    };
+        }));
     let encoder = TextEncoder::load_with(&args.model_dir, args.device.runtime())
         .with_context(|| format!("loading the encoder from {}", args.model_dir.display()))?;
     tracing::info!(runtime = encoder.runtime().name(), "encoder loaded");

@@ -2,6 +2,7 @@
 //! entity they ask about) to drive workloads and evaluation.
 
 mod entity_questions;
+mod files;
 mod hotpot;
 mod squad;
 mod synthetic;
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use entity_questions::{ArticleFilter, load_entity_questions};
+pub use files::CorpusFiles;
 pub use hotpot::load_hotpot;
 pub use squad::load_squad;
 pub use synthetic::{SyntheticSpec, generate_synthetic};
