@@ -11,6 +11,7 @@ pub mod device;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod kernels;
 pub mod kv;
 pub mod mask;
 pub mod model;

@@ -1,19 +1,21 @@
 //! How weight matrices are held in memory.
 //!
 //! candle has SIMD CPU kernels for some GGUF block types (Q4_0, Q8_0, the K-quants) and a
-//! scalar fallback for the others (Q4_1, Q5_0, Q5_1). Re-quantising those to Q8_0 at load
-//! time trades memory (about 2x a 4-bit file) for the SIMD path; the values then differ
-//! from the file's by Q8_0 rounding (about 0.4% of each block's largest weight). Prefill
-//! multiplies many rows at once, where a dense f32 gemm beats any per-row dot product, so
-//! the `fast` format keeps both: Q8_0 for decoding, f32 for prompts.
+//! scalar fallback for the others (Q4_1, Q5_0, Q5_1). The `q8_0` format re-quantises those
+//! to Q8_0 at load time for candle's SIMD path (about 2x a 4-bit file's memory, values a
+//! Q8_0 rounding away from the file's). `fast` instead decodes Q4_1, Q5_0, Q8_0 and Q4_K
+//! matrices with Hasten's own kernels on the file's blocks ([`crate::kernels`]) and leaves
+//! the other K-quants (Q6_K) to candle's. Prefill multiplies many rows at once, where a dense f32 gemm beats
+//! any per-row dot product, so `fast` also keeps an f32 copy for prompts.
 
 use std::fmt;
 use std::str::FromStr;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor};
+use candle_core::{D, DType, Device, Module, Tensor};
 
 use crate::error::{LmError, Result};
+use crate::kernels::{BlockFormat, PackedMatrix};
 
 #[derive(
     Debug,
@@ -31,12 +33,14 @@ pub enum WeightFormat {
     /// Exactly as the file stores them: what candle's own models and llama.cpp compute with.
     #[default]
     AsStored,
-    /// Types without a SIMD kernel re-quantised to Q8_0.
+    /// Types without a candle SIMD kernel re-quantised to Q8_0.
     Q8_0,
     /// Every matrix dequantised to f32 (dense gemm; 4 bytes a weight).
     F32,
-    /// Q8_0 as above for inputs of few rows (decoding), f32 for inputs of many (prefill):
-    /// the fastest on CPU, at 5 bytes a weight.
+    /// For inputs of few rows (decoding) the file's blocks, read by Hasten's kernels on the
+    /// CPU (Q4_1, Q5_0, Q8_0, Q4_K) or candle's (the rest; re-quantised to Q8_0 as above
+    /// where neither has a SIMD one); f32 for inputs of many (prefill). The fastest on CPU, at about 4.7 bytes a
+    /// weight.
     Fast,
 }
 
@@ -47,17 +51,32 @@ const DENSE_ROWS: usize = 32;
 
 /// One weight matrix, in one or two representations.
 pub(crate) struct Matrix {
-    compact: QMatMul,
+    compact: Compact,
     dense: Option<QMatMul>,
 }
 
+/// The representation for inputs of few rows.
+enum Compact {
+    Candle(QMatMul),
+    Kernels(PackedMatrix),
+}
+
 impl Matrix {
-    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
-        match &self.dense {
-            Some(dense) if rows >= DENSE_ROWS => dense.forward(x),
-            _ => self.compact.forward(x),
-        }
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let rows = x.elem_count() / x.dim(D::Minus1)?;
+        Ok(match (&self.dense, &self.compact) {
+            (Some(dense), _) if rows >= DENSE_ROWS => dense.forward(x)?,
+            (_, Compact::Candle(matrix)) => matrix.forward(x)?,
+            (_, Compact::Kernels(matrix)) => {
+                let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let out = matrix.matmul(&values, rows)?;
+                let mut shape = x.dims().to_vec();
+                if let Some(last) = shape.last_mut() {
+                    *last = matrix.rows();
+                }
+                Tensor::from_vec(out, shape, x.device())?
+            }
+        })
     }
 }
 
@@ -65,7 +84,7 @@ impl WeightFormat {
     pub(crate) fn matrix(self, stored: QTensor, device: &Device) -> Result<Matrix> {
         if self == Self::AsStored {
             return Ok(Matrix {
-                compact: QMatMul::from_qtensor(stored)?,
+                compact: Compact::Candle(QMatMul::from_qtensor(stored)?),
                 dense: None,
             });
         }
@@ -73,17 +92,42 @@ impl WeightFormat {
         let values = stored.dequantize(device)?;
         if self == Self::F32 {
             return Ok(Matrix {
-                compact: QMatMul::Tensor(values),
+                compact: Compact::Candle(QMatMul::Tensor(values)),
                 dense: None,
             });
         }
-        let compact = if needs_requantising(stored.dtype()) && divisible(&stored, 32) {
-            QMatMul::from_qtensor(QTensor::quantize(&values, GgmlDType::Q8_0)?)?
-        } else {
-            QMatMul::from_qtensor(stored)?
+        let compact = match self.kernel_matrix(&stored, device)? {
+            Some(packed) => Compact::Kernels(packed),
+            None if needs_requantising(stored.dtype()) && divisible(&stored, 32) => {
+                Compact::Candle(QMatMul::from_qtensor(QTensor::quantize(
+                    &values,
+                    GgmlDType::Q8_0,
+                )?)?)
+            }
+            None => Compact::Candle(QMatMul::from_qtensor(stored)?),
         };
         let dense = (self == Self::Fast).then(|| QMatMul::Tensor(values));
         Ok(Matrix { compact, dense })
+    }
+}
+
+impl WeightFormat {
+    /// `fast`'s repacking for Hasten's CPU kernels, where they read the matrix's blocks.
+    fn kernel_matrix(self, stored: &QTensor, device: &Device) -> Result<Option<PackedMatrix>> {
+        let format = match stored.dtype() {
+            GgmlDType::Q4_1 => BlockFormat::Q4_1,
+            GgmlDType::Q5_0 => BlockFormat::Q5_0,
+            GgmlDType::Q8_0 => BlockFormat::Q8_0,
+            GgmlDType::Q4K => BlockFormat::Q4K,
+            _ => return Ok(None),
+        };
+        let &[n, k] = stored.shape().dims() else {
+            return Ok(None);
+        };
+        if self != Self::Fast || !device.is_cpu() || !PackedMatrix::supports(format, k) {
+            return Ok(None);
+        }
+        PackedMatrix::from_ggml(format, &stored.data()?, n, k).map(Some)
     }
 }
 

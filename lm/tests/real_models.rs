@@ -229,3 +229,69 @@ fn a_file_that_is_not_a_model_is_refused_naming_the_file() {
         .expect("must fail");
     assert!(missing.to_string().contains("absent.gguf"), "{missing}");
 }
+
+/// `fast` decodes with Hasten's kernels on the file's own blocks; `q8_0` with candle's, on a
+/// re-quantised copy where candle has no SIMD kernel for the file's blocks. Against the
+/// file's values multiplied out in f32 (`f32`, no quantised arithmetic at all), the first
+/// must be the nearer, and pick the same token.
+fn fast_reads_the_files_blocks(path: &std::path::Path) {
+    let load = |format| LanguageModel::load_with(path, &Device::Cpu, format).expect("load");
+    let (exact, fast, requantised) = (
+        load(WeightFormat::F32),
+        load(WeightFormat::Fast),
+        load(WeightFormat::Q8_0),
+    );
+    // Fewer rows than `fast` takes its dense path for: every matrix runs the decode kernels.
+    let tokens = exact
+        .tokenizer
+        .encode("The capital of France is Paris, and the capital of Italy is")
+        .expect("encode");
+    assert!(tokens.len() < 32, "{} tokens", tokens.len());
+    let positions = vec![(0..tokens.len() as u32).collect::<Vec<_>>()];
+    let logits = |model: &LanguageModel| -> Tensor {
+        model
+            .decoder
+            .forward(&ForwardRequest::new(
+                std::slice::from_ref(&tokens),
+                &positions,
+            ))
+            .expect("forward")
+            .logits
+            .expect("logits")
+    };
+    let (reference, ours, theirs) = (logits(&exact), logits(&fast), logits(&requantised));
+    let mean_gap = |a: &Tensor| -> f32 {
+        (a - &reference)
+            .and_then(|d| d.abs())
+            .and_then(|d| d.mean_all())
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("gap")
+    };
+    let (ours_gap, theirs_gap) = (mean_gap(&ours), mean_gap(&theirs));
+    eprintln!("mean logit gap to f32: fast {ours_gap}, q8_0 {theirs_gap}");
+    assert!(
+        ours_gap < theirs_gap,
+        "fast's logits are {ours_gap} from the exact ones on average, q8_0's {theirs_gap}"
+    );
+    let argmax = |t: &Tensor| -> u32 {
+        t.argmax(candle_core::D::Minus1)
+            .and_then(|i| i.flatten_all())
+            .and_then(|i| i.to_vec1::<u32>())
+            .expect("argmax")[0]
+    };
+    assert_eq!(argmax(&ours), argmax(&reference));
+}
+
+#[test]
+fn smollm2_fast_decoding_reads_the_files_blocks() {
+    if let Some(path) = real_model(SMALL_MODEL) {
+        fast_reads_the_files_blocks(&path);
+    }
+}
+
+#[test]
+fn qwen_fast_decoding_reads_the_files_blocks() {
+    if let Some(path) = optional_real_model(LARGE_MODEL) {
+        fast_reads_the_files_blocks(&path);
+    }
+}

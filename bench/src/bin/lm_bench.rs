@@ -9,13 +9,17 @@
 //! / time of the steps. Scoring: the verifier's pass over `--score-rows` rows of
 //! `--score-context` + `--score-tokens` tokens, log-probabilities at the continuation's
 //! positions alone (what `score` does) against at every position (what it did before).
-//! Every measurement has one untimed warm-up run first.
+//! Every measurement has one untimed warm-up run first. `--greedy-against FORMAT` also
+//! decodes five prompts greedily with the weights held as FORMAT (the reference kernels)
+//! and reports where the two outputs first differ, with the reference's logit gap there.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use candle_core::{D, IndexOp};
 use clap::Parser;
+use hasten_lm::kernels::Isa;
 use hasten_lm::{
     DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, WeightFormat, left_pad, log_softmax,
 };
@@ -62,6 +66,10 @@ struct Args {
     /// How weights are held: as_stored, q8_0 (types without SIMD kernels re-quantised) or f32.
     #[arg(long, default_value = "as_stored")]
     weights: WeightFormat,
+    /// Also decode the decode prompts greedily with the weights held this way, and report
+    /// where the outputs first differ.
+    #[arg(long)]
+    greedy_against: Option<WeightFormat>,
     /// Where to write the JSON report.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -172,6 +180,14 @@ fn main() -> Result<()> {
         }));
     }
 
+    let greedy = match args.greedy_against {
+        Some(reference) => {
+            let reference = LanguageModel::load_with(&args.model, &device, reference)?;
+            compare_greedy(&model, &reference, &text_ids, &args)?
+        }
+        None => serde_json::Value::Null,
+    };
+
     let scoring = if args.score_rows == 0 {
         serde_json::Value::Null
     } else {
@@ -183,10 +199,12 @@ fn main() -> Result<()> {
         "model": args.model,
         "device": args.device.to_string(),
         "weights": args.weights.to_string(),
+        "kernels": Isa::selected().to_string(),
         "threads": args.threads,
         "prefill": prefill,
         "decode": decode,
         "scoring": scoring,
+        "greedy": greedy,
     });
     let text = serde_json::to_string_pretty(&report)?;
     match &args.out {
@@ -251,5 +269,69 @@ fn measure_scoring(
         "speedup": all_s / trailing_s,
         "scored_positions_logit_bytes": trailing_bytes,
         "every_position_logit_bytes": all_bytes,
+    }))
+}
+
+/// Greedy decoding of one prompt, token by token: each step's token and logits.
+fn greedy(model: &LanguageModel, prompt: &[u32], steps: usize) -> Result<Vec<(u32, Vec<f32>)>> {
+    let positions = vec![(0..prompt.len() as u32).collect::<Vec<_>>()];
+    let out = model
+        .decoder
+        .forward(&ForwardRequest::new(&[prompt.to_vec()], &positions))?;
+    let mut cache: KvCache = out.kv;
+    let mut logits = out.logits.context("prefill logits")?;
+    let mut decoded = Vec::with_capacity(steps);
+    for step in 0..steps {
+        let row = logits.i(0)?;
+        let token = row.argmax(D::Minus1)?.to_scalar::<u32>()?;
+        decoded.push((token, row.to_vec1::<f32>()?));
+        let at = vec![vec![(prompt.len() + step) as u32]];
+        let out = model
+            .decoder
+            .forward(&ForwardRequest::new(&[vec![token]], &at).past(&cache))?;
+        cache.append(out.kv)?;
+        logits = out.logits.context("decode logits")?;
+    }
+    Ok(decoded)
+}
+
+/// The decode prompts decoded greedily by `model` and `reference`: per prompt, whether the
+/// tokens are identical, else the first step where they differ and the reference's logit
+/// margin there between its token and `model`'s (how near a tie rounding tipped).
+fn compare_greedy(
+    model: &LanguageModel,
+    reference: &LanguageModel,
+    text_ids: &[u32],
+    args: &Args,
+) -> Result<serde_json::Value> {
+    let mut prompts = Vec::new();
+    for p in 0..5 {
+        let prompt = &text_ids[p * 7..p * 7 + args.decode_context];
+        let ours = greedy(model, prompt, args.decode_tokens)?;
+        let theirs = greedy(reference, prompt, args.decode_tokens)?;
+        let first = ours.iter().zip(&theirs).position(|((a, _), (b, _))| a != b);
+        let report = match first {
+            None => serde_json::json!({"prompt": p, "identical": true}),
+            Some(step) => {
+                let (our_token, _) = ours[step];
+                let (their_token, ref_logits) = &theirs[step];
+                let gap = ref_logits[*their_token as usize] - ref_logits[our_token as usize];
+                serde_json::json!({
+                    "prompt": p,
+                    "identical": false,
+                    "first_difference": step,
+                    "token": our_token,
+                    "reference_token": their_token,
+                    "reference_logit_gap": gap,
+                })
+            }
+        };
+        eprintln!("greedy, prompt {p}: {report}");
+        prompts.push(report);
+    }
+    Ok(serde_json::json!({
+        "reference_weights": args.greedy_against.map(|w| w.to_string()),
+        "steps": args.decode_tokens,
+        "prompts": prompts,
     }))
 }

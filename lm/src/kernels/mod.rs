@@ -1,0 +1,566 @@
+//! Weight matrix times a few activation rows (decoding), on the file's own 4-, 5- and 8-bit
+//! blocks.
+//!
+//! candle reads Q4_1 and Q5_0 blocks with scalar code, so `fast` used to re-quantise them to
+//! Q8_0 for its AVX2 kernel: 34 bytes read per 32 weights instead of 20-22, and values a
+//! rounding away from the file's. These kernels read Q4_1, Q5_0, Q8_0 and Q4_K as stored,
+//! the way llama.cpp does: each activation row is quantised to 8 bits once per call (a
+//! scale per 32 values), and every weight row's blocks are dotted with every activation row
+//! while they are in registers, so a batch of B rows reads each weight once.
+//!
+//! Weights are repacked at load for the kernels' unit of two blocks (64 weights): the 4-bit
+//! parts of two blocks share 32 bytes (block A in the low nibbles, block B in the high, each
+//! in element order; Q4_K stores them so already), so one 256-bit load split by nibble gives
+//! 64 weights in order, and a Q5_0 pair's fifth bits are one 64-bit mask. Scales are
+//! widened to f32 at load (Q4_K's 6-bit factors multiplied out).
+//!
+//! Every block format is then `value = scale * q + offset` per block of 32, `q` unsigned
+//! (4- or 5-bit) or, for Q8_0, signed with no offset. A dot product is `sum over blocks of
+//! scale_w * scale_a * (q_w . q_a)` plus `sum over blocks of offset_w * (scale_a * sum
+//! q_a)`: the first sum is the kernels' (integer dot products, one multiply per block), the
+//! second is shared code. [`Isa`] picks the kernels at run time; the scalar path is the
+//! reference the SIMD paths are tested against.
+
+mod scalar;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use half::f16;
+
+use crate::error::{LmError, Result};
+
+/// Weights (and activation values) per block, as in GGML.
+pub const BLOCK: usize = 32;
+/// The kernels' unit: two blocks.
+pub const PAIR: usize = 2 * BLOCK;
+/// Activation rows dotted with one weight row while it is in registers.
+const ROW_GROUP: usize = 4;
+/// Names the kernels to use instead of the best the CPU has: `scalar`, `avx2` or `avx512`.
+pub const KERNELS_ENV: &str = "HASTEN_LM_KERNELS";
+
+/// The GGML block formats these kernels read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// 4-bit `q`, a scale and a minimum per block of 32: `value = d * q + m`.
+    Q4_1,
+    /// 5-bit `q` centred on 16: `value = d * (q - 16)`.
+    Q5_0,
+    /// 8-bit signed `q`: `value = d * q`.
+    Q8_0,
+    /// Super-blocks of 256: 4-bit `q` and, per 32, a 6-bit scale and minimum applied to the
+    /// super-block's two f16 factors: `value = (d * sc) * q - (dmin * m)`.
+    Q4K,
+}
+
+impl BlockFormat {
+    /// Bytes of one stored block in a GGUF file.
+    pub fn stored_bytes(self) -> usize {
+        match self {
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q8_0 => 34,
+            Self::Q4K => 144,
+        }
+    }
+
+    /// Values of one stored block.
+    pub fn stored_values(self) -> usize {
+        match self {
+            Self::Q4K => 256,
+            _ => BLOCK,
+        }
+    }
+
+    fn layout(self) -> Layout {
+        match self {
+            Self::Q4_1 | Self::Q4K => Layout::Nibbles,
+            Self::Q5_0 => Layout::NibblesAndFifthBits,
+            Self::Q8_0 => Layout::Bytes,
+        }
+    }
+}
+
+/// How the kernels find a weight's quant: every block format is repacked into one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// Unsigned 4-bit, 32 bytes per pair of blocks (see the module's notes).
+    Nibbles,
+    /// Unsigned 5-bit: [`Layout::Nibbles`] and a 64-bit word of fifth bits per pair.
+    NibblesAndFifthBits,
+    /// Signed 8-bit, one byte a value.
+    Bytes,
+}
+
+/// The instruction sets the kernels are written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 and FMA: 256-bit multiply-adds of unsigned by signed bytes.
+    Avx2,
+    /// AVX-512 F/BW/VL with VNNI: 512-bit dot products of bytes in one instruction.
+    Avx512,
+}
+
+impl Isa {
+    /// Every instruction set this CPU runs, the reference first.
+    pub fn available() -> Vec<Isa> {
+        let mut isas = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if x86::Avx2::detect().is_some() {
+                isas.push(Isa::Avx2);
+            }
+            if x86::Avx512::detect().is_some() {
+                isas.push(Isa::Avx512);
+            }
+        }
+        isas
+    }
+
+    /// What [`PackedMatrix::matmul`] runs: the best available, unless [`KERNELS_ENV`] names
+    /// another this CPU has. Decided once per process.
+    pub fn selected() -> Isa {
+        static SELECTED: OnceLock<Isa> = OnceLock::new();
+        *SELECTED.get_or_init(|| {
+            let available = Isa::available();
+            let best = *available.last().unwrap_or(&Isa::Scalar);
+            let Ok(asked) = std::env::var(KERNELS_ENV) else {
+                return best;
+            };
+            match available.iter().find(|isa| isa.to_string() == asked) {
+                Some(&isa) => isa,
+                None => {
+                    tracing::warn!(
+                        asked,
+                        using = %best,
+                        "{KERNELS_ENV} names kernels this CPU cannot run (scalar, avx2 or avx512)"
+                    );
+                    best
+                }
+            }
+        })
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Scalar => "scalar",
+            Self::Avx2 => "avx2",
+            Self::Avx512 => "avx512",
+        })
+    }
+}
+
+/// A weight matrix of `n` rows of `k` values, repacked for the kernels.
+#[derive(Debug, Clone)]
+pub struct PackedMatrix {
+    format: BlockFormat,
+    n: usize,
+    k: usize,
+    /// One per block of 32, row after row.
+    scales: Vec<f32>,
+    /// One per block of 32 (the coefficient of the activation block's sum); empty for Q8_0.
+    offsets: Vec<f32>,
+    /// Nibble layouts: 32 bytes per pair of blocks; bytes: one (`i8`) a value.
+    quants: Vec<u8>,
+    /// Fifth bits only: value `e` of a pair at bit `e`.
+    high: Vec<u64>,
+}
+
+/// One weight row as the kernels read it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WeightRow<'a> {
+    pub layout: Layout,
+    pub scales: &'a [f32],
+    pub quants: &'a [u8],
+    pub high: &'a [u64],
+}
+
+/// One activation row, quantised.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActivationRow<'a> {
+    pub scales: &'a [f32],
+    pub quants: &'a [i8],
+}
+
+impl PackedMatrix {
+    /// Whether rows of `k` values of `format` can be packed: the kernels read whole pairs of
+    /// blocks, and a file whole stored blocks.
+    pub fn supports(format: BlockFormat, k: usize) -> bool {
+        k > 0 && k.is_multiple_of(PAIR) && k.is_multiple_of(format.stored_values())
+    }
+
+    /// Repacks `n` rows of `k` values stored as GGML blocks (`bytes` as in a GGUF file).
+    pub fn from_ggml(format: BlockFormat, bytes: &[u8], n: usize, k: usize) -> Result<Self> {
+        if !Self::supports(format, k) {
+            return Err(LmError::InvalidInput(format!(
+                "{format:?} rows of {k} values cannot be packed: rows must hold whole pairs of \
+                 {BLOCK}-value blocks and whole {}-value stored blocks",
+                format.stored_values()
+            )));
+        }
+        let stored = n * k / format.stored_values();
+        let expected = stored * format.stored_bytes();
+        if bytes.len() != expected {
+            return Err(LmError::InvalidInput(format!(
+                "{format:?} matrix of {n} x {k}: expected {expected} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        let blocks = n * k / BLOCK;
+        let layout = format.layout();
+        let mut packed = Self {
+            format,
+            n,
+            k,
+            scales: Vec::with_capacity(blocks),
+            offsets: Vec::with_capacity(if layout == Layout::Bytes { 0 } else { blocks }),
+            quants: Vec::with_capacity(match layout {
+                Layout::Bytes => n * k,
+                _ => n * k / 2,
+            }),
+            high: Vec::with_capacity(match layout {
+                Layout::NibblesAndFifthBits => blocks / 2,
+                _ => 0,
+            }),
+        };
+        match format {
+            BlockFormat::Q4K => {
+                for block in bytes.chunks_exact(format.stored_bytes()) {
+                    packed.push_q4k(block);
+                }
+            }
+            _ => {
+                for pair in bytes.chunks_exact(2 * format.stored_bytes()) {
+                    let (a, b) = pair.split_at(format.stored_bytes());
+                    packed.push_pair(a, b);
+                }
+            }
+        }
+        Ok(packed)
+    }
+
+    fn push_pair(&mut self, a: &[u8], b: &[u8]) {
+        match self.format {
+            BlockFormat::Q8_0 => {
+                for block in [a, b] {
+                    self.scales.push(f16_at(block, 0));
+                    self.quants.extend_from_slice(&block[2..]);
+                }
+            }
+            BlockFormat::Q4_1 => {
+                for block in [a, b] {
+                    self.scales.push(f16_at(block, 0));
+                    self.offsets.push(f16_at(block, 2));
+                }
+                self.push_nibbles(&a[4..], &b[4..]);
+            }
+            BlockFormat::Q5_0 => {
+                let fifth_bits =
+                    |block: &[u8]| u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                for block in [a, b] {
+                    let d = f16_at(block, 0);
+                    self.scales.push(d);
+                    self.offsets.push(-16.0 * d);
+                }
+                self.high
+                    .push(u64::from(fifth_bits(a)) | (u64::from(fifth_bits(b)) << 32));
+                self.push_nibbles(&a[6..], &b[6..]);
+            }
+            BlockFormat::Q4K => {}
+        }
+    }
+
+    /// A pair's 4-bit parts: GGML keeps value `j` of a block in the low nibble of byte `j`
+    /// and value `j + 16` in its high nibble; here byte `j` holds value `j` of block A (low)
+    /// and of block B (high), for `j` in 0..32.
+    fn push_nibbles(&mut self, a: &[u8], b: &[u8]) {
+        let value = |qs: &[u8], j: usize| {
+            if j < BLOCK / 2 {
+                qs[j] & 0x0f
+            } else {
+                qs[j - BLOCK / 2] >> 4
+            }
+        };
+        self.quants
+            .extend((0..BLOCK).map(|j| value(a, j) | (value(b, j) << 4)));
+    }
+
+    /// A Q4_K super-block: its 4-bit parts are already laid out as four pairs (each 32
+    /// bytes hold 32 values of one block in the low nibbles and the next block's in the
+    /// high); each block's scale and minimum are 6-bit factors of the two f16 ones.
+    fn push_q4k(&mut self, block: &[u8]) {
+        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
+        let factors = &block[4..16];
+        for j in 0..8 {
+            let (scale, min) = q4k_factors(j, factors);
+            self.scales.push(d * f32::from(scale));
+            self.offsets.push(-(dmin * f32::from(min)));
+        }
+        self.quants.extend_from_slice(&block[16..]);
+    }
+
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Values per row (the input width).
+    pub fn columns(&self) -> usize {
+        self.k
+    }
+
+    fn row(&self, o: usize) -> WeightRow<'_> {
+        let blocks = self.k / BLOCK;
+        let layout = self.format.layout();
+        let bytes = match layout {
+            Layout::Bytes => self.k,
+            _ => self.k / 2,
+        };
+        let pairs = blocks / 2;
+        WeightRow {
+            layout,
+            scales: &self.scales[o * blocks..(o + 1) * blocks],
+            quants: &self.quants[o * bytes..(o + 1) * bytes],
+            high: if layout == Layout::NibblesAndFifthBits {
+                &self.high[o * pairs..(o + 1) * pairs]
+            } else {
+                &[]
+            },
+        }
+    }
+
+    fn offsets(&self, o: usize) -> &[f32] {
+        let blocks = self.k / BLOCK;
+        if self.offsets.is_empty() {
+            &[]
+        } else {
+            &self.offsets[o * blocks..(o + 1) * blocks]
+        }
+    }
+
+    /// The weights as values (what the file's blocks decode to), row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut values = Vec::with_capacity(self.n * self.k);
+        for o in 0..self.n {
+            let row = self.row(o);
+            let offsets = self.offsets(o);
+            for e in 0..self.k {
+                let block = e / BLOCK;
+                let q = scalar::weight_quant(&row, e);
+                let d = row.scales[block];
+                // Each in the file's own arithmetic, so that the values are bit for bit its.
+                values.push(match self.format {
+                    // Q4_K's `d1 * q - m1`: adding the negated minimum is the same rounding.
+                    BlockFormat::Q4_1 | BlockFormat::Q4K => q as f32 * d + offsets[block],
+                    BlockFormat::Q5_0 => (q - 16) as f32 * d,
+                    BlockFormat::Q8_0 => q as f32 * d,
+                });
+            }
+        }
+        values
+    }
+
+    /// `x` (`rows` rows of `k` values, row-major) times the transposed weights: `rows` rows
+    /// of `n` values.
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        self.matmul_with(Isa::selected(), x, rows)
+    }
+
+    /// [`matmul`](Self::matmul) on the named kernels (the scalar ones when the CPU lacks them).
+    pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        if x.len() != rows * self.k {
+            return Err(LmError::InvalidInput(format!(
+                "matrix of {} columns given {} values for {rows} rows",
+                self.k,
+                x.len()
+            )));
+        }
+        let activations = Activations::quantize(x, rows, self.k);
+        let kernel = Kernel::for_isa(isa);
+        // Each output value is written once, by whichever worker takes its weight row; as
+        // atomics the workers share the buffer without locks (a relaxed store is a plain one).
+        let out: Vec<AtomicU32> = (0..rows * self.n).map(|_| AtomicU32::new(0)).collect();
+        // candle's own pool: its workers spin between candle's operations and these, where
+        // rayon's would be put to sleep and woken for every matrix.
+        candle_core::utils::barrier_pool().execute_chunked(self.n, |weight_rows| {
+            self.dot_rows(kernel, &activations, weight_rows, &out);
+        });
+        Ok(out
+            .into_iter()
+            .map(|value| f32::from_bits(value.into_inner()))
+            .collect())
+    }
+
+    /// Weight rows `weight_rows`, each dotted with every activation row, into
+    /// `out[r * n + o]`.
+    fn dot_rows(
+        &self,
+        kernel: Kernel,
+        activations: &Activations,
+        weight_rows: Range<usize>,
+        out: &[AtomicU32],
+    ) {
+        let rows = activations.rows;
+        let activation_rows: Vec<ActivationRow<'_>> =
+            (0..rows).map(|r| activations.row(r)).collect();
+        let mut values = vec![0.0f32; rows];
+        for o in weight_rows {
+            let weights = self.row(o);
+            for (group, values) in activation_rows
+                .chunks(ROW_GROUP)
+                .zip(values.chunks_mut(ROW_GROUP))
+            {
+                kernel.scaled_dots(weights, group, values);
+            }
+            let offsets = self.offsets(o);
+            for (r, value) in values.iter().enumerate() {
+                let offset = if offsets.is_empty() {
+                    0.0
+                } else {
+                    dot_f32(offsets, activations.sums_of(r))
+                };
+                out[r * self.n + o].store((value + offset).to_bits(), Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The kernels of one [`Isa`], resolved once per call.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(x86::Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(x86::Avx512),
+}
+
+impl Kernel {
+    /// `isa`'s kernels, or the scalar ones where the CPU lacks it.
+    fn for_isa(isa: Isa) -> Self {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::Avx512::detect().map_or(Self::Scalar, Self::Avx512),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::Avx2::detect().map_or(Self::Scalar, Self::Avx2),
+            _ => Self::Scalar,
+        }
+    }
+
+    /// `out[i] = sum over blocks of scale_w * scale_a * (q_w . q_a)` for each activation row.
+    fn scaled_dots(self, weights: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512(avx512) => avx512.scaled_dots(weights, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2(avx2) => avx2.scaled_dots(weights, rows, out),
+            Self::Scalar => {
+                for (row, value) in rows.iter().zip(out) {
+                    *value = scalar::scaled_dot(weights, *row);
+                }
+            }
+        }
+    }
+}
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// Block `j`'s 6-bit scale and minimum from a Q4_K super-block's 12 bytes of them: blocks
+/// 0-3 in the low six bits of bytes 0-3 and 4-7; blocks 4-7 split between the nibbles of
+/// bytes 8-11 and the top two bits of bytes 0-7.
+fn q4k_factors(j: usize, bytes: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (bytes[j] & 63, bytes[j + 4] & 63)
+    } else {
+        (
+            (bytes[j + 4] & 0x0f) | ((bytes[j - 4] >> 6) << 4),
+            (bytes[j + 4] >> 4) | ((bytes[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Eight running sums, so that the compiler may vectorise (one sum would fix the order).
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut sums = [0.0f32; 8];
+    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_chunks.zip(b_chunks) {
+        for i in 0..8 {
+            sums[i] += x[i] * y[i];
+        }
+    }
+    sums.iter().sum::<f32>() + tail
+}
+
+/// Activation rows quantised to 8 bits: per block of 32 values a scale `d = max |x| / 127`,
+/// the values `round(x / d)`, and `d * sum q` (what a weight block's offset multiplies).
+#[derive(Debug, Clone)]
+pub struct Activations {
+    rows: usize,
+    k: usize,
+    scales: Vec<f32>,
+    sums: Vec<f32>,
+    quants: Vec<i8>,
+}
+
+impl Activations {
+    /// `x` holds `rows` rows of `k` values, `k` a multiple of [`BLOCK`].
+    pub fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
+        let blocks = x.len() / BLOCK;
+        let mut quantized = Self {
+            rows,
+            k,
+            scales: Vec::with_capacity(blocks),
+            sums: Vec::with_capacity(blocks),
+            quants: Vec::with_capacity(x.len()),
+        };
+        for block in x.chunks_exact(BLOCK) {
+            let largest = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = largest / 127.0;
+            let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for &v in block {
+                // Within [-127, 127] by construction of d; `as` saturates regardless.
+                let q = (v * inverse).round() as i8;
+                sum += i32::from(q);
+                quantized.quants.push(q);
+            }
+            quantized.scales.push(d);
+            quantized.sums.push(d * sum as f32);
+        }
+        quantized
+    }
+
+    fn row(&self, r: usize) -> ActivationRow<'_> {
+        let blocks = self.k / BLOCK;
+        ActivationRow {
+            scales: &self.scales[r * blocks..(r + 1) * blocks],
+            quants: &self.quants[r * self.k..(r + 1) * self.k],
+        }
+    }
+
+    fn sums_of(&self, r: usize) -> &[f32] {
+        let blocks = self.k / BLOCK;
+        &self.sums[r * blocks..(r + 1) * blocks]
+    }
+}

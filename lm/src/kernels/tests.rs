@@ -1,0 +1,280 @@
+//! The kernels against candle's reading of the same GGML blocks and against the scalar
+//! reference, on random blocks of every supported format, at every row count, matrix height
+//! and width around the kernels' boundaries (a pair of blocks, a group of four activation
+//! rows, the worker pool's share of weight rows).
+
+use std::borrow::Cow;
+
+use candle_core::Device;
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+use half::f16;
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{BLOCK, BlockFormat, Isa, PAIR, PackedMatrix};
+
+const FORMATS: [BlockFormat; 4] = [
+    BlockFormat::Q4_1,
+    BlockFormat::Q5_0,
+    BlockFormat::Q8_0,
+    BlockFormat::Q4K,
+];
+
+/// A row width of `units` of the format's smallest packable width (a pair of blocks, or a
+/// Q4_K super-block).
+fn width(format: BlockFormat, units: usize) -> usize {
+    units * format.stored_values().max(PAIR)
+}
+
+/// How the random blocks' scales are drawn.
+#[derive(Clone, Copy)]
+enum Scales {
+    /// Any small value, as a real file has.
+    Random,
+    /// Powers of two: with integer activations every product and sum is exact in f32.
+    PowersOfTwo,
+}
+
+fn f16_bytes(value: f32) -> [u8; 2] {
+    f16::from_f32(value).to_le_bytes()
+}
+
+/// `blocks` random GGML blocks of `format`, as a GGUF file stores them.
+fn random_blocks(format: BlockFormat, blocks: usize, scales: Scales, rng: &mut StdRng) -> Vec<u8> {
+    let scale = |rng: &mut StdRng| match scales {
+        Scales::Random => rng.random_range(-0.05f32..0.05),
+        Scales::PowersOfTwo => [0.25f32, 0.5, 1.0, -0.5][rng.random_range(0..4)],
+    };
+    let mut bytes = Vec::with_capacity(blocks * format.stored_bytes());
+    for _ in 0..blocks {
+        bytes.extend(f16_bytes(scale(rng)));
+        let rest = match format {
+            BlockFormat::Q4_1 => {
+                bytes.extend(f16_bytes(scale(rng)));
+                BLOCK / 2
+            }
+            BlockFormat::Q5_0 => 4 + BLOCK / 2,
+            BlockFormat::Q8_0 => BLOCK,
+            BlockFormat::Q4K => {
+                bytes.extend(f16_bytes(scale(rng)));
+                // The 6-bit factors kept to 0-3 with power-of-two scales, so that sums stay
+                // within f32's exact integers.
+                let factor_mask = match scales {
+                    Scales::Random => 0xff,
+                    Scales::PowersOfTwo => 0x03,
+                };
+                bytes.extend((0..12).map(|_| rng.random::<u8>() & factor_mask));
+                128
+            }
+        };
+        bytes.extend((0..rest).map(|_| rng.random::<u8>()));
+    }
+    bytes
+}
+
+/// candle's decoding of the same bytes: the values the file means.
+fn candle_values(format: BlockFormat, bytes: &[u8], n: usize, k: usize) -> Vec<f32> {
+    let dtype = match format {
+        BlockFormat::Q4_1 => GgmlDType::Q4_1,
+        BlockFormat::Q5_0 => GgmlDType::Q5_0,
+        BlockFormat::Q8_0 => GgmlDType::Q8_0,
+        BlockFormat::Q4K => GgmlDType::Q4K,
+    };
+    let storage = QStorage::from_data(Cow::Borrowed(bytes), &Device::Cpu, dtype).unwrap();
+    QTensor::new(storage, (n, k))
+        .unwrap()
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn random_matrix(
+    format: BlockFormat,
+    n: usize,
+    k: usize,
+    scales: Scales,
+    rng: &mut StdRng,
+) -> (Vec<u8>, PackedMatrix) {
+    let bytes = random_blocks(format, n * k / format.stored_values(), scales, rng);
+    let packed = PackedMatrix::from_ggml(format, &bytes, n, k).unwrap();
+    (bytes, packed)
+}
+
+/// `x` times the transposed `weights` (`n` rows of `k`), in f64.
+fn exact_matmul(weights: &[f32], n: usize, k: usize, x: &[f32], rows: usize) -> Vec<f64> {
+    let mut out = vec![0.0f64; rows * n];
+    for r in 0..rows {
+        for o in 0..n {
+            out[r * n + o] = (0..k)
+                .map(|e| f64::from(weights[o * k + e]) * f64::from(x[r * k + e]))
+                .sum();
+        }
+    }
+    out
+}
+
+#[test]
+fn packing_keeps_the_values_the_file_means() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for format in FORMATS {
+        let (n, k) = (5, width(format, 3));
+        let (bytes, packed) = random_matrix(format, n, k, Scales::Random, &mut rng);
+        let ours = packed.dequantize();
+        let candle = candle_values(format, &bytes, n, k);
+        assert_eq!(ours.len(), candle.len());
+        let differing = ours
+            .iter()
+            .zip(&candle)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differing, 0, "{format:?}: {differing} values differ");
+    }
+}
+
+/// With power-of-two weight scales and integer activations whose blocks each reach 127 (so
+/// every activation scale is exactly 1), no step of any kernel rounds: each must equal the
+/// exact product of the file's values, bit for bit.
+#[test]
+fn every_kernel_is_exact_where_the_arithmetic_is() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for format in FORMATS {
+        let (n, k, rows) = (37, width(format, 2), 6);
+        let (bytes, packed) = random_matrix(format, n, k, Scales::PowersOfTwo, &mut rng);
+        let mut x: Vec<f32> = (0..rows * k)
+            .map(|_| rng.random_range(-127i32..=127) as f32)
+            .collect();
+        for block in x.chunks_exact_mut(BLOCK) {
+            block[rng.random_range(0..BLOCK)] = 127.0;
+        }
+        let exact = exact_matmul(&candle_values(format, &bytes, n, k), n, k, &x, rows);
+        for isa in Isa::available() {
+            let ours = packed.matmul_with(isa, &x, rows).unwrap();
+            for (i, (&a, &b)) in ours.iter().zip(&exact).enumerate() {
+                assert_eq!(f64::from(a), b, "{format:?} on {isa}: output {i}");
+            }
+        }
+    }
+}
+
+/// The tolerance between kernels that sum in different orders: a few f32 roundings of the
+/// sum of the terms' magnitudes.
+fn tolerance(weights: &[f32], n: usize, k: usize, x: &[f32], rows: usize) -> Vec<f64> {
+    let magnitudes: Vec<f32> = weights.iter().map(|w| w.abs()).collect();
+    let absolute: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    exact_matmul(&magnitudes, n, k, &absolute, rows)
+        .into_iter()
+        .map(|m| 1e-5 * m + 1e-6)
+        .collect()
+}
+
+fn assert_close(format: BlockFormat, isa: Isa, ours: &[f32], reference: &[f32], tolerance: &[f64]) {
+    for (i, ((&a, &b), &t)) in ours.iter().zip(reference).zip(tolerance).enumerate() {
+        let gap = (f64::from(a) - f64::from(b)).abs();
+        assert!(
+            gap <= t,
+            "{format:?} on {isa}: output {i} is {a}, the reference {b} (gap {gap}, tolerance {t})"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every SIMD path against the scalar reference on random blocks, with the matrix's
+    /// height, width and the number of activation rows drawn across the kernels' boundaries.
+    #[test]
+    fn every_kernel_matches_the_reference(
+        seed in any::<u64>(),
+        format in prop::sample::select(FORMATS.to_vec()),
+        n in 1usize..70,
+        units in 1usize..7,
+        rows in 1usize..10,
+        zero_block in any::<bool>(),
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let k = width(format, units);
+        let (bytes, packed) = random_matrix(format, n, k, Scales::Random, &mut rng);
+        let mut x: Vec<f32> = (0..rows * k).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+        if zero_block {
+            // An all-zero block has scale 0: nothing may divide by it.
+            x[..BLOCK].fill(0.0);
+        }
+        let reference = packed.matmul_with(Isa::Scalar, &x, rows).unwrap();
+        let values = candle_values(format, &bytes, n, k);
+        let tolerance = tolerance(&values, n, k, &x, rows);
+        for isa in Isa::available() {
+            let ours = packed.matmul_with(isa, &x, rows).unwrap();
+            assert_close(format, isa, &ours, &reference, &tolerance);
+        }
+    }
+}
+
+/// The tolerance above is tight enough to matter: changing a single weight by one step of
+/// its block (what a misplaced nibble or fifth bit does) moves the result past it.
+#[test]
+fn one_wrong_weight_is_caught() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for format in FORMATS {
+        let (n, k, rows) = (4, width(format, 1), 2);
+        let mut bytes = random_blocks(
+            format,
+            n * k / format.stored_values(),
+            Scales::Random,
+            &mut rng,
+        );
+        // A first block with a scale large enough to matter (Q4_K's: its 6-bit factor too).
+        bytes[0..2].copy_from_slice(&f16_bytes(0.05));
+        if format == BlockFormat::Q4K {
+            bytes[4] = 33;
+        }
+        let packed = PackedMatrix::from_ggml(format, &bytes, n, k).unwrap();
+        let x: Vec<f32> = (0..rows * k)
+            .map(|_| rng.random_range(0.5f32..4.0))
+            .collect();
+        let good = packed.matmul_with(Isa::Scalar, &x, rows).unwrap();
+        let tolerance = tolerance(&candle_values(format, &bytes, n, k), n, k, &x, rows);
+        // One step in one value of the first block: the low bit of its last quant byte (of
+        // Q4_K's first).
+        let changed = if format == BlockFormat::Q4K {
+            16
+        } else {
+            format.stored_bytes() - 1
+        };
+        bytes[changed] ^= 0x01;
+        let broken = PackedMatrix::from_ggml(format, &bytes, n, k).unwrap();
+        for isa in Isa::available() {
+            let ours = broken.matmul_with(isa, &x, rows).unwrap();
+            let caught = ours
+                .iter()
+                .zip(&good)
+                .zip(&tolerance)
+                .any(|((&a, &b), &t)| (f64::from(a) - f64::from(b)).abs() > t);
+            assert!(
+                caught,
+                "{format:?} on {isa}: a changed weight went unnoticed"
+            );
+        }
+    }
+}
+
+#[test]
+fn shapes_the_kernels_cannot_read_are_refused() {
+    let bytes = vec![0u8; 2 * BlockFormat::Q4_1.stored_bytes()];
+    let error = PackedMatrix::from_ggml(BlockFormat::Q4_1, &bytes, 2, BLOCK).unwrap_err();
+    assert!(error.to_string().contains("whole pairs"), "{error}");
+    let error = PackedMatrix::from_ggml(BlockFormat::Q4_1, &bytes, 2, PAIR).unwrap_err();
+    assert!(
+        error.to_string().contains("expected 80 bytes, got 40"),
+        "{error}"
+    );
+    let packed = PackedMatrix::from_ggml(BlockFormat::Q4_1, &bytes, 1, PAIR).unwrap();
+    let error = packed.matmul(&[0.0; PAIR + 1], 1).unwrap_err();
+    assert!(
+        error.to_string().contains("given 65 values for 1 rows"),
+        "{error}"
+    );
+}

@@ -1,0 +1,235 @@
+//! The AVX2 and AVX-512 kernels: the runtime's only `unsafe` besides one CUDA call.
+//!
+//! Each kernel is a `#[target_feature]` function, entered through a token ([`Avx2`],
+//! [`Avx512`]) that exists only once run-time detection found those features: that is the
+//! safety argument for every call below. Inside, the only unsafe operations are unaligned
+//! loads, each from a slice of exactly the loaded width (cut by `chunks_exact` or by an
+//! index range that panics rather than read past its end).
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::{ActivationRow, BLOCK, Layout, PAIR, ROW_GROUP, WeightRow};
+
+/// Proof that the CPU has AVX2 and FMA.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Avx2(());
+
+/// Proof that the CPU has AVX-512 F, BW and VL, and VNNI.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Avx512(());
+
+impl Avx2 {
+    pub(super) fn detect() -> Option<Self> {
+        (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Self(()))
+    }
+
+    /// `out[i]`: the scaled dot of the weight row with activation row `i` (at most
+    /// [`ROW_GROUP`] rows).
+    pub(super) fn scaled_dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
+        // SAFETY: `self` exists only where AVX2 and FMA were detected.
+        unsafe {
+            match rows {
+                [a] => avx2_dots::<1>(w, &[*a], out),
+                [a, b] => avx2_dots::<2>(w, &[*a, *b], out),
+                [a, b, c] => avx2_dots::<3>(w, &[*a, *b, *c], out),
+                _ => {
+                    for (group, out) in rows.chunks(ROW_GROUP).zip(out.chunks_mut(ROW_GROUP)) {
+                        if let Ok(group) = <&[ActivationRow<'_>; ROW_GROUP]>::try_from(group) {
+                            avx2_dots::<ROW_GROUP>(w, group, out);
+                        } else {
+                            self.scaled_dots(w, group, out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Avx512 {
+    pub(super) fn detect() -> Option<Self> {
+        (is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni"))
+        .then_some(Self(()))
+    }
+
+    /// As [`Avx2::scaled_dots`].
+    pub(super) fn scaled_dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
+        // SAFETY: `self` exists only where AVX-512 F/BW/VL and VNNI were detected.
+        unsafe {
+            match rows {
+                [a] => avx512_dots::<1>(w, &[*a], out),
+                [a, b] => avx512_dots::<2>(w, &[*a, *b], out),
+                [a, b, c] => avx512_dots::<3>(w, &[*a, *b, *c], out),
+                _ => {
+                    for (group, out) in rows.chunks(ROW_GROUP).zip(out.chunks_mut(ROW_GROUP)) {
+                        if let Ok(group) = <&[ActivationRow<'_>; ROW_GROUP]>::try_from(group) {
+                            avx512_dots::<ROW_GROUP>(w, group, out);
+                        } else {
+                            self.scaled_dots(w, group, out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first 32 bytes of `values` (of bytes, signed or not).
+#[target_feature(enable = "avx2")]
+fn load256<T: Copy>(values: &[T]) -> __m256i {
+    assert!(std::mem::size_of_val(values) >= 32);
+    // SAFETY: 32 readable bytes, checked above; the load is unaligned.
+    unsafe { _mm256_loadu_si256(values.as_ptr().cast()) }
+}
+
+/// The first 64 bytes of `values`.
+#[target_feature(enable = "avx512f")]
+fn load512<T: Copy>(values: &[T]) -> __m512i {
+    assert!(std::mem::size_of_val(values) >= 64);
+    // SAFETY: 64 readable bytes, checked above; the load is unaligned.
+    unsafe { _mm512_loadu_si512(values.as_ptr().cast()) }
+}
+
+/// Bytes of 0x10 where bit `e` of `bits` is set (byte `e`), else 0: a Q5_0 block's fifth
+/// bits in place.
+#[target_feature(enable = "avx2")]
+fn fifth_bits_avx2(bits: u32) -> __m256i {
+    // Byte e takes byte e / 8 of `bits`, then is all ones iff bit e % 8 of it is set.
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(
+            0x0000_0000_0000_0000,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let all_but_own_bit = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let set = _mm256_cmpeq_epi8(
+        _mm256_or_si256(spread, all_but_own_bit),
+        _mm256_set1_epi64x(-1),
+    );
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// `acc + scale * (w . a)` in eight lanes: unsigned weight bytes by signed activations.
+#[target_feature(enable = "avx2,fma")]
+fn block_fma_avx2(w: __m256i, a: __m256i, scale: f32, acc: __m256) -> __m256 {
+    // Pairs of products fit in i16: at most 2 x 255 x 127 for 4- and 5-bit weights, and
+    // 2 x 128 x 127 for Q8_0's magnitudes.
+    let pairs = _mm256_maddubs_epi16(w, a);
+    let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), _mm256_set1_ps(scale), acc)
+}
+
+#[target_feature(enable = "avx2")]
+fn sum256(v: __m256) -> f32 {
+    let halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
+    let one = _mm_add_ss(pairs, _mm_shuffle_ps::<0b01>(pairs, pairs));
+    _mm_cvtss_f32(one)
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], out: &mut [f32]) {
+    let mut acc = [_mm256_setzero_ps(); M];
+    match w.layout {
+        Layout::Bytes => {
+            for (b, quants) in w.quants.chunks_exact(BLOCK).enumerate() {
+                let signed = load256(quants);
+                // maddubs wants unsigned weights: multiply |w| by a with w's sign.
+                let magnitude = _mm256_sign_epi8(signed, signed);
+                for (acc, row) in acc.iter_mut().zip(rows) {
+                    let a = load256(&row.quants[b * BLOCK..(b + 1) * BLOCK]);
+                    let scale = w.scales[b] * row.scales[b];
+                    *acc = block_fma_avx2(magnitude, _mm256_sign_epi8(a, signed), scale, *acc);
+                }
+            }
+        }
+        Layout::Nibbles | Layout::NibblesAndFifthBits => {
+            let nibble = _mm256_set1_epi8(0x0f);
+            for (p, quants) in w.quants.chunks_exact(BLOCK).enumerate() {
+                let packed = load256(quants);
+                let mut first = _mm256_and_si256(packed, nibble);
+                let mut second = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibble);
+                if w.layout == Layout::NibblesAndFifthBits {
+                    let high = w.high[p];
+                    first = _mm256_or_si256(first, fifth_bits_avx2(high as u32));
+                    second = _mm256_or_si256(second, fifth_bits_avx2((high >> 32) as u32));
+                }
+                for (acc, row) in acc.iter_mut().zip(rows) {
+                    let a = &row.quants[p * PAIR..(p + 1) * PAIR];
+                    let (b0, b1) = (2 * p, 2 * p + 1);
+                    *acc = block_fma_avx2(first, load256(a), w.scales[b0] * row.scales[b0], *acc);
+                    *acc = block_fma_avx2(
+                        second,
+                        load256(&a[BLOCK..]),
+                        w.scales[b1] * row.scales[b1],
+                        *acc,
+                    );
+                }
+            }
+        }
+    }
+    for (value, acc) in out.iter_mut().zip(acc) {
+        *value = sum256(acc);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+fn avx512_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], out: &mut [f32]) {
+    let mut acc = [_mm512_setzero_ps(); M];
+    // Lanes 0-7 hold block A's partial sums, lanes 8-15 block B's: scale each half by its own.
+    let pair_scale = |w: &[f32], a: &[f32]| {
+        _mm512_mask_blend_ps(
+            0xff00,
+            _mm512_set1_ps(w[0] * a[0]),
+            _mm512_set1_ps(w[1] * a[1]),
+        )
+    };
+    match w.layout {
+        Layout::Bytes => {
+            for (p, quants) in w.quants.chunks_exact(PAIR).enumerate() {
+                let signed = load512(quants);
+                let negative = _mm512_movepi8_mask(signed);
+                let magnitude = _mm512_abs_epi8(signed);
+                let scales = &w.scales[2 * p..2 * p + 2];
+                for (acc, row) in acc.iter_mut().zip(rows) {
+                    let a = load512(&row.quants[p * PAIR..(p + 1) * PAIR]);
+                    // Activations lie in [-127, 127], so negating one never overflows.
+                    let a = _mm512_mask_sub_epi8(a, negative, _mm512_setzero_si512(), a);
+                    let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), magnitude, a);
+                    let scale = pair_scale(scales, &row.scales[2 * p..2 * p + 2]);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale, *acc);
+                }
+            }
+        }
+        Layout::Nibbles | Layout::NibblesAndFifthBits => {
+            let nibble = _mm256_set1_epi8(0x0f);
+            for (p, quants) in w.quants.chunks_exact(BLOCK).enumerate() {
+                let packed = load256(quants);
+                let first = _mm256_and_si256(packed, nibble);
+                let second = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibble);
+                let mut weights = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
+                if w.layout == Layout::NibblesAndFifthBits {
+                    let fifth = _mm512_maskz_mov_epi8(w.high[p], _mm512_set1_epi8(0x10));
+                    weights = _mm512_or_si512(weights, fifth);
+                }
+                let scales = &w.scales[2 * p..2 * p + 2];
+                for (acc, row) in acc.iter_mut().zip(rows) {
+                    let a = load512(&row.quants[p * PAIR..(p + 1) * PAIR]);
+                    let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), weights, a);
+                    let scale = pair_scale(scales, &row.scales[2 * p..2 * p + 2]);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale, *acc);
+                }
+            }
+        }
+    }
+    for (value, acc) in out.iter_mut().zip(acc) {
+        *value = _mm512_reduce_add_ps(acc);
+    }
+}
