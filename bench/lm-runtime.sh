@@ -5,11 +5,20 @@
 # llama.cpp is llama-cpp-python from PyPI (compiled here at first use, ~5 minutes), driven by
 # bench/lm-peer.py. Figures: docs/benchmarks/lm-runtime.md.
 #   bench/lm-runtime.sh [THREADS]      default 2; models: every one `make models(-large)` installed
+# Environment: MODELS (GGUF names without .gguf, space-separated; default all three), REPEAT
+# (timed runs per measure, default 3), LONG_BATCHES (batch sizes after 1,024-token prompts,
+# default 1,5: each run prefills B x 1,024 tokens untimed, minutes on the 1.5B model).
+# Besides `fast` (what the edge serves with), `q8_0` decodes as `fast` did before Hasten's
+# own kernels (candle's, on Q8_0 copies of Q4_1/Q5_0), and `fast`'s greedy tokens on five
+# prompts are compared with `as_stored`'s (candle's kernels on the file's blocks).
 # Run it on an idle machine: candle's CPU thread pool spins at barriers, so a busy neighbour
 # costs it far more than its share.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}
+repeat=${REPEAT:-3}
+long_batches=${LONG_BATCHES:-1,5}
+models=${MODELS:-SmolLM2-135M-Instruct.Q4_1 qwen2.5-coder-0.5b-instruct-q4_k_m qwen2.5-coder-1.5b-instruct-q4_k_m}
 lm_dir=${HASTEN_LM_DIR:-models/lm}
 cache=${HASTEN_CI_CACHE:-$HOME/.cache/hasten-ci}
 venv=$cache/tools/llama-cpp-venv
@@ -24,24 +33,30 @@ fi
 cargo build --release -p hasten-bench --bin hasten-lm-bench
 bin="${CARGO_TARGET_DIR:-target}/release/hasten-lm-bench"
 
-for model in "$lm_dir"/SmolLM2-135M-Instruct.Q4_1.gguf "$lm_dir"/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf; do
+for name in $models; do
+    model=$lm_dir/$name.gguf
     [ -f "$model" ] || continue
-    name=$(basename "$model" .gguf)
     "$venv/bin/python" bench/lm-peer.py --model "$model" --threads "$threads" --prefill 128,512,2048 \
-        --decode-tokens 64 --batches 1,5 --repeat 3 --out "$out/$name.llama-cpp.json"
+        --decode-tokens 64 --batches 1,5 --repeat "$repeat" --out "$out/$name.llama-cpp.json"
     # `fast` is what the edge serves with; `as_stored` (candle's kernels on the file's own
-    # block types, scalar for Q4_1) only at the short prompt, for reference.
+    # block types, scalar for Q4_1 and Q5_0) only at the short prompt, for reference; `q8_0`
+    # for its decoding only (before Hasten's kernels, `fast` decoded exactly so).
     RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights fast \
-        --repeat 3 --out "$out/$name.hasten-fast.json"
+        --repeat "$repeat" --score-rows 0 --greedy-against as_stored --out "$out/$name.hasten-fast.json"
     RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights as_stored \
-        --prefill 128 --repeat 1 --out "$out/$name.hasten-as_stored.json"
+        --prefill 128 --repeat 1 --score-rows 0 --out "$out/$name.hasten-as_stored.json"
+    RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights q8_0 \
+        --prefill 128 --repeat "$repeat" --score-rows 0 --out "$out/$name.hasten-q8_0.json"
     # Decoding after a long prompt (its prefill is not timed; the 128-token prefill is only
     # there because both tools measure one).
     "$venv/bin/python" bench/lm-peer.py --model "$model" --threads "$threads" --prefill 128 \
-        --decode-tokens 64 --batches 1,5 --decode-context 1024 --repeat 3 \
+        --decode-tokens 64 --batches "$long_batches" --decode-context 1024 --repeat "$repeat" \
         --out "$out/$name.long.llama-cpp.json"
-    RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights fast \
-        --prefill 128 --decode-context 1024 --repeat 3 --out "$out/$name.long.hasten-fast.json"
+    for weights in fast q8_0; do
+        RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights $weights \
+            --prefill 128 --batches "$long_batches" --decode-context 1024 --repeat "$repeat" \
+            --score-rows 0 --out "$out/$name.long.hasten-$weights.json"
+    done
 done
 
 python3 - "$out" <<'PY'
@@ -51,14 +66,15 @@ rows = []
 for peer_file in sorted(out.glob("*.llama-cpp.json")):
     name = peer_file.name[: -len(".llama-cpp.json")]
     peer = json.loads(peer_file.read_text())
-    for weights in ("as_stored", "fast"):
+    for weights in ("as_stored", "q8_0", "fast"):
         ours_file = out / f"{name}.hasten-{weights}.json"
         if not ours_file.exists():
             continue
         ours = json.loads(ours_file.read_text())
         peer_prefill = {p["tokens"]: p for p in peer["prefill"]}
         long_run = name.endswith(".long")
-        for a in ([] if long_run else ours["prefill"]):
+        # q8_0 stands for `fast` before Hasten's kernels in decoding only.
+        for a in ([] if long_run or weights == "q8_0" else ours["prefill"]):
             b = peer_prefill[a["tokens"]]
             rows.append((name, weights, f"prefill {a['tokens']}", a["tokens_per_s"], b["tokens_per_s"]))
         for a, b in zip(ours["decode"], peer["decode"]):
@@ -69,4 +85,11 @@ report = [dict(model=m, weights=w, measure=x, hasten_tokens_per_s=round(h, 1), l
 print(f"{'model':<40} {'weights':<10} {'measure':<18} {'hasten':>8} {'llama.cpp':>10} {'ratio':>6}")
 for r in report:
     print(f"{r['model']:<40} {r['weights']:<10} {r['measure']:<18} {r['hasten_tokens_per_s']:>8} {r['llama_cpp_tokens_per_s']:>10} {r['ratio']:>6}")
+print("\ngreedy tokens, fast against as_stored (64 steps, 5 prompts):")
+for fast_file in sorted(out.glob("*.hasten-fast.json")):
+    greedy = json.loads(fast_file.read_text()).get("greedy") or {}
+    for p in greedy.get("prompts", []):
+        verdict = "identical" if p["identical"] else (
+            f"first differs at step {p['first_difference']} (reference logit gap {p['reference_logit_gap']:.3f})")
+        print(f"  {fast_file.name.removesuffix('.hasten-fast.json'):<40} prompt {p['prompt']}: {verdict}")
 PY

@@ -23,12 +23,19 @@ struct Projection {
 }
 
 impl Projection {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
-        Ok(match &self.bias {
-            Some(bias) => y.broadcast_add(bias)?,
-            None => y,
-        })
+    /// The projections of one input (a layer's query, key and value), their matrices
+    /// applied together.
+    fn forward_shared<const N: usize>(
+        projections: [&Projection; N],
+        x: &Tensor,
+    ) -> Result<[Tensor; N]> {
+        let mut outputs = Matrix::forward_shared(projections.map(|p| &p.weight), x)?;
+        for (y, projection) in outputs.iter_mut().zip(projections) {
+            if let Some(bias) = &projection.bias {
+                *y = y.broadcast_add(bias)?;
+            }
+        }
+        Ok(outputs)
     }
 }
 
@@ -416,8 +423,8 @@ impl Decoder {
             let x_mid = (attended + residual)?;
             let normed =
                 candle_nn::ops::rms_norm(&x_mid, &layer.ffn_norm, self.config.rms_eps as f32)?;
-            let hidden = (candle_nn::ops::silu(&layer.gate.forward(&normed)?)?
-                * layer.up.forward(&normed)?)?;
+            let [gate, up] = Matrix::forward_shared([&layer.gate, &layer.up], &normed)?;
+            let hidden = (candle_nn::ops::silu(&gate)? * up)?;
             x = (layer.down.forward(&hidden)? + x_mid)?;
         }
 
@@ -467,9 +474,11 @@ impl Decoder {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = split(layer.query.forward(x)?, c.heads)?;
-        let raw_keys = split(layer.key.forward(x)?, c.kv_heads)?;
-        let values = split(layer.value.forward(x)?, c.kv_heads)?;
+        let [q, raw_keys, values] =
+            Projection::forward_shared([&layer.query, &layer.key, &layer.value], x)?;
+        let q = split(q, c.heads)?;
+        let raw_keys = split(raw_keys, c.kv_heads)?;
+        let values = split(values, c.kv_heads)?;
         let q = rotation.apply(&q)?;
         let keys = rotation.apply(&raw_keys)?;
         let repeat = c.heads / c.kv_heads;

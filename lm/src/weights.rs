@@ -5,8 +5,8 @@
 //! to Q8_0 at load time for candle's SIMD path (about 2x a 4-bit file's memory, values a
 //! Q8_0 rounding away from the file's). `fast` instead decodes Q4_1, Q5_0, Q8_0 and Q4_K
 //! matrices with Hasten's own kernels on the file's blocks ([`crate::kernels`]) and leaves
-//! the other K-quants (Q6_K) to candle's. Prefill multiplies many rows at once, where a dense f32 gemm beats
-//! any per-row dot product, so `fast` also keeps an f32 copy for prompts.
+//! the rest to candle's (Q6_K's reads fewer bytes than a repacking that widens it). Prefill multiplies many rows at once, where a dense f32
+//! gemm beats any per-row dot product, so `fast` also keeps an f32 copy for prompts.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,7 +15,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{D, DType, Device, Module, Tensor};
 
 use crate::error::{LmError, Result};
-use crate::kernels::{BlockFormat, PackedMatrix};
+use crate::kernels::{self, BlockFormat, PackedMatrix};
 
 #[derive(
     Debug,
@@ -38,9 +38,9 @@ pub enum WeightFormat {
     /// Every matrix dequantised to f32 (dense gemm; 4 bytes a weight).
     F32,
     /// For inputs of few rows (decoding) the file's blocks, read by Hasten's kernels on the
-    /// CPU (Q4_1, Q5_0, Q8_0, Q4_K) or candle's (the rest; re-quantised to Q8_0 as above
-    /// where neither has a SIMD one); f32 for inputs of many (prefill). The fastest on CPU, at about 4.7 bytes a
-    /// weight.
+    /// CPU (Q4_1, Q5_0, Q8_0, Q4_K) or candle's (the rest; re-quantised to Q8_0 as
+    /// above where neither has a SIMD one); f32 for inputs of many (prefill). The fastest on
+    /// CPU, at about 5 bytes a weight.
     Fast,
 }
 
@@ -63,21 +63,69 @@ enum Compact {
 
 impl Matrix {
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.elem_count() / x.dim(D::Minus1)?;
-        Ok(match (&self.dense, &self.compact) {
-            (Some(dense), _) if rows >= DENSE_ROWS => dense.forward(x)?,
-            (_, Compact::Candle(matrix)) => matrix.forward(x)?,
-            (_, Compact::Kernels(matrix)) => {
-                let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-                let out = matrix.matmul(&values, rows)?;
-                let mut shape = x.dims().to_vec();
-                if let Some(last) = shape.last_mut() {
-                    *last = matrix.rows();
-                }
-                Tensor::from_vec(out, shape, x.device())?
-            }
-        })
+        let [y] = Self::forward_shared([self], x)?;
+        Ok(y)
     }
+
+    /// The matrices applied to one input. Where each decodes with Hasten's kernels, the
+    /// input is quantised once and one pass of the worker pool computes them all.
+    pub(crate) fn forward_shared<const N: usize>(
+        matrices: [&Matrix; N],
+        x: &Tensor,
+    ) -> Result<[Tensor; N]> {
+        let rows = x.elem_count() / x.dim(D::Minus1)?;
+        let packed: Option<Vec<&PackedMatrix>> = matrices
+            .iter()
+            .map(|matrix| matrix.kernels_for(rows))
+            .collect();
+        let outputs: Vec<Tensor> = match packed {
+            Some(packed) => kernel_products(&packed, x, rows)?,
+            None => matrices
+                .iter()
+                .map(|matrix| matrix.forward_alone(x, rows))
+                .collect::<Result<_>>()?,
+        };
+        outputs.try_into().map_err(|_| missing_product())
+    }
+
+    /// Hasten's kernels' copy, when it is the one that takes an input of `rows` rows.
+    fn kernels_for(&self, rows: usize) -> Option<&PackedMatrix> {
+        match (&self.dense, &self.compact) {
+            (Some(_), _) if rows >= DENSE_ROWS => None,
+            (_, Compact::Kernels(matrix)) => Some(matrix),
+            _ => None,
+        }
+    }
+
+    fn forward_alone(&self, x: &Tensor, rows: usize) -> Result<Tensor> {
+        match (&self.dense, &self.compact) {
+            (Some(dense), _) if rows >= DENSE_ROWS => Ok(dense.forward(x)?),
+            (_, Compact::Candle(matrix)) => Ok(matrix.forward(x)?),
+            (_, Compact::Kernels(matrix)) => kernel_products(&[matrix], x, rows)?
+                .pop()
+                .ok_or_else(missing_product),
+        }
+    }
+}
+
+/// `x` through each of `matrices` on Hasten's kernels, in one pass.
+fn kernel_products(matrices: &[&PackedMatrix], x: &Tensor, rows: usize) -> Result<Vec<Tensor>> {
+    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    kernels::matmul_shared(matrices, &values, rows)?
+        .into_iter()
+        .zip(matrices)
+        .map(|(out, matrix)| {
+            let mut shape = x.dims().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = matrix.rows();
+            }
+            Ok(Tensor::from_vec(out, shape, x.device())?)
+        })
+        .collect()
+}
+
+fn missing_product() -> LmError {
+    LmError::InvalidInput("a matrix product went missing".into())
 }
 
 impl WeightFormat {

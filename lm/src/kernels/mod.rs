@@ -98,6 +98,16 @@ pub(crate) enum Layout {
     Bytes,
 }
 
+impl Layout {
+    /// 64-bit words of high bits per pair of blocks.
+    fn high_words(self) -> usize {
+        match self {
+            Self::NibblesAndFifthBits => 1,
+            Self::Nibbles | Self::Bytes => 0,
+        }
+    }
+}
+
 /// The instruction sets the kernels are written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -167,11 +177,12 @@ pub struct PackedMatrix {
     k: usize,
     /// One per block of 32, row after row.
     scales: Vec<f32>,
-    /// One per block of 32 (the coefficient of the activation block's sum); empty for Q8_0.
+    /// One per block of 32 (the coefficient of the activation block's sum) where the layout
+    /// has them.
     offsets: Vec<f32>,
     /// Nibble layouts: 32 bytes per pair of blocks; bytes: one (`i8`) a value.
     quants: Vec<u8>,
-    /// Fifth bits only: value `e` of a pair at bit `e`.
+    /// High bits, [`Layout::high_words`] per pair: value `e` of a pair at bit `e`.
     high: Vec<u64>,
 }
 
@@ -227,10 +238,7 @@ impl PackedMatrix {
                 Layout::Bytes => n * k,
                 _ => n * k / 2,
             }),
-            high: Vec::with_capacity(match layout {
-                Layout::NibblesAndFifthBits => blocks / 2,
-                _ => 0,
-            }),
+            high: Vec::with_capacity(blocks / 2 * layout.high_words()),
         };
         match format {
             BlockFormat::Q4K => {
@@ -323,22 +331,18 @@ impl PackedMatrix {
     }
 
     fn row(&self, o: usize) -> WeightRow<'_> {
-        let blocks = self.k / BLOCK;
         let layout = self.format.layout();
+        let scales = self.k / BLOCK;
         let bytes = match layout {
             Layout::Bytes => self.k,
             _ => self.k / 2,
         };
-        let pairs = blocks / 2;
+        let words = self.k / PAIR * layout.high_words();
         WeightRow {
             layout,
-            scales: &self.scales[o * blocks..(o + 1) * blocks],
+            scales: &self.scales[o * scales..(o + 1) * scales],
             quants: &self.quants[o * bytes..(o + 1) * bytes],
-            high: if layout == Layout::NibblesAndFifthBits {
-                &self.high[o * pairs..(o + 1) * pairs]
-            } else {
-                &[]
-            },
+            high: &self.high[o * words..(o + 1) * words],
         }
     }
 
@@ -381,27 +385,8 @@ impl PackedMatrix {
 
     /// [`matmul`](Self::matmul) on the named kernels (the scalar ones when the CPU lacks them).
     pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-        if x.len() != rows * self.k {
-            return Err(LmError::InvalidInput(format!(
-                "matrix of {} columns given {} values for {rows} rows",
-                self.k,
-                x.len()
-            )));
-        }
-        let activations = Activations::quantize(x, rows, self.k);
-        let kernel = Kernel::for_isa(isa);
-        // Each output value is written once, by whichever worker takes its weight row; as
-        // atomics the workers share the buffer without locks (a relaxed store is a plain one).
-        let out: Vec<AtomicU32> = (0..rows * self.n).map(|_| AtomicU32::new(0)).collect();
-        // candle's own pool: its workers spin between candle's operations and these, where
-        // rayon's would be put to sleep and woken for every matrix.
-        candle_core::utils::barrier_pool().execute_chunked(self.n, |weight_rows| {
-            self.dot_rows(kernel, &activations, weight_rows, &out);
-        });
-        Ok(out
-            .into_iter()
-            .map(|value| f32::from_bits(value.into_inner()))
-            .collect())
+        let mut out = matmul_shared_with(isa, &[self], x, rows)?;
+        Ok(out.pop().unwrap_or_default())
     }
 
     /// Weight rows `weight_rows`, each dotted with every activation row, into
@@ -436,6 +421,74 @@ impl PackedMatrix {
             }
         }
     }
+}
+
+/// Matrices of one width applied to one input (a layer's query, key and value projections,
+/// or its gate and up): the input is quantised once, and the rows of all of them share one
+/// pass of the worker pool instead of one pass (and one wait for the slowest worker) each.
+pub fn matmul_shared(matrices: &[&PackedMatrix], x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>> {
+    matmul_shared_with(Isa::selected(), matrices, x, rows)
+}
+
+/// [`matmul_shared`] on the named kernels.
+pub fn matmul_shared_with(
+    isa: Isa,
+    matrices: &[&PackedMatrix],
+    x: &[f32],
+    rows: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let Some(k) = matrices.first().map(|m| m.k) else {
+        return Ok(Vec::new());
+    };
+    if let Some(other) = matrices.iter().find(|m| m.k != k) {
+        return Err(LmError::InvalidInput(format!(
+            "matrices sharing an input must be as wide: {k} and {} columns",
+            other.k
+        )));
+    }
+    if x.len() != rows * k {
+        return Err(LmError::InvalidInput(format!(
+            "matrix of {k} columns given {} values for {rows} rows",
+            x.len()
+        )));
+    }
+    let activations = Activations::quantize(x, rows, k);
+    let kernel = Kernel::for_isa(isa);
+    // Each output value is written once, by whichever worker takes its weight row; as
+    // atomics the workers share the buffers without locks (a relaxed store is a plain one).
+    let outs: Vec<Vec<AtomicU32>> = matrices
+        .iter()
+        .map(|m| (0..rows * m.n).map(|_| AtomicU32::new(0)).collect())
+        .collect();
+    // The matrices' rows numbered one after another: matrix i's start at `starts[i]`.
+    let starts: Vec<usize> = matrices
+        .iter()
+        .scan(0, |next, m| {
+            let start = *next;
+            *next += m.n;
+            Some(start)
+        })
+        .collect();
+    let total: usize = matrices.iter().map(|m| m.n).sum();
+    // candle's own pool: its workers spin between candle's operations and these, where
+    // rayon's would be put to sleep and woken for every matrix.
+    candle_core::utils::barrier_pool().execute_chunked(total, |taken| {
+        for ((matrix, &start), out) in matrices.iter().zip(&starts).zip(&outs) {
+            let first = taken.start.max(start);
+            let end = taken.end.min(start + matrix.n);
+            if first < end {
+                matrix.dot_rows(kernel, &activations, first - start..end - start, out);
+            }
+        }
+    });
+    Ok(outs
+        .into_iter()
+        .map(|out| {
+            out.into_iter()
+                .map(|value| f32::from_bits(value.into_inner()))
+                .collect()
+        })
+        .collect())
 }
 
 /// The kernels of one [`Isa`], resolved once per call.

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{BLOCK, BlockFormat, Isa, PAIR, PackedMatrix};
+use super::{BLOCK, BlockFormat, Isa, PAIR, PackedMatrix, matmul_shared_with};
 
 const FORMATS: [BlockFormat; 4] = [
     BlockFormat::Q4_1,
@@ -226,10 +226,15 @@ fn one_wrong_weight_is_caught() {
             Scales::Random,
             &mut rng,
         );
-        // A first block with a scale large enough to matter (Q4_K's: its 6-bit factor too).
-        bytes[0..2].copy_from_slice(&f16_bytes(0.05));
-        if format == BlockFormat::Q4K {
-            bytes[4] = 33;
+        // A first block with a scale large enough to matter (Q4_K's: a 6-bit factor of it
+        // too), and the byte holding its first or last value's low bits.
+        let (scale_at, factor_at, changed) = match format {
+            BlockFormat::Q4K => (0, Some(4), 16),
+            _ => (0, None, format.stored_bytes() - 1),
+        };
+        bytes[scale_at..scale_at + 2].copy_from_slice(&f16_bytes(0.05));
+        if let Some(at) = factor_at {
+            bytes[at] = 33;
         }
         let packed = PackedMatrix::from_ggml(format, &bytes, n, k).unwrap();
         let x: Vec<f32> = (0..rows * k)
@@ -237,13 +242,6 @@ fn one_wrong_weight_is_caught() {
             .collect();
         let good = packed.matmul_with(Isa::Scalar, &x, rows).unwrap();
         let tolerance = tolerance(&candle_values(format, &bytes, n, k), n, k, &x, rows);
-        // One step in one value of the first block: the low bit of its last quant byte (of
-        // Q4_K's first).
-        let changed = if format == BlockFormat::Q4K {
-            16
-        } else {
-            format.stored_bytes() - 1
-        };
         bytes[changed] ^= 0x01;
         let broken = PackedMatrix::from_ggml(format, &bytes, n, k).unwrap();
         for isa in Isa::available() {
@@ -277,4 +275,35 @@ fn shapes_the_kernels_cannot_read_are_refused() {
         error.to_string().contains("given 65 values for 1 rows"),
         "{error}"
     );
+}
+
+/// One pass over several matrices (a layer's q/k/v) gives each matrix's own product, bit
+/// for bit, whichever rows of which matrix each worker took.
+#[test]
+fn matrices_sharing_an_input_give_what_each_gives_alone() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let (k, rows) = (256, 3);
+    let matrices: Vec<PackedMatrix> = [
+        (BlockFormat::Q5_0, 40),
+        (BlockFormat::Q4K, 7),
+        (BlockFormat::Q4_1, 33),
+        (BlockFormat::Q8_0, 1),
+    ]
+    .into_iter()
+    .map(|(format, n)| random_matrix(format, n, k, Scales::Random, &mut rng).1)
+    .collect();
+    let shared: Vec<&PackedMatrix> = matrices.iter().collect();
+    let x: Vec<f32> = (0..rows * k)
+        .map(|_| rng.random_range(-4.0f32..4.0))
+        .collect();
+    for isa in Isa::available() {
+        let together = matmul_shared_with(isa, &shared, &x, rows).unwrap();
+        assert_eq!(together.len(), matrices.len());
+        for (matrix, out) in matrices.iter().zip(&together) {
+            assert_eq!(out, &matrix.matmul_with(isa, &x, rows).unwrap(), "{isa}");
+        }
+    }
+    let narrow = random_matrix(BlockFormat::Q8_0, 2, PAIR, Scales::Random, &mut rng).1;
+    let error = matmul_shared_with(Isa::Scalar, &[&matrices[0], &narrow], &x, rows).unwrap_err();
+    assert!(error.to_string().contains("as wide: 256 and 64"), "{error}");
 }

@@ -94,10 +94,9 @@ fn load512<T: Copy>(values: &[T]) -> __m512i {
     unsafe { _mm512_loadu_si512(values.as_ptr().cast()) }
 }
 
-/// Bytes of 0x10 where bit `e` of `bits` is set (byte `e`), else 0: a Q5_0 block's fifth
-/// bits in place.
+/// Byte `e` is `value` where bit `e` of `bits` is set, else 0: high bits put in place.
 #[target_feature(enable = "avx2")]
-fn fifth_bits_avx2(bits: u32) -> __m256i {
+fn bits_avx2(bits: u32, value: i8) -> __m256i {
     // Byte e takes byte e / 8 of `bits`, then is all ones iff bit e % 8 of it is set.
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(bits as i32),
@@ -113,17 +112,24 @@ fn fifth_bits_avx2(bits: u32) -> __m256i {
         _mm256_or_si256(spread, all_but_own_bit),
         _mm256_set1_epi64x(-1),
     );
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(set, _mm256_set1_epi8(value))
 }
 
-/// `acc + scale * (w . a)` in eight lanes: unsigned weight bytes by signed activations.
+/// `acc + scale * (w . a)` in eight lanes (each the sum of four products): unsigned weight
+/// bytes by signed activations.
 #[target_feature(enable = "avx2,fma")]
-fn block_fma_avx2(w: __m256i, a: __m256i, scale: f32, acc: __m256) -> __m256 {
-    // Pairs of products fit in i16: at most 2 x 255 x 127 for 4- and 5-bit weights, and
-    // 2 x 128 x 127 for Q8_0's magnitudes.
+fn block_fma_avx2(w: __m256i, a: __m256i, scale: __m256, acc: __m256) -> __m256 {
+    // Pairs of products fit in i16: at most 2 x 31 x 127 for 4- and 5-bit weights, and
+    // 2 x 128 x 127 for signed weights' magnitudes.
     let pairs = _mm256_maddubs_epi16(w, a);
     let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), _mm256_set1_ps(scale), acc)
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(quads), scale, acc)
+}
+
+/// [`block_fma_avx2`] for signed weights: |w| times a with w's sign.
+#[target_feature(enable = "avx2,fma")]
+fn signed_block_fma_avx2(w: __m256i, a: __m256i, scale: __m256, acc: __m256) -> __m256 {
+    block_fma_avx2(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w), scale, acc)
 }
 
 #[target_feature(enable = "avx2")]
@@ -141,12 +147,10 @@ fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], ou
         Layout::Bytes => {
             for (b, quants) in w.quants.chunks_exact(BLOCK).enumerate() {
                 let signed = load256(quants);
-                // maddubs wants unsigned weights: multiply |w| by a with w's sign.
-                let magnitude = _mm256_sign_epi8(signed, signed);
                 for (acc, row) in acc.iter_mut().zip(rows) {
                     let a = load256(&row.quants[b * BLOCK..(b + 1) * BLOCK]);
-                    let scale = w.scales[b] * row.scales[b];
-                    *acc = block_fma_avx2(magnitude, _mm256_sign_epi8(a, signed), scale, *acc);
+                    let scale = _mm256_set1_ps(w.scales[b] * row.scales[b]);
+                    *acc = signed_block_fma_avx2(signed, a, scale, *acc);
                 }
             }
         }
@@ -158,19 +162,15 @@ fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], ou
                 let mut second = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibble);
                 if w.layout == Layout::NibblesAndFifthBits {
                     let high = w.high[p];
-                    first = _mm256_or_si256(first, fifth_bits_avx2(high as u32));
-                    second = _mm256_or_si256(second, fifth_bits_avx2((high >> 32) as u32));
+                    first = _mm256_or_si256(first, bits_avx2(high as u32, 0x10));
+                    second = _mm256_or_si256(second, bits_avx2((high >> 32) as u32, 0x10));
                 }
                 for (acc, row) in acc.iter_mut().zip(rows) {
                     let a = &row.quants[p * PAIR..(p + 1) * PAIR];
                     let (b0, b1) = (2 * p, 2 * p + 1);
-                    *acc = block_fma_avx2(first, load256(a), w.scales[b0] * row.scales[b0], *acc);
-                    *acc = block_fma_avx2(
-                        second,
-                        load256(&a[BLOCK..]),
-                        w.scales[b1] * row.scales[b1],
-                        *acc,
-                    );
+                    let (s0, s1) = (w.scales[b0] * row.scales[b0], w.scales[b1] * row.scales[b1]);
+                    *acc = block_fma_avx2(first, load256(a), _mm256_set1_ps(s0), *acc);
+                    *acc = block_fma_avx2(second, load256(&a[BLOCK..]), _mm256_set1_ps(s1), *acc);
                 }
             }
         }
