@@ -106,7 +106,7 @@ struct Args {
     /// drafts carry a rationale, so they need more than an answer alone).
     #[arg(long, default_value_t = SpeculativeSettings::default().draft_tokens)]
     draft_tokens: usize,
-    /// How weights are held: as_stored, q8_0, f32 or fast (Q8_0 decoding, f32 prefill).
+    /// How weights are held: as_stored, q8_0, f32 or fast (Hasten's kernels decoding, f32 prefill).
     #[arg(long, default_value = "fast")]
     weights: WeightFormat,
     /// Where the models run: cpu, or cuda in a build with `--features hasten-rag/cuda`.
