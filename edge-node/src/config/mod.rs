@@ -340,8 +340,8 @@ pub struct AnswerConfig {
     /// `cpu`, or `cuda` in a build with the `cuda` feature.
     pub device: DeviceKind,
     /// How the models' weights are held: `fast` (the file's blocks through Hasten's CPU
-    /// kernels for decoding, f32 for prompts; the fastest on CPU), `q8_0`, `f32` or
-    /// `as_stored`.
+    /// kernels for decoding; prompts through candle's K-quant kernel or an f32 copy; the
+    /// fastest on CPU), `q8_0`, `f32` or `as_stored`.
     pub weights: WeightFormat,
     /// Tokens an answer may have when the request names no `max_tokens`.
     #[schemars(range(min = 1))]
