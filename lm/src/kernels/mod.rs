@@ -404,12 +404,7 @@ impl PackedMatrix {
         let mut values = vec![0.0f32; rows];
         for o in weight_rows {
             let weights = self.row(o);
-            for (group, values) in activation_rows
-                .chunks(ROW_GROUP)
-                .zip(values.chunks_mut(ROW_GROUP))
-            {
-                kernel.scaled_dots(weights, group, values);
-            }
+            kernel.scaled_dots(weights, &activation_rows, &mut values);
             let offsets = self.offsets(o);
             for (r, value) in values.iter().enumerate() {
                 let offset = if offsets.is_empty() {

@@ -11,6 +11,22 @@ use std::arch::x86_64::*;
 
 use super::{ActivationRow, BLOCK, Layout, PAIR, ROW_GROUP, WeightRow};
 
+/// Runs `$kernel::<M>` on each group of at most [`ROW_GROUP`] (four) activation rows, `M`
+/// the group's size, so that each group's accumulators stay in registers.
+macro_rules! in_row_groups {
+    ($kernel:ident, $w:expr, $rows:expr, $out:expr) => {
+        for (group, out) in $rows.chunks(ROW_GROUP).zip($out.chunks_mut(ROW_GROUP)) {
+            match group {
+                [a] => $kernel::<1>($w, &[*a], out),
+                [a, b] => $kernel::<2>($w, &[*a, *b], out),
+                [a, b, c] => $kernel::<3>($w, &[*a, *b, *c], out),
+                [a, b, c, d] => $kernel::<4>($w, &[*a, *b, *c, *d], out),
+                _ => {}
+            }
+        }
+    };
+}
+
 /// Proof that the CPU has AVX2 and FMA.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Avx2(());
@@ -24,26 +40,10 @@ impl Avx2 {
         (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Self(()))
     }
 
-    /// `out[i]`: the scaled dot of the weight row with activation row `i` (at most
-    /// [`ROW_GROUP`] rows).
+    /// `out[i]`: the scaled dot of the weight row with activation row `i`.
     pub(super) fn scaled_dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         // SAFETY: `self` exists only where AVX2 and FMA were detected.
-        unsafe {
-            match rows {
-                [a] => avx2_dots::<1>(w, &[*a], out),
-                [a, b] => avx2_dots::<2>(w, &[*a, *b], out),
-                [a, b, c] => avx2_dots::<3>(w, &[*a, *b, *c], out),
-                _ => {
-                    for (group, out) in rows.chunks(ROW_GROUP).zip(out.chunks_mut(ROW_GROUP)) {
-                        if let Ok(group) = <&[ActivationRow<'_>; ROW_GROUP]>::try_from(group) {
-                            avx2_dots::<ROW_GROUP>(w, group, out);
-                        } else {
-                            self.scaled_dots(w, group, out);
-                        }
-                    }
-                }
-            }
-        }
+        unsafe { in_row_groups!(avx2_dots, w, rows, out) }
     }
 }
 
@@ -59,22 +59,7 @@ impl Avx512 {
     /// As [`Avx2::scaled_dots`].
     pub(super) fn scaled_dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         // SAFETY: `self` exists only where AVX-512 F/BW/VL and VNNI were detected.
-        unsafe {
-            match rows {
-                [a] => avx512_dots::<1>(w, &[*a], out),
-                [a, b] => avx512_dots::<2>(w, &[*a, *b], out),
-                [a, b, c] => avx512_dots::<3>(w, &[*a, *b, *c], out),
-                _ => {
-                    for (group, out) in rows.chunks(ROW_GROUP).zip(out.chunks_mut(ROW_GROUP)) {
-                        if let Ok(group) = <&[ActivationRow<'_>; ROW_GROUP]>::try_from(group) {
-                            avx512_dots::<ROW_GROUP>(w, group, out);
-                        } else {
-                            self.scaled_dots(w, group, out);
-                        }
-                    }
-                }
-            }
-        }
+        unsafe { in_row_groups!(avx512_dots, w, rows, out) }
     }
 }
 
