@@ -9,7 +9,7 @@ use rand::SeedableRng;
 use rand::distr::Distribution;
 use rand::rngs::StdRng;
 
-use crate::decoder::{Decoder, ForwardRequest, Logits, log_softmax};
+use crate::decoder::{Decoder, ForwardOutput, ForwardRequest, Logits, log_softmax};
 use crate::error::{LmError, Result};
 use crate::kv::KvCache;
 
@@ -147,23 +147,10 @@ pub fn generate_interruptible(
     }
     let started = Instant::now();
     let pad = options.stop_tokens.first().copied().unwrap_or(0);
-    let PaddedBatch {
-        tokens,
-        positions,
-        valid,
-    } = left_pad(prompts, pad);
-    let out = decoder.forward(
-        &ForwardRequest::new(&tokens, &positions)
-            .valid(&valid)
-            .logits(Logits::Last)
-            .interruptible(interrupted),
-    )?;
-    let logits = out
-        .logits
-        .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+    let (cache, logits) = prefill_prompts(decoder, prompts, pad, interrupted)?;
     let prefill = started.elapsed();
     let next_positions = prompts.iter().map(|p| p.len() as u32).collect();
-    let decoded = decode_from(decoder, out.kv, logits, next_positions, options, on_token)?;
+    let decoded = decode_from(decoder, cache, logits, next_positions, options, on_token)?;
     let total = started.elapsed();
     let timings = GenerationTimings {
         prefill,
@@ -175,6 +162,64 @@ pub fn generate_interruptible(
         generated_tokens: decoded.results.iter().map(|r| r.tokens.len()).sum(),
     };
     Ok((decoded.results, timings))
+}
+
+/// Padding above this share of a padded batch's tokens makes prefilling row by row the
+/// cheaper way: Speculative RAG's drafter prompts (two passages each, of any length) pad
+/// about a quarter of a batch.
+const MAX_PADDING_SHARE: f64 = 0.125;
+
+/// The prompts' cache and last logits (batch, vocab): one left-padded batched pass, or,
+/// where padding would be a large share of it, one pass per prompt with the caches stacked
+/// as that batch (the padding is then never computed).
+fn prefill_prompts(
+    decoder: &Decoder,
+    prompts: &[Vec<u32>],
+    pad: u32,
+    interrupted: &dyn Fn() -> bool,
+) -> Result<(KvCache, Tensor)> {
+    let real: usize = prompts.iter().map(Vec::len).sum();
+    let padded = prompts.iter().map(Vec::len).max().unwrap_or(0) * prompts.len();
+    let logits_of = |out: ForwardOutput| -> Result<(KvCache, Tensor)> {
+        let logits = out
+            .logits
+            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+        Ok((out.kv, logits))
+    };
+    if (padded - real) as f64 <= MAX_PADDING_SHARE * padded as f64 {
+        let PaddedBatch {
+            tokens,
+            positions,
+            valid,
+        } = left_pad(prompts, pad);
+        return logits_of(
+            decoder.forward(
+                &ForwardRequest::new(&tokens, &positions)
+                    .valid(&valid)
+                    .logits(Logits::Last)
+                    .interruptible(interrupted),
+            )?,
+        );
+    }
+    let mut caches = Vec::with_capacity(prompts.len());
+    let mut last = Vec::with_capacity(prompts.len());
+    for (index, prompt) in prompts.iter().enumerate() {
+        // Between rows as between a long prompt's chunks: a caller gone stops the rest.
+        if index > 0 && interrupted() {
+            return Err(LmError::Interrupted);
+        }
+        let positions = vec![(0..prompt.len() as u32).collect::<Vec<_>>()];
+        let (cache, logits) = logits_of(
+            decoder.forward(
+                &ForwardRequest::new(std::slice::from_ref(prompt), &positions)
+                    .logits(Logits::Last)
+                    .interruptible(interrupted),
+            )?,
+        )?;
+        caches.push(cache);
+        last.push(logits);
+    }
+    Ok((KvCache::stack_left_padded(caches)?, Tensor::cat(&last, 0)?))
 }
 
 /// What [`decode_from`] produced.
@@ -370,6 +415,83 @@ pub fn score(decoder: &Decoder, pairs: &[(Vec<u32>, Vec<u32>)]) -> Result<Vec<Ve
                     Ok(log_probs
                         .i((row, first + i - 1, id as usize))?
                         .to_scalar::<f32>()?)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// [`score`] of continuations that share one context, the context read once: one pass
+/// over it, its cache copied to every row, then one batched pass over the continuations.
+/// What Speculative RAG's verifier does with its drafts, which all follow the same question
+/// prompt (the paper's verifier reads that prompt once, not once per draft).
+pub fn score_shared(
+    decoder: &Decoder,
+    context: &[u32],
+    continuations: &[Vec<u32>],
+) -> Result<Vec<Vec<f32>>> {
+    if context.is_empty() || continuations.iter().any(Vec::is_empty) {
+        return Err(LmError::InvalidInput(
+            "scoring needs a non-empty context and continuation".into(),
+        ));
+    }
+    if continuations.is_empty() {
+        return Ok(Vec::new());
+    }
+    let prefix = decoder.forward(&ForwardRequest::new(
+        &[context.to_vec()],
+        &[(0..context.len() as u32).collect()],
+    ))?;
+    // The context's last position predicts every continuation's first token.
+    let first = log_softmax(
+        &prefix
+            .logits
+            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?,
+    )?;
+    let past = prefix.kv.select_rows(&vec![0; continuations.len()])?;
+    let PaddedBatch {
+        tokens,
+        positions,
+        valid,
+    } = left_pad(continuations, 0);
+    let offset = context.len() as u32;
+    let positions: Vec<Vec<u32>> = positions
+        .into_iter()
+        .map(|row| row.into_iter().map(|p| p + offset).collect())
+        .collect();
+    // Each row's last token predicts nothing that is read.
+    let longest = continuations.iter().map(Vec::len).max().unwrap_or(0);
+    let rest = if longest > 1 {
+        let out = decoder.forward(
+            &ForwardRequest::new(&tokens, &positions)
+                .past(&past)
+                .valid(&valid)
+                .logits(Logits::All),
+        )?;
+        let logits = out
+            .logits
+            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+        Some(log_softmax(&logits.narrow(1, 0, longest - 1)?)?)
+    } else {
+        None
+    };
+    continuations
+        .iter()
+        .enumerate()
+        .map(|(row, continuation)| {
+            let start = longest - continuation.len();
+            continuation
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    let value = if i == 0 {
+                        first.i((0, id as usize))?
+                    } else {
+                        rest.as_ref()
+                            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?
+                            .i((row, start + i - 1, id as usize))?
+                    };
+                    Ok(value.to_scalar::<f32>()?)
                 })
                 .collect()
         })

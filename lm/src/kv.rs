@@ -310,6 +310,64 @@ impl KvCache {
         Ok(())
     }
 
+    /// One-row caches of different lengths as the rows of one batch, each padded on the left
+    /// with entries marked invalid: the cache a left-padded batched prefill of the same rows
+    /// gives, without computing the padding.
+    pub fn stack_left_padded(rows: Vec<KvCache>) -> Result<KvCache> {
+        if let Some(wide) = rows.iter().find(|row| row.batch() != 1) {
+            return Err(LmError::InvalidInput(format!(
+                "stacking takes one-row caches, got one of {} rows",
+                wide.batch()
+            )));
+        }
+        let width = rows.iter().map(KvCache::len).max().unwrap_or(0);
+        let layer_count = rows.first().map_or(0, |row| row.layers.len());
+        if rows.iter().any(|row| row.layers.len() != layer_count) {
+            return Err(LmError::InvalidInput(
+                "stacking caches of different layer counts".into(),
+            ));
+        }
+        let padded = |tensor: &Tensor, entries: usize| -> Result<Tensor> {
+            let padding = width - entries;
+            if padding == 0 {
+                return Ok(tensor.clone());
+            }
+            let mut shape = tensor.dims().to_vec();
+            shape[2] = padding;
+            let zeros = Tensor::zeros(shape, tensor.dtype(), tensor.device())?;
+            Ok(Tensor::cat(&[&zeros, tensor], 2)?)
+        };
+        let mut layers = Vec::with_capacity(layer_count);
+        for layer in 0..layer_count {
+            let mut parts: [Vec<Tensor>; 3] = Default::default();
+            for row in &rows {
+                let entries = row.len();
+                let kv = &row.layers[layer];
+                for (part, tensor) in parts.iter_mut().zip([&kv.raw_keys, &kv.keys, &kv.values]) {
+                    part.push(padded(tensor, entries)?);
+                }
+            }
+            let [raw_keys, keys, values] = parts.map(|part| Tensor::cat(&part, 0));
+            layers.push(LayerKv::new(raw_keys?, keys?, values?)?);
+        }
+        let mut positions = Vec::with_capacity(rows.len());
+        let mut valid = Vec::with_capacity(rows.len());
+        for row in rows {
+            let padding = width - row.len();
+            positions.push(
+                std::iter::repeat_n(0, padding)
+                    .chain(row.positions.into_iter().flatten())
+                    .collect(),
+            );
+            valid.push(
+                std::iter::repeat_n(false, padding)
+                    .chain(row.valid.into_iter().flatten())
+                    .collect(),
+            );
+        }
+        Ok(KvCache::from_parts(layers, positions, valid))
+    }
+
     /// Concatenates caches along the token axis (for example, chunks placed one after another).
     pub fn concat(parts: Vec<KvCache>) -> Result<KvCache> {
         let mut whole = KvCache::new();

@@ -31,6 +31,7 @@ pub use error::{LmError, Result};
 pub use generate::{
     Decoded, FinishReason, Generated, GenerationOptions, GenerationTimings, PaddedBatch, Sampling,
     decode_from, generate, generate_interruptible, left_pad, score, score_incrementally,
+    score_shared,
 };
 pub use gguf::{Architecture, GgufFile, ModelConfig, RopeStyle};
 pub use kv::{KvCache, LayerKv};

@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 use candle_core::{Device, IndexOp};
 use hasten_lm::{
     Decoder, FinishReason, ForwardRequest, GenerationOptions, Logits, Sampling, generate, left_pad,
-    log_softmax, score, score_incrementally,
+    log_softmax, score, score_incrementally, score_shared,
 };
 use support::{TinyArch, tokens, write_tiny_model};
 
@@ -26,20 +26,33 @@ fn a_padded_batch_decodes_exactly_what_each_prompt_decodes_alone() {
         let dir = tempfile::tempdir().expect("tempdir");
         let decoder =
             Decoder::load(&write_tiny_model(dir.path(), arch, 5), &Device::Cpu).expect("load");
-        let prompts = vec![tokens(1, 3), tokens(2, 17), tokens(3, 9)];
-        let (batched, _) = generate(&decoder, &prompts, &greedy(12), |_, _| {
-            ControlFlow::Continue(())
-        })
-        .expect("batch");
-        for (row, prompt) in prompts.iter().enumerate() {
-            let (alone, _) = generate(
-                &decoder,
-                std::slice::from_ref(prompt),
-                &greedy(12),
-                |_, _| ControlFlow::Continue(()),
-            )
-            .expect("alone");
-            assert_eq!(batched[row], alone[0], "{arch:?} row {row}");
+        // Lengths far apart are prefilled row by row and stacked; lengths close together in
+        // one padded pass. Either way the batch must decode what each row decodes alone.
+        let far_apart = vec![tokens(1, 3), tokens(2, 17), tokens(3, 9)];
+        let close = vec![tokens(4, 16), tokens(5, 17), tokens(6, 15)];
+        for prompts in [far_apart, close] {
+            let (batched, _) = generate(&decoder, &prompts, &greedy(12), |_, _| {
+                ControlFlow::Continue(())
+            })
+            .expect("batch");
+            for (row, prompt) in prompts.iter().enumerate() {
+                let (alone, _) = generate(
+                    &decoder,
+                    std::slice::from_ref(prompt),
+                    &greedy(12),
+                    |_, _| ControlFlow::Continue(()),
+                )
+                .expect("alone");
+                assert_eq!(
+                    batched[row].tokens,
+                    alone[0].tokens,
+                    "{arch:?} row {row} of {}",
+                    prompts.len()
+                );
+                for (a, b) in batched[row].logprobs.iter().zip(&alone[0].logprobs) {
+                    assert!((a - b).abs() < 1e-3, "{arch:?} row {row}: {a} vs {b}");
+                }
+            }
         }
     }
 }
@@ -197,6 +210,40 @@ fn sampling_is_reproducible_from_its_seed() {
     };
     assert_eq!(sampled(1), sampled(1));
     assert_ne!(sampled(1), sampled(2));
+}
+
+#[test]
+fn a_context_read_once_gives_the_scores_of_each_row_read_alone() {
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let decoder =
+            Decoder::load(&write_tiny_model(dir.path(), arch, 13), &Device::Cpu).expect("load");
+        let context = tokens(81, 14);
+        let continuations = vec![tokens(82, 6), tokens(83, 1), tokens(84, 11)];
+        let shared = score_shared(&decoder, &context, &continuations).expect("shared");
+        let max_gap = |context: &[u32], scores: &[Vec<f32>]| -> f32 {
+            continuations
+                .iter()
+                .zip(scores)
+                .flat_map(|(continuation, row)| {
+                    let reference =
+                        score_incrementally(&decoder, context, continuation).expect("incremental");
+                    assert_eq!(row.len(), reference.len());
+                    row.iter()
+                        .zip(reference)
+                        .map(|(a, b)| (a - b).abs())
+                        .collect::<Vec<_>>()
+                })
+                .fold(0.0, f32::max)
+        };
+        assert!(max_gap(&context, &shared) < 2e-3, "{arch:?}");
+        // Broken variant: continuations scored after another context are not these scores,
+        // so the rows did read the shared context.
+        let mut other = context.clone();
+        other[3] = other[3].wrapping_add(1) % 64;
+        let elsewhere = score_shared(&decoder, &other, &continuations).expect("other");
+        assert!(max_gap(&context, &elsewhere) > 1e-3, "{arch:?}");
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! The verifier's side of Speculative RAG: every draft scored in one forward pass, all drafts
-//! in one batch (paper, section 3.3).
+//! in one batch (paper, section 3.3), after the question prompt they share is read once.
 //!
 //! A row is the question prompt followed by the draft as the assistant's turn, the
 //! self-reflection statement as the user's next turn, and "Yes" as the assistant's reply.
@@ -10,16 +10,23 @@
 
 use std::ops::Range;
 
-use hasten_lm::{LanguageModel, LmError, score};
+use hasten_lm::{LanguageModel, LmError, score_shared};
 
 use crate::error::Result;
 use crate::prompt::{REFLECTION_STATEMENT, REFLECTION_YES, draft_text, verifier_context};
 
-/// One draft laid out for scoring: `continuation[draft]` are the draft's tokens and
-/// `continuation[yes]` the affirmative reply's.
+/// The drafts laid out for scoring: every row follows the same `context` (the question
+/// prompt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerificationRows {
+    pub context: Vec<u32>,
+    pub rows: Vec<VerificationRow>,
+}
+
+/// One draft laid out for scoring after the shared context: `continuation[draft]` are the
+/// draft's tokens and `continuation[yes]` the affirmative reply's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerificationRow {
-    pub context: Vec<u32>,
     pub continuation: Vec<u32>,
     pub draft: Range<usize>,
     pub yes: Range<usize>,
@@ -51,7 +58,7 @@ pub fn verification_rows(
     verifier: &LanguageModel,
     question: &str,
     drafts: &[(&str, &str)],
-) -> Result<Vec<VerificationRow>> {
+) -> Result<VerificationRows> {
     let tokenizer = &verifier.tokenizer;
     let start = tokenizer.control_token("<|im_start|>").ok_or_else(|| {
         LmError::InvalidInput("the verifier's vocabulary has no <|im_start|> marker".into())
@@ -69,7 +76,7 @@ pub fn verification_rows(
     between.push(start);
     between.extend(tokenizer.encode("assistant\n")?);
     let yes = tokenizer.encode(REFLECTION_YES)?;
-    drafts
+    let rows = drafts
         .iter()
         .map(|(rationale, answer)| {
             let draft = tokenizer.encode(&draft_text(rationale, answer))?;
@@ -78,13 +85,13 @@ pub fn verification_rows(
             let yes_start = continuation.len();
             continuation.extend(&yes);
             Ok(VerificationRow {
-                context: context.clone(),
                 draft: 0..draft.len(),
                 yes: yes_start..continuation.len(),
                 continuation,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    Ok(VerificationRows { context, rows })
 }
 
 /// The verdicts on a batch of drafts, and the tokens the verifier read for them.
@@ -94,7 +101,8 @@ pub struct Verification {
     pub tokens: usize,
 }
 
-/// Scores every draft with one batched forward pass of the verifier.
+/// Scores every draft with one batched forward pass of the verifier over the drafts, after
+/// one pass over the question prompt they share.
 pub fn verify(
     verifier: &LanguageModel,
     question: &str,
@@ -107,18 +115,15 @@ pub fn verify(
             tokens: 0,
         });
     }
-    let rows = verification_rows(verifier, question, drafts)?;
-    let pairs: Vec<(Vec<u32>, Vec<u32>)> = rows
-        .iter()
-        .map(|row| (row.context.clone(), row.continuation.clone()))
-        .collect();
-    let scores = score(&verifier.decoder, &pairs)?;
+    let VerificationRows { context, rows } = verification_rows(verifier, question, drafts)?;
+    let continuations: Vec<Vec<u32>> = rows.iter().map(|row| row.continuation.clone()).collect();
+    let scores = score_shared(&verifier.decoder, &context, &continuations)?;
     Ok(Verification {
         verdicts: rows
             .iter()
             .zip(&scores)
             .map(|(row, logprobs)| row.verdict(logprobs))
             .collect(),
-        tokens: pairs.iter().map(|(c, r)| c.len() + r.len()).sum(),
+        tokens: context.len() + continuations.iter().map(Vec::len).sum::<usize>(),
     })
 }

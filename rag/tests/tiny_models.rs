@@ -78,11 +78,12 @@ fn one_pass_verifier_scores_equal_token_by_token_scores() {
         // Short drafts: the token-by-token reference costs one forward pass per token.
         let drafts = [("The Nile is long.", "The Nile"), ("", "Amazon")];
         let verification = verify(&verifier, QUESTION, &drafts).expect("verify");
-        let rows = verification_rows(&verifier, QUESTION, &drafts).expect("rows");
+        let laid_out = verification_rows(&verifier, QUESTION, &drafts).expect("rows");
         assert_eq!(verification.verdicts.len(), drafts.len());
-        for (row, verdict) in rows.iter().zip(&verification.verdicts) {
-            let reference = score_incrementally(&verifier.decoder, &row.context, &row.continuation)
-                .expect("incremental");
+        for (row, verdict) in laid_out.rows.iter().zip(&verification.verdicts) {
+            let reference =
+                score_incrementally(&verifier.decoder, &laid_out.context, &row.continuation)
+                    .expect("incremental");
             let expected = row.verdict(&reference);
             assert!(
                 (verdict.consistency - expected.consistency).abs() < 2e-3,
