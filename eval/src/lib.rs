@@ -1,5 +1,5 @@
 //! What evaluating Hasten needs and serving it does not: the QA metrics answers are scored
-//! with ([`metrics`]), answer matching inside retrieved passages for the document hit rate
+//! with ([`metrics`]) and compared by ([`paired`]), answer matching inside retrieved passages for the document hit rate
 //! ([`answers`]), and Hasten's binaries run as managed child processes on real sockets
 //! ([`process`]), the way the load tester, the benchmarks and the integration tests start
 //! the system.
@@ -9,4 +9,5 @@
 
 pub mod answers;
 pub mod metrics;
+pub mod paired;
 pub mod process;

@@ -46,7 +46,7 @@ fn smollm2_answers_from_the_documents_in_both_modes() {
     let Some(path) = real_model(SMALL_MODEL) else {
         return;
     };
-    // The fast weight format (Hasten's kernels decoding, f32 prefill) keeps this test short.
+    // The fast weight format keeps this test short.
     let backend =
         LocalLm::load_with(&path, &path, DeviceKind::Cpu, WeightFormat::Fast).expect("load");
 

@@ -8,7 +8,8 @@
 //! `--decode-tokens` greedy steps of one token per sequence; aggregate tokens/s = B x steps
 //! / time of the steps. Scoring: the verifier's pass over `--score-rows` rows of
 //! `--score-context` + `--score-tokens` tokens, log-probabilities at the continuation's
-//! positions alone (what `score` does) against at every position (what it did before).
+//! positions alone (what `score` does) against at every position (what it did before); and
+//! rows sharing one context, read once (`score_shared`) against once per row (`score`).
 //! Every measurement has one untimed warm-up run first. `--greedy-against FORMAT` also
 //! decodes five prompts greedily with the weights held as FORMAT (the reference kernels)
 //! and reports where the two outputs first differ, with the reference's logit gap there.
@@ -21,7 +22,8 @@ use candle_core::{D, IndexOp};
 use clap::Parser;
 use hasten_lm::kernels::Isa;
 use hasten_lm::{
-    DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, WeightFormat, left_pad, log_softmax,
+    DeviceKind, ForwardRequest, KvCache, LanguageModel, Logits, WeightFormat, left_pad,
+    log_softmax, score, score_shared,
 };
 
 #[derive(Parser, Debug)]
@@ -252,6 +254,32 @@ fn measure_scoring(
     };
     let (trailing_s, trailing_bytes) = time(Logits::Trailing(args.score_tokens + 1))?;
     let (all_s, all_bytes) = time(Logits::All)?;
+    // The verifier's rows share their question prompt: `score` reads it once per row,
+    // `score_shared` once. Rows of the same lengths as above, the context common to all.
+    let context = &text_ids[..args.score_context];
+    let continuations: Vec<Vec<u32>> = (0..args.score_rows)
+        .map(|r| {
+            let start = args.score_context + r * 5;
+            text_ids[start..start + args.score_tokens].to_vec()
+        })
+        .collect();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = continuations
+        .iter()
+        .map(|c| (context.to_vec(), c.clone()))
+        .collect();
+    let timed = |pass: &dyn Fn() -> hasten_lm::Result<Vec<Vec<f32>>>| -> Result<f64> {
+        let mut seconds = Vec::new();
+        for run in 0..=args.repeat {
+            let start = Instant::now();
+            pass()?;
+            if run > 0 {
+                seconds.push(start.elapsed().as_secs_f64());
+            }
+        }
+        Ok(median(seconds))
+    };
+    let per_row_s = timed(&|| score(&model.decoder, &pairs))?;
+    let shared_s = timed(&|| score_shared(&model.decoder, context, &continuations))?;
     eprintln!(
         "scoring {} rows of {width} tokens: {trailing_s:.3} s at the scored positions, \
          {all_s:.3} s at every position ({:.2}x); logits {:.1} MB against {:.1} MB",
@@ -259,6 +287,12 @@ fn measure_scoring(
         all_s / trailing_s,
         trailing_bytes as f64 / 1e6,
         all_bytes as f64 / 1e6,
+    );
+    eprintln!(
+        "scoring {} rows after one shared context: {shared_s:.3} s reading it once, \
+         {per_row_s:.3} s once per row ({:.2}x)",
+        args.score_rows,
+        per_row_s / shared_s,
     );
     Ok(serde_json::json!({
         "rows": args.score_rows,
@@ -269,6 +303,9 @@ fn measure_scoring(
         "speedup": all_s / trailing_s,
         "scored_positions_logit_bytes": trailing_bytes,
         "every_position_logit_bytes": all_bytes,
+        "shared_context_once_s": shared_s,
+        "shared_context_per_row_s": per_row_s,
+        "shared_context_speedup": per_row_s / shared_s,
     }))
 }
 

@@ -72,7 +72,7 @@ struct Args {
     #[arg(long, default_value_t = 32)]
     max_new_tokens: usize,
     /// Where the model runs: cpu, or cuda in a build with `--features cuda`. On cpu the
-    /// weights take the `Fast` layout (Hasten's kernels decoding, f32 prefill), on cuda plain f32.
+    /// weights take the `Fast` layout, on cuda plain f32.
     #[arg(long, default_value = "cpu")]
     device: DeviceKind,
 }

@@ -80,7 +80,7 @@ struct Args {
     /// Generated tokens between retrievals (the paper's 4).
     #[arg(long, default_value_t = RalmSettings::default().interval)]
     interval: usize,
-    /// How weights are held: as_stored, q8_0, f32 or fast (Hasten's kernels decoding, f32 prefill).
+    /// How weights are held: as_stored, q8_0, f32 or fast (the fastest on CPU: see WeightFormat).
     #[arg(long, default_value = "fast")]
     weights: WeightFormat,
     /// Directory for report.json.

@@ -50,7 +50,10 @@ use hasten_rag::{
     Role, SpeculativeSettings, WeightFormat,
 };
 
-use crate::report::{Outcome, QuestionReport, SystemReport, file_name, print_table, summarise};
+use crate::report::{
+    Outcome, QuestionReport, SystemReport, f1_against, file_name, print_paired, print_table,
+    summarise,
+};
 use hasten_bench::questions::{encode_documents, read_questions};
 use hasten_bench::retrieval::{PassageRetriever, holds_answer};
 
@@ -106,7 +109,7 @@ struct Args {
     /// drafts carry a rationale, so they need more than an answer alone).
     #[arg(long, default_value_t = SpeculativeSettings::default().draft_tokens)]
     draft_tokens: usize,
-    /// How weights are held: as_stored, q8_0, f32 or fast (Hasten's kernels decoding, f32 prefill).
+    /// How weights are held: as_stored, q8_0, f32 or fast (the fastest on CPU: see WeightFormat).
     #[arg(long, default_value = "fast")]
     weights: WeightFormat,
     /// Where the models run: cpu, or cuda in a build with `--features hasten-rag/cuda`.
@@ -392,6 +395,7 @@ fn main() -> Result<()> {
         })
         .unwrap_or_default();
 
+    let f1_paired = f1_against(&reports, System::StandardRag.name());
     let report = serde_json::json!({
         "input": args.input,
         "questions": reports.len(),
@@ -415,6 +419,12 @@ fn main() -> Result<()> {
         "answer_in_passages": answerable as f64 / reports.len().max(1) as f64,
         "systems": summaries,
         "latency_ratio_vs_standard": ratios,
+        "f1_vs_standard": f1_paired
+            .iter()
+            .map(|(system, d)| (*system, serde_json::json!({
+                "mean": d.mean, "ci95_low": d.low, "ci95_high": d.high, "questions": d.pairs,
+            })))
+            .collect::<BTreeMap<_, _>>(),
         "per_question": reports,
     });
     std::fs::create_dir_all(&args.out)
@@ -434,6 +444,7 @@ fn main() -> Result<()> {
         reports.len()
     );
     print_table(&summaries, &ratios);
+    print_paired(&f1_paired, System::StandardRag.name());
     if standard.is_none() {
         println!("(no latency ratios: standard-rag was not among the systems)");
     }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use hasten_eval::metrics;
+use hasten_eval::paired::{PairedDifference, RESAMPLES, paired_difference};
 use hasten_rag::Answer;
 use serde::Serialize;
 
@@ -20,6 +21,14 @@ pub struct Outcome {
     decode_s: f64,
     verify_s: f64,
     generated_tokens: usize,
+    /// Tokens the drafter wrote, all drafts together (0 in standard mode).
+    drafted_tokens: usize,
+    /// Drafts written (0 in standard mode).
+    drafts: usize,
+    /// The best F1 of any draft's answer (speculative mode): what a perfect verifier would
+    /// score, which separates the drafter's misses from the verifier's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    best_draft_f1: Option<f32>,
     documents_used: Vec<usize>,
 }
 
@@ -38,6 +47,13 @@ impl Outcome {
             verify_s: answer.timings.verify.as_secs_f64(),
             // Every token decoded: the answer's, and in speculative mode all drafts'.
             generated_tokens: answer.generated_tokens + answer.drafting.generated_tokens,
+            drafted_tokens: answer.drafting.generated_tokens,
+            drafts: answer.drafts.len(),
+            best_draft_f1: answer
+                .drafts
+                .iter()
+                .map(|d| metrics::best_of(d.answer.trim(), golds, metrics::f1).unwrap_or(0.0))
+                .reduce(f32::max),
             documents_used: answer.documents_used.clone(),
         }
     }
@@ -72,6 +88,13 @@ pub struct SystemReport {
     p50_s: f64,
     p99_s: f64,
     queries: usize,
+    /// Speculative systems: tokens the drafter wrote per draft.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_draft: Option<f64>,
+    /// Speculative systems: the mean over questions of the best draft's F1 (a perfect
+    /// verifier's F1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_draft_f1: Option<f64>,
 }
 
 /// The nearest-rank percentile `p` (0-100) of `sorted`.
@@ -96,7 +119,44 @@ pub fn summarise(name: &'static str, outcomes: &[&Outcome]) -> SystemReport {
         p50_s: percentile(&latencies, 50.0),
         p99_s: percentile(&latencies, 99.0),
         queries: outcomes.len(),
+        tokens_per_draft: {
+            let drafts: usize = outcomes.iter().map(|o| o.drafts).sum();
+            (drafts > 0).then(|| {
+                outcomes.iter().map(|o| o.drafted_tokens).sum::<usize>() as f64 / drafts as f64
+            })
+        },
+        best_draft_f1: {
+            let best: Vec<f64> = outcomes
+                .iter()
+                .filter_map(|o| o.best_draft_f1.map(f64::from))
+                .collect();
+            (!best.is_empty()).then(|| best.iter().sum::<f64>() / best.len() as f64)
+        },
     }
+}
+
+/// Every other system's F1 minus `baseline`'s, question by question (the questions both
+/// answered), with its bootstrap interval: "no lower F1" is a claim about this interval.
+pub fn f1_against(
+    reports: &[QuestionReport],
+    baseline: &str,
+) -> BTreeMap<&'static str, PairedDifference> {
+    let mut differences: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    for report in reports {
+        let Some(base) = report.outcomes.iter().find(|o| o.system == baseline) else {
+            continue;
+        };
+        for outcome in report.outcomes.iter().filter(|o| o.system != baseline) {
+            differences
+                .entry(outcome.system)
+                .or_default()
+                .push(f64::from(outcome.f1) - f64::from(base.f1));
+        }
+    }
+    differences
+        .into_iter()
+        .filter_map(|(system, d)| Some((system, paired_difference(&d, RESAMPLES, 0)?)))
+        .collect()
 }
 
 pub fn file_name(path: &Path) -> String {
@@ -125,6 +185,23 @@ pub fn print_table(systems: &[SystemReport], ratios: &BTreeMap<&'static str, f64
             s.p99_s,
             ratio,
             s.queries
+        );
+    }
+    for s in systems {
+        if let (Some(tokens), Some(best)) = (s.tokens_per_draft, s.best_draft_f1) {
+            println!(
+                "{}: {tokens:.1} tokens per draft; best draft's F1 {best:.3} (a perfect verifier's)",
+                s.name
+            );
+        }
+    }
+}
+
+pub fn print_paired(differences: &BTreeMap<&'static str, PairedDifference>, baseline: &str) {
+    for (system, d) in differences {
+        println!(
+            "{system}: F1 {:+.3} against {baseline} (95% bootstrap {:+.3}..{:+.3}, {} questions)",
+            d.mean, d.low, d.high, d.pairs
         );
     }
 }
