@@ -206,6 +206,7 @@ async fn assemble(config: &EdgeConfig) -> Result<Services> {
             speculative: SpeculativeSettings {
                 drafts: config.answer.speculative_drafts,
                 clusters: config.answer.speculative_clusters,
+                draft_tokens: config.answer.speculative_draft_tokens,
                 ..SpeculativeSettings::default()
             },
         },

@@ -12,6 +12,7 @@ use hasten_core::encoder::DEFAULT_MODEL_DIR;
 use hasten_core::logging::LogFormat;
 use hasten_engine::ApiKey;
 use hasten_lm::{DeviceKind, WeightFormat};
+use hasten_rag::SpeculativeSettings;
 use hasten_worker_api::kv::{DEFAULT_RATIO, FusionMode, KvRouting, Variant};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -365,6 +366,10 @@ pub struct AnswerConfig {
     /// Speculative RAG: document clusters, one document of each per draft (paper: k = 2).
     #[schemars(range(min = 1))]
     pub speculative_clusters: usize,
+    /// Speculative RAG: most tokens a draft (rationale and answer) may take. Drafting and
+    /// verifying cost grows with it; a draft also ends where its answer's line ends.
+    #[schemars(range(min = 1))]
+    pub speculative_draft_tokens: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -533,6 +538,7 @@ impl Default for AnswerConfig {
             chat_query_rewrite: false,
             speculative_drafts: 5,
             speculative_clusters: 2,
+            speculative_draft_tokens: SpeculativeSettings::default().draft_tokens,
         }
     }
 }

@@ -63,6 +63,10 @@ fn defaults_and_bad_values_name_their_key() {
             .contains("`retrieval.corpus_fraction`")
     );
     config.retrieval.corpus_fraction = 0.5;
+    config.answer.speculative_draft_tokens = config.answer.max_tokens + 1;
+    assert!(error(&config).contains("`answer.speculative_draft_tokens`"));
+    config.answer.speculative_draft_tokens = 32;
+    config.validate().unwrap();
     config.retrieval.k = 101;
     assert!(
         config

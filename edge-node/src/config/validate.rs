@@ -263,6 +263,15 @@ impl AnswerConfig {
                 ),
             ));
         }
+        if !(1..=self.max_tokens).contains(&self.speculative_draft_tokens) {
+            return Err(ConfigError::invalid(
+                "answer.speculative_draft_tokens",
+                format!(
+                    "must be in 1..=max_tokens ({}), got {}",
+                    self.max_tokens, self.speculative_draft_tokens
+                ),
+            ));
+        }
         if self.speculative_clusters == 0 || self.speculative_clusters > max_k {
             return Err(ConfigError::invalid(
                 "answer.speculative_clusters",
