@@ -145,13 +145,15 @@ pub async fn verify(
                     consistency,
                     reflection,
                 },
-                before_yes.len() + yes.len(),
+                before_yes.len() - context.len() + yes.len(),
             ))
         }
     });
     let scored = try_join_all(rows).await?;
     Ok(Verification {
-        tokens: scored.iter().map(|(_, tokens)| tokens).sum(),
+        // Counted as the local verifier counts them: the shared question prompt once (the
+        // engine's prompt cache holds it across the rows), then each row's own tokens.
+        tokens: context.len() + scored.iter().map(|(_, tokens)| tokens).sum::<usize>(),
         verdicts: scored.into_iter().map(|(verdict, _)| verdict).collect(),
     })
 }
