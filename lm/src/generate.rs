@@ -181,10 +181,7 @@ fn prefill_prompts(
     let real: usize = prompts.iter().map(Vec::len).sum();
     let padded = prompts.iter().map(Vec::len).max().unwrap_or(0) * prompts.len();
     let logits_of = |out: ForwardOutput| -> Result<(KvCache, Tensor)> {
-        let logits = out
-            .logits
-            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
-        Ok((out.kv, logits))
+        Ok((out.kv, asked_logits(out.logits)?))
     };
     if (padded - real) as f64 <= MAX_PADDING_SHARE * padded as f64 {
         let PaddedBatch {
@@ -220,6 +217,11 @@ fn prefill_prompts(
         last.push(logits);
     }
     Ok((KvCache::stack_left_padded(caches)?, Tensor::cat(&last, 0)?))
+}
+
+/// The logits a forward pass was asked for (`None` only where none were asked).
+fn asked_logits<T>(logits: Option<T>) -> Result<T> {
+    logits.ok_or_else(|| LmError::InvalidInput("no logits".into()))
 }
 
 /// What [`decode_from`] produced.
@@ -305,9 +307,7 @@ pub fn decode_from(
                 .logits(Logits::Last),
         )?;
         cache.append(out.kv)?;
-        logits = out
-            .logits
-            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+        logits = asked_logits(out.logits)?;
         for p in &mut next_positions {
             *p += 1;
         }
@@ -397,9 +397,7 @@ pub fn score(decoder: &Decoder, pairs: &[(Vec<u32>, Vec<u32>)]) -> Result<Vec<Ve
             .valid(&valid)
             .logits(Logits::Trailing(trailing)),
     )?;
-    let logits = out
-        .logits
-        .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+    let logits = asked_logits(out.logits)?;
     let log_probs = log_softmax(&logits)?;
     pairs
         .iter()
@@ -443,11 +441,7 @@ pub fn score_shared(
         &[(0..context.len() as u32).collect()],
     ))?;
     // The context's last position predicts every continuation's first token.
-    let first = log_softmax(
-        &prefix
-            .logits
-            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?,
-    )?;
+    let first = log_softmax(&asked_logits(prefix.logits)?)?;
     let past = prefix.kv.select_rows(&vec![0; continuations.len()])?;
     let PaddedBatch {
         tokens,
@@ -468,9 +462,7 @@ pub fn score_shared(
                 .valid(&valid)
                 .logits(Logits::All),
         )?;
-        let logits = out
-            .logits
-            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+        let logits = asked_logits(out.logits)?;
         Some(log_softmax(&logits.narrow(1, 0, longest - 1)?)?)
     } else {
         None
@@ -487,9 +479,7 @@ pub fn score_shared(
                     let value = if i == 0 {
                         first.i((0, id as usize))?
                     } else {
-                        rest.as_ref()
-                            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?
-                            .i((row, start + i - 1, id as usize))?
+                        asked_logits(rest.as_ref())?.i((row, start + i - 1, id as usize))?
                     };
                     Ok(value.to_scalar::<f32>()?)
                 })
@@ -508,9 +498,7 @@ pub fn score_incrementally(
     let positions: Vec<Vec<u32>> = vec![(0..context.len() as u32).collect()];
     let out = decoder.forward(&ForwardRequest::new(&[context.to_vec()], &positions))?;
     let mut cache: KvCache = out.kv;
-    let mut logits = out
-        .logits
-        .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+    let mut logits = asked_logits(out.logits)?;
     let mut scores = Vec::with_capacity(continuation.len());
     for (i, &id) in continuation.iter().enumerate() {
         let log_probs = log_softmax(&logits)?;
@@ -522,9 +510,7 @@ pub fn score_incrementally(
         let out =
             decoder.forward(&ForwardRequest::new(&[vec![id]], &[vec![position]]).past(&cache))?;
         cache.append(out.kv)?;
-        logits = out
-            .logits
-            .ok_or_else(|| LmError::InvalidInput("no logits".into()))?;
+        logits = asked_logits(out.logits)?;
     }
     Ok(scores)
 }

@@ -244,14 +244,23 @@ impl AnswerConfig {
                 "must be at least 1 (leave it unset for no per-tenant bound)",
             ));
         }
-        if !(1..=self.max_tokens).contains(&self.default_tokens) {
-            return Err(ConfigError::invalid(
-                "answer.default_tokens",
-                format!(
-                    "must be in 1..=max_tokens ({}), got {}",
-                    self.max_tokens, self.default_tokens
-                ),
-            ));
+        // Token counts bounded by the answer's own limit.
+        for (key, tokens) in [
+            ("answer.default_tokens", self.default_tokens),
+            (
+                "answer.speculative_draft_tokens",
+                self.speculative_draft_tokens,
+            ),
+        ] {
+            if !(1..=self.max_tokens).contains(&tokens) {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!(
+                        "must be in 1..=max_tokens ({}), got {tokens}",
+                        self.max_tokens
+                    ),
+                ));
+            }
         }
         if !(1..=hasten_rag::MAX_DRAFTS).contains(&self.speculative_drafts) {
             return Err(ConfigError::invalid(
@@ -260,15 +269,6 @@ impl AnswerConfig {
                     "must be in 1..={}, got {}",
                     hasten_rag::MAX_DRAFTS,
                     self.speculative_drafts
-                ),
-            ));
-        }
-        if !(1..=self.max_tokens).contains(&self.speculative_draft_tokens) {
-            return Err(ConfigError::invalid(
-                "answer.speculative_draft_tokens",
-                format!(
-                    "must be in 1..=max_tokens ({}), got {}",
-                    self.max_tokens, self.speculative_draft_tokens
                 ),
             ));
         }
