@@ -45,6 +45,12 @@ pub struct KvWorkerConfig {
     pub queue: usize,
     /// New tokens when a request asks for 0.
     pub max_new_tokens: usize,
+    /// A prompt's first chunk reads its Full Reuse KV whatever variant the request asks for,
+    /// and FusionRAG and CacheBlend spend their recompute budget on the other chunks: that
+    /// KV was computed right after the system prompt, where the first chunk stands, so it is
+    /// exactly a full prefill's (false: every chunk reads the requested variant, as in the
+    /// FusionRAG paper).
+    pub exact_leading_chunk: bool,
     /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
     #[serde(flatten)]
     pub tls: TlsConfig,
@@ -69,6 +75,7 @@ impl Default for KvWorkerConfig {
             gpu_budget: 2 << 30,
             queue: 16,
             max_new_tokens: 64,
+            exact_leading_chunk: true,
             tls: TlsConfig::default(),
             ready_file: None,
         }

@@ -58,13 +58,15 @@ impl KvEngine {
     }
 
     /// The prompt of `question` over `chunks` prefilled in `settings.mode`; its logits give
-    /// the first answer token.
+    /// the first answer token. `leading_exact`: the first chunk's KV is its Full Reuse KV
+    /// ([`prefill`]).
     pub fn prefill(
         &self,
         question: &str,
         chunks: &[&SegmentKv],
         settings: FusionSettings,
         max_new_tokens: usize,
+        leading_exact: bool,
     ) -> Result<FusedPrefill> {
         let question = question_tokens(&self.model, question)?;
         prefill(
@@ -74,6 +76,7 @@ impl KvEngine {
             &question,
             settings,
             max_new_tokens,
+            leading_exact,
         )
     }
 
@@ -120,6 +123,7 @@ impl KvEngine {
         chunks: &[&SegmentKv],
         settings: FusionSettings,
         max_new_tokens: usize,
+        leading_exact: bool,
         sink: &mut dyn AnswerSink,
     ) -> Result<KvAnswer> {
         let started = Instant::now();
@@ -130,7 +134,7 @@ impl KvEngine {
             ratio = settings.ratio
         )
         .entered();
-        let fused = self.prefill(question, chunks, settings, max_new_tokens)?;
+        let fused = self.prefill(question, chunks, settings, max_new_tokens, leading_exact)?;
         let (context_tokens, recomputed, prefill) = (
             fused.context_tokens,
             fused.recomputed.clone(),

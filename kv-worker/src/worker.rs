@@ -112,16 +112,20 @@ pub struct KvWorker {
     model_id: ModelId,
     model_path: PathBuf,
     catalogs: RwLock<BTreeMap<String, Catalog>>,
+    /// A prompt's first chunk reads its Full Reuse KV whatever the request's variant: that
+    /// is exactly a full prefill's KV for the chunk that follows the system prompt.
+    exact_leading_chunk: bool,
 }
 
 impl KvWorker {
     /// A worker over `store` for `engine`'s model, holding every corpus version the store has
-    /// a catalog of for this model.
+    /// a catalog of for this model. `exact_leading_chunk`: the config key of that name.
     pub fn new(
         engine: KvEngine,
         store: Arc<ChunkKvStore>,
         model_id: ModelId,
         model_path: PathBuf,
+        exact_leading_chunk: bool,
     ) -> Result<Self, WorkerError> {
         let worker = Self {
             engine,
@@ -129,6 +133,7 @@ impl KvWorker {
             model_id,
             model_path,
             catalogs: RwLock::new(BTreeMap::new()),
+            exact_leading_chunk,
         };
         worker.reload_catalogs()?;
         Ok(worker)
@@ -206,23 +211,48 @@ impl KvWorker {
         Ok(())
     }
 
-    /// Starts loading the entries of `ids` in the background; the count started.
+    /// Starts loading the `variant` entries of `ids` in the background; the count started.
     pub fn prefetch(&self, version: &str, ids: &[u64], variant: Variant) -> usize {
-        let keys: Vec<KvKey> = ids
+        let keys = ids.iter().filter_map(|&id| {
+            KvKey::corpus_chunk(self.model_id.clone(), version, id, variant).ok()
+        });
+        self.prefetch_keys(keys)
+    }
+
+    /// Starts loading the entries `request`'s id chunks read (the service does it before the
+    /// request queues); the count started.
+    pub fn prefetch_for(&self, request: &GenerateRequest) -> usize {
+        let Some(version) = &request.corpus_version else {
+            return 0;
+        };
+        let keys = request
+            .chunks
             .iter()
-            .filter_map(|&id| KvKey::corpus_chunk(self.model_id.clone(), version, id, variant).ok())
-            .filter(|key| self.store.contains(key))
-            .collect();
+            .enumerate()
+            .filter_map(|(index, chunk)| match chunk {
+                ChunkInput::Id(id) => Some((index, *id)),
+                ChunkInput::Text { .. } => None,
+            })
+            .filter_map(|(index, id)| {
+                let variant = self.variant_at(request, index);
+                KvKey::corpus_chunk(self.model_id.clone(), version, id, variant).ok()
+            });
+        self.prefetch_keys(keys)
+    }
+
+    fn prefetch_keys(&self, keys: impl Iterator<Item = KvKey>) -> usize {
+        let keys: Vec<KvKey> = keys.filter(|key| self.store.contains(key)).collect();
         let started = keys.len();
         self.store.prefetch(keys);
         started
     }
 
-    /// Starts loading `request`'s id chunks (the service does it before the request queues).
-    pub fn prefetch_for(&self, request: &GenerateRequest) -> usize {
-        match &request.corpus_version {
-            Some(version) => self.prefetch(version, &request.ids(), request.variant),
-            None => 0,
+    /// The stored KV the chunk at `index` of `request` reads when given by id.
+    fn variant_at(&self, request: &GenerateRequest, index: usize) -> Variant {
+        if index == 0 && self.exact_leading_chunk {
+            Variant::FullReuse
+        } else {
+            request.variant
         }
     }
 
@@ -237,12 +267,12 @@ impl KvWorker {
         let started = Instant::now();
         let (mut memory_hits, mut disk_hits, mut computed_chunks) = (0, 0, 0);
         let mut chunks: Vec<Arc<SegmentKv>> = Vec::with_capacity(request.chunks.len());
-        for chunk in &request.chunks {
+        for (index, chunk) in request.chunks.iter().enumerate() {
             let (segment, found) = match chunk {
                 ChunkInput::Id(id) => {
                     let version = request.corpus_version.as_deref().unwrap_or_default();
-                    let key =
-                        KvKey::corpus_chunk(self.model_id.clone(), version, *id, request.variant)?;
+                    let variant = self.variant_at(request, index);
+                    let key = KvKey::corpus_chunk(self.model_id.clone(), version, *id, variant)?;
                     self.store.get(&key)?
                 }
                 ChunkInput::Text { title, text } => {
@@ -278,6 +308,7 @@ impl KvWorker {
             &refs,
             request.settings,
             request.max_new_tokens,
+            self.exact_leading_chunk,
             sink,
         )?;
         // The answer's clock starts at the prefill; the request's at its arrival here.

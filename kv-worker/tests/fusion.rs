@@ -92,8 +92,27 @@ impl Prompt {
         chunks: &[SegmentKv],
         settings: FusionSettings,
     ) -> FusedPrefill {
+        self.run_leading(decoder, chunks, settings, false)
+    }
+
+    fn run_leading(
+        &self,
+        decoder: &Decoder,
+        chunks: &[SegmentKv],
+        settings: FusionSettings,
+        leading_exact: bool,
+    ) -> FusedPrefill {
         let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        prefill(decoder, &self.system, &refs, &self.question, settings, 8).expect("fused prefill")
+        prefill(
+            decoder,
+            &self.system,
+            &refs,
+            &self.question,
+            settings,
+            8,
+            leading_exact,
+        )
+        .expect("fused prefill")
     }
 
     fn fused(&self, decoder: &Decoder, chunks: &[SegmentKv], settings: FusionSettings) -> Tensor {
@@ -199,6 +218,61 @@ fn recomputing_every_chunk_token_equals_full_prefill() {
         assert!(
             diff > BROKEN,
             "{arch:?}: stale entries made no difference ({diff})"
+        );
+    }
+}
+
+#[test]
+fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equals_full_prefill() {
+    for arch in ARCHS {
+        let (_dir, decoder) = tiny(arch, 6);
+        let prompt = Prompt::new(&decoder, 30, &[11, 7, 13]);
+        let (expected, expected_kv) = plain(&decoder, &prompt.whole(), None);
+        // The leading chunk's Full Reuse KV, the others' computed alone: only the leading
+        // chunk's entries are a full prefill's.
+        let mut chunks = prompt.alone(&decoder);
+        chunks[0] = prompt.after_system(&decoder).remove(0);
+        let leading = prompt.system.len()..prompt.system.len() + 11;
+        for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
+            // A budget of every chunk token, spent on the 20 that are not the leading
+            // chunk's: the whole context is then a full prefill's.
+            let fused = prompt.run_leading(&decoder, &chunks, settings(mode, 1.0), true);
+            assert_eq!(fused.recomputed.len(), 20, "{arch:?} {mode:?}");
+            assert!(
+                fused.recomputed.iter().all(|i| !leading.contains(i)),
+                "{arch:?} {mode:?}: recomputed a leading-chunk entry"
+            );
+            let diff = max_abs_diff(&fused.logits, &expected);
+            assert!(
+                diff < TOLERANCE,
+                "{arch:?} {mode:?}: logits differ by {diff}"
+            );
+            for (layer, ((k, v), (ek, ev))) in by_position(&fused.cache)
+                .iter()
+                .zip(by_position(&expected_kv))
+                .enumerate()
+            {
+                let diff = max_abs_diff(k, &ek).max(max_abs_diff(v, &ev));
+                assert!(
+                    diff < TOLERANCE,
+                    "{arch:?} {mode:?} layer {layer}: KV differs by {diff}"
+                );
+            }
+            // At a small budget, selection still never picks the leading chunk.
+            let small = prompt.run_leading(&decoder, &chunks, settings(mode, 0.3), true);
+            assert_eq!(small.recomputed.len(), 10, "{arch:?} {mode:?}");
+            assert!(small.recomputed.iter().all(|i| !leading.contains(i)));
+        }
+
+        // Twin: the leading chunk computed alone and still taken for exact; its stale entries
+        // are kept and the prefill is not a full one.
+        let stale = prompt.alone(&decoder);
+        let fused =
+            prompt.run_leading(&decoder, &stale, settings(FusionMode::FusionRag, 1.0), true);
+        let diff = max_abs_diff(&fused.logits, &expected);
+        assert!(
+            diff > BROKEN,
+            "{arch:?}: a stale leading chunk made no difference ({diff})"
         );
     }
 }
@@ -509,6 +583,7 @@ fn a_context_over_the_window_is_refused_with_its_counts() {
         &prompt.question,
         FusionSettings::default(),
         32,
+        false,
     )
     .unwrap_err()
     .to_string_full();

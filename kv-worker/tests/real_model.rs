@@ -59,6 +59,7 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
                 &refs,
                 settings(mode, ratio),
                 16,
+                false,
                 &mut |_: &str| {},
             )
             .unwrap()
@@ -86,6 +87,7 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
             &question,
             settings(mode, ratio),
             16,
+            false,
         )
         .unwrap()
         .logits

@@ -17,6 +17,7 @@ use clap::Parser;
 use hasten_bench::kv_workload::{chunk_ids, draw_stream, model_path, percentile};
 use hasten_bench::questions::read_questions;
 use hasten_core::bundle::CorpusBundle;
+use hasten_kv_worker::config::KvWorkerConfig;
 use hasten_kv_worker::store::{
     ChunkKvStore, Found, KvDtype, KvKey, MemoryTier, ModelId, StoreSettings, Variant,
 };
@@ -139,6 +140,7 @@ fn main() -> Result<()> {
             Arc::clone(&store),
             model_id.clone(),
             model_path.clone(),
+            KvWorkerConfig::default().exact_leading_chunk,
         )?;
         let (mut memory, mut disk) = (0usize, 0usize);
         let mut loads = Vec::with_capacity(stream.len());

@@ -41,7 +41,13 @@ pub(crate) async fn serve(config: KvWorkerConfig) -> Result<()> {
         },
         &loaded,
     )?;
-    let worker = KvWorker::new(loaded.engine, Arc::new(store), loaded.model_id, model_path)?;
+    let worker = KvWorker::new(
+        loaded.engine,
+        Arc::new(store),
+        loaded.model_id,
+        model_path,
+        config.exact_leading_chunk,
+    )?;
     let info = worker.info()?;
     if info.corpora.is_empty() {
         tracing::warn!(

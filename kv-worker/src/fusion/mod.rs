@@ -16,6 +16,7 @@ mod mask;
 mod segment;
 pub mod select;
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
@@ -58,6 +59,10 @@ pub struct FusedPrefill {
 
 /// Prefills `system + chunks + question` in `settings.mode`, leaving room in the model's
 /// window for `max_new_tokens`.
+///
+/// `leading_exact` says the first chunk's KV is its Full Reuse KV: computed right after the
+/// system prompt, where it stands in this prompt too, so its entries are already the ones a
+/// full prefill computes and selection spends the recompute budget on the other chunks.
 pub fn prefill(
     decoder: &Decoder,
     system: &SegmentKv,
@@ -65,6 +70,7 @@ pub fn prefill(
     question: &[u32],
     settings: FusionSettings,
     max_new_tokens: usize,
+    leading_exact: bool,
 ) -> Result<FusedPrefill> {
     check_window(decoder, system, chunks, question, max_new_tokens)?;
     if question.is_empty() {
@@ -85,17 +91,21 @@ pub fn prefill(
     let room = budget + question.len() + max_new_tokens;
     let assembled = assemble(decoder.rope(), system, chunks, room)?;
     let assembled_at = Instant::now();
-    let chunk_columns = assembled.system_len..assembled.tokens.len();
+    let exact_columns = match assembled.chunk_spans.first() {
+        Some(leading) if leading_exact => leading.len(),
+        _ => 0,
+    };
+    let candidates = assembled.system_len + exact_columns..assembled.tokens.len();
     let scores = if budget == 0 {
         Vec::new()
     } else if settings.mode == FusionMode::FusionRag {
-        question_attention(decoder, &assembled, question)?
+        question_attention(decoder, &assembled, question, candidates.clone())?
     } else {
-        deviation(decoder, &assembled)?
+        deviation(decoder, &assembled, candidates.clone())?
     };
     let recomputed: Vec<usize> = select::top_tokens(&scores, budget)
         .into_iter()
-        .map(|i| i + chunk_columns.start)
+        .map(|i| i + candidates.start)
         .collect();
     let selected_at = Instant::now();
     let Assembled {
@@ -215,11 +225,12 @@ fn extend(
 }
 
 /// FusionRAG's selection pass: the question over the assembled context, and the attention
-/// its tokens pay each chunk token in the last layer.
+/// its tokens pay each context column of `candidates` in the last layer.
 fn question_attention(
     decoder: &Decoder,
     assembled: &Assembled,
     question: &[u32],
+    candidates: Range<usize>,
 ) -> Result<Vec<f32>> {
     let context = assembled.tokens.len() as u32;
     let rows = [question.to_vec()];
@@ -233,21 +244,23 @@ fn question_attention(
     let attention = out
         .attention
         .ok_or_else(|| KvError::InvalidInput("the model returned no attention".into()))?;
-    select::query_guided_scores(
-        &attention.weights,
-        assembled.system_len..assembled.tokens.len(),
-    )
+    select::query_guided_scores(&attention.weights, candidates)
 }
 
 /// CacheBlend's selection pass: the chunk tokens prefilled through the first layers after
-/// the system prompt, and each reused entry's distance from that at [`CACHEBLEND_LAYER`].
-fn deviation(decoder: &Decoder, assembled: &Assembled) -> Result<Vec<f32>> {
-    // The system prompt's entries lead the assembled cache; a truncated copy shares them.
+/// the system prompt, and the distance from that at [`CACHEBLEND_LAYER`] of each reused
+/// entry of `candidates`.
+fn deviation(
+    decoder: &Decoder,
+    assembled: &Assembled,
+    candidates: Range<usize>,
+) -> Result<Vec<f32>> {
+    // The entries before the candidates (the system prompt's, and an exact leading chunk's)
+    // are a full prefill's already; a truncated copy shares them.
     let mut past = assembled.cache.clone();
-    past.truncate(assembled.system_len)?;
-    let columns = assembled.system_len..assembled.tokens.len();
-    let rows = [assembled.tokens[columns.clone()].to_vec()];
-    let positions = [(columns.start as u32..columns.end as u32).collect()];
+    past.truncate(candidates.start)?;
+    let rows = [assembled.tokens[candidates.clone()].to_vec()];
+    let positions = [(candidates.start as u32..candidates.end as u32).collect()];
     let fresh = decoder
         .forward(
             &ForwardRequest::new(&rows, &positions)
@@ -265,5 +278,5 @@ fn deviation(decoder: &Decoder, assembled: &Assembled) -> Result<Vec<f32>> {
                 KvError::InvalidInput(format!("the model has no layer {CACHEBLEND_LAYER}"))
             })
     };
-    select::deviation_scores(&layer(&assembled.cache)?, columns.start, &layer(&fresh)?)
+    select::deviation_scores(&layer(&assembled.cache)?, candidates.start, &layer(&fresh)?)
 }

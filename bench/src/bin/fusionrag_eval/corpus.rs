@@ -157,15 +157,24 @@ impl Corpus {
         &self,
         q: usize,
         variant: Variant,
+        exact_lead: bool,
         stores: &'a Stores,
     ) -> Vec<&'a SegmentKv> {
-        let store = match variant {
+        let store = |variant| match variant {
             Variant::FullReuse => &stores.full_reuse,
             Variant::Similarity => &stores.similarity,
         };
         self.per_question[q]
             .iter()
-            .filter_map(|&c| store[c].as_ref())
+            .enumerate()
+            .filter_map(|(i, &c)| {
+                let variant = if i == 0 && exact_lead {
+                    Variant::FullReuse
+                } else {
+                    variant
+                };
+                store(variant)[c].as_ref()
+            })
             .collect()
     }
 }

@@ -82,6 +82,9 @@ struct System {
     name: String,
     settings: FusionSettings,
     variant: Variant,
+    /// The first chunk reads its Full Reuse KV and selection leaves it out (the kv-worker's
+    /// `exact_leading_chunk`).
+    exact_lead: bool,
 }
 
 fn systems(args: &Args) -> Vec<System> {
@@ -100,6 +103,7 @@ fn systems(args: &Args) -> Vec<System> {
             name,
             settings: FusionSettings { mode, ratio },
             variant,
+            exact_lead: false,
         }
     };
     let mut all = vec![
@@ -125,6 +129,16 @@ fn systems(args: &Args) -> Vec<System> {
     for &ratio in &args.ratios {
         all.push(system(FusionMode::FusionRag, ratio, Variant::Similarity));
     }
+    let lead = system(
+        FusionMode::FusionRag,
+        args.compare_ratio,
+        Variant::Similarity,
+    );
+    all.push(System {
+        name: format!("{}+exact-lead", lead.name),
+        exact_lead: true,
+        ..lead
+    });
     all
 }
 
@@ -175,12 +189,13 @@ fn main() -> Result<()> {
     let systems = systems(&args);
 
     // One untimed answer first, so that no system pays for a cold start.
-    let warm: Vec<&SegmentKv> = corpus.chunks_of(0, Variant::FullReuse, &stores);
+    let warm: Vec<&SegmentKv> = corpus.chunks_of(0, Variant::FullReuse, false, &stores);
     engine.answer(
         &questions[0].question,
         &warm,
         FusionSettings::default(),
         4,
+        false,
         &mut |_: &str| {},
     )?;
 
@@ -195,13 +210,14 @@ fn main() -> Result<()> {
         let mut reference = None;
         for s in std::iter::once(0).chain(order) {
             let system = &systems[s];
-            let chunks = corpus.chunks_of(q, system.variant, &stores);
+            let chunks = corpus.chunks_of(q, system.variant, system.exact_lead, &stores);
             let started = Instant::now();
             let fused = engine.prefill(
                 &question.question,
                 &chunks,
                 system.settings,
                 args.max_new_tokens,
+                system.exact_lead,
             )?;
             fused.logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
             let ttft = started.elapsed().as_secs_f64();
