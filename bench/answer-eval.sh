@@ -17,12 +17,14 @@
 # or replay: no emulated network, closed loop, quality at full speed), SYSTEMS (all four),
 # MODEL (the answering GGUF; default SmolLM2-135M-Instruct from HASTEN_LM_DIR), ENTITIES
 # (60), MAX_PASSAGES (3), ARTICLES (4), MAX_TOKENS (16), K (5), EDGES (2), WORKERS (2),
-# FUSION_RATIO (0.15: the share of chunk tokens FusionRAG recomputes),
+# FUSION_RATIO (0.15: the share of chunk tokens FusionRAG recomputes), EXACT_LEADING_CHUNK
+# (true or false: the workers' exact_leading_chunk; default the worker's), EDGE_ARGS (extra
+# flags for every edge, space-separated, after the system's own: `--set=kv.variant=full-reuse`),
 # DATA_DIR (../shared/data), OUT (run/answer-eval/<time>), RAYON_NUM_THREADS (1: one thread
 # per process, so that two KV workers do not oversubscribe two cores), PROFILE (release, or
 # dev to reuse `make test`'s build: the same greedy answers, but its times are not figures).
 # The corpus bundle and the KV store are built once under run/answer-eval/ and reused (the
-# store is per model).
+# store is per model; KV_STORE names another, e.g. one written with HASTEN_KV_DTYPE=f32).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --questions) questions=$2; shift 2 ;;
     --squad) squad=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -83,14 +85,18 @@ target=$(cargo metadata --format-version 1 --no-deps |
 bin=$target/$([ "$profile" = dev ] && echo debug || echo "$profile")
 export PATH=$bin:$PATH
 export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-1}
+edge_args=()
+for arg in ${EDGE_ARGS:-}; do edge_args+=("--edge-arg=$arg"); done
 
 "$bin/hasten-loadtest" answers "${corpus[@]}" --bundle-out "$bundle" \
   "${popularity[@]}" --queries "${QUERIES:-160}" --rates "${RATES:-0.25,0.5,1}" \
   --mode "${MODE:-realtime}" --ttft-slo "${TTFT_SLO:-5s}" \
   --systems "${SYSTEMS:-standard,has+full-prefill,cloud+fusionrag,hasten}" \
-  --lm-model "$answer_model" --kv-store "$work/kv-store-$name-$(basename "$answer_model" .gguf)" \
+  --lm-model "$answer_model" --kv-store "${KV_STORE:-$work/kv-store-$name-$(basename "$answer_model" .gguf)}" \
   --max-tokens "${MAX_TOKENS:-16}" --k "${K:-5}" --edges "${EDGES:-2}" --workers "${WORKERS:-2}" \
   --fusion-ratio "${FUSION_RATIO:-0.15}" \
+  ${EXACT_LEADING_CHUNK:+--exact-leading-chunk "$EXACT_LEADING_CHUNK"} \
+  "${edge_args[@]}" \
   --client-delay uniform:0.005,0.025 --cloud-delay uniform:0.05,0.1 \
   --save-workload "$out/workload.jsonl" --out "$out" 2>&1 | tee "$out/answers.log"
 echo "report: $out"

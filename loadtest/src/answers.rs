@@ -64,6 +64,10 @@ pub struct AnswersArgs {
     /// find where a model keeps its answers.
     #[arg(long, default_value_t = FUSION_RATIO)]
     fusion_ratio: f64,
+    /// Whether the workers read a prompt's first chunk from its Full Reuse KV and recompute
+    /// only the other chunks (the kv-worker's `exact_leading_chunk`) [default: the worker's].
+    #[arg(long)]
+    exact_leading_chunk: Option<bool>,
     /// Edges per system; client i talks to edge i mod N.
     #[arg(long, default_value_t = 2)]
     edges: usize,
@@ -195,6 +199,7 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
         store,
         ram_budget: args.worker_ram_mib.map(|mib| mib << 20),
         fusion_ratio: args.fusion_ratio,
+        exact_leading_chunk: args.exact_leading_chunk,
     };
     let ask = AskSettings {
         k: args.k,
@@ -224,6 +229,10 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
                 "ttft_slo_s": args.ttft_slo.as_secs_f64(), "edges_per_system": args.edges,
                 "kv_workers_per_system": args.workers, "warmup": args.warmup,
                 "fusion_ratio": args.fusion_ratio,
+                "exact_leading_chunk": args.exact_leading_chunk.map_or_else(
+                    || serde_json::json!("worker default"),
+                    |exact| serde_json::json!(exact),
+                ),
             }),
         );
     }

@@ -56,6 +56,36 @@ enum Command {
     /// network) as streamed chat completions, at each --rates; write report.json, report.md
     /// and plots (TTFT, goodput, quality against gold, where the time went).
     Answers(Box<answers::AnswersArgs>),
+    /// Compare two runs' answers to the same workload question by question
+    /// (`logs/answers-N.jsonl` of `answers`): each run's F1, the paired F1 difference with
+    /// its 95% bootstrap interval, and how many answers differ.
+    CompareAnswers(CompareAnswersArgs),
+}
+
+#[derive(Args)]
+struct CompareAnswersArgs {
+    /// The baseline run's answers log.
+    base: PathBuf,
+    /// The other run's answers log (its difference from the baseline is reported).
+    other: PathBuf,
+    /// Seed of the bootstrap's resampling.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn compare_answers(args: &CompareAnswersArgs) -> Result<()> {
+    use hasten_loadtest::answer::compare::{compare, read_answers};
+    let base = read_answers(&args.base)?;
+    let other = read_answers(&args.other)?;
+    let Some(c) = compare(&base, &other, args.seed) else {
+        bail!("the two logs share no question answered without error");
+    };
+    println!(
+        "pairs {}: F1 {:.3} (base) against {:.3}; difference {:+.3} (95% {:+.3}..{:+.3}); \
+         {} answers differ",
+        c.f1.pairs, c.base_f1, c.other_f1, c.f1.mean, c.f1.low, c.f1.high, c.differing
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -264,6 +294,7 @@ async fn main() -> Result<()> {
         Command::DevCerts(args) => dev_certs(&args),
         Command::Run(args) => deployment::run(*args).await,
         Command::Answers(args) => answers::run(*args).await,
+        Command::CompareAnswers(args) => compare_answers(&args),
         Command::Workload(args) => {
             let (_, questions) = corpus(&args.corpus)?;
             let (workload, stats) = make_workload(&args.workload, &questions)?;

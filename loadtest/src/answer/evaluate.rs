@@ -29,6 +29,8 @@ pub struct WorkerSettings {
     pub ram_budget: Option<u64>,
     /// The share of chunk tokens FusionRAG recomputes on systems that use it.
     pub fusion_ratio: f64,
+    /// The workers' `exact_leading_chunk` (their default when absent).
+    pub exact_leading_chunk: Option<bool>,
 }
 
 /// How each question is asked and judged.
@@ -52,6 +54,9 @@ fn start_workers(
         let mut args = kv_worker_serve_args(&settings.model, &settings.store);
         if let Some(bytes) = settings.ram_budget {
             args.extend(["--set".into(), format!("ram_budget={bytes}")]);
+        }
+        if let Some(exact) = settings.exact_leading_chunk {
+            args.extend(["--set".into(), format!("exact_leading_chunk={exact}")]);
         }
         let worker = tokio::task::block_in_place(|| {
             ManagedProcess::start(
