@@ -183,9 +183,19 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         "100% recomputation answers as full prefill"
     );
     assert_eq!(all.context_tokens, full.context_tokens);
+    // The first chunk reads its Full Reuse KV, a full prefill's already (the worker's
+    // exact_leading_chunk): 100% recomputes every other chunk token.
+    let (_, leading) = generate(
+        &mut client,
+        request(pb::FusionMode::FullPrefill, None, ids(&chunk_ids[..1])),
+    )
+    .await
+    .unwrap();
+    assert!(leading.recomputed_tokens > 0);
     assert_eq!(
-        all.recomputed_tokens, full.recomputed_tokens,
-        "every chunk token, both ways"
+        all.recomputed_tokens + leading.recomputed_tokens,
+        full.recomputed_tokens,
+        "every chunk token but the leading chunk's"
     );
     let (_, default) = generate(
         &mut client,
@@ -253,7 +263,8 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         .await
         .unwrap_err(),
     );
-    // An entry missing from the store: refused, naming the chunk.
+    // An entry missing from the store: refused, naming the chunk (second: a leading chunk
+    // reads its Full Reuse KV, which is still there).
     let gone = chunk_ids[0];
     std::fs::remove_file(
         store
@@ -279,7 +290,7 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
         &gone.to_string(),
         generate(
             &mut fresh,
-            request(pb::FusionMode::Fusionrag, None, ids(&[gone])),
+            request(pb::FusionMode::Fusionrag, None, ids(&[chunk_ids[1], gone])),
         )
         .await
         .unwrap_err(),
@@ -300,7 +311,8 @@ async fn a_kv_worker_answers_over_preprocessed_chunks_as_full_prefill_would() {
             &[("mode", mode)],
         )
     };
-    assert_eq!(first_tokens("full-prefill"), 3.0);
+    // All chunks, the leading chunk alone, the chunks as text.
+    assert_eq!(first_tokens("full-prefill"), 4.0);
     assert_eq!(first_tokens("fusionrag"), 2.0);
     assert_eq!(
         scrape.value("hasten_kv_errors_total", &[("reason", "not_found")]),
