@@ -157,6 +157,21 @@ fn by_position(cache: &KvCache) -> Vec<(Tensor, Tensor)> {
         .collect()
 }
 
+/// Every layer's entries of `cache`, in position order, within [`TOLERANCE`] of `expected`'s.
+fn assert_same_kv(cache: &KvCache, expected: &KvCache, label: &str) {
+    for (layer, ((k, v), (ek, ev))) in by_position(cache)
+        .iter()
+        .zip(by_position(expected))
+        .enumerate()
+    {
+        let diff = max_abs_diff(k, &ek).max(max_abs_diff(v, &ev));
+        assert!(
+            diff < TOLERANCE,
+            "{label} layer {layer}: KV differs by {diff}"
+        );
+    }
+}
+
 #[test]
 fn recomputing_every_chunk_token_equals_full_prefill() {
     for arch in ARCHS {
@@ -172,17 +187,7 @@ fn recomputing_every_chunk_token_equals_full_prefill() {
                 diff < TOLERANCE,
                 "{arch:?} {mode:?}: logits differ by {diff}"
             );
-            for (layer, ((k, v), (ek, ev))) in by_position(&fused.cache)
-                .iter()
-                .zip(by_position(&expected_kv))
-                .enumerate()
-            {
-                let diff = max_abs_diff(k, &ek).max(max_abs_diff(v, &ev));
-                assert!(
-                    diff < TOLERANCE,
-                    "{arch:?} {mode:?} layer {layer}: KV differs by {diff}"
-                );
-            }
+            assert_same_kv(&fused.cache, &expected_kv, &format!("{arch:?} {mode:?}"));
         }
 
         // Twin: the same recomputation with the stale entries left visible.
@@ -247,17 +252,7 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
                 diff < TOLERANCE,
                 "{arch:?} {mode:?}: logits differ by {diff}"
             );
-            for (layer, ((k, v), (ek, ev))) in by_position(&fused.cache)
-                .iter()
-                .zip(by_position(&expected_kv))
-                .enumerate()
-            {
-                let diff = max_abs_diff(k, &ek).max(max_abs_diff(v, &ev));
-                assert!(
-                    diff < TOLERANCE,
-                    "{arch:?} {mode:?} layer {layer}: KV differs by {diff}"
-                );
-            }
+            assert_same_kv(&fused.cache, &expected_kv, &format!("{arch:?} {mode:?}"));
             // At a small budget, selection still never picks the leading chunk.
             let small = prompt.run_leading(&decoder, &chunks, settings(mode, 0.3), true);
             assert_eq!(small.recomputed.len(), 10, "{arch:?} {mode:?}");
