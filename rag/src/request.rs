@@ -185,7 +185,7 @@ impl Default for SpeculativeSettings {
             clusters: 2,
             clustering: true,
             selection: DraftSelection::Verifier,
-            draft_tokens: 96,
+            draft_tokens: 32,
             seed: 0,
         }
     }
