@@ -30,10 +30,8 @@ use tonic::service::interceptor::InterceptedService;
 /// One node of Hasten's control plane: replicates the hot cache, the shard map and runtime
 /// configuration with Raft, persisted in its own write-ahead log, and streams committed
 /// events to edges.
-// The flags name what differs between two processes that share one configuration file:
-// where the process listens, what it reads and writes, whom it dials and who it is
-// (docs/configuration.md). Every other key is set in the file, in the environment or for
-// one run with `--set KEY=VALUE`.
+// Flags only for what differs between processes that share one file; the rule is
+// docs/configuration.md's "Flags".
 #[derive(Parser, Serialize)]
 #[command(version)]
 struct Cli {

@@ -32,11 +32,9 @@ enum Command {
     Serve(ServeArgs),
 }
 
-// The flags name what differs between two processes that share one configuration file:
-// where the process listens, what it reads, whom it dials and who it is
-// (docs/configuration.md, "Flags"). Every other key is set in the file, in the environment
-// or for one run with `--set TABLE.KEY=VALUE`. Each table of flags serialises as the
-// configuration's table of the same name, its unset flags skipped.
+// Flags only for what differs between processes that share one file; the rule is
+// docs/configuration.md's "Flags". Each table of flags serialises as the configuration's
+// table of the same name, its unset flags skipped.
 #[derive(Args, Serialize)]
 struct ServeArgs {
     #[command(flatten)]

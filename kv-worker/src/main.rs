@@ -49,10 +49,8 @@ enum Command {
     Sync(SyncArgs),
 }
 
-// The flags name what differs between two processes that share one configuration file:
-// where the process listens, what it reads and writes, whom it dials and who it is
-// (docs/configuration.md). Every other key is set in the file, in the environment or for
-// one run with `--set KEY=VALUE`.
+// Flags only for what differs between processes that share one file; the rule is
+// docs/configuration.md's "Flags".
 #[derive(Args, Serialize)]
 struct ServeArgs {
     #[command(flatten)]
