@@ -9,12 +9,22 @@ use std::path::Path;
 
 use candle_core::{D, DType, Device, IndexOp, Tensor};
 
+use crate::cpu_attention;
 use crate::error::{LmError, Result};
 use crate::gguf::{Architecture, GgufFile, ModelConfig};
 use crate::kv::{KvCache, LayerKv, position_tensor};
 use crate::mask::AttentionMask;
 use crate::rope::{RotaryTables, Rotation};
 use crate::weights::{Matrix, WeightFormat};
+
+/// How a pass computes its layers' attention.
+#[derive(Clone, Copy)]
+enum AttentionPath<'a> {
+    /// candle's operations (matmuls, softmax).
+    Candle,
+    /// `cpu_attention`, with the pass's mask as values to add to the scores.
+    Fused(Option<&'a [f32]>),
+}
 
 /// A linear map with an optional bias (qwen2's q/k/v projections have one).
 struct Projection {
@@ -174,6 +184,8 @@ pub struct Decoder {
     rope: RotaryTables,
     device: Device,
     prefill_chunk: usize,
+    /// Decoding on the CPU attends through `cpu_attention` (else candle's operations).
+    fused_attention: bool,
 }
 
 /// Long causal prompts are read in chunks of this many tokens, each attending to the cache
@@ -264,12 +276,20 @@ impl Decoder {
             rope,
             device: device.clone(),
             prefill_chunk: PREFILL_CHUNK,
+            fused_attention: true,
         })
     }
 
     /// Sets the chunk length of long causal prefills (`usize::MAX`: never chunk).
     pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
         self.prefill_chunk = tokens.max(1);
+        self
+    }
+
+    /// Whether decoding on the CPU attends in one pass over the cache (the default) or
+    /// through candle's matmuls and softmax (the reference, for benchmarks and tests).
+    pub fn with_fused_attention(mut self, fused: bool) -> Self {
+        self.fused_attention = fused;
         self
     }
 
@@ -388,6 +408,20 @@ impl Decoder {
                 Ok(allowed.where_cond(&open, &closed)?.unsqueeze(1)?)
             })
             .transpose()?;
+        // Decoding on the CPU attends in one pass over the cache (`cpu_attention`), which
+        // takes the mask as plain values, read out once per pass.
+        let fused_bias = if self.fused_decode(t) {
+            Some(match &mask {
+                Some(mask) => Some(mask.flatten_all()?.to_vec1::<f32>()?),
+                None => None,
+            })
+        } else {
+            None
+        };
+        let path = match &fused_bias {
+            Some(bias) => AttentionPath::Fused(bias.as_deref()),
+            None => AttentionPath::Candle,
+        };
 
         let token_ids = position_tensor(request.tokens, &self.device)?;
         let rotation = self
@@ -414,6 +448,7 @@ impl Decoder {
                 &rotation,
                 past_layer,
                 mask.as_ref(),
+                path,
                 want_attention,
             )?;
             if let Some(seen) = seen {
@@ -456,8 +491,17 @@ impl Decoder {
         })
     }
 
+    /// Whether a pass of `t` new tokens attends through `cpu_attention`: on the CPU, while
+    /// the scores are smaller than the KV they are computed from (decoding, as for
+    /// `split_past` below).
+    fn fused_decode(&self, t: usize) -> bool {
+        let repeat = self.config.heads / self.config.kv_heads;
+        self.fused_attention && self.device.is_cpu() && repeat * t < 2 * self.config.head_dim
+    }
+
     /// Self-attention of one layer; returns its output, the new entries and, when asked, the
     /// queries and weights.
+    #[allow(clippy::too_many_arguments)] // one layer's inputs, each used
     fn attend(
         &self,
         layer: &Layer,
@@ -465,6 +509,7 @@ impl Decoder {
         rotation: &Rotation,
         past: Option<&LayerKv>,
         mask: Option<&Tensor>,
+        path: AttentionPath<'_>,
         want_attention: bool,
     ) -> Result<(Tensor, LayerKv, Option<LastLayerAttention>)> {
         let c = &self.config;
@@ -481,6 +526,22 @@ impl Decoder {
         let values = split(values, c.kv_heads)?;
         let q = rotation.apply(&q)?;
         let keys = rotation.apply(&raw_keys)?;
+        let to_output = |mixed: Tensor| -> Result<Tensor> {
+            let mixed = mixed
+                .reshape((batch, c.heads, t, c.head_dim))?
+                .transpose(1, 2)?
+                .reshape((batch, t, c.hidden))?;
+            layer.output.forward(&mixed)
+        };
+        if let (AttentionPath::Fused(bias), false) = (path, want_attention)
+            && let Some(mixed) = cpu_attention::attend(&q, past, &keys, &values, bias)?
+        {
+            return Ok((
+                to_output(mixed)?,
+                LayerKv::new(raw_keys, keys, values)?,
+                None,
+            ));
+        }
         let repeat = c.heads / c.kv_heads;
         // Grouped-query attention without copying K/V per head: the query heads that share
         // a KV head are stacked along the token axis of one matmul.
@@ -520,11 +581,7 @@ impl Decoder {
             }
             None => grouped_weights.matmul(&all_values.contiguous()?)?,
         };
-        let mixed = mixed
-            .reshape((batch, c.heads, t, c.head_dim))?
-            .transpose(1, 2)?
-            .reshape((batch, t, c.hidden))?;
-        let out = layer.output.forward(&mixed)?;
+        let out = to_output(mixed)?;
         let seen = want_attention.then(|| LastLayerAttention {
             queries: q.clone(),
             weights: weights.clone(),

@@ -6,6 +6,7 @@
 //! prompts ([`ChatTemplate`]) and the tokenizer ([`GgufTokenizer`]) are built on it.
 
 pub mod chat;
+mod cpu_attention;
 pub mod decoder;
 pub mod device;
 pub mod error;

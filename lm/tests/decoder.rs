@@ -97,7 +97,8 @@ fn our_logits(decoder: &Decoder, prompt: &[u32], continuation: &[u32]) -> Vec<Te
 
 fn assert_matches_candle(arch: TinyArch) {
     let (_dir, path, decoder) = tiny(arch, 7);
-    for (seed, len) in [(1, 1), (2, 9), (3, 40)] {
+    // 200: decoding reads the cache in more than one chunk (lm's decode attention).
+    for (seed, len) in [(1, 1), (2, 9), (3, 40), (4, 200)] {
         let prompt = tokens(seed, len);
         let continuation = tokens(seed + 100, 6);
         let theirs = candle_logits(&path, arch, &prompt, &continuation);
@@ -459,6 +460,62 @@ fn a_long_prompt_stops_between_its_chunks_when_its_caller_leaves() {
         .expect("forward");
     assert_eq!(asked.get(), 3);
     assert_eq!(out.kv.len(), 50);
+}
+
+/// Decoding on the CPU attends through lm's one-pass kernel; candle's operations are the
+/// reference. A padded batch (a mask), a past longer than the kernel's chunks, and two
+/// tokens at a time.
+#[test]
+fn decode_attention_in_one_pass_equals_candles_operations() {
+    for arch in [TinyArch::Llama, TinyArch::Qwen2] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_tiny_model(dir.path(), arch, 41);
+        let load = |fused: bool| {
+            Decoder::load(&path, &Device::Cpu)
+                .expect("load")
+                .with_fused_attention(fused)
+        };
+        let (fused, candle) = (load(true), load(false));
+        let prompts = vec![tokens(91, 190), tokens(92, 137)];
+        let batch = hasten_lm::left_pad(&prompts, 0);
+        let prefill = candle
+            .forward(&ForwardRequest::new(&batch.tokens, &batch.positions).valid(&batch.valid))
+            .expect("prefill");
+        let mut caches = [prefill.kv.clone(), prefill.kv];
+        for (step, width) in [1, 2, 1].into_iter().enumerate() {
+            let next = caches[0].next_positions();
+            let new_tokens: Vec<Vec<u32>> = (0..2)
+                .map(|row| tokens(93 + (step * 2 + row) as u64, width))
+                .collect();
+            let new_positions: Vec<Vec<u32>> = next
+                .iter()
+                .map(|&p| (p..p + width as u32).collect())
+                .collect();
+            let mut logits = Vec::new();
+            for (decoder, cache) in [&fused, &candle].into_iter().zip(caches.iter_mut()) {
+                let out = decoder
+                    .forward(
+                        &ForwardRequest::new(&new_tokens, &new_positions)
+                            .past(cache)
+                            .logits(Logits::All),
+                    )
+                    .expect("decode");
+                cache.append(out.kv).expect("append");
+                logits.push(out.logits.expect("logits"));
+            }
+            let diff = max_abs_diff(&logits[0], &logits[1]);
+            assert!(
+                diff < TOLERANCE,
+                "{arch:?} step {step}: logits differ by {diff}"
+            );
+        }
+        for (x, y) in caches[0].layers().iter().zip(caches[1].layers()) {
+            assert!(
+                max_abs_diff(x.values(), y.values()) < TOLERANCE,
+                "{arch:?}: values differ"
+            );
+        }
+    }
 }
 
 #[test]

@@ -11,8 +11,8 @@
 //! positions alone (what `score` does) against at every position (what it did before); and
 //! rows sharing one context, read once (`score_shared`) against once per row (`score`).
 //! Every measurement has one untimed warm-up run first. `--greedy-against FORMAT` also
-//! decodes five prompts greedily with the weights held as FORMAT (the reference kernels)
-//! and reports where the two outputs first differ, with the reference's logit gap there.
+//! decodes five prompts greedily with the weights held as FORMAT and candle's attention
+//! (the reference kernels) and reports where the two outputs first differ, with the reference's logit gap there.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -68,10 +68,14 @@ struct Args {
     /// How weights are held: as_stored, q8_0 (types without SIMD kernels re-quantised) or f32.
     #[arg(long, default_value = "as_stored")]
     weights: WeightFormat,
-    /// Also decode the decode prompts greedily with the weights held this way, and report
-    /// where the outputs first differ.
+    /// Also decode the decode prompts greedily with the weights held this way and candle's
+    /// attention (the reference kernels), and report where the outputs first differ.
     #[arg(long)]
     greedy_against: Option<WeightFormat>,
+    /// Decode attention through candle's matmuls and softmax, as before lm's fused decode
+    /// attention kernel (the before column of that change).
+    #[arg(long)]
+    candle_attention: bool,
     /// Where to write the JSON report.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -106,7 +110,8 @@ fn main() -> Result<()> {
         .build_global()
         .context("setting the thread count")?;
     let device = args.device.open()?;
-    let model = LanguageModel::load_with(&args.model, &device, args.weights)?;
+    let mut model = LanguageModel::load_with(&args.model, &device, args.weights)?;
+    model.decoder = model.decoder.with_fused_attention(!args.candle_attention);
     let text_ids = model.tokenizer.encode(&TEXT.repeat(64))?;
 
     let mut prefill = Vec::new();
@@ -184,7 +189,9 @@ fn main() -> Result<()> {
 
     let greedy = match args.greedy_against {
         Some(reference) => {
-            let reference = LanguageModel::load_with(&args.model, &device, reference)?;
+            let mut reference = LanguageModel::load_with(&args.model, &device, reference)?;
+            // The reference attends through candle's operations too.
+            reference.decoder = reference.decoder.with_fused_attention(false);
             compare_greedy(&model, &reference, &text_ids, &args)?
         }
         None => serde_json::Value::Null,
@@ -202,6 +209,7 @@ fn main() -> Result<()> {
         "device": args.device.to_string(),
         "weights": args.weights.to_string(),
         "kernels": Isa::selected().to_string(),
+        "decode_attention": if args.candle_attention { "candle" } else { "fused" },
         "threads": args.threads,
         "prefill": prefill,
         "decode": decode,

@@ -3,8 +3,8 @@
 //! Each kernel is a `#[target_feature]` function, entered through a token ([`Avx2`],
 //! [`Avx512`]) that exists only once run-time detection found those features: that is the
 //! safety argument for every call below. Inside, the only unsafe operations are unaligned
-//! loads, each from a slice of exactly the loaded width (cut by `chunks_exact` or by an
-//! index range that panics rather than read past its end).
+//! loads and stores, each on a slice of at least the accessed width (cut by `chunks_exact`
+//! or by an index range that panics rather than reach past its end).
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -44,6 +44,43 @@ impl Avx2 {
     pub(super) fn scaled_dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         // SAFETY: `self` exists only where AVX2 and FMA were detected.
         unsafe { in_row_groups!(avx2_dots, w, rows, out) }
+    }
+
+    /// `out[q * columns + column + j] = scale * (query q . key row j)`, rows of `head_dim`
+    /// (a multiple of 8) values. Each key row is read from memory once for all queries.
+    #[allow(clippy::too_many_arguments)] // the loop's operands, each used
+    pub(super) fn attention_scores(
+        self,
+        queries: &[f32],
+        keys: &[f32],
+        head_dim: usize,
+        scale: f32,
+        out: &mut [f32],
+        columns: usize,
+        column: usize,
+    ) {
+        // SAFETY: `self` exists only where AVX2 and FMA were detected.
+        unsafe { avx2_scores(queries, keys, head_dim, scale, out, columns, column) }
+    }
+
+    /// `acc[q] += weights[q * columns + column + j] * value row j` for every query `q`.
+    pub(super) fn attention_mix(
+        self,
+        weights: &[f32],
+        columns: usize,
+        column: usize,
+        values: &[f32],
+        head_dim: usize,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: `self` exists only where AVX2 and FMA were detected.
+        unsafe { avx2_mix(weights, columns, column, values, head_dim, acc) }
+    }
+
+    /// Replaces each score `s` by `e^(s - max)` and returns their sum (a softmax's terms).
+    pub(super) fn softmax_terms(self, scores: &mut [f32], max: f32) -> f32 {
+        // SAFETY: `self` exists only where AVX2 and FMA were detected.
+        unsafe { avx2_softmax_terms(scores, max) }
     }
 }
 
@@ -217,4 +254,114 @@ fn avx512_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], 
     for (value, acc) in out.iter_mut().zip(acc) {
         *value = _mm512_reduce_add_ps(acc);
     }
+}
+
+/// The first 8 values of `values`.
+#[target_feature(enable = "avx")]
+fn load_f32x8(values: &[f32]) -> __m256 {
+    assert!(values.len() >= 8);
+    // SAFETY: 8 readable values, checked above; the load is unaligned.
+    unsafe { _mm256_loadu_ps(values.as_ptr()) }
+}
+
+/// Writes `v` to the first 8 values of `out`.
+#[target_feature(enable = "avx")]
+fn store_f32x8(out: &mut [f32], v: __m256) {
+    assert!(out.len() >= 8);
+    // SAFETY: 8 writable values, checked above; the store is unaligned.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn avx2_scores(
+    queries: &[f32],
+    keys: &[f32],
+    head_dim: usize,
+    scale: f32,
+    out: &mut [f32],
+    columns: usize,
+    column: usize,
+) {
+    for (j, key) in keys.chunks_exact(head_dim).enumerate() {
+        for (q, query) in queries.chunks_exact(head_dim).enumerate() {
+            // Two sums, so that consecutive multiply-adds do not wait on each other.
+            let mut sums = [_mm256_setzero_ps(); 2];
+            for (i, (k, x)) in key.chunks_exact(8).zip(query.chunks_exact(8)).enumerate() {
+                sums[i % 2] = _mm256_fmadd_ps(load_f32x8(k), load_f32x8(x), sums[i % 2]);
+            }
+            out[q * columns + column + j] = scale * sum256(_mm256_add_ps(sums[0], sums[1]));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn avx2_mix(
+    weights: &[f32],
+    columns: usize,
+    column: usize,
+    values: &[f32],
+    head_dim: usize,
+    acc: &mut [f32],
+) {
+    for (j, value) in values.chunks_exact(head_dim).enumerate() {
+        for (q, acc) in acc.chunks_exact_mut(head_dim).enumerate() {
+            let weight = _mm256_set1_ps(weights[q * columns + column + j]);
+            for (a, v) in acc.chunks_exact_mut(8).zip(value.chunks_exact(8)) {
+                store_f32x8(a, _mm256_fmadd_ps(weight, load_f32x8(v), load_f32x8(a)));
+            }
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn avx2_softmax_terms(scores: &mut [f32], max: f32) -> f32 {
+    let shift = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    let mut chunks = scores.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        let terms = exp_avx2(_mm256_sub_ps(load_f32x8(chunk), shift));
+        store_f32x8(chunk, terms);
+        sum = _mm256_add_ps(sum, terms);
+    }
+    let mut total = sum256(sum);
+    for score in chunks.into_remainder() {
+        *score = (*score - max).exp();
+        total += *score;
+    }
+    total
+}
+
+/// `e^x` in eight lanes, within a few ulp: `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a degree-7
+/// polynomial for `e^r` (Cephes' `expf`), and `2^n` built in the exponent bits. Below
+/// `ln` of the smallest normal float the result is 0, so that `-inf` (a closed entry) gives 0.
+#[target_feature(enable = "avx2,fma")]
+fn exp_avx2(x: __m256) -> __m256 {
+    let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_55));
+    let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
+    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.336_55));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    // ln 2 in two parts, so that `n * ln 2` is exact in the first.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let r2 = _mm256_mul_ps(r, r);
+    let e_r = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+    let exponent = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    let result = _mm256_mul_ps(e_r, _mm256_castsi256_ps(exponent));
+    _mm256_andnot_ps(underflow, result)
 }
