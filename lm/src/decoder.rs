@@ -409,8 +409,9 @@ impl Decoder {
             })
             .transpose()?;
         // Decoding on the CPU attends in one pass over the cache (`cpu_attention`), which
-        // takes the mask as plain values, read out once per pass.
-        let fused_bias = if self.fused_decode(t) {
+        // takes the mask as plain values, read out once per pass. A short prompt without a
+        // past keeps candle's path, as candle's own models compute it.
+        let fused_bias = if self.fused_decode(t) && !past.is_empty() {
             Some(match &mask {
                 Some(mask) => Some(mask.flatten_all()?.to_vec1::<f32>()?),
                 None => None,
