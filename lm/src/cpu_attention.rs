@@ -1,11 +1,10 @@
-//! A decoding step's attention on the CPU through [`DecodeAttention`]: the queries, the
-//! cache's views and the new entries handed to the kernel as they lie in memory, the cache
-//! never copied.
+//! A pass's attention on the CPU through [`AttentionPass`]: the queries, the cache's views
+//! and the new entries handed to the kernel as they lie in memory, the cache never copied.
 
 use candle_core::{Layout, Storage, StorageRef, Tensor};
 
 use crate::error::Result;
-use crate::kernels::{DecodeAttention, KvRows};
+use crate::kernels::{AttentionPass, KvRows};
 use crate::kv::LayerKv;
 
 /// The attention of `queries` (batch, heads, t, head_dim) over `past` and the new `keys`
@@ -41,7 +40,7 @@ pub(crate) fn attend(
     ) else {
         return Ok(None);
     };
-    let mixed = DecodeAttention {
+    let mixed = AttentionPass {
         batch,
         heads,
         kv_heads,

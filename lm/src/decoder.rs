@@ -184,7 +184,8 @@ pub struct Decoder {
     rope: RotaryTables,
     device: Device,
     prefill_chunk: usize,
-    /// Decoding on the CPU attends through `cpu_attention` (else candle's operations).
+    /// On the CPU, decoding and long prompts attend through `cpu_attention` (else candle's
+    /// operations).
     fused_attention: bool,
 }
 
@@ -192,6 +193,11 @@ pub struct Decoder {
 /// of the ones before: the same numbers, with attention scores of (chunk x seen) instead of
 /// (prompt x prompt) held and scanned at once.
 pub const PREFILL_CHUNK: usize = 512;
+
+/// Scores (query heads x new tokens x entries) from which a pass without a past attends in
+/// `cpu_attention` on the CPU. Below, candle's operations are as fast, and a short prompt
+/// keeps the numbers candle's own models compute.
+const FUSED_PROMPT_SCORES: usize = 1 << 16;
 
 impl Decoder {
     /// Loads with the weights as stored in the file.
@@ -286,8 +292,9 @@ impl Decoder {
         self
     }
 
-    /// Whether decoding on the CPU attends in one pass over the cache (the default) or
-    /// through candle's matmuls and softmax (the reference, for benchmarks and tests).
+    /// Whether decoding and long prompts on the CPU attend through lm's kernels (the
+    /// default) or through candle's matmuls and softmax (the reference, for benchmarks and
+    /// tests).
     pub fn with_fused_attention(mut self, fused: bool) -> Self {
         self.fused_attention = fused;
         self
@@ -408,10 +415,9 @@ impl Decoder {
                 Ok(allowed.where_cond(&open, &closed)?.unsqueeze(1)?)
             })
             .transpose()?;
-        // Decoding on the CPU attends in one pass over the cache (`cpu_attention`), which
-        // takes the mask as plain values, read out once per pass. A short prompt without a
-        // past keeps candle's path, as candle's own models compute it.
-        let fused_bias = if self.fused_decode(t) && !past.is_empty() {
+        // On the CPU, decoding and long prompts attend in `cpu_attention`, which takes the
+        // mask as plain values, read out once per pass.
+        let fused_bias = if self.fused_attention_applies(t, past.len()) {
             Some(match &mask {
                 Some(mask) => Some(mask.flatten_all()?.to_vec1::<f32>()?),
                 None => None,
@@ -492,12 +498,14 @@ impl Decoder {
         })
     }
 
-    /// Whether a pass of `t` new tokens attends through `cpu_attention`: on the CPU, while
-    /// the scores are smaller than the KV they are computed from (decoding, as for
-    /// `split_past` below).
-    fn fused_decode(&self, t: usize) -> bool {
+    /// Whether a pass of `t` new tokens after `past` entries attends through
+    /// `cpu_attention`: on the CPU, when it decodes after a past (its scores are smaller
+    /// than the KV they come from, as for `split_past` below) or its scores are many.
+    fn fused_attention_applies(&self, t: usize, past: usize) -> bool {
         let repeat = self.config.heads / self.config.kv_heads;
-        self.fused_attention && self.device.is_cpu() && repeat * t < 2 * self.config.head_dim
+        let decoding = past > 0 && repeat * t < 2 * self.config.head_dim;
+        let long = repeat * t * (past + t) >= FUSED_PROMPT_SCORES;
+        self.fused_attention && self.device.is_cpu() && (decoding || long)
     }
 
     /// Self-attention of one layer; returns its output, the new entries and, when asked, the

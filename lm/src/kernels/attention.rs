@@ -1,21 +1,23 @@
-//! Attention of a few new tokens over a long past (decoding), in one pass over the KV cache.
+//! A pass's attention over the KV cache and its new entries, on the CPU, without the
+//! scores ever held whole.
 //!
-//! Through candle, a decoding step's attention is a matmul of the queries by the past keys,
-//! another by the new keys, a copy to join the scores, a softmax, two copies to split the
-//! weights, two weighted sums and an add: the cache is read in separate passes and the
-//! scores copied three times. Here the cache is split into chunks of tokens; each chunk is
-//! read once for every query head that shares its KV head (scores, then the weighted sum of
-//! its values, while its rows are in cache), and the chunks' partial softmaxes are merged
-//! as flash-decoding does: `out = sum_c e^(m_c - m) acc_c / sum_c e^(m_c - m) l_c`.
+//! Through candle, attention is a matmul of the queries by the keys, a softmax and a matmul
+//! by the values: the scores of every query against every entry are written, then read
+//! back, several times (scaled, masked, exponentiated, normalised). Here the work is split
+//! two ways, by the shape of the pass:
+//! - decoding (a few queries over a long past) by chunks of keys, the chunks' partial
+//!   softmaxes merged at the end (`key_chunks.rs`);
+//! - prompts (many queries) by blocks of query tokens, each walking the key tiles its
+//!   queries reach with a running softmax, as flash attention does (`query_blocks.rs`).
+
+mod key_chunks;
+mod query_blocks;
 
 use std::sync::OnceLock;
 
 use super::Isa;
 use crate::error::{LmError, Result};
-
-/// Tokens per unit of work: its keys (16-32 KB at 64-128 values a row) stay in cache
-/// between the query heads that read them.
-const CHUNK: usize = 128;
+pub(super) use query_blocks::KEY_TILE;
 
 /// Rows of `head_dim` values for each (batch row, KV head): rows of one pair are
 /// consecutive, the pairs `batch_stride` and `head_stride` values apart from `offset`.
@@ -61,9 +63,9 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// One decoding step's attention: shapes, inputs and the softmax's scale.
+/// One pass's attention: shapes, inputs and the softmax's scale.
 #[derive(Debug, Clone, Copy)]
-pub struct DecodeAttention<'a> {
+pub struct AttentionPass<'a> {
     pub batch: usize,
     pub heads: usize,
     pub kv_heads: usize,
@@ -83,47 +85,39 @@ pub struct DecodeAttention<'a> {
     pub scale: f32,
 }
 
-/// One chunk's softmax, not yet normalised: per query its largest score `max`, the sum of
-/// `e^(score - max)` and the values weighted by those terms.
-struct Partial {
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    acc: Vec<f32>,
+/// How a pass's work is split between threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionSplit {
+    /// One unit per chunk of keys (decoding: few queries, many keys).
+    KeyChunks,
+    /// One unit per block of query tokens (prompts).
+    QueryBlocks,
 }
 
-impl DecodeAttention<'_> {
+impl AttentionPass<'_> {
     /// (batch, heads, tokens, head_dim): each query's softmax-weighted values.
     pub fn run(&self) -> Result<Vec<f32>> {
-        self.run_with(Isa::selected())
+        self.run_with(Isa::selected(), self.split())
     }
 
-    /// [`run`](Self::run) on the named kernels.
-    pub fn run_with(&self, isa: Isa) -> Result<Vec<f32>> {
+    /// The split for this pass's shape: by keys while a KV head's queries are fewer than
+    /// twice a head's width (their scores are smaller than the keys they come from).
+    pub fn split(&self) -> AttentionSplit {
+        if self.heads / self.kv_heads.max(1) * self.tokens < 2 * self.head_dim {
+            AttentionSplit::KeyChunks
+        } else {
+            AttentionSplit::QueryBlocks
+        }
+    }
+
+    /// [`run`](Self::run) on the named kernels and split.
+    pub fn run_with(&self, isa: Isa, split: AttentionSplit) -> Result<Vec<f32>> {
         self.check()?;
         let kernel = Kernel::for_isa(isa, self.head_dim);
-        let width = self.width();
-        let chunks = width.div_ceil(CHUNK);
-        let groups = self.batch * self.kv_heads;
-        let partials: Vec<OnceLock<Result<Partial>>> =
-            (0..groups * chunks).map(|_| OnceLock::new()).collect();
-        candle_core::utils::barrier_pool().execute_chunked(partials.len(), |taken| {
-            for unit in taken {
-                let (group, chunk) = (unit / chunks, unit % chunks);
-                let range = chunk * CHUNK..((chunk + 1) * CHUNK).min(width);
-                let _ = partials[unit].set(self.chunk(kernel, group, range));
-            }
-        });
-        let partials = partials
-            .into_iter()
-            .map(|cell| {
-                cell.into_inner().unwrap_or_else(|| {
-                    Err(LmError::InvalidInput(
-                        "an attention chunk was not computed".into(),
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(self.merge(&partials, chunks))
+        match split {
+            AttentionSplit::KeyChunks => self.by_key_chunks(kernel),
+            AttentionSplit::QueryBlocks => self.by_query_blocks(kernel),
+        }
     }
 
     /// Past entries plus new tokens: the scores' width.
@@ -137,7 +131,7 @@ impl DecodeAttention<'_> {
     }
 
     fn check(&self) -> Result<()> {
-        let fail = |what: String| Err(LmError::InvalidInput(format!("decode attention: {what}")));
+        let fail = |what: String| Err(LmError::InvalidInput(format!("attention: {what}")));
         if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) || self.head_dim == 0 {
             return fail(format!(
                 "{} query heads cannot share {} KV heads of {} values",
@@ -177,97 +171,32 @@ impl DecodeAttention<'_> {
         }
         Ok(())
     }
-
-    /// Group `group`'s (batch row and KV head) partial softmax over columns `range`.
-    fn chunk(
-        &self,
-        kernel: Kernel,
-        group: usize,
-        range: std::ops::Range<usize>,
-    ) -> Result<Partial> {
-        let (b, h) = (group / self.kv_heads, group % self.kv_heads);
-        let hd = self.head_dim;
-        let count = self.group_queries();
-        let start = group * count * hd;
-        let queries = &self.queries[start..start + count * hd];
-        let columns = range.len();
-        let mut scores = vec![0.0f32; count * columns];
-        // The chunk's columns in the past and among the new tokens.
-        let past_len = self.past_keys.len;
-        let past = range.start.min(past_len)..range.end.min(past_len);
-        let new = range.start.max(past_len) - past_len..range.end.max(past_len) - past_len;
-        let segments = [
-            (self.past_keys, self.past_values, past.clone(), 0),
-            (self.new_keys, self.new_values, new, past.len()),
-        ];
-        for (keys, _, rows, column) in &segments {
-            if !rows.is_empty() {
-                let keys = keys.rows(b, h, rows.clone(), hd)?;
-                kernel.scores(queries, keys, hd, self.scale, &mut scores, columns, *column);
-            }
-        }
-        let mut max = vec![f32::NEG_INFINITY; count];
-        let mut sum = vec![0.0f32; count];
-        for (q, row) in scores.chunks_exact_mut(columns).enumerate() {
-            if let Some(bias) = self.bias {
-                let token = q % self.tokens;
-                let at = (b * self.tokens + token) * self.width() + range.start;
-                for (score, bias) in row.iter_mut().zip(&bias[at..at + columns]) {
-                    *score += bias;
-                }
-            }
-            max[q] = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if max[q] == f32::NEG_INFINITY {
-                // Nothing here may be attended to: weights of zero, not e^(-inf + inf).
-                row.fill(0.0);
-                continue;
-            }
-            sum[q] = kernel.softmax_terms(row, max[q]);
-        }
-        let mut acc = vec![0.0f32; count * hd];
-        for (_, values, rows, column) in &segments {
-            if !rows.is_empty() {
-                let values = values.rows(b, h, rows.clone(), hd)?;
-                kernel.mix(&scores, columns, *column, values, hd, &mut acc);
-            }
-        }
-        Ok(Partial { max, sum, acc })
-    }
-
-    /// Each query's chunks merged and normalised, in (batch, heads, tokens, head_dim) order.
-    fn merge(&self, partials: &[Partial], chunks: usize) -> Vec<f32> {
-        let hd = self.head_dim;
-        let count = self.group_queries();
-        let mut out = vec![0.0f32; self.batch * self.heads * self.tokens * hd];
-        // Groups are laid out as the queries are: group g's queries are rows g * count.. .
-        for (group, parts) in partials.chunks_exact(chunks).enumerate() {
-            for q in 0..count {
-                let max = parts
-                    .iter()
-                    .map(|p| p.max[q])
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let row = &mut out[(group * count + q) * hd..(group * count + q + 1) * hd];
-                if max == f32::NEG_INFINITY {
-                    continue;
-                }
-                let mut total = 0.0f32;
-                for part in parts {
-                    let weight = (part.max[q] - max).exp();
-                    total += weight * part.sum[q];
-                    for (o, a) in row.iter_mut().zip(&part.acc[q * hd..(q + 1) * hd]) {
-                        *o += weight * a;
-                    }
-                }
-                for o in row.iter_mut() {
-                    *o /= total;
-                }
-            }
-        }
-        out
-    }
 }
 
-/// The two inner loops, on the best instructions the CPU has.
+/// `unit(0..count)` on candle's worker pool, the results in unit order.
+fn in_parallel<T: Send + Sync>(
+    count: usize,
+    unit: impl Fn(usize) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let cells: Vec<OnceLock<Result<T>>> = (0..count).map(|_| OnceLock::new()).collect();
+    candle_core::utils::barrier_pool().execute_chunked(count, |taken| {
+        for index in taken {
+            let _ = cells[index].set(unit(index));
+        }
+    });
+    cells
+        .into_iter()
+        .map(|cell| {
+            cell.into_inner().unwrap_or_else(|| {
+                Err(LmError::InvalidInput(
+                    "a unit of attention was not computed".into(),
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The inner loops, on the best instructions the CPU has.
 #[derive(Debug, Clone, Copy)]
 enum Kernel {
     Scalar,
@@ -355,6 +284,33 @@ impl Kernel {
                     }
                 }
             }
+        }
+    }
+
+    /// `out[j] = scale * (query . key j)` for the [`KEY_TILE`] keys of a tile stored
+    /// transposed (`keys_t[d * KEY_TILE + j]` is value `d` of key `j`).
+    fn tile_scores(self, query: &[f32], keys_t: &[f32], scale: f32, out: &mut [f32; KEY_TILE]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2(avx2) => avx2.tile_scores(query, keys_t, scale, out),
+            Self::Scalar => {
+                out.fill(0.0);
+                for (&x, keys) in query.iter().zip(keys_t.chunks_exact(KEY_TILE)) {
+                    for (o, k) in out.iter_mut().zip(keys) {
+                        *o += x * k;
+                    }
+                }
+                out.iter_mut().for_each(|o| *o *= scale);
+            }
+        }
+    }
+
+    /// `acc += sum_j weights[j] * value row j`, for one query.
+    fn tile_mix(self, weights: &[f32], values: &[f32], head_dim: usize, acc: &mut [f32]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2(avx2) => avx2.tile_mix(weights, values, head_dim, acc),
+            Self::Scalar => self.mix(weights, weights.len(), 0, values, head_dim, acc),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Weight matrix times a few activation rows (decoding), on the file's own 4-, 5- and 8-bit
-//! blocks; and decoding's attention over the KV cache (`attention.rs`).
+//! blocks; and attention over the KV cache (`attention.rs`).
 //!
 //! candle reads Q4_1 and Q5_0 blocks with scalar code, so `fast` used to re-quantise them to
 //! Q8_0 for its AVX2 kernel: 34 bytes read per 32 weights instead of 20-22, and values a
@@ -37,7 +37,7 @@ use half::f16;
 
 use crate::error::{LmError, Result};
 
-pub use attention::{DecodeAttention, KvRows};
+pub use attention::{AttentionPass, AttentionSplit, KvRows};
 
 /// Weights (and activation values) per block, as in GGML.
 pub const BLOCK: usize = 32;

@@ -9,6 +9,7 @@
 
 use std::arch::x86_64::*;
 
+use super::attention::KEY_TILE;
 use super::{ActivationRow, BLOCK, Layout, PAIR, ROW_GROUP, WeightRow};
 
 /// Runs `$kernel::<M>` on each group of at most [`ROW_GROUP`] (four) activation rows, `M`
@@ -81,6 +82,34 @@ impl Avx2 {
     pub(super) fn softmax_terms(self, scores: &mut [f32], max: f32) -> f32 {
         // SAFETY: `self` exists only where AVX2 and FMA were detected.
         unsafe { avx2_softmax_terms(scores, max) }
+    }
+
+    /// `out[j] = scale * (query . key j)` for a tile of [`KEY_TILE`] keys stored transposed.
+    pub(super) fn tile_scores(
+        self,
+        query: &[f32],
+        keys_t: &[f32],
+        scale: f32,
+        out: &mut [f32; KEY_TILE],
+    ) {
+        // SAFETY: `self` exists only where AVX2 and FMA were detected.
+        unsafe { avx2_tile_scores(query, keys_t, scale, out) }
+    }
+
+    /// `acc += sum_j weights[j] * value row j`, for one query.
+    pub(super) fn tile_mix(
+        self,
+        weights: &[f32],
+        values: &[f32],
+        head_dim: usize,
+        acc: &mut [f32],
+    ) {
+        if head_dim.is_multiple_of(SLAB) {
+            // SAFETY: `self` exists only where AVX2 and FMA were detected.
+            unsafe { avx2_tile_mix(weights, values, head_dim, acc) }
+        } else {
+            self.attention_mix(weights, weights.len(), 0, values, head_dim, acc);
+        }
     }
 }
 
@@ -309,6 +338,47 @@ fn avx2_mix(
             for (a, v) in acc.chunks_exact_mut(8).zip(value.chunks_exact(8)) {
                 store_f32x8(a, _mm256_fmadd_ps(weight, load_f32x8(v), load_f32x8(a)));
             }
+        }
+    }
+}
+
+/// Values of a head kept in registers by [`avx2_tile_mix`]: eight vectors of eight.
+const SLAB: usize = 64;
+
+#[target_feature(enable = "avx2,fma")]
+fn avx2_tile_scores(query: &[f32], keys_t: &[f32], scale: f32, out: &mut [f32; KEY_TILE]) {
+    // One accumulator per eight keys: eight independent chains of multiply-adds, no
+    // horizontal sums.
+    let mut sums = [_mm256_setzero_ps(); KEY_TILE / 8];
+    for (&x, keys) in query.iter().zip(keys_t.chunks_exact(KEY_TILE)) {
+        let x = _mm256_set1_ps(x);
+        for (sum, k) in sums.iter_mut().zip(keys.chunks_exact(8)) {
+            *sum = _mm256_fmadd_ps(x, load_f32x8(k), *sum);
+        }
+    }
+    let scale = _mm256_set1_ps(scale);
+    for (sum, o) in sums.iter().zip(out.chunks_exact_mut(8)) {
+        store_f32x8(o, _mm256_mul_ps(*sum, scale));
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn avx2_tile_mix(weights: &[f32], values: &[f32], head_dim: usize, acc: &mut [f32]) {
+    // Each 64 values of the output stay in registers across the tile's value rows.
+    for (slab, acc) in acc.chunks_exact_mut(SLAB).enumerate() {
+        let mut sums = [_mm256_setzero_ps(); SLAB / 8];
+        for (sum, a) in sums.iter_mut().zip(acc.chunks_exact(8)) {
+            *sum = load_f32x8(a);
+        }
+        for (&w, value) in weights.iter().zip(values.chunks_exact(head_dim)) {
+            let w = _mm256_set1_ps(w);
+            let value = &value[slab * SLAB..(slab + 1) * SLAB];
+            for (sum, v) in sums.iter_mut().zip(value.chunks_exact(8)) {
+                *sum = _mm256_fmadd_ps(w, load_f32x8(v), *sum);
+            }
+        }
+        for (sum, a) in sums.iter().zip(acc.chunks_exact_mut(8)) {
+            store_f32x8(a, *sum);
         }
     }
 }

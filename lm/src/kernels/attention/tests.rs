@@ -1,12 +1,14 @@
-//! Decode attention against a plain reference (every score, one softmax in f64), on random
-//! caches laid out as the KV cache's buffers are (room past the rows, batch rows and heads
-//! apart), across the chunk boundaries, with and without a mask.
+//! Both splits of a pass's attention against a plain reference (every score, one softmax in
+//! f64), on random caches laid out as the KV cache's buffers are (room past the rows, batch
+//! rows and heads apart), across the chunk, tile and block boundaries, with and without a
+//! mask.
 
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{CHUNK, DecodeAttention, Kernel, KvRows};
+use super::key_chunks::CHUNK;
+use super::{AttentionPass, AttentionSplit, Kernel, KvRows};
 use crate::kernels::Isa;
 
 /// Outputs are weighted means of values in [-1, 1]: f32 rounding stays far below this.
@@ -23,8 +25,9 @@ struct Shape {
 }
 
 /// Random inputs of `shape`: the past in buffers with room for `spare` more rows and
-/// `lead` values before the first, the new entries contiguous, and (when `masked`) a bias
-/// that closes a third of the entries but never a token's own.
+/// `lead` values before the first, the new entries contiguous, and (when `masked`) a
+/// causal bias that closes a third of the other entries but never a token's own, and
+/// every entry to a tenth of the tokens (padding).
 struct Inputs {
     shape: Shape,
     spare: usize,
@@ -62,6 +65,12 @@ impl Inputs {
             let mut bias = vec![0.0f32; batch * tokens * width];
             for b in 0..batch {
                 for i in 0..tokens {
+                    // A padding token: nothing open to it.
+                    if tokens > 1 && rng.random_bool(0.1) {
+                        bias[(b * tokens + i) * width..(b * tokens + i + 1) * width]
+                            .fill(f32::NEG_INFINITY);
+                        continue;
+                    }
                     for j in 0..width {
                         let own = j == past + i;
                         let closed = j > past + i || (!own && rng.random_bool(0.3));
@@ -119,9 +128,9 @@ impl Inputs {
         }
     }
 
-    fn attention(&self) -> DecodeAttention<'_> {
+    fn attention(&self) -> AttentionPass<'_> {
         let s = self.shape;
-        DecodeAttention {
+        AttentionPass {
             batch: s.batch,
             heads: s.kv_heads * s.repeat,
             kv_heads: s.kv_heads,
@@ -183,6 +192,11 @@ impl Inputs {
                         })
                         .collect();
                     let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    if max == f64::NEG_INFINITY {
+                        // Nothing open: zeros, by the kernels' convention.
+                        out.extend(std::iter::repeat_n(0.0, head_dim));
+                        continue;
+                    }
                     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                     let total: f64 = weights.iter().sum();
                     for d in 0..head_dim {
@@ -208,12 +222,25 @@ fn largest_difference(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Every instruction set the CPU has, with each split.
+fn kernels() -> Vec<(Isa, AttentionSplit)> {
+    Isa::available()
+        .into_iter()
+        .flat_map(|isa| {
+            [
+                (isa, AttentionSplit::KeyChunks),
+                (isa, AttentionSplit::QueryBlocks),
+            ]
+        })
+        .collect()
+}
+
 fn shapes() -> impl Strategy<Value = (Shape, bool, u64)> {
     (
         1usize..=2,
         1usize..=3,
         1usize..=4,
-        1usize..=3,
+        prop_oneof![1usize..=3, 15usize..=40],
         prop_oneof![
             0usize..=3,
             CHUNK - 3..=CHUNK + 2,
@@ -245,55 +272,58 @@ proptest! {
     fn every_kernel_equals_the_reference((shape, masked, seed) in shapes()) {
         let inputs = Inputs::random(shape, masked, seed);
         let expected = inputs.reference();
-        for isa in Isa::available() {
-            let got = inputs.attention().run_with(isa).expect("attention");
+        for (isa, split) in kernels() {
+            let got = inputs.attention().run_with(isa, split).expect("attention");
             let difference = largest_difference(&got, &expected);
-            prop_assert!(difference < TOLERANCE, "{isa} on {shape:?}, masked {masked}: {difference}");
+            prop_assert!(
+                difference < TOLERANCE,
+                "{isa} {split:?} on {shape:?}, masked {masked}: {difference}"
+            );
         }
     }
 }
 
 /// The comparison above catches what a broken kernel would get wrong: a mask left out, the
-/// softmax's scale, or keys of the last chunk read from the wrong place.
+/// softmax's scale, or keys of the last chunk read from the wrong place; in either split.
 #[test]
 fn the_reference_comparison_catches_a_lost_mask_a_changed_key_and_a_wrong_scale() {
     let shape = Shape {
         batch: 2,
         kv_heads: 2,
         repeat: 3,
-        tokens: 2,
+        tokens: 20,
         past: 2 * CHUNK + 7,
         head_dim: 64,
     };
     let inputs = Inputs::random(shape, true, 3);
     let expected = inputs.reference();
-    for isa in Isa::available() {
-        let got = inputs.attention().run_with(isa).expect("attention");
+    for (isa, split) in kernels() {
+        let got = inputs.attention().run_with(isa, split).expect("attention");
         assert!(
             largest_difference(&got, &expected) < TOLERANCE,
-            "{isa}: the inputs as given"
+            "{isa} {split:?}: the inputs as given"
         );
 
-        let unmasked = DecodeAttention {
+        let unmasked = AttentionPass {
             bias: None,
             ..inputs.attention()
         }
-        .run_with(isa)
+        .run_with(isa, split)
         .expect("attention");
         assert!(
             largest_difference(&unmasked, &expected) > TOLERANCE,
-            "{isa}: mask left out"
+            "{isa} {split:?}: mask left out"
         );
 
-        let scaled = DecodeAttention {
+        let scaled = AttentionPass {
             scale: inputs.attention().scale * 1.01,
             ..inputs.attention()
         }
-        .run_with(isa)
+        .run_with(isa, split)
         .expect("attention");
         assert!(
             largest_difference(&scaled, &expected) > TOLERANCE,
-            "{isa}: scale off by 1%"
+            "{isa} {split:?}: scale off by 1%"
         );
 
         // The last seven past keys (in the last chunk) of the second batch row, second head.
@@ -303,15 +333,15 @@ fn the_reference_comparison_catches_a_lost_mask_a_changed_key_and_a_wrong_scale(
         keys[row..row + 7 * shape.head_dim]
             .iter_mut()
             .for_each(|k| *k += 0.5);
-        let changed = DecodeAttention {
+        let changed = AttentionPass {
             past_keys: inputs.past_rows(&keys),
             ..inputs.attention()
         }
-        .run_with(isa)
+        .run_with(isa, split)
         .expect("attention");
         assert!(
             largest_difference(&changed, &expected) > TOLERANCE,
-            "{isa}: keys changed"
+            "{isa} {split:?}: keys changed"
         );
     }
 }
@@ -332,7 +362,7 @@ fn inputs_of_the_wrong_size_are_refused_not_read_past() {
     );
     let short = &inputs.queries[1..];
     assert!(
-        DecodeAttention {
+        AttentionPass {
             queries: short,
             ..inputs.attention()
         }
@@ -341,7 +371,7 @@ fn inputs_of_the_wrong_size_are_refused_not_read_past() {
     );
     let bias = inputs.bias.as_deref().map(|b| &b[1..]);
     assert!(
-        DecodeAttention {
+        AttentionPass {
             bias,
             ..inputs.attention()
         }
@@ -356,7 +386,7 @@ fn inputs_of_the_wrong_size_are_refused_not_read_past() {
         len: 100,
         ..inputs.past_rows(&inputs.past_values)
     };
-    let beyond = DecodeAttention {
+    let beyond = AttentionPass {
         past_keys: past,
         past_values,
         bias: None,
