@@ -12,6 +12,7 @@ use candle_core::{D, DType, Device, IndexOp, Tensor};
 use crate::cpu_attention;
 use crate::error::{LmError, Result};
 use crate::gguf::{Architecture, GgufFile, ModelConfig};
+use crate::kernels;
 use crate::kv::{KvCache, LayerKv, position_tensor};
 use crate::mask::AttentionMask;
 use crate::rope::{RotaryTables, Rotation};
@@ -503,7 +504,7 @@ impl Decoder {
     /// than the KV they come from, as for `split_past` below) or its scores are many.
     fn fused_attention_applies(&self, t: usize, past: usize) -> bool {
         let repeat = self.config.heads / self.config.kv_heads;
-        let decoding = past > 0 && repeat * t < 2 * self.config.head_dim;
+        let decoding = past > 0 && kernels::decodes(repeat, t, self.config.head_dim);
         let long = repeat * t * (past + t) >= FUSED_PROMPT_SCORES;
         self.fused_attention && self.device.is_cpu() && (decoding || long)
     }
@@ -560,7 +561,8 @@ impl Decoder {
         // the scores instead of the K/V, so it applies while the scores are the smaller:
         // always when decoding on a CPU; a long chunk of a prompt concatenates K/V instead.
         // On a GPU the copy is cheap and the split's three more kernel launches are not.
-        let split_past = past.filter(|_| repeat * t < 2 * c.head_dim && !self.device.is_cuda());
+        let split_past =
+            past.filter(|_| kernels::decodes(repeat, t, c.head_dim) && !self.device.is_cuda());
         let (all_keys, all_values) = match past {
             Some(past) if split_past.is_none() => (
                 Tensor::cat(&[past.keys(), &keys], 2)?,

@@ -100,10 +100,14 @@ impl AttentionPass<'_> {
         self.run_with(Isa::selected(), self.split())
     }
 
-    /// The split for this pass's shape: by keys while a KV head's queries are fewer than
-    /// twice a head's width (their scores are smaller than the keys they come from).
+    /// The split for this pass's shape: by keys when it [`decodes`], else by
+    /// queries.
     pub fn split(&self) -> AttentionSplit {
-        if self.heads / self.kv_heads.max(1) * self.tokens < 2 * self.head_dim {
+        if decodes(
+            self.heads / self.kv_heads.max(1),
+            self.tokens,
+            self.head_dim,
+        ) {
             AttentionSplit::KeyChunks
         } else {
             AttentionSplit::QueryBlocks
@@ -171,6 +175,13 @@ impl AttentionPass<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether a pass of `tokens` new tokens, `repeat` query heads per KV head, is shaped as
+/// decoding: a KV head's queries fewer than twice a head's width, so that their scores are
+/// smaller than the keys they are computed from.
+pub fn decodes(repeat: usize, tokens: usize, head_dim: usize) -> bool {
+    repeat * tokens < 2 * head_dim
 }
 
 /// `unit(0..count)` on candle's worker pool, the results in unit order.

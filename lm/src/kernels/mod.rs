@@ -37,7 +37,7 @@ use half::f16;
 
 use crate::error::{LmError, Result};
 
-pub use attention::{AttentionPass, AttentionSplit, KvRows};
+pub use attention::{AttentionPass, AttentionSplit, KvRows, decodes};
 
 /// Weights (and activation values) per block, as in GGML.
 pub const BLOCK: usize = 32;

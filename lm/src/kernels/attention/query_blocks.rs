@@ -88,15 +88,10 @@ impl AttentionPass<'_> {
         let tokens = self.block_tokens(block);
         let n = tokens.len();
         let reach = &reach[b * self.tokens + tokens.start..b * self.tokens + tokens.end];
-        let columns = reach
-            .iter()
-            .filter(|open| !open.is_empty())
-            .fold(None, |seen: Option<Range<usize>>, open| {
-                Some(seen.map_or(open.clone(), |seen| {
-                    seen.start.min(open.start)..seen.end.max(open.end)
-                }))
-            })
-            .unwrap_or(0..0);
+        // The columns any of the block's queries reach.
+        let open = || reach.iter().filter(|open| !open.is_empty());
+        let columns =
+            open().map(|r| r.start).min().unwrap_or(0)..open().map(|r| r.end).max().unwrap_or(0);
         let rows = repeat * n;
         let mut max = vec![f32::NEG_INFINITY; rows];
         let mut sum = vec![0.0f32; rows];
