@@ -17,9 +17,10 @@
 //! Every block format is then `value = scale * q + offset` per block of 32, `q` unsigned
 //! (4- or 5-bit) or, for Q8_0, signed with no offset. A dot product is `sum over blocks of
 //! scale_w * scale_a * (q_w . q_a)` plus `sum over blocks of offset_w * (scale_a * sum
-//! q_a)`: the first sum is the kernels' (integer dot products, one multiply per block), the
-//! second is shared code. [`Isa`] picks the kernels at run time; the scalar path is the
-//! reference the SIMD paths are tested against.
+//! q_a)`: integer dot products with one multiply per block, then one multiply-add per block
+//! for the offsets, both in the kernel while the row's accumulators are in registers.
+//! [`Isa`] picks the kernels at run time; the scalar path is the reference the SIMD paths
+//! are tested against.
 
 mod attention;
 mod scalar;
@@ -194,6 +195,8 @@ pub struct PackedMatrix {
 pub(crate) struct WeightRow<'a> {
     pub layout: Layout,
     pub scales: &'a [f32],
+    /// One per block where the format has them, else empty.
+    pub offsets: &'a [f32],
     pub quants: &'a [u8],
     pub high: &'a [u64],
 }
@@ -202,6 +205,8 @@ pub(crate) struct WeightRow<'a> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ActivationRow<'a> {
     pub scales: &'a [f32],
+    /// `scale * sum q` per block: what a weight block's offset multiplies.
+    pub sums: &'a [f32],
     pub quants: &'a [i8],
 }
 
@@ -344,6 +349,7 @@ impl PackedMatrix {
         WeightRow {
             layout,
             scales: &self.scales[o * scales..(o + 1) * scales],
+            offsets: self.offsets(o),
             quants: &self.quants[o * bytes..(o + 1) * bytes],
             high: &self.high[o * words..(o + 1) * words],
         }
@@ -406,16 +412,9 @@ impl PackedMatrix {
             (0..rows).map(|r| activations.row(r)).collect();
         let mut values = vec![0.0f32; rows];
         for o in weight_rows {
-            let weights = self.row(o);
-            kernel.scaled_dots(weights, &activation_rows, &mut values);
-            let offsets = self.offsets(o);
+            kernel.dots(self.row(o), &activation_rows, &mut values);
             for (r, value) in values.iter().enumerate() {
-                let offset = if offsets.is_empty() {
-                    0.0
-                } else {
-                    dot_f32(offsets, activations.sums_of(r))
-                };
-                out[r * self.n + o].store((value + offset).to_bits(), Ordering::Relaxed);
+                out[r * self.n + o].store(value.to_bits(), Ordering::Relaxed);
             }
         }
     }
@@ -511,16 +510,16 @@ impl Kernel {
         }
     }
 
-    /// `out[i] = sum over blocks of scale_w * scale_a * (q_w . q_a)` for each activation row.
-    fn scaled_dots(self, weights: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
+    /// `out[i]`: the weight row's dot product with activation row `i`.
+    fn dots(self, weights: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512(avx512) => avx512.scaled_dots(weights, rows, out),
+            Self::Avx512(avx512) => avx512.dots(weights, rows, out),
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2(avx2) => avx2.scaled_dots(weights, rows, out),
+            Self::Avx2(avx2) => avx2.dots(weights, rows, out),
             Self::Scalar => {
                 for (row, value) in rows.iter().zip(out) {
-                    *value = scalar::scaled_dot(weights, *row);
+                    *value = scalar::dot(weights, *row);
                 }
             }
         }
@@ -546,23 +545,6 @@ fn q4k_factors(j: usize, bytes: &[u8]) -> (u8, u8) {
 }
 
 /// Eight running sums, so that the compiler may vectorise (one sum would fix the order).
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut sums = [0.0f32; 8];
-    let (a_chunks, b_chunks) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in a_chunks.zip(b_chunks) {
-        for i in 0..8 {
-            sums[i] += x[i] * y[i];
-        }
-    }
-    sums.iter().sum::<f32>() + tail
-}
-
 /// Activation rows quantised to 8 bits: per block of 32 values a scale `d = max |x| / 127`,
 /// the values `round(x / d)`, and `d * sum q` (what a weight block's offset multiplies).
 #[derive(Debug, Clone)]
@@ -606,12 +588,8 @@ impl Activations {
         let blocks = self.k / BLOCK;
         ActivationRow {
             scales: &self.scales[r * blocks..(r + 1) * blocks],
+            sums: &self.sums[r * blocks..(r + 1) * blocks],
             quants: &self.quants[r * self.k..(r + 1) * self.k],
         }
-    }
-
-    fn sums_of(&self, r: usize) -> &[f32] {
-        let blocks = self.k / BLOCK;
-        &self.sums[r * blocks..(r + 1) * blocks]
     }
 }

@@ -20,8 +20,8 @@ pub(super) fn weight_quant(row: &WeightRow<'_>, e: usize) -> i32 {
     }
 }
 
-/// `sum over blocks of scale_w * scale_a * (q_w . q_a)`, block by block.
-pub(super) fn scaled_dot(weights: WeightRow<'_>, activations: ActivationRow<'_>) -> f32 {
+/// `sum over blocks of scale_w * scale_a * (q_w . q_a) + offset_w * sum_a`, block by block.
+pub(super) fn dot(weights: WeightRow<'_>, activations: ActivationRow<'_>) -> f32 {
     let mut total = 0.0f32;
     for (block, (&scale_w, &scale_a)) in weights.scales.iter().zip(activations.scales).enumerate() {
         let dot: i32 = (block * BLOCK..(block + 1) * BLOCK)
@@ -29,5 +29,9 @@ pub(super) fn scaled_dot(weights: WeightRow<'_>, activations: ActivationRow<'_>)
             .sum();
         total += scale_w * scale_a * dot as f32;
     }
-    total
+    let offsets: f32 = (weights.offsets.iter())
+        .zip(activations.sums)
+        .map(|(offset, sum)| offset * sum)
+        .sum();
+    total + offsets
 }

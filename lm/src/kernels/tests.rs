@@ -141,8 +141,11 @@ fn packing_keeps_the_values_the_file_means() {
 #[test]
 fn every_kernel_is_exact_where_the_arithmetic_is() {
     let mut rng = StdRng::seed_from_u64(11);
-    for format in FORMATS {
-        let (n, k, rows) = (37, width(format, 2), 6);
+    for (format, rows) in FORMATS
+        .into_iter()
+        .flat_map(|format| [(format, 1), (format, 6)])
+    {
+        let (n, k) = (101, width(format, 2));
         let (bytes, packed) = random_matrix(format, n, k, Scales::PowersOfTwo, &mut rng);
         let mut x: Vec<f32> = (0..rows * k)
             .map(|_| rng.random_range(-127i32..=127) as f32)
@@ -190,7 +193,7 @@ proptest! {
     fn every_kernel_matches_the_reference(
         seed in any::<u64>(),
         format in prop::sample::select(FORMATS.to_vec()),
-        n in 1usize..70,
+        n in 1usize..140,
         units in 1usize..7,
         rows in 1usize..10,
         zero_block in any::<bool>(),
@@ -306,4 +309,33 @@ fn matrices_sharing_an_input_give_what_each_gives_alone() {
     let narrow = random_matrix(BlockFormat::Q8_0, 2, PAIR, Scales::Random, &mut rng).1;
     let error = matmul_shared_with(Isa::Scalar, &[&matrices[0], &narrow], &x, rows).unwrap_err();
     assert!(error.to_string().contains("as wide: 256 and 64"), "{error}");
+}
+
+/// A row's outputs are the same bits whatever batch it is in: a batch's activation rows go
+/// through the kernels in groups of up to four, one alone, and a sequence must not decode
+/// differently for the company it keeps.
+#[test]
+fn a_rows_outputs_do_not_depend_on_its_batch() {
+    let mut rng = StdRng::seed_from_u64(17);
+    for format in FORMATS {
+        // Five rows: a group of four and one left over.
+        let (n, k, rows) = (199, width(format, 5), 5);
+        let packed = random_matrix(format, n, k, Scales::Random, &mut rng).1;
+        let x: Vec<f32> = (0..rows * k)
+            .map(|_| rng.random_range(-4.0f32..4.0))
+            .collect();
+        for isa in Isa::available() {
+            let batch = packed.matmul_with(isa, &x, rows).unwrap();
+            for (r, in_batch) in batch.chunks_exact(n).enumerate() {
+                let alone = packed.matmul_with(isa, &x[r * k..(r + 1) * k], 1).unwrap();
+                for (o, (a, b)) in alone.iter().zip(in_batch).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{format:?} on {isa}: row {r}, output {o}"
+                    );
+                }
+            }
+        }
+    }
 }

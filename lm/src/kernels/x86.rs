@@ -41,8 +41,8 @@ impl Avx2 {
         (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Self(()))
     }
 
-    /// `out[i]`: the scaled dot of the weight row with activation row `i`.
-    pub(super) fn scaled_dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
+    /// `out[i]`: the weight row's dot product with activation row `i`.
+    pub(super) fn dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         // SAFETY: `self` exists only where AVX2 and FMA were detected.
         unsafe { in_row_groups!(avx2_dots, w, rows, out) }
     }
@@ -122,8 +122,8 @@ impl Avx512 {
         .then_some(Self(()))
     }
 
-    /// As [`Avx2::scaled_dots`].
-    pub(super) fn scaled_dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
+    /// As [`Avx2::dots`].
+    pub(super) fn dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         // SAFETY: `self` exists only where AVX-512 F/BW/VL and VNNI were detected.
         unsafe { in_row_groups!(avx512_dots, w, rows, out) }
     }
@@ -226,9 +226,26 @@ fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], ou
             }
         }
     }
-    for (value, acc) in out.iter_mut().zip(acc) {
-        *value = sum256(acc);
+    for ((value, acc), row) in out.iter_mut().zip(acc).zip(rows) {
+        let (acc, tail) = offsets_fma_avx2(w.offsets, row.sums, acc);
+        *value = sum256(acc) + tail;
     }
+}
+
+/// `acc` plus `offsets[b] * sums[b]` lane by lane over whole groups of eight blocks, and
+/// the sum of the products past the last group (both empty where the format has no
+/// offsets).
+#[target_feature(enable = "avx2,fma")]
+fn offsets_fma_avx2(offsets: &[f32], sums: &[f32], mut acc: __m256) -> (__m256, f32) {
+    let (offsets, sums) = (offsets.chunks_exact(8), sums.chunks_exact(8));
+    let tail = (offsets.remainder().iter())
+        .zip(sums.remainder())
+        .map(|(offset, sum)| offset * sum)
+        .sum();
+    for (offsets, sums) in offsets.zip(sums) {
+        acc = _mm256_fmadd_ps(load_f32x8(offsets), load_f32x8(sums), acc);
+    }
+    (acc, tail)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -280,8 +297,9 @@ fn avx512_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], 
             }
         }
     }
-    for (value, acc) in out.iter_mut().zip(acc) {
-        *value = _mm512_reduce_add_ps(acc);
+    for ((value, acc), row) in out.iter_mut().zip(acc).zip(rows) {
+        let (offsets, tail) = offsets_fma_avx2(w.offsets, row.sums, _mm256_setzero_ps());
+        *value = _mm512_reduce_add_ps(acc) + sum256(offsets) + tail;
     }
 }
 
