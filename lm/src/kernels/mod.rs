@@ -449,8 +449,8 @@ pub fn matmul_shared_with(
             x.len()
         )));
     }
-    let activations = Activations::quantize(x, rows, k);
     let kernel = Kernel::for_isa(isa);
+    let activations = Activations::quantize(kernel, x, rows, k);
     // Each output value is written once, by whichever worker takes its weight row; as
     // atomics the workers share the buffers without locks (a relaxed store is a plain one).
     let outs: Vec<Vec<AtomicU32>> = matrices
@@ -510,6 +510,18 @@ impl Kernel {
         }
     }
 
+    /// One block of activations quantised (see [`Activations`]): its quants into `out`,
+    /// and its scale and the sum of its quants.
+    fn quantize_block(self, block: &[f32], out: &mut [i8]) -> (f32, i32) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512(avx512) => avx512.quantize_block(block, out),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2(avx2) => avx2.quantize_block(block, out),
+            Self::Scalar => scalar::quantize_block(block, out),
+        }
+    }
+
     /// `out[i]`: the weight row's dot product with activation row `i`.
     fn dots(self, weights: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         match self {
@@ -557,27 +569,22 @@ pub struct Activations {
 }
 
 impl Activations {
-    /// `x` holds `rows` rows of `k` values, `k` a multiple of [`BLOCK`].
-    pub fn quantize(x: &[f32], rows: usize, k: usize) -> Self {
+    /// `x` holds `rows` rows of `k` values, `k` a multiple of [`BLOCK`]; every kernel
+    /// gives the same bits.
+    fn quantize(kernel: Kernel, x: &[f32], rows: usize, k: usize) -> Self {
         let blocks = x.len() / BLOCK;
         let mut quantized = Self {
             rows,
             k,
             scales: Vec::with_capacity(blocks),
             sums: Vec::with_capacity(blocks),
-            quants: Vec::with_capacity(x.len()),
+            quants: vec![0; blocks * BLOCK],
         };
-        for block in x.chunks_exact(BLOCK) {
-            let largest = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let d = largest / 127.0;
-            let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for &v in block {
-                // Within [-127, 127] by construction of d; `as` saturates regardless.
-                let q = (v * inverse).round() as i8;
-                sum += i32::from(q);
-                quantized.quants.push(q);
-            }
+        for (block, quants) in x
+            .chunks_exact(BLOCK)
+            .zip(quantized.quants.chunks_exact_mut(BLOCK))
+        {
+            let (d, sum) = kernel.quantize_block(block, quants);
             quantized.scales.push(d);
             quantized.sums.push(d * sum as f32);
         }

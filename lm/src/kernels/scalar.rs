@@ -35,3 +35,18 @@ pub(super) fn dot(weights: WeightRow<'_>, activations: ActivationRow<'_>) -> f32
         .sum();
     total + offsets
 }
+
+/// A block of 32 activations: `d = max |x| / 127`, the quants `round(x / d)` (halves away
+/// from zero) into `out`, and `(d, sum of the quants)`.
+pub(super) fn quantize_block(block: &[f32], out: &mut [i8]) -> (f32, i32) {
+    let largest = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = largest / 127.0;
+    let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (&v, q) in block.iter().zip(out) {
+        // Within [-127, 127] by construction of d; `as` saturates regardless.
+        *q = (v * inverse).round() as i8;
+        sum += i32::from(*q);
+    }
+    (d, sum)
+}

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{BLOCK, BlockFormat, Isa, PAIR, PackedMatrix, matmul_shared_with};
+use super::{Activations, BLOCK, BlockFormat, Isa, Kernel, PAIR, PackedMatrix, matmul_shared_with};
 
 const FORMATS: [BlockFormat; 4] = [
     BlockFormat::Q4_1,
@@ -337,5 +337,51 @@ fn a_rows_outputs_do_not_depend_on_its_batch() {
                 }
             }
         }
+    }
+}
+
+/// Every kernel quantises activations to the scalar path's bits, ties included: `round`
+/// takes halves away from zero, where the SIMD instructions' nearest rounding takes them
+/// to even.
+#[test]
+fn every_kernel_quantises_activations_as_the_reference_does() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let (rows, k) = (3, 4 * BLOCK);
+    let mut x: Vec<f32> = (0..rows * k)
+        .map(|_| rng.random_range(-6.0f32..6.0))
+        .collect();
+    // A block whose largest magnitude is 127 has d = 1, so each value is its own quant
+    // before rounding: halves of both signs, and values a little either side of them.
+    let ties = [
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        126.5,
+        -126.5,
+        0.49999997,
+        -0.50000006,
+    ];
+    x[BLOCK..2 * BLOCK].fill(0.0);
+    x[BLOCK] = 127.0;
+    x[BLOCK + 1..BLOCK + 1 + ties.len()].copy_from_slice(&ties);
+    // An all-zero block (scale 0) and one of tiny values.
+    x[2 * BLOCK..3 * BLOCK].fill(0.0);
+    for v in &mut x[3 * BLOCK..4 * BLOCK] {
+        *v = rng.random_range(-1e-30f32..1e-30);
+    }
+    let reference = Activations::quantize(Kernel::Scalar, &x, rows, k);
+    assert_eq!(
+        reference.quants[BLOCK + 1..BLOCK + 9],
+        [1, -1, 2, -2, 3, -3, 127, -127]
+    );
+    for isa in Isa::available() {
+        let ours = Activations::quantize(Kernel::for_isa(isa), &x, rows, k);
+        assert_eq!(ours.quants, reference.quants, "{isa}");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&ours.scales), bits(&reference.scales), "{isa}");
+        assert_eq!(bits(&ours.sums), bits(&reference.sums), "{isa}");
     }
 }

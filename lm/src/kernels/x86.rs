@@ -47,6 +47,12 @@ impl Avx2 {
         unsafe { in_row_groups!(avx2_dots, w, rows, out) }
     }
 
+    /// As `scalar::quantize_block`, bit for bit.
+    pub(super) fn quantize_block(self, block: &[f32], out: &mut [i8]) -> (f32, i32) {
+        // SAFETY: `self` exists only where AVX2 and FMA were detected.
+        unsafe { avx2_quantize_block(block, out) }
+    }
+
     /// `out[q * columns + column + j] = scale * (query q . key row j)`, rows of `head_dim`
     /// (a multiple of 8) values. Each key row is read from memory once for all queries.
     #[allow(clippy::too_many_arguments)] // the loop's operands, each used
@@ -126,6 +132,12 @@ impl Avx512 {
     pub(super) fn dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         // SAFETY: `self` exists only where AVX-512 F/BW/VL and VNNI were detected.
         unsafe { in_row_groups!(avx512_dots, w, rows, out) }
+    }
+
+    /// As [`Avx2::quantize_block`].
+    pub(super) fn quantize_block(self, block: &[f32], out: &mut [i8]) -> (f32, i32) {
+        // SAFETY: `self` exists only where AVX-512 F was detected, which implies AVX2.
+        unsafe { avx2_quantize_block(block, out) }
     }
 }
 
@@ -230,6 +242,58 @@ fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], ou
         let (acc, tail) = offsets_fma_avx2(w.offsets, row.sums, acc);
         *value = sum256(acc) + tail;
     }
+}
+
+/// `scalar::quantize_block` eight lanes at a time: the same scale, product and rounding
+/// (half away from zero: truncate, then step away where the dropped part is at least a
+/// half; the part is exact below 2^23), so the same bits.
+#[target_feature(enable = "avx2")]
+fn avx2_quantize_block(block: &[f32], out: &mut [i8]) -> (f32, i32) {
+    let sign = _mm256_set1_ps(-0.0);
+    let values: [__m256; 4] = std::array::from_fn(|i| load_f32x8(&block[8 * i..]));
+    let magnitudes = values.map(|v| _mm256_andnot_ps(sign, v));
+    let largest = _mm256_max_ps(
+        _mm256_max_ps(magnitudes[0], magnitudes[1]),
+        _mm256_max_ps(magnitudes[2], magnitudes[3]),
+    );
+    let half = _mm_max_ps(
+        _mm256_castps256_ps128(largest),
+        _mm256_extractf128_ps::<1>(largest),
+    );
+    let half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    let largest = _mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps::<0b01>(half, half)));
+    let d = largest / 127.0;
+    let inverse = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    let quants = values.map(|v| {
+        let x = _mm256_mul_ps(v, inverse);
+        let toward_zero = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
+        let dropped = _mm256_andnot_ps(sign, _mm256_sub_ps(x, toward_zero));
+        let away = _mm256_cmp_ps::<_CMP_GE_OQ>(dropped, _mm256_set1_ps(0.5));
+        let step = _mm256_or_ps(_mm256_and_ps(x, sign), _mm256_set1_ps(1.0));
+        _mm256_cvttps_epi32(_mm256_add_ps(toward_zero, _mm256_and_ps(away, step)))
+    });
+    // Packing works within 128-bit halves: the bytes come out as each vector's first four
+    // values, then each one's last four; the permutation puts the 32 back in order.
+    let words = [
+        _mm256_packs_epi32(quants[0], quants[1]),
+        _mm256_packs_epi32(quants[2], quants[3]),
+    ];
+    let bytes = _mm256_packs_epi16(words[0], words[1]);
+    let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    assert!(out.len() >= BLOCK);
+    // SAFETY: 32 writable bytes, checked above; the store is unaligned.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), bytes) };
+    let total = _mm256_add_epi32(
+        _mm256_add_epi32(quants[0], quants[1]),
+        _mm256_add_epi32(quants[2], quants[3]),
+    );
+    let total = _mm_add_epi32(
+        _mm256_castsi256_si128(total),
+        _mm256_extracti128_si256::<1>(total),
+    );
+    let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b00_00_11_10>(total));
+    let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b00_00_00_01>(total));
+    (d, _mm_cvtsi128_si32(total))
 }
 
 /// `acc` plus `offsets[b] * sums[b]` lane by lane over whole groups of eight blocks, and
