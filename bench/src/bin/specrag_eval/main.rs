@@ -30,6 +30,12 @@
 //! - `standard-rag-titled`: each document's title goes above its text, the layout standard
 //!   RAG's prompt had before this measurement dropped the titles.
 //!
+//! Generation runs in process on two GGUF files (`--drafter`, `--verifier`) or on engines a
+//! team already runs (`--engine-url`, and `--drafter-engine-url` for the drafts): any
+//! OpenAI-compatible server through `hasten_engine::EngineLm`, as an edge configured with
+//! `engine.url` answers. Speculative RAG there needs an engine whose log-probabilities of
+//! given text can be read (llama.cpp's server); the run says which it found.
+//!
 //! Latency is the wall clock of one `LmBackend::answer` call, end to end (request checks,
 //! prompts, prefill, decoding, verification). Each question runs every system in turn, the
 //! starting system rotating from question to question, so that machine noise and any warm-up
@@ -40,11 +46,12 @@ mod report;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use hasten_core::encoder::{DEFAULT_MODEL_DIR, TextEncoder};
+use hasten_engine::{EngineLm, EngineSettings};
 use hasten_rag::{
     AnswerMode, AnswerRequest, ChatTurn, Decoding, DeviceKind, DraftSelection, LmBackend, LocalLm,
     Role, SpeculativeSettings, WeightFormat,
@@ -83,11 +90,27 @@ struct Args {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=100))]
     passages: u16,
     /// GGUF model that writes Speculative RAG's drafts (the small one).
-    #[arg(long)]
-    drafter: PathBuf,
+    #[arg(long, required_unless_present = "engine_url")]
+    drafter: Option<PathBuf>,
     /// GGUF model that verifies drafts and answers in standard RAG (the large one).
-    #[arg(long)]
-    verifier: PathBuf,
+    #[arg(long, required_unless_present = "engine_url")]
+    verifier: Option<PathBuf>,
+    /// Generate on an OpenAI-compatible engine instead of in process: its API's base URL,
+    /// `/v1` included. It answers in standard RAG and verifies drafts.
+    #[arg(long, conflicts_with_all = ["drafter", "verifier"])]
+    engine_url: Option<String>,
+    /// The model the engine serves, as its `/v1/models` names it.
+    #[arg(long, requires = "engine_url")]
+    engine_model: Option<String>,
+    /// The engine that writes the drafts (a smaller model); --engine-url when absent.
+    #[arg(long, requires = "engine_url")]
+    drafter_engine_url: Option<String>,
+    /// The drafter engine's model; --engine-model when absent.
+    #[arg(long, requires = "engine_url")]
+    drafter_engine_model: Option<String>,
+    /// Longest wait, in seconds, for an engine's next bytes.
+    #[arg(long, default_value_t = 300, requires = "engine_url")]
+    engine_timeout_s: u64,
     /// all-MiniLM-L6-v2 directory that encodes the documents for clustering.
     #[arg(long, env = "HASTEN_MODEL_DIR", default_value = DEFAULT_MODEL_DIR)]
     model_dir: PathBuf,
@@ -249,22 +272,23 @@ fn main() -> Result<()> {
         );
         (questions, retrieval_times) = answerable.into_iter().unzip();
     }
-    let backend = LocalLm::load_with(&args.drafter, &args.verifier, args.device, args.weights)
-        .with_context(|| {
-            format!(
-                "loading the drafter {} and the verifier {}",
-                args.drafter.display(),
-                args.verifier.display()
-            )
-        })?;
+    // The engine client's HTTP calls run here; `answer` blocks on them from this thread.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the engine client's runtime")?;
+    let Generators {
+        backend,
+        drafter: drafter_name,
+        verifier: verifier_name,
+    } = generators(&args, &runtime)?;
     let threads = candle_core::utils::get_num_threads();
     eprintln!(
-        "{} questions from {}; drafter {}, verifier {}, {} weights on {}, {threads} threads; \
-         systems: {}",
+        "{} questions from {}; drafter {drafter_name}, verifier {verifier_name}, {} weights on \
+         {}, {threads} threads; systems: {}",
         questions.len(),
         args.input.display(),
-        file_name(&args.drafter),
-        file_name(&args.verifier),
         args.weights,
         args.device,
         systems
@@ -399,8 +423,9 @@ fn main() -> Result<()> {
     let report = serde_json::json!({
         "input": args.input,
         "questions": reports.len(),
-        "drafter": file_name(&args.drafter),
-        "verifier": file_name(&args.verifier),
+        "drafter": drafter_name,
+        "verifier": verifier_name,
+        "engine": args.engine_url,
         "threads": threads,
         "device": args.device.to_string(),
         "weights": args.weights.to_string(),
@@ -434,10 +459,8 @@ fn main() -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
 
     println!(
-        "{} questions, drafter {}, verifier {}, {threads} threads (document encoding, {encoding_total:.2} s in all, not counted)",
+        "{} questions, drafter {drafter_name}, verifier {verifier_name}, {threads} threads (document encoding, {encoding_total:.2} s in all, not counted)",
         reports.len(),
-        file_name(&args.drafter),
-        file_name(&args.verifier),
     );
     println!(
         "a gold answer is in the passages of {answerable} of {} questions",
@@ -450,4 +473,62 @@ fn main() -> Result<()> {
     }
     println!("report: {}", path.display());
     Ok(())
+}
+
+/// What answers, and the names the report gives its two models.
+struct Generators {
+    backend: Box<dyn LmBackend>,
+    drafter: String,
+    verifier: String,
+}
+
+/// The in-process models, or the engines (the verifier's scoring found before any question,
+/// as an edge finds it at start).
+fn generators(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<Generators> {
+    let Some(url) = &args.engine_url else {
+        let (Some(drafter), Some(verifier)) = (&args.drafter, &args.verifier) else {
+            bail!("--drafter and --verifier name the models, unless --engine-url is given");
+        };
+        let backend = LocalLm::load_with(drafter, verifier, args.device, args.weights)
+            .with_context(|| {
+                format!(
+                    "loading the drafter {} and the verifier {}",
+                    drafter.display(),
+                    verifier.display()
+                )
+            })?;
+        return Ok(Generators {
+            backend: Box::new(backend),
+            drafter: file_name(drafter),
+            verifier: file_name(verifier),
+        });
+    };
+    let model = args.engine_model.clone().unwrap_or_default();
+    let drafter_url = args
+        .drafter_engine_url
+        .clone()
+        .unwrap_or_else(|| url.clone());
+    let drafter_model = args
+        .drafter_engine_model
+        .clone()
+        .unwrap_or_else(|| model.clone());
+    let settings = EngineSettings {
+        url: url.clone(),
+        model: model.clone(),
+        drafter_url: Some(drafter_url.clone()),
+        drafter_model: Some(drafter_model.clone()),
+        api_key: None,
+        timeout: Duration::from_secs(args.engine_timeout_s),
+        ca_file: None,
+    };
+    let engine = runtime.block_on(async { EngineLm::new(settings) })?;
+    let scoring = runtime
+        .block_on(engine.detect_scoring())
+        .with_context(|| format!("reaching the engine at {url}"))?;
+    eprintln!("engine {url}: verification scores by {scoring}");
+    Ok(Generators {
+        backend: Box::new(engine),
+        drafter: format!("{drafter_model} at {drafter_url}"),
+        verifier: format!("{model} at {url}"),
+    })
 }
