@@ -272,17 +272,12 @@ fn main() -> Result<()> {
         );
         (questions, retrieval_times) = answerable.into_iter().unzip();
     }
-    // The engine client's HTTP calls run here; `answer` blocks on them from this thread.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("starting the engine client's runtime")?;
     let Generators {
         backend,
         drafter: drafter_name,
         verifier: verifier_name,
-    } = generators(&args, &runtime)?;
+        runtime: _engine_runtime,
+    } = generators(&args)?;
     let threads = candle_core::utils::get_num_threads();
     eprintln!(
         "{} questions from {}; drafter {drafter_name}, verifier {verifier_name}, {} weights on \
@@ -480,11 +475,14 @@ struct Generators {
     backend: Box<dyn LmBackend>,
     drafter: String,
     verifier: String,
+    /// Where an engine client's HTTP calls run (`answer` blocks on them from the calling
+    /// thread); kept as long as the backend, and dropped after it.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 /// The in-process models, or the engines (the verifier's scoring found before any question,
 /// as an edge finds it at start).
-fn generators(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<Generators> {
+fn generators(args: &Args) -> Result<Generators> {
     let Some(url) = &args.engine_url else {
         let (Some(drafter), Some(verifier)) = (&args.drafter, &args.verifier) else {
             bail!("--drafter and --verifier name the models, unless --engine-url is given");
@@ -501,6 +499,7 @@ fn generators(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<Generato
             backend: Box::new(backend),
             drafter: file_name(drafter),
             verifier: file_name(verifier),
+            runtime: None,
         });
     };
     let model = args.engine_model.clone().unwrap_or_default();
@@ -521,6 +520,11 @@ fn generators(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<Generato
         timeout: Duration::from_secs(args.engine_timeout_s),
         ca_file: None,
     };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the engine client's runtime")?;
     let engine = runtime.block_on(async { EngineLm::new(settings) })?;
     let scoring = runtime
         .block_on(engine.detect_scoring())
@@ -530,5 +534,6 @@ fn generators(args: &Args, runtime: &tokio::runtime::Runtime) -> Result<Generato
         backend: Box::new(engine),
         drafter: format!("{drafter_model} at {drafter_url}"),
         verifier: format!("{model} at {url}"),
+        runtime: Some(runtime),
     })
 }
