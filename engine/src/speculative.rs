@@ -57,7 +57,7 @@ async fn write_draft(
         seed: 0,
         stop: &[],
         logprobs: true,
-        top_logprobs: Some(0),
+        top_logprobs: Some(1),
     };
     let mut events = drafter.chat_stream(&body).await?;
     let mut text = String::new();

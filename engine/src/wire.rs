@@ -18,8 +18,8 @@ pub struct ChatRequest<'a> {
     /// Asks for each generated token's log-probability (drafts are scored by them).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub logprobs: bool,
-    /// Alternatives per token with `logprobs`: none wanted, but some engines send 20
-    /// unless told.
+    /// Alternatives per token with `logprobs`: only the chosen token's is read, but 1, not
+    /// 0: llama.cpp's server sends no log-probabilities at 0, and 20 when none is asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
 }

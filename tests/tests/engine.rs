@@ -287,6 +287,22 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
         drafts.iter().all(|d| d["score"].as_f64().unwrap() < 0.0),
         "every draft was scored: {speculative}"
     );
+    // rho_draft comes from the drafter engine's streamed log-probabilities: an engine asked
+    // for none (llama.cpp sends none at `top_logprobs: 0`) would leave it 0 and the drafted
+    // tokens uncounted.
+    assert!(
+        drafts
+            .iter()
+            .all(|d| d["draft_logprob"].as_f64().unwrap() < 0.0),
+        "every draft carries the drafter's log-probability: {speculative}"
+    );
+    assert!(
+        speculative["drafting"]["generated_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 5,
+        "the drafted tokens are counted: {speculative}"
+    );
     assert!(
         speculative["prompt_tokens"].as_u64().unwrap() > 0,
         "the verifier read the drafts"

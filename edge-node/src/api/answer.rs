@@ -92,6 +92,13 @@ pub struct DraftJson {
     pub documents: Vec<usize>,
     pub rationale: String,
     pub answer: String,
+    /// The draft under the drafter, from the documents (the paper's rho_draft).
+    pub draft_logprob: f32,
+    /// The draft under the verifier, from the question alone (rho_self-contain).
+    pub consistency_logprob: f32,
+    /// "Yes" to the reflection statement under the verifier (rho_self-reflect).
+    pub reflection_logprob: f32,
+    /// The sum of the three: the draft with the highest is the answer.
     pub score: f32,
 }
 

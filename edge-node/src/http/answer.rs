@@ -180,6 +180,9 @@ pub fn reply(answered: Answered) -> AnswerReply {
                 documents: d.documents,
                 rationale: d.rationale,
                 answer: d.answer,
+                draft_logprob: d.draft_logprob,
+                consistency_logprob: d.consistency_logprob,
+                reflection_logprob: d.reflection_logprob,
                 score: d.score,
             })
             .collect(),
