@@ -12,7 +12,11 @@
 //! parts of two blocks share 32 bytes (block A in the low nibbles, block B in the high, each
 //! in element order; Q4_K stores them so already), so one 256-bit load split by nibble gives
 //! 64 weights in order, and a Q5_0 pair's fifth bits are one 64-bit mask. Scales are
-//! widened to f32 at load (Q4_K's 6-bit factors multiplied out).
+//! widened to f32 at load, except Q4_K's: a super-block keeps its two factors (as f32) and
+//! its eight blocks' 6-bit scales and minimums (a byte each), 4.75 bits a weight where f32
+//! per block would be 6, and the kernel multiplies them out eight blocks at a time in
+//! registers. Decoding a large model reads every weight once a token, so these bytes are
+//! its time.
 //!
 //! Every block format is then `value = scale * q + offset` per block of 32, `q` unsigned
 //! (4- or 5-bit) or, for Q8_0, signed with no offset. A dot product is `sum over blocks of
@@ -179,26 +183,63 @@ pub struct PackedMatrix {
     format: BlockFormat,
     n: usize,
     k: usize,
-    /// One per block of 32, row after row.
+    /// One per block of 32, row after row (none for Q4_K, whose factors are `super_blocks`).
     scales: Vec<f32>,
     /// One per block of 32 (the coefficient of the activation block's sum) where the layout
-    /// has them.
+    /// has them (not Q4_K).
     offsets: Vec<f32>,
+    /// Q4_K's factors, one per super-block of 256, row after row.
+    super_blocks: Vec<SuperBlockFactors>,
     /// Nibble layouts: 32 bytes per pair of blocks; bytes: one (`i8`) a value.
     quants: Vec<u8>,
     /// High bits, [`Layout::high_words`] per pair: value `e` of a pair at bit `e`.
     high: Vec<u64>,
 }
 
+/// A Q4_K super-block's factors: block `j`'s scale is `d * scales[j]` and its offset
+/// `-(dmin * mins[j])`, the file's own arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
+pub(crate) struct SuperBlockFactors {
+    pub d: f32,
+    pub dmin: f32,
+    pub scales: [u8; 8],
+    pub mins: [u8; 8],
+}
+
+/// Blocks of 32 per Q4_K super-block.
+pub(crate) const SUPER_BLOCK_BLOCKS: usize = 8;
+
 /// One weight row as the kernels read it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WeightRow<'a> {
     pub layout: Layout,
+    /// One per block, except where the row's factors are `super_blocks`.
     pub scales: &'a [f32],
-    /// One per block where the format has them, else empty.
+    /// One per block where the format has them and keeps them per block, else empty.
     pub offsets: &'a [f32],
+    /// Q4_K's factors, one per eight blocks, else empty.
+    pub super_blocks: &'a [SuperBlockFactors],
     pub quants: &'a [u8],
     pub high: &'a [u64],
+}
+
+impl WeightRow<'_> {
+    /// Block `b`'s scale.
+    pub fn scale(&self, b: usize) -> f32 {
+        match self.super_blocks.get(b / SUPER_BLOCK_BLOCKS) {
+            Some(f) => f.d * f32::from(f.scales[b % SUPER_BLOCK_BLOCKS]),
+            None => self.scales[b],
+        }
+    }
+
+    /// Block `b`'s offset (0 where the format has none).
+    pub fn offset(&self, b: usize) -> f32 {
+        match self.super_blocks.get(b / SUPER_BLOCK_BLOCKS) {
+            Some(f) => -(f.dmin * f32::from(f.mins[b % SUPER_BLOCK_BLOCKS])),
+            None => self.offsets.get(b).copied().unwrap_or(0.0),
+        }
+    }
 }
 
 /// One activation row, quantised.
@@ -236,12 +277,18 @@ impl PackedMatrix {
         }
         let blocks = n * k / BLOCK;
         let layout = format.layout();
+        let per_block = format != BlockFormat::Q4K;
         let mut packed = Self {
             format,
             n,
             k,
-            scales: Vec::with_capacity(blocks),
-            offsets: Vec::with_capacity(if layout == Layout::Bytes { 0 } else { blocks }),
+            scales: Vec::with_capacity(if per_block { blocks } else { 0 }),
+            offsets: Vec::with_capacity(if per_block && layout != Layout::Bytes {
+                blocks
+            } else {
+                0
+            }),
+            super_blocks: Vec::with_capacity(if per_block { 0 } else { stored }),
             quants: Vec::with_capacity(match layout {
                 Layout::Bytes => n * k,
                 _ => n * k / 2,
@@ -312,15 +359,19 @@ impl PackedMatrix {
 
     /// A Q4_K super-block: its 4-bit parts are already laid out as four pairs (each 32
     /// bytes hold 32 values of one block in the low nibbles and the next block's in the
-    /// high); each block's scale and minimum are 6-bit factors of the two f16 ones.
+    /// high); each block's scale and minimum are 6-bit factors of the two f16 ones, kept
+    /// unpacked to a byte each.
     fn push_q4k(&mut self, block: &[u8]) {
-        let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
-        let factors = &block[4..16];
-        for j in 0..8 {
-            let (scale, min) = q4k_factors(j, factors);
-            self.scales.push(d * f32::from(scale));
-            self.offsets.push(-(dmin * f32::from(min)));
+        let mut factors = SuperBlockFactors {
+            d: f16_at(block, 0),
+            dmin: f16_at(block, 2),
+            scales: [0; 8],
+            mins: [0; 8],
+        };
+        for j in 0..SUPER_BLOCK_BLOCKS {
+            (factors.scales[j], factors.mins[j]) = q4k_factors(j, &block[4..16]);
         }
+        self.super_blocks.push(factors);
         self.quants.extend_from_slice(&block[16..]);
     }
 
@@ -346,21 +397,21 @@ impl PackedMatrix {
             _ => self.k / 2,
         };
         let words = self.k / PAIR * layout.high_words();
+        let per_row = |all_rows: usize, each: usize| {
+            if all_rows == 0 {
+                0..0
+            } else {
+                o * each..(o + 1) * each
+            }
+        };
+        let super_blocks = self.k / (SUPER_BLOCK_BLOCKS * BLOCK);
         WeightRow {
             layout,
-            scales: &self.scales[o * scales..(o + 1) * scales],
-            offsets: self.offsets(o),
+            scales: &self.scales[per_row(self.scales.len(), scales)],
+            offsets: &self.offsets[per_row(self.offsets.len(), scales)],
+            super_blocks: &self.super_blocks[per_row(self.super_blocks.len(), super_blocks)],
             quants: &self.quants[o * bytes..(o + 1) * bytes],
             high: &self.high[o * words..(o + 1) * words],
-        }
-    }
-
-    fn offsets(&self, o: usize) -> &[f32] {
-        let blocks = self.k / BLOCK;
-        if self.offsets.is_empty() {
-            &[]
-        } else {
-            &self.offsets[o * blocks..(o + 1) * blocks]
         }
     }
 
@@ -369,15 +420,14 @@ impl PackedMatrix {
         let mut values = Vec::with_capacity(self.n * self.k);
         for o in 0..self.n {
             let row = self.row(o);
-            let offsets = self.offsets(o);
             for e in 0..self.k {
                 let block = e / BLOCK;
                 let q = scalar::weight_quant(&row, e);
-                let d = row.scales[block];
+                let d = row.scale(block);
                 // Each in the file's own arithmetic, so that the values are bit for bit its.
                 values.push(match self.format {
                     // Q4_K's `d1 * q - m1`: adding the negated minimum is the same rounding.
-                    BlockFormat::Q4_1 | BlockFormat::Q4K => q as f32 * d + offsets[block],
+                    BlockFormat::Q4_1 | BlockFormat::Q4K => q as f32 * d + row.offset(block),
                     BlockFormat::Q5_0 => (q - 16) as f32 * d,
                     BlockFormat::Q8_0 => q as f32 * d,
                 });

@@ -23,15 +23,14 @@ pub(super) fn weight_quant(row: &WeightRow<'_>, e: usize) -> i32 {
 /// `sum over blocks of scale_w * scale_a * (q_w . q_a) + offset_w * sum_a`, block by block.
 pub(super) fn dot(weights: WeightRow<'_>, activations: ActivationRow<'_>) -> f32 {
     let mut total = 0.0f32;
-    for (block, (&scale_w, &scale_a)) in weights.scales.iter().zip(activations.scales).enumerate() {
+    for (block, &scale_a) in activations.scales.iter().enumerate() {
         let dot: i32 = (block * BLOCK..(block + 1) * BLOCK)
             .map(|e| weight_quant(&weights, e) * i32::from(activations.quants[e]))
             .sum();
-        total += scale_w * scale_a * dot as f32;
+        total += weights.scale(block) * scale_a * dot as f32;
     }
-    let offsets: f32 = (weights.offsets.iter())
-        .zip(activations.sums)
-        .map(|(offset, sum)| offset * sum)
+    let offsets: f32 = (activations.sums.iter().enumerate())
+        .map(|(block, sum)| weights.offset(block) * sum)
         .sum();
     total + offsets
 }
