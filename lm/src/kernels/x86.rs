@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 
 use super::attention::KEY_TILE;
-use super::{ActivationRow, BLOCK, Layout, PAIR, ROW_GROUP, SUPER_BLOCK_BLOCKS, WeightRow};
+use super::{
+    ActivationRow, BLOCK, Layout, PAIR, ROW_GROUP, SUPER_BLOCK_BLOCKS, SuperBlockFactors, WeightRow,
+};
 
 /// Runs `$kernel::<M>` on each group of at most [`ROW_GROUP`] (four) activation rows, `M`
 /// the group's size, so that each group's accumulators stay in registers.
@@ -127,7 +129,7 @@ impl Avx2 {
 
 impl Avx512 {
     pub(super) fn detect() -> Option<Self> {
-        // AVX2 and FMA too (every AVX-512 CPU has them): some formats run the AVX2 kernels.
+        // AVX2 and FMA too (every AVX-512 CPU has them): the kernels share AVX2 helpers.
         (is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("avx512f")
@@ -137,8 +139,7 @@ impl Avx512 {
         .then_some(Self(()))
     }
 
-    /// As [`Avx2::dots`]. Q4_K's super-blocks go through the AVX2 kernel: its cost is
-    /// reading the weights, which the wider registers do not change.
+    /// As [`Avx2::dots`].
     pub(super) fn dots(self, w: WeightRow<'_>, rows: &[ActivationRow<'_>], out: &mut [f32]) {
         // SAFETY: `self` exists only where AVX-512 F/BW/VL and VNNI, AVX2 and FMA were
         // detected.
@@ -146,7 +147,7 @@ impl Avx512 {
             if w.super_blocks.is_empty() {
                 in_row_groups!(avx512_dots, w, rows, out)
             } else {
-                in_row_groups!(avx2_super_block_dots, w, rows, out)
+                in_row_groups!(avx512_super_block_dots, w, rows, out)
             }
         }
     }
@@ -261,10 +262,32 @@ fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], ou
     }
 }
 
-/// [`avx2_dots`] for rows whose factors are Q4_K super-blocks: per super-block, its eight
-/// blocks' scales and offsets are multiplied out in one register each (the same products
-/// as `WeightRow::scale` and `WeightRow::offset`), and each block's scale is taken from its
-/// lane.
+/// A Q4_K super-block's factors against `M` activation rows: each row's eight per-block
+/// scales (weight scale times activation scale) into `combined`, and the eight blocks'
+/// offsets times the row's block sums added to `offset_acc`. The scales and offsets are
+/// multiplied out in one register each (the same products as `WeightRow::scale` and
+/// `WeightRow::offset`).
+#[target_feature(enable = "avx2,fma")]
+fn super_block_factors_avx2<const M: usize>(
+    factors: &SuperBlockFactors,
+    first_block: usize,
+    rows: &[ActivationRow<'_>; M],
+    combined: &mut [[f32; SUPER_BLOCK_BLOCKS]; M],
+    offset_acc: &mut [__m256; M],
+) {
+    let blocks = first_block..first_block + SUPER_BLOCK_BLOCKS;
+    let scales = _mm256_mul_ps(_mm256_set1_ps(factors.d), bytes_f32x8(factors.scales));
+    let offsets = _mm256_mul_ps(_mm256_set1_ps(-factors.dmin), bytes_f32x8(factors.mins));
+    // Each block's scale is then a broadcast load; a lane permute from the register was no
+    // faster (the 1.5B the same, the 0.5B ~4% slower, on AVX2).
+    for ((combined, acc), row) in combined.iter_mut().zip(offset_acc).zip(rows) {
+        let product = _mm256_mul_ps(scales, load_f32x8(&row.scales[blocks.clone()]));
+        store_f32x8(combined, product);
+        *acc = _mm256_fmadd_ps(offsets, load_f32x8(&row.sums[blocks.clone()]), *acc);
+    }
+}
+
+/// [`avx2_dots`] for rows whose factors are Q4_K super-blocks.
 #[target_feature(enable = "avx2,fma")]
 fn avx2_super_block_dots<const M: usize>(
     w: WeightRow<'_>,
@@ -274,19 +297,11 @@ fn avx2_super_block_dots<const M: usize>(
     const VALUES: usize = SUPER_BLOCK_BLOCKS * BLOCK;
     let nibble = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); M];
+    let mut combined = [[0.0f32; SUPER_BLOCK_BLOCKS]; M];
     let super_blocks = w.super_blocks.iter().zip(w.quants.chunks_exact(VALUES / 2));
     for (s, (factors, quants)) in super_blocks.enumerate() {
-        let blocks = s * SUPER_BLOCK_BLOCKS..(s + 1) * SUPER_BLOCK_BLOCKS;
-        let scales = _mm256_mul_ps(_mm256_set1_ps(factors.d), bytes_f32x8(factors.scales));
-        let offsets = _mm256_mul_ps(_mm256_set1_ps(-factors.dmin), bytes_f32x8(factors.mins));
-        // Each block's scale is then a broadcast load; a lane permute from the register
-        // was no faster (the 1.5B the same, the 0.5B ~4% slower).
-        let mut combined = [[0.0f32; SUPER_BLOCK_BLOCKS]; M];
-        for ((combined, acc), row) in combined.iter_mut().zip(&mut acc).zip(rows) {
-            let product = _mm256_mul_ps(scales, load_f32x8(&row.scales[blocks.clone()]));
-            store_f32x8(combined, product);
-            *acc = _mm256_fmadd_ps(offsets, load_f32x8(&row.sums[blocks.clone()]), *acc);
-        }
+        let first_block = s * SUPER_BLOCK_BLOCKS;
+        super_block_factors_avx2(factors, first_block, rows, &mut combined, &mut acc);
         for (p, pair) in quants.chunks_exact(BLOCK).enumerate() {
             let packed = load256(pair);
             let first = _mm256_and_si256(packed, nibble);
@@ -432,6 +447,47 @@ fn avx512_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], 
     for ((value, acc), row) in out.iter_mut().zip(acc).zip(rows) {
         let (offsets, tail) = offsets_fma_avx2(w.offsets, row.sums, _mm256_setzero_ps());
         *value = _mm512_reduce_add_ps(acc) + sum256(offsets) + tail;
+    }
+}
+
+/// [`avx512_dots`] for rows whose factors are Q4_K super-blocks: a pair of blocks is one
+/// VNNI product, as there, with the scales of [`super_block_factors_avx2`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+fn avx512_super_block_dots<const M: usize>(
+    w: WeightRow<'_>,
+    rows: &[ActivationRow<'_>; M],
+    out: &mut [f32],
+) {
+    const VALUES: usize = SUPER_BLOCK_BLOCKS * BLOCK;
+    let nibble = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm512_setzero_ps(); M];
+    let mut offset_acc = [_mm256_setzero_ps(); M];
+    let mut combined = [[0.0f32; SUPER_BLOCK_BLOCKS]; M];
+    let super_blocks = w.super_blocks.iter().zip(w.quants.chunks_exact(VALUES / 2));
+    for (s, (factors, quants)) in super_blocks.enumerate() {
+        let first_block = s * SUPER_BLOCK_BLOCKS;
+        super_block_factors_avx2(factors, first_block, rows, &mut combined, &mut offset_acc);
+        for (p, pair) in quants.chunks_exact(BLOCK).enumerate() {
+            let packed = load256(pair);
+            let first = _mm256_and_si256(packed, nibble);
+            let second = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibble);
+            let weights = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
+            let start = s * VALUES + p * PAIR;
+            for ((acc, row), combined) in acc.iter_mut().zip(rows).zip(&combined) {
+                let a = load512(&row.quants[start..start + PAIR]);
+                let dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), weights, a);
+                // Lanes 0-7 hold block A's partial sums, lanes 8-15 block B's.
+                let scale = _mm512_mask_blend_ps(
+                    0xff00,
+                    _mm512_set1_ps(combined[2 * p]),
+                    _mm512_set1_ps(combined[2 * p + 1]),
+                );
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), scale, *acc);
+            }
+        }
+    }
+    for ((value, acc), offsets) in out.iter_mut().zip(acc).zip(offset_acc) {
+        *value = _mm512_reduce_add_ps(acc) + sum256(offsets);
     }
 }
 
