@@ -277,18 +277,22 @@ impl PackedMatrix {
         }
         let blocks = n * k / BLOCK;
         let layout = format.layout();
-        let per_block = format != BlockFormat::Q4K;
+        // Q4_K keeps its factors per super-block, every other format per block.
+        let (per_block, super_blocks) = match format {
+            BlockFormat::Q4K => (0, stored),
+            _ => (blocks, 0),
+        };
         let mut packed = Self {
             format,
             n,
             k,
-            scales: Vec::with_capacity(if per_block { blocks } else { 0 }),
-            offsets: Vec::with_capacity(if per_block && layout != Layout::Bytes {
-                blocks
-            } else {
+            scales: Vec::with_capacity(per_block),
+            offsets: Vec::with_capacity(if layout == Layout::Bytes {
                 0
+            } else {
+                per_block
             }),
-            super_blocks: Vec::with_capacity(if per_block { 0 } else { stored }),
+            super_blocks: Vec::with_capacity(super_blocks),
             quants: Vec::with_capacity(match layout {
                 Layout::Bytes => n * k,
                 _ => n * k / 2,
@@ -390,28 +394,18 @@ impl PackedMatrix {
     }
 
     fn row(&self, o: usize) -> WeightRow<'_> {
-        let layout = self.format.layout();
-        let scales = self.k / BLOCK;
-        let bytes = match layout {
-            Layout::Bytes => self.k,
-            _ => self.k / 2,
+        // Every buffer holds `n` rows of one length (0 where the format has no such part).
+        let row_of = |buffer_len: usize| {
+            let each = buffer_len / self.n;
+            o * each..(o + 1) * each
         };
-        let words = self.k / PAIR * layout.high_words();
-        let per_row = |all_rows: usize, each: usize| {
-            if all_rows == 0 {
-                0..0
-            } else {
-                o * each..(o + 1) * each
-            }
-        };
-        let super_blocks = self.k / (SUPER_BLOCK_BLOCKS * BLOCK);
         WeightRow {
-            layout,
-            scales: &self.scales[per_row(self.scales.len(), scales)],
-            offsets: &self.offsets[per_row(self.offsets.len(), scales)],
-            super_blocks: &self.super_blocks[per_row(self.super_blocks.len(), super_blocks)],
-            quants: &self.quants[o * bytes..(o + 1) * bytes],
-            high: &self.high[o * words..(o + 1) * words],
+            layout: self.format.layout(),
+            scales: &self.scales[row_of(self.scales.len())],
+            offsets: &self.offsets[row_of(self.offsets.len())],
+            super_blocks: &self.super_blocks[row_of(self.super_blocks.len())],
+            quants: &self.quants[row_of(self.quants.len())],
+            high: &self.high[row_of(self.high.len())],
         }
     }
 
