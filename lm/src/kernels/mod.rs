@@ -48,8 +48,6 @@ pub use attention::{AttentionPass, AttentionSplit, KvRows, decodes};
 pub const BLOCK: usize = 32;
 /// The kernels' unit: two blocks.
 pub const PAIR: usize = 2 * BLOCK;
-/// Activation rows dotted with one weight row while it is in registers.
-const ROW_GROUP: usize = 4;
 /// Names the kernels to use instead of the best the CPU has: `scalar`, `avx2` or `avx512`.
 pub const KERNELS_ENV: &str = "HASTEN_LM_KERNELS";
 

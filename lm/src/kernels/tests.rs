@@ -1,6 +1,6 @@
 //! The kernels against candle's reading of the same GGML blocks and against the scalar
 //! reference, on random blocks of every supported format, at every row count, matrix height
-//! and width around the kernels' boundaries (a pair of blocks, a group of four activation
+//! and width around the kernels' boundaries (a pair of blocks, a group of activation
 //! rows, the worker pool's share of weight rows).
 
 use std::borrow::Cow;
@@ -312,14 +312,14 @@ fn matrices_sharing_an_input_give_what_each_gives_alone() {
 }
 
 /// A row's outputs are the same bits whatever batch it is in: a batch's activation rows go
-/// through the kernels in groups of up to four, one alone, and a sequence must not decode
-/// differently for the company it keeps.
+/// through the kernels in groups (of up to four with AVX2, eight with AVX-512), one alone,
+/// and a sequence must not decode differently for the company it keeps.
 #[test]
 fn a_rows_outputs_do_not_depend_on_its_batch() {
     let mut rng = StdRng::seed_from_u64(17);
     for format in FORMATS {
-        // Five rows: a group of four and one left over.
-        let (n, k, rows) = (199, width(format, 5), 5);
+        // Nine rows: groups of four (AVX2) or of eight (AVX-512) and one left over.
+        let (n, k, rows) = (199, width(format, 5), 9);
         let packed = random_matrix(format, n, k, Scales::Random, &mut rng).1;
         let x: Vec<f32> = (0..rows * k)
             .map(|_| rng.random_range(-4.0f32..4.0))

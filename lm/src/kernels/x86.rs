@@ -10,24 +10,25 @@
 use std::arch::x86_64::*;
 
 use super::attention::KEY_TILE;
-use super::{
-    ActivationRow, BLOCK, Layout, PAIR, ROW_GROUP, SUPER_BLOCK_BLOCKS, SuperBlockFactors, WeightRow,
-};
+use super::{ActivationRow, BLOCK, Layout, PAIR, SUPER_BLOCK_BLOCKS, SuperBlockFactors, WeightRow};
 
-/// Runs `$kernel::<M>` on each group of at most [`ROW_GROUP`] (four) activation rows, `M`
-/// the group's size, so that each group's accumulators stay in registers.
+/// Runs `$kernel::<M>` on each group of at most `GROUP` activation rows (the largest `M`
+/// listed), `M` the group's size, so that each group's accumulators stay in registers and
+/// each weight is unpacked once per group.
 macro_rules! in_row_groups {
-    ($kernel:ident, $w:expr, $rows:expr, $out:expr) => {
-        for (group, out) in $rows.chunks(ROW_GROUP).zip($out.chunks_mut(ROW_GROUP)) {
-            match group {
-                [a] => $kernel::<1>($w, &[*a], out),
-                [a, b] => $kernel::<2>($w, &[*a, *b], out),
-                [a, b, c] => $kernel::<3>($w, &[*a, *b, *c], out),
-                [a, b, c, d] => $kernel::<4>($w, &[*a, *b, *c, *d], out),
+    ($kernel:ident, $w:expr, $rows:expr, $out:expr, [$($m:literal),+]) => {{
+        const GROUP: usize = [$($m),+].len();
+        for (group, out) in $rows.chunks(GROUP).zip($out.chunks_mut(GROUP)) {
+            match group.len() {
+                $($m => {
+                    if let Ok(group) = <&[ActivationRow<'_>; $m]>::try_from(group) {
+                        $kernel::<$m>($w, group, out)
+                    }
+                })+
                 _ => {}
             }
         }
-    };
+    }};
 }
 
 /// Proof that the CPU has AVX2 and FMA.
@@ -48,9 +49,9 @@ impl Avx2 {
         // SAFETY: `self` exists only where AVX2 and FMA were detected.
         unsafe {
             if w.super_blocks.is_empty() {
-                in_row_groups!(avx2_dots, w, rows, out)
+                in_row_groups!(avx2_dots, w, rows, out, [1, 2, 3, 4])
             } else {
-                in_row_groups!(avx2_super_block_dots, w, rows, out)
+                in_row_groups!(avx2_super_block_dots, w, rows, out, [1, 2, 3, 4])
             }
         }
     }
@@ -145,9 +146,15 @@ impl Avx512 {
         // detected.
         unsafe {
             if w.super_blocks.is_empty() {
-                in_row_groups!(avx512_dots, w, rows, out)
+                in_row_groups!(avx512_dots, w, rows, out, [1, 2, 3, 4, 5, 6, 7, 8])
             } else {
-                in_row_groups!(avx512_super_block_dots, w, rows, out)
+                in_row_groups!(
+                    avx512_super_block_dots,
+                    w,
+                    rows,
+                    out,
+                    [1, 2, 3, 4, 5, 6, 7, 8]
+                )
             }
         }
     }
