@@ -570,13 +570,28 @@ impl raft::Storage for RaftStorage {
 mod tests {
     use super::*;
 
+    /// Opens a store just dropped. sled's background flusher may hold the directory's lock
+    /// for a moment after the drop returns (seen once on a loaded 2-core machine), so a
+    /// `Locked` refusal is retried for up to two seconds.
+    fn reopen(path: &Path, node: u64) -> Result<RaftStorage, StoreError> {
+        for _ in 0..40 {
+            match RaftStorage::open(path, node) {
+                Err(StoreError::Locked { .. }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(50))
+                }
+                opened => return opened,
+            }
+        }
+        RaftStorage::open(path, node)
+    }
+
     #[test]
     fn a_store_reopens_for_its_node_only() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node");
         drop(RaftStorage::open(&path, 3).unwrap());
-        drop(RaftStorage::open(&path, 3).unwrap());
-        let err = RaftStorage::open(&path, 4).err().unwrap();
+        drop(reopen(&path, 3).unwrap());
+        let err = reopen(&path, 4).err().unwrap();
         assert!(
             matches!(
                 err,
