@@ -12,12 +12,22 @@ use std::arch::x86_64::*;
 use super::attention::KEY_TILE;
 use super::{ActivationRow, BLOCK, Layout, PAIR, SUPER_BLOCK_BLOCKS, SuperBlockFactors, WeightRow};
 
-/// Runs `$kernel::<M>` on each group of at most `GROUP` activation rows (the largest `M`
-/// listed), `M` the group's size, so that each group's accumulators stay in registers and
-/// each weight is unpacked once per group.
+/// Runs `$kernel::<M>` on each group of at most `GROUP` activation rows (the sizes listed
+/// are `1..=GROUP`), `M` the group's size, so that each group's accumulators stay in
+/// registers and each weight is unpacked once per group.
 macro_rules! in_row_groups {
     ($kernel:ident, $w:expr, $rows:expr, $out:expr, [$($m:literal),+]) => {{
         const GROUP: usize = [$($m),+].len();
+        // A size missing from the list would leave its groups' outputs unwritten: refused
+        // at compile time, so the arm below that skips is never taken.
+        const _: () = {
+            let sizes = [$($m),+];
+            let mut i = 0;
+            while i < GROUP {
+                assert!(sizes[i] == i + 1, "in_row_groups! lists the sizes 1..=GROUP in order");
+                i += 1;
+            }
+        };
         for (group, out) in $rows.chunks(GROUP).zip($out.chunks_mut(GROUP)) {
             match group.len() {
                 $($m => {
