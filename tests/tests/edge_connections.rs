@@ -24,6 +24,11 @@ const HEAD_TIMEOUT_MS: u64 = 600;
 const BODY_TIMEOUT_MS: u64 = 600;
 /// How late a close may come after its timeout on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
+/// How soon a connection beyond the bound must be closed: "at once" on a loaded 2-core
+/// machine, where the edge's accept loop may wait its turn for seconds (2 s once fell short
+/// in CI), yet well under the default 10 s head timeout that would close an accepted idle
+/// socket too.
+const AT_ONCE: Duration = Duration::from_secs(5);
 
 /// A cloud and an edge in front of it with `extra` edge flags.
 fn edge(work: &Path, name: &str, extra: &[&str]) -> (ManagedProcess, ManagedProcess) {
@@ -153,9 +158,9 @@ async fn connections_beyond_the_bound_are_closed_at_once_and_counted() {
     // short under a loaded CI run on 2 cores).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let mut beyond = TcpStream::connect(&addr).unwrap();
-    let (_, after) =
-        closed_within(&mut beyond, SLACK).expect("a connection beyond the bound was kept open");
-    assert!(after < SLACK, "closed after {after:?}");
+    let (reply, _) =
+        closed_within(&mut beyond, AT_ONCE).expect("a connection beyond the bound was kept open");
+    assert!(reply.is_empty(), "answered beyond the bound: {reply}");
     assert_eq!(health(&addr), None, "answered beyond the bound");
 
     // The admin routes have their own bound: probes still get through.
