@@ -70,14 +70,17 @@ build: deps
 demo: deps models build
 	DATA_DIR=$(DATA_DIR) scripts/demo.sh
 
+# `--tests` makes the binaries the integration tests spawn from the same feature set as
+# `cargo test` (dev-dependencies switch on figment's `test`, hasten-lm's `testing`, kube's
+# `cel`), so the test step reuses this build instead of compiling the workspace again.
 test: deps models clients monitoring
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --workspace --bins --tests
 	$(CARGO) test --workspace --no-fail-fast
 
 # The answer surface's tests (the client libraries, cancellation, refusals, accounting,
 # query rewriting) again on Qwen2.5-Coder-0.5B-Instruct (`make models-large`).
 test-answers-large: deps models-large clients
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --workspace --bins --tests
 	HASTEN_ANSWER_MODEL=qwen2.5-coder-0.5b-instruct-q4_k_m.gguf $(CARGO) test -p hasten-tests \
 		--no-fail-fast --test chat_clients --test answer_surface --test answers
 
