@@ -77,9 +77,10 @@ if [ -f "$bundle/manifest.json" ]; then
   corpus=(--bundle "$bundle")
 fi
 
-# --workspace keeps the workspace build's feature set (a -p build recompiles shared crates).
+# --workspace keeps the workspace build's feature set (a -p build recompiles shared crates);
+# with dev, --tests keeps `make test`'s (its dev-dependencies switch features on).
 profile=${PROFILE:-release}
-cargo build --profile "$profile" --workspace --bins
+cargo build --profile "$profile" --workspace --bins $([ "$profile" = dev ] && echo --tests)
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 bin=$target/$([ "$profile" = dev ] && echo debug || echo "$profile")
