@@ -70,9 +70,10 @@ build: deps
 demo: deps models build
 	DATA_DIR=$(DATA_DIR) scripts/demo.sh
 
-# `--tests` makes the binaries the integration tests spawn from the same feature set as
+# `--tests` builds the binaries the integration tests spawn with the same feature set as
 # `cargo test` (dev-dependencies switch on figment's `test`, hasten-lm's `testing`, kube's
-# `cel`), so the test step reuses this build instead of compiling the workspace again.
+# `cel`, tokio's `test-util`), so the test step reuses this build instead of compiling the
+# workspace again.
 test: deps models clients monitoring
 	$(CARGO) build --workspace --bins --tests
 	$(CARGO) test --workspace --no-fail-fast
