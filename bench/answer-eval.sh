@@ -18,7 +18,8 @@
 # MODEL (the answering GGUF; default SmolLM2-135M-Instruct from HASTEN_LM_DIR), ENTITIES
 # (60), MAX_PASSAGES (3), ARTICLES (4), MAX_TOKENS (16), K (5), EDGES (2), WORKERS (2),
 # FUSION_RATIO (0.15: the share of chunk tokens FusionRAG recomputes), EXACT_LEADING_CHUNK
-# (true or false: the workers' exact_leading_chunk; default the worker's), EDGE_ARGS (extra
+# (true or false: the workers' exact_leading_chunk; default the worker's), WHOLE_CHUNKS (the
+# workers' recompute_whole_chunks: chunks after the first recomputed whole), EDGE_ARGS (extra
 # flags for every edge, space-separated, after the system's own: `--set=kv.variant=full-reuse`),
 # DATA_DIR (../shared/data), OUT (run/answer-eval/<time>), RAYON_NUM_THREADS (1: one thread
 # per process, so that two KV workers do not oversubscribe two cores), PROFILE (release, or
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --questions) questions=$2; shift 2 ;;
     --squad) squad=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -97,6 +98,7 @@ for arg in ${EDGE_ARGS:-}; do edge_args+=("--edge-arg=$arg"); done
   --max-tokens "${MAX_TOKENS:-16}" --k "${K:-5}" --edges "${EDGES:-2}" --workers "${WORKERS:-2}" \
   --fusion-ratio "${FUSION_RATIO:-0.15}" \
   ${EXACT_LEADING_CHUNK:+--exact-leading-chunk "$EXACT_LEADING_CHUNK"} \
+  ${WHOLE_CHUNKS:+--recompute-whole-chunks "$WHOLE_CHUNKS"} \
   "${edge_args[@]}" \
   --client-delay uniform:0.005,0.025 --cloud-delay uniform:0.05,0.1 \
   --save-workload "$out/workload.jsonl" --out "$out" 2>&1 | tee "$out/answers.log"

@@ -10,6 +10,7 @@ use hasten_lm::{DeviceKind, WeightFormat};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::fusion::ExactPrefix;
 use crate::store::KvDtype;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -51,6 +52,12 @@ pub struct KvWorkerConfig {
     /// exactly a full prefill's (false: every chunk reads the requested variant, as in the
     /// FusionRAG paper).
     pub exact_leading_chunk: bool,
+    /// FusionRAG and CacheBlend recompute this many chunks whole, on top of their budget
+    /// (which then goes to the chunks after them), right after the exact leading chunk (from
+    /// the first when `exact_leading_chunk` is false): their KV then comes out exactly as a
+    /// full prefill's, at the cost of their tokens' recomputation (0: none, as in the
+    /// FusionRAG paper).
+    pub recompute_whole_chunks: usize,
     /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
     #[serde(flatten)]
     pub tls: TlsConfig,
@@ -76,6 +83,7 @@ impl Default for KvWorkerConfig {
             queue: 16,
             max_new_tokens: 64,
             exact_leading_chunk: true,
+            recompute_whole_chunks: 0,
             tls: TlsConfig::default(),
             ready_file: None,
         }
@@ -89,6 +97,14 @@ impl KvWorkerConfig {
             DeviceKind::Cpu => WeightFormat::Fast,
             DeviceKind::Cuda => WeightFormat::F32,
         })
+    }
+
+    /// Which leading chunks of a FusionRAG or CacheBlend prompt come out exact.
+    pub fn exact_prefix(&self) -> ExactPrefix {
+        ExactPrefix {
+            stored_leading: self.exact_leading_chunk,
+            whole_chunks: self.recompute_whole_chunks,
+        }
     }
 }
 

@@ -10,7 +10,9 @@ use hasten_lm::{Decoded, GenerationOptions, LanguageModel, Sampling, TextStream,
 use hasten_rag::AnswerSink;
 
 use crate::error::Result;
-use crate::fusion::{FusedPrefill, FusionSettings, PrefillTimings, SegmentKv, prefill};
+use crate::fusion::{
+    ExactPrefix, FusedPrefill, FusionSettings, PrefillTimings, SegmentKv, prefill,
+};
 use crate::prompt::{question_tokens, stop_tokens, system_tokens};
 
 pub struct KvEngine {
@@ -58,15 +60,14 @@ impl KvEngine {
     }
 
     /// The prompt of `question` over `chunks` prefilled in `settings.mode`; its logits give
-    /// the first answer token. `leading_exact`: the first chunk's KV is its Full Reuse KV
-    /// ([`prefill`]).
+    /// the first answer token; `exact` says which leading chunks come out exact.
     pub fn prefill(
         &self,
         question: &str,
         chunks: &[&SegmentKv],
         settings: FusionSettings,
         max_new_tokens: usize,
-        leading_exact: bool,
+        exact: ExactPrefix,
     ) -> Result<FusedPrefill> {
         let question = question_tokens(&self.model, question)?;
         prefill(
@@ -76,7 +77,7 @@ impl KvEngine {
             &question,
             settings,
             max_new_tokens,
-            leading_exact,
+            exact,
         )
     }
 
@@ -123,7 +124,7 @@ impl KvEngine {
         chunks: &[&SegmentKv],
         settings: FusionSettings,
         max_new_tokens: usize,
-        leading_exact: bool,
+        exact: ExactPrefix,
         sink: &mut dyn AnswerSink,
     ) -> Result<KvAnswer> {
         let started = Instant::now();
@@ -134,7 +135,7 @@ impl KvEngine {
             ratio = settings.ratio
         )
         .entered();
-        let fused = self.prefill(question, chunks, settings, max_new_tokens, leading_exact)?;
+        let fused = self.prefill(question, chunks, settings, max_new_tokens, exact)?;
         let (context_tokens, recomputed, prefill) = (
             fused.context_tokens,
             fused.recomputed.clone(),

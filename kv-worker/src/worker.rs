@@ -12,7 +12,7 @@ use hasten_rag::AnswerSink;
 
 use crate::engine::{KvAnswer, KvEngine};
 use crate::error::KvError;
-use crate::fusion::{FusionSettings, SegmentKv};
+use crate::fusion::{ExactPrefix, FusionSettings, SegmentKv};
 use crate::preprocess::{Catalog, Progress};
 use crate::prompt::chunk_tokens;
 use crate::store::{
@@ -112,20 +112,22 @@ pub struct KvWorker {
     model_id: ModelId,
     model_path: PathBuf,
     catalogs: RwLock<BTreeMap<String, Catalog>>,
-    /// A prompt's first chunk reads its Full Reuse KV whatever the request's variant: that
-    /// is exactly a full prefill's KV for the chunk that follows the system prompt.
-    exact_leading_chunk: bool,
+    /// Which leading chunks come out exact; with `stored_leading`, a prompt's first chunk
+    /// reads its Full Reuse KV whatever the request's variant: that is exactly a full
+    /// prefill's KV for the chunk that follows the system prompt.
+    exact: ExactPrefix,
 }
 
 impl KvWorker {
     /// A worker over `store` for `engine`'s model, holding every corpus version the store has
-    /// a catalog of for this model. `exact_leading_chunk`: the config key of that name.
+    /// a catalog of for this model. `exact`: the config keys `exact_leading_chunk` and
+    /// `recompute_whole_chunks`.
     pub fn new(
         engine: KvEngine,
         store: Arc<ChunkKvStore>,
         model_id: ModelId,
         model_path: PathBuf,
-        exact_leading_chunk: bool,
+        exact: ExactPrefix,
     ) -> Result<Self, WorkerError> {
         let worker = Self {
             engine,
@@ -133,7 +135,7 @@ impl KvWorker {
             model_id,
             model_path,
             catalogs: RwLock::new(BTreeMap::new()),
-            exact_leading_chunk,
+            exact,
         };
         worker.reload_catalogs()?;
         Ok(worker)
@@ -249,7 +251,7 @@ impl KvWorker {
 
     /// The stored KV the chunk at `index` of `request` reads when given by id.
     fn variant_at(&self, request: &GenerateRequest, index: usize) -> Variant {
-        if index == 0 && self.exact_leading_chunk {
+        if index == 0 && self.exact.stored_leading {
             Variant::FullReuse
         } else {
             request.variant
@@ -308,7 +310,7 @@ impl KvWorker {
             &refs,
             request.settings,
             request.max_new_tokens,
-            self.exact_leading_chunk,
+            self.exact,
             sink,
         )?;
         // The answer's clock starts at the prefill; the request's at its arrival here.

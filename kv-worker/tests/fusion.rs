@@ -7,7 +7,9 @@ use candle_core::{Device, Tensor};
 use display_full_error::DisplayFullErrorExt;
 use hasten_kv_worker::fusion::select::{recompute_count, top_tokens};
 use hasten_kv_worker::fusion::{CACHEBLEND_LAYER, recompute_mask};
-use hasten_kv_worker::{FusedPrefill, FusionMode, FusionSettings, SegmentKv, assemble, prefill};
+use hasten_kv_worker::{
+    ExactPrefix, FusedPrefill, FusionMode, FusionSettings, SegmentKv, assemble, prefill,
+};
 use hasten_lm::testing::{TinyArch, max_abs_diff, tokens, write_tiny_model};
 use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits, RopeStyle, RotaryTables};
 
@@ -15,6 +17,11 @@ const TOLERANCE: f32 = 2e-3;
 /// A broken variant must be off by far more than rounding.
 const BROKEN: f32 = 50.0 * TOLERANCE;
 const ARCHS: [TinyArch; 2] = [TinyArch::Llama, TinyArch::Qwen2];
+/// The kv-worker's default: the first chunk's stored KV taken as exact.
+const STORED_LEADING: ExactPrefix = ExactPrefix {
+    stored_leading: true,
+    whole_chunks: 0,
+};
 
 fn tiny(arch: TinyArch, seed: u64) -> (tempfile::TempDir, Decoder) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -92,15 +99,15 @@ impl Prompt {
         chunks: &[SegmentKv],
         settings: FusionSettings,
     ) -> FusedPrefill {
-        self.run_leading(decoder, chunks, settings, false)
+        self.run_exact(decoder, chunks, settings, ExactPrefix::NONE)
     }
 
-    fn run_leading(
+    fn run_exact(
         &self,
         decoder: &Decoder,
         chunks: &[SegmentKv],
         settings: FusionSettings,
-        leading_exact: bool,
+        exact: ExactPrefix,
     ) -> FusedPrefill {
         let refs: Vec<&SegmentKv> = chunks.iter().collect();
         prefill(
@@ -110,7 +117,7 @@ impl Prompt {
             &self.question,
             settings,
             8,
-            leading_exact,
+            exact,
         )
         .expect("fused prefill")
     }
@@ -241,7 +248,7 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
         for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
             // A budget of every chunk token, spent on the 20 that are not the leading
             // chunk's: the whole context is then a full prefill's.
-            let fused = prompt.run_leading(&decoder, &chunks, settings(mode, 1.0), true);
+            let fused = prompt.run_exact(&decoder, &chunks, settings(mode, 1.0), STORED_LEADING);
             assert_eq!(fused.recomputed.len(), 20, "{arch:?} {mode:?}");
             assert!(
                 fused.recomputed.iter().all(|i| !leading.contains(i)),
@@ -254,7 +261,7 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
             );
             assert_same_kv(&fused.cache, &expected_kv, &format!("{arch:?} {mode:?}"));
             // At a small budget, selection still never picks the leading chunk.
-            let small = prompt.run_leading(&decoder, &chunks, settings(mode, 0.3), true);
+            let small = prompt.run_exact(&decoder, &chunks, settings(mode, 0.3), STORED_LEADING);
             assert_eq!(small.recomputed.len(), 10, "{arch:?} {mode:?}");
             assert!(small.recomputed.iter().all(|i| !leading.contains(i)));
         }
@@ -262,14 +269,90 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
         // Twin: the leading chunk computed alone and still taken for exact; its stale entries
         // are kept and the prefill is not a full one.
         let stale = prompt.alone(&decoder);
-        let fused =
-            prompt.run_leading(&decoder, &stale, settings(FusionMode::FusionRag, 1.0), true);
+        let fused = prompt.run_exact(
+            &decoder,
+            &stale,
+            settings(FusionMode::FusionRag, 1.0),
+            STORED_LEADING,
+        );
         let diff = max_abs_diff(&fused.logits, &expected);
         assert!(
             diff > BROKEN,
             "{arch:?}: a stale leading chunk made no difference ({diff})"
         );
     }
+}
+
+#[test]
+fn a_chunk_recomputed_whole_after_the_exact_leading_one_is_a_full_prefills_at_any_budget() {
+    for arch in ARCHS {
+        let (_dir, decoder) = tiny(arch, 7);
+        let prompt = Prompt::new(&decoder, 40, &[11, 7, 13]);
+        let (_, expected_kv) = plain(&decoder, &prompt.whole(), None);
+        let mut chunks = prompt.alone(&decoder);
+        chunks[0] = prompt.after_system(&decoder).remove(0);
+        let system = prompt.system.len();
+        let second = system + 11..system + 18;
+        let whole = ExactPrefix {
+            stored_leading: true,
+            whole_chunks: 1,
+        };
+        for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
+            for ratio in [0.0, 0.3] {
+                let fused = prompt.run_exact(&decoder, &chunks, settings(mode, ratio), whole);
+                let label = format!("{arch:?} {mode:?} {ratio}");
+                // The second chunk's 7 tokens on top of the budget, which goes to the third.
+                let budget = recompute_count(ratio, 31).unwrap();
+                assert_eq!(fused.recomputed.len(), 7 + budget, "{label}");
+                assert_eq!(
+                    fused.recomputed[..7],
+                    second.clone().collect::<Vec<_>>()[..]
+                );
+                assert!(fused.recomputed[7..].iter().all(|&i| i >= second.end));
+                // System prompt, leading and second chunk: a full prefill's entries.
+                assert_same_kv(
+                    &prefix(&fused.cache, second.end),
+                    &prefix(&expected_kv, second.end),
+                    &label,
+                );
+            }
+        }
+
+        // Twin: without the whole chunk, the second chunk's reused entries are not a full
+        // prefill's.
+        let fused = prompt.run_exact(
+            &decoder,
+            &chunks,
+            settings(FusionMode::FusionRag, 0.0),
+            STORED_LEADING,
+        );
+        let (reused, full) = (
+            prefix(&fused.cache, second.end),
+            prefix(&expected_kv, second.end),
+        );
+        let diff = by_position(&reused)
+            .iter()
+            .zip(by_position(&full))
+            .map(|((k, v), (ek, ev))| max_abs_diff(k, &ek).max(max_abs_diff(v, &ev)))
+            .fold(0.0f32, f32::max);
+        assert!(
+            diff > BROKEN,
+            "{arch:?}: a reused second chunk matched a full prefill ({diff})"
+        );
+    }
+}
+
+/// `cache` with its entries at positions from `end` on hidden.
+fn prefix(cache: &KvCache, end: usize) -> KvCache {
+    let beyond: Vec<usize> = cache.positions()[0]
+        .iter()
+        .enumerate()
+        .filter(|&(_, &p)| p as usize >= end)
+        .map(|(i, _)| i)
+        .collect();
+    let mut prefix = cache.clone();
+    prefix.hide(0, &beyond).unwrap();
+    prefix
 }
 
 #[test]
@@ -578,7 +661,7 @@ fn a_context_over_the_window_is_refused_with_its_counts() {
         &prompt.question,
         FusionSettings::default(),
         32,
-        false,
+        ExactPrefix::NONE,
     )
     .unwrap_err()
     .to_string_full();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::Device;
 use hasten_kv_worker::prompt::{chunk_tokens, question_tokens};
-use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv, prefill};
+use hasten_kv_worker::{ExactPrefix, FusionMode, FusionSettings, KvEngine, SegmentKv, prefill};
 use hasten_lm::testing::{SMALL_MODEL, max_abs_diff, real_model};
 use hasten_lm::{LanguageModel, WeightFormat};
 
@@ -59,7 +59,7 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
                 &refs,
                 settings(mode, ratio),
                 16,
-                false,
+                ExactPrefix::NONE,
                 &mut |_: &str| {},
             )
             .unwrap()
@@ -87,7 +87,7 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
             &question,
             settings(mode, ratio),
             16,
-            false,
+            ExactPrefix::NONE,
         )
         .unwrap()
         .logits

@@ -14,7 +14,7 @@ use hasten_kv_worker::store::{
     ChunkKvStore, EntryMeta, Found, HeatTiers, KvDtype, KvKey, MemoryTier, ModelId, StoreError,
     StoreSettings, Variant,
 };
-use hasten_kv_worker::{FusionMode, FusionSettings, SegmentKv, prefill};
+use hasten_kv_worker::{ExactPrefix, FusionMode, FusionSettings, SegmentKv, prefill};
 use hasten_lm::testing::{TinyArch, max_abs_diff, tokens, write_tiny_model};
 use hasten_lm::{Decoder, ForwardRequest, Logits};
 use proptest::prelude::*;
@@ -314,7 +314,7 @@ fn requests_in_every_mode_never_write_the_stored_kv() {
                     &tokens(90 + round, 5),
                     FusionSettings { mode, ratio: 0.5 },
                     4,
-                    false,
+                    ExactPrefix::NONE,
                 )
                 .unwrap();
                 // Decoding appends to the request's cache.

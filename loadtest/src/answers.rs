@@ -68,6 +68,11 @@ pub struct AnswersArgs {
     /// only the other chunks (the kv-worker's `exact_leading_chunk`) [default: the worker's].
     #[arg(long)]
     exact_leading_chunk: Option<bool>,
+    /// Chunks after the first that the workers recompute whole on top of FusionRAG's budget,
+    /// so that their KV is a full prefill's (the kv-worker's `recompute_whole_chunks`)
+    /// [default: the worker's].
+    #[arg(long)]
+    recompute_whole_chunks: Option<usize>,
     /// Edges per system; client i talks to edge i mod N.
     #[arg(long, default_value_t = 2)]
     edges: usize,
@@ -200,6 +205,7 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
         ram_budget: args.worker_ram_mib.map(|mib| mib << 20),
         fusion_ratio: args.fusion_ratio,
         exact_leading_chunk: args.exact_leading_chunk,
+        recompute_whole_chunks: args.recompute_whole_chunks,
     };
     let ask = AskSettings {
         k: args.k,
@@ -232,6 +238,10 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
                 "exact_leading_chunk": args.exact_leading_chunk.map_or_else(
                     || serde_json::json!("worker default"),
                     |exact| serde_json::json!(exact),
+                ),
+                "recompute_whole_chunks": args.recompute_whole_chunks.map_or_else(
+                    || serde_json::json!("worker default"),
+                    |chunks| serde_json::json!(chunks),
                 ),
             }),
         );

@@ -57,12 +57,46 @@ pub struct FusedPrefill {
     pub timings: PrefillTimings,
 }
 
+/// Which leading chunks of a FusionRAG or CacheBlend prompt end up with a full prefill's KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExactPrefix {
+    /// The first chunk's KV is its Full Reuse KV: computed right after the system prompt,
+    /// where it stands in this prompt too, so its entries are already the ones a full
+    /// prefill computes, and selection spends the recompute budget on the other chunks.
+    pub stored_leading: bool,
+    /// This many chunks after the stored one (from the first without it) are recomputed
+    /// whole, on top of the budget (which then goes to the chunks after them): each attends
+    /// to exact entries only, so it comes out exact too.
+    pub whole_chunks: usize,
+}
+
+impl ExactPrefix {
+    /// The paper's FusionRAG: every chunk reused, the budget spread over all of them.
+    pub const NONE: Self = Self {
+        stored_leading: false,
+        whole_chunks: 0,
+    };
+
+    /// The context columns whose stored entries are taken as exact, and the ones after them
+    /// recomputed whole, of `assembled`.
+    fn columns(self, assembled: &Assembled) -> (Range<usize>, Range<usize>) {
+        let spans = &assembled.chunk_spans;
+        let stored = usize::from(self.stored_leading).min(spans.len());
+        let whole = (stored + self.whole_chunks).min(spans.len());
+        let start = assembled.system_len;
+        let end_of = |chunks: usize| {
+            spans
+                .get(..chunks)
+                .and_then(<[_]>::last)
+                .map_or(start, |s| s.end)
+        };
+        (start..end_of(stored), end_of(stored)..end_of(whole))
+    }
+}
+
 /// Prefills `system + chunks + question` in `settings.mode`, leaving room in the model's
-/// window for `max_new_tokens`.
-///
-/// `leading_exact` says the first chunk's KV is its Full Reuse KV: computed right after the
-/// system prompt, where it stands in this prompt too, so its entries are already the ones a
-/// full prefill computes and selection spends the recompute budget on the other chunks.
+/// window for `max_new_tokens`; `exact` says which leading chunks come out exact
+/// ([`ExactPrefix`]).
 pub fn prefill(
     decoder: &Decoder,
     system: &SegmentKv,
@@ -70,7 +104,7 @@ pub fn prefill(
     question: &[u32],
     settings: FusionSettings,
     max_new_tokens: usize,
-    leading_exact: bool,
+    exact: ExactPrefix,
 ) -> Result<FusedPrefill> {
     check_window(decoder, system, chunks, question, max_new_tokens)?;
     if question.is_empty() {
@@ -81,31 +115,42 @@ pub fn prefill(
         let room = chunk_tokens + question.len() + max_new_tokens;
         return full_prefill(decoder, system, chunks, question, room);
     }
-    let budget = match settings.mode {
-        FusionMode::FullReuse | FusionMode::FullPrefill => 0,
-        FusionMode::CacheBlend | FusionMode::FusionRag => {
-            select::recompute_count(settings.ratio, chunk_tokens)?
-        }
+    let (budget, exact) = match settings.mode {
+        FusionMode::FullReuse | FusionMode::FullPrefill => (0, ExactPrefix::NONE),
+        FusionMode::CacheBlend | FusionMode::FusionRag => (
+            select::recompute_count(settings.ratio, chunk_tokens)?,
+            exact,
+        ),
     };
     let started = Instant::now();
-    let room = budget + question.len() + max_new_tokens;
+    let whole_tokens: usize = chunks
+        .iter()
+        .skip(usize::from(exact.stored_leading))
+        .take(exact.whole_chunks)
+        .map(|c| c.len())
+        .sum();
+    let room = budget + whole_tokens + question.len() + max_new_tokens;
     let assembled = assemble(decoder.rope(), system, chunks, room)?;
     let assembled_at = Instant::now();
-    let exact_columns = match assembled.chunk_spans.first() {
-        Some(leading) if leading_exact => leading.len(),
-        _ => 0,
-    };
-    let candidates = assembled.system_len + exact_columns..assembled.tokens.len();
+    let (stored_exact, whole) = exact.columns(&assembled);
+    // Scored from the first column that is not stored-exact: CacheBlend's fresh pass must
+    // recompute the whole chunks too for the deviations after them to be a full prefill's.
+    let scored = stored_exact.end..assembled.tokens.len();
     let scores = if budget == 0 {
         Vec::new()
     } else if settings.mode == FusionMode::FusionRag {
-        question_attention(decoder, &assembled, question, candidates.clone())?
+        question_attention(decoder, &assembled, question, scored.clone())?
     } else {
-        deviation(decoder, &assembled, candidates.clone())?
+        deviation(decoder, &assembled, scored.clone())?
     };
-    let recomputed: Vec<usize> = select::top_tokens(&scores, budget)
-        .into_iter()
-        .map(|i| i + candidates.start)
+    let free = scores.get(whole.len()..).unwrap_or_default();
+    let recomputed: Vec<usize> = whole
+        .clone()
+        .chain(
+            select::top_tokens(free, budget)
+                .into_iter()
+                .map(|i| i + whole.end),
+        )
         .collect();
     let selected_at = Instant::now();
     let Assembled {

@@ -31,6 +31,8 @@ pub struct WorkerSettings {
     pub fusion_ratio: f64,
     /// The workers' `exact_leading_chunk` (their default when absent).
     pub exact_leading_chunk: Option<bool>,
+    /// The workers' `recompute_whole_chunks` (their default when absent).
+    pub recompute_whole_chunks: Option<usize>,
 }
 
 /// How each question is asked and judged.
@@ -57,6 +59,9 @@ fn start_workers(
         }
         if let Some(exact) = settings.exact_leading_chunk {
             args.extend(["--set".into(), format!("exact_leading_chunk={exact}")]);
+        }
+        if let Some(chunks) = settings.recompute_whole_chunks {
+            args.extend(["--set".into(), format!("recompute_whole_chunks={chunks}")]);
         }
         let worker = tokio::task::block_in_place(|| {
             ManagedProcess::start(

@@ -23,7 +23,7 @@ use hasten_bench::retrieval::{PassageRetriever, holds_answer};
 use hasten_core::encoder::{EncoderRuntime, TextEncoder};
 use hasten_eval::metrics::{best_of, exact_match, f1, normalize};
 use hasten_kv_worker::quality::{first_token_kl, kv_deviation_per_layer};
-use hasten_kv_worker::{FusionMode, FusionSettings, KvEngine, SegmentKv};
+use hasten_kv_worker::{ExactPrefix, FusionMode, FusionSettings, KvEngine, SegmentKv};
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 
 use hasten_kv_worker::store::Variant;
@@ -195,7 +195,7 @@ fn main() -> Result<()> {
         &warm,
         FusionSettings::default(),
         4,
-        false,
+        ExactPrefix::NONE,
         &mut |_: &str| {},
     )?;
 
@@ -217,7 +217,10 @@ fn main() -> Result<()> {
                 &chunks,
                 system.settings,
                 args.max_new_tokens,
-                system.exact_lead,
+                ExactPrefix {
+                    stored_leading: system.exact_lead,
+                    whole_chunks: 0,
+                },
             )?;
             fused.logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
             let ttft = started.elapsed().as_secs_f64();
