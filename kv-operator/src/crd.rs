@@ -215,6 +215,16 @@ pub struct FusionSpec {
     #[serde(default = "default_top_n")]
     #[schemars(range(min = 1, max = 64))]
     pub top_n: u32,
+    /// The workers' `exact_leading_chunk`: a prompt's first chunk reads its Full Reuse KV
+    /// (exactly a full prefill's) and the budget goes to the other chunks (default: the
+    /// worker's, true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact_leading_chunk: Option<bool>,
+    /// The workers' `recompute_whole_chunks`: chunks after the exact leading one recomputed
+    /// whole, on top of the budget, so that their KV is a full prefill's (default: the
+    /// worker's, 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_whole_chunks: Option<u32>,
 }
 
 impl Default for FusionSpec {
@@ -223,6 +233,8 @@ impl Default for FusionSpec {
             mode: FusionMode::default(),
             recompute_ratio: default_recompute_ratio(),
             top_n: default_top_n(),
+            exact_leading_chunk: None,
+            recompute_whole_chunks: None,
         }
     }
 }

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::crd::KvWorkerPool;
+use crate::crd::{FusionSpec, KvWorkerPool};
 use crate::error::Error;
 use crate::validate::Budgets;
 
@@ -160,8 +160,9 @@ pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets, settings: &RenderSet
          store = \"{STORE_DIR}\"\n\
          ram_budget = {ram}\n\
          gpu_budget = {gpu}\n\
-         log_format = \"{log_format}\"\n{tls}",
+         log_format = \"{log_format}\"\n{fusion}{tls}",
         name = pool.name_any(),
+        fusion = fusion_keys(&spec.fusion),
         tls = match (
             &settings.worker_tls_secret,
             &settings.worker_extra_ca_config_map
@@ -184,6 +185,18 @@ pub fn worker_config(pool: &KvWorkerPool, budgets: Budgets, settings: &RenderSet
         gpu = budgets.gpu,
         log_format = settings.worker_log_format.as_str(),
     )
+}
+
+/// The workers' FusionRAG keys the pool sets (the rest keep the worker's defaults).
+fn fusion_keys(fusion: &FusionSpec) -> String {
+    let mut keys = String::new();
+    if let Some(exact) = fusion.exact_leading_chunk {
+        keys.push_str(&format!("exact_leading_chunk = {exact}\n"));
+    }
+    if let Some(chunks) = fusion.recompute_whole_chunks {
+        keys.push_str(&format!("recompute_whole_chunks = {chunks}\n"));
+    }
+    keys
 }
 
 /// The edges' configuration fragment for this pool (`edge-node` keys): the workers' stable

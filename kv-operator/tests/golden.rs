@@ -125,6 +125,8 @@ fn the_rendering_follows_the_spec() {
         "{toml}"
     );
     assert!(toml.contains("device = \"cuda\""), "{toml}");
+    assert!(toml.contains("exact_leading_chunk = true\n"), "{toml}");
+    assert!(toml.contains("recompute_whole_chunks = 1\n"), "{toml}");
     let edge = &none.config_map.data.as_ref().expect("data")["edge-kv.toml"];
     assert!(
         edge.contains("wiki-3.wiki.rag.svc.cluster.local:7510"),

@@ -71,7 +71,7 @@ pub fn gpu_spec() -> serde_json::Value {
             "runtimeClassName": "nvidia",
         },
         "kvStore": {"ramBudget": "32Gi", "gpuBudget": "40Gi", "disk": {"size": "200Gi", "storageClassName": "local-nvme"}},
-        "fusion": {"mode": "fusionrag", "recomputeRatio": 0.15, "topN": 10},
+        "fusion": {"mode": "fusionrag", "recomputeRatio": 0.15, "topN": 10, "exactLeadingChunk": true, "recomputeWholeChunks": 1},
         "corpus": {"version": "wiki-2026-12", "claimName": "bundles", "bundlePath": "wiki-2026-12"},
         "image": "ghcr.io/hasten-rag/hasten:0.1.0-cuda",
     })
