@@ -102,11 +102,19 @@ impl std::fmt::Debug for EngineLm {
     }
 }
 
+/// Idle pooled connections are dropped before the engines' servers close them: llama.cpp's
+/// server (cpp-httplib) and uvicorn (vLLM, SGLang) close an idle keep-alive connection after
+/// 5 s, and a request sent on one at that moment fails with "connection closed before message
+/// completed" (seen in CI as a 503 on a speculative answer).
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl EngineLm {
     /// A client of the engines; nothing is called until the first answer, [`EngineLm::probe`]
     /// or [`EngineLm::detect_scoring`]. Call within a tokio runtime.
     pub fn new(settings: EngineSettings) -> Result<Self, EngineError> {
-        let mut builder = reqwest::Client::builder().connect_timeout(settings.timeout);
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(settings.timeout)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT);
         if let Some(path) = &settings.ca_file {
             let pem = std::fs::read(path).map_err(|source| EngineError::CaFile {
                 path: path.display().to_string(),
