@@ -84,6 +84,14 @@ impl Prompt {
             .collect()
     }
 
+    /// The leading chunk's Full Reuse KV and the others' computed alone: only the leading
+    /// chunk's entries are a full prefill's.
+    fn leading_exact(&self, decoder: &Decoder) -> Vec<SegmentKv> {
+        let mut chunks = self.alone(decoder);
+        chunks[0] = self.after_system(decoder).remove(0);
+        chunks
+    }
+
     fn whole(&self) -> Vec<u32> {
         let mut all = self.system.tokens().to_vec();
         for chunk in &self.chunks {
@@ -164,14 +172,19 @@ fn by_position(cache: &KvCache) -> Vec<(Tensor, Tensor)> {
         .collect()
 }
 
-/// Every layer's entries of `cache`, in position order, within [`TOLERANCE`] of `expected`'s.
-fn assert_same_kv(cache: &KvCache, expected: &KvCache, label: &str) {
-    for (layer, ((k, v), (ek, ev))) in by_position(cache)
+/// Each layer's largest difference between the entries of `cache` and `expected`, in
+/// position order.
+fn kv_diffs(cache: &KvCache, expected: &KvCache) -> Vec<f32> {
+    by_position(cache)
         .iter()
         .zip(by_position(expected))
-        .enumerate()
-    {
-        let diff = max_abs_diff(k, &ek).max(max_abs_diff(v, &ev));
+        .map(|((k, v), (ek, ev))| max_abs_diff(k, &ek).max(max_abs_diff(v, &ev)))
+        .collect()
+}
+
+/// Every layer's entries of `cache`, in position order, within [`TOLERANCE`] of `expected`'s.
+fn assert_same_kv(cache: &KvCache, expected: &KvCache, label: &str) {
+    for (layer, diff) in kv_diffs(cache, expected).into_iter().enumerate() {
         assert!(
             diff < TOLERANCE,
             "{label} layer {layer}: KV differs by {diff}"
@@ -240,10 +253,7 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
         let (_dir, decoder) = tiny(arch, 6);
         let prompt = Prompt::new(&decoder, 30, &[11, 7, 13]);
         let (expected, expected_kv) = plain(&decoder, &prompt.whole(), None);
-        // The leading chunk's Full Reuse KV, the others' computed alone: only the leading
-        // chunk's entries are a full prefill's.
-        let mut chunks = prompt.alone(&decoder);
-        chunks[0] = prompt.after_system(&decoder).remove(0);
+        let chunks = prompt.leading_exact(&decoder);
         let leading = prompt.system.len()..prompt.system.len() + 11;
         for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
             // A budget of every chunk token, spent on the 20 that are not the leading
@@ -289,8 +299,7 @@ fn a_chunk_recomputed_whole_after_the_exact_leading_one_is_a_full_prefills_at_an
         let (_dir, decoder) = tiny(arch, 7);
         let prompt = Prompt::new(&decoder, 40, &[11, 7, 13]);
         let (_, expected_kv) = plain(&decoder, &prompt.whole(), None);
-        let mut chunks = prompt.alone(&decoder);
-        chunks[0] = prompt.after_system(&decoder).remove(0);
+        let chunks = prompt.leading_exact(&decoder);
         let system = prompt.system.len();
         let second = system + 11..system + 18;
         let whole = ExactPrefix {
@@ -330,11 +339,7 @@ fn a_chunk_recomputed_whole_after_the_exact_leading_one_is_a_full_prefills_at_an
             prefix(&fused.cache, second.end),
             prefix(&expected_kv, second.end),
         );
-        let diff = by_position(&reused)
-            .iter()
-            .zip(by_position(&full))
-            .map(|((k, v), (ek, ev))| max_abs_diff(k, &ek).max(max_abs_diff(v, &ev)))
-            .fold(0.0f32, f32::max);
+        let diff = kv_diffs(&reused, &full).into_iter().fold(0.0f32, f32::max);
         assert!(
             diff > BROKEN,
             "{arch:?}: a reused second chunk matched a full prefill ({diff})"

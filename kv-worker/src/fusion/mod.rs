@@ -77,12 +77,18 @@ impl ExactPrefix {
         whole_chunks: 0,
     };
 
+    /// Of `chunks` chunks, how many lead with stored exact entries, and how many lead once
+    /// the ones recomputed whole after them are counted.
+    fn chunk_counts(self, chunks: usize) -> (usize, usize) {
+        let stored = usize::from(self.stored_leading).min(chunks);
+        (stored, (stored + self.whole_chunks).min(chunks))
+    }
+
     /// The context columns whose stored entries are taken as exact, and the ones after them
     /// recomputed whole, of `assembled`.
     fn columns(self, assembled: &Assembled) -> (Range<usize>, Range<usize>) {
         let spans = &assembled.chunk_spans;
-        let stored = usize::from(self.stored_leading).min(spans.len());
-        let whole = (stored + self.whole_chunks).min(spans.len());
+        let (stored, whole) = self.chunk_counts(spans.len());
         let start = assembled.system_len;
         let end_of = |chunks: usize| {
             spans
@@ -123,12 +129,8 @@ pub fn prefill(
         ),
     };
     let started = Instant::now();
-    let whole_tokens: usize = chunks
-        .iter()
-        .skip(usize::from(exact.stored_leading))
-        .take(exact.whole_chunks)
-        .map(|c| c.len())
-        .sum();
+    let (stored, whole) = exact.chunk_counts(chunks.len());
+    let whole_tokens: usize = chunks[stored..whole].iter().map(|c| c.len()).sum();
     let room = budget + whole_tokens + question.len() + max_new_tokens;
     let assembled = assemble(decoder.rope(), system, chunks, room)?;
     let assembled_at = Instant::now();
