@@ -21,6 +21,7 @@
 # (true or false: the workers' exact_leading_chunk; default the worker's), WHOLE_CHUNKS (the
 # workers' recompute_whole_chunks: chunks after the first recomputed whole), EDGE_ARGS (extra
 # flags for every edge, space-separated, after the system's own: `--set=kv.variant=full-reuse`),
+# WORKER_ARGS (the same for every KV worker: `--set=selection_attention=all-layers`),
 # DATA_DIR (../shared/data), OUT (run/answer-eval/<time>), RAYON_NUM_THREADS (1: one thread
 # per process, so that two KV workers do not oversubscribe two cores), PROFILE (release, or
 # dev to reuse `make test`'s build: the same greedy answers, but its times are not figures).
@@ -87,8 +88,9 @@ target=$(cargo metadata --format-version 1 --no-deps |
 bin=$target/$([ "$profile" = dev ] && echo debug || echo "$profile")
 export PATH=$bin:$PATH
 export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-1}
-edge_args=()
-for arg in ${EDGE_ARGS:-}; do edge_args+=("--edge-arg=$arg"); done
+extra_args=()
+for arg in ${EDGE_ARGS:-}; do extra_args+=("--edge-arg=$arg"); done
+for arg in ${WORKER_ARGS:-}; do extra_args+=("--worker-arg=$arg"); done
 
 "$bin/hasten-loadtest" answers "${corpus[@]}" --bundle-out "$bundle" \
   "${popularity[@]}" --queries "${QUERIES:-160}" --rates "${RATES:-0.25,0.5,1}" \
@@ -99,7 +101,7 @@ for arg in ${EDGE_ARGS:-}; do edge_args+=("--edge-arg=$arg"); done
   --fusion-ratio "${FUSION_RATIO:-0.15}" \
   ${EXACT_LEADING_CHUNK:+--exact-leading-chunk "$EXACT_LEADING_CHUNK"} \
   ${WHOLE_CHUNKS:+--recompute-whole-chunks "$WHOLE_CHUNKS"} \
-  "${edge_args[@]}" \
+  "${extra_args[@]}" \
   --client-delay uniform:0.005,0.025 --cloud-delay uniform:0.05,0.1 \
   --save-workload "$out/workload.jsonl" --out "$out" 2>&1 | tee "$out/answers.log"
 echo "report: $out"

@@ -10,7 +10,7 @@ use hasten_lm::{DeviceKind, WeightFormat};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::fusion::ExactPrefix;
+use crate::fusion::{ExactPrefix, PrefillOptions, SelectionAttention};
 use crate::store::KvDtype;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -58,6 +58,9 @@ pub struct KvWorkerConfig {
     /// full prefill's, at the cost of their tokens' recomputation (0: none, as in the
     /// FusionRAG paper).
     pub recompute_whole_chunks: usize,
+    /// The question's attention that FusionRAG picks tokens by: `last-layer` (the FusionRAG
+    /// paper's) or `all-layers` (summed over every layer).
+    pub selection_attention: SelectionAttention,
     /// Mutual TLS: `tls_ca`, `tls_cert`, `tls_key` and `tls_extra_ca`, at the top level.
     #[serde(flatten)]
     pub tls: TlsConfig,
@@ -84,6 +87,7 @@ impl Default for KvWorkerConfig {
             max_new_tokens: 64,
             exact_leading_chunk: true,
             recompute_whole_chunks: 0,
+            selection_attention: SelectionAttention::LastLayer,
             tls: TlsConfig::default(),
             ready_file: None,
         }
@@ -99,11 +103,15 @@ impl KvWorkerConfig {
         })
     }
 
-    /// Which leading chunks of a FusionRAG or CacheBlend prompt come out exact.
-    pub fn exact_prefix(&self) -> ExactPrefix {
-        ExactPrefix {
-            stored_leading: self.exact_leading_chunk,
-            whole_chunks: self.recompute_whole_chunks,
+    /// How FusionRAG and CacheBlend prefill: which leading chunks come out exact, and the
+    /// attention FusionRAG selects by.
+    pub fn prefill_options(&self) -> PrefillOptions {
+        PrefillOptions {
+            exact: ExactPrefix {
+                stored_leading: self.exact_leading_chunk,
+                whole_chunks: self.recompute_whole_chunks,
+            },
+            selection: self.selection_attention,
         }
     }
 }

@@ -11,7 +11,7 @@ use hasten_rag::AnswerSink;
 
 use crate::error::Result;
 use crate::fusion::{
-    ExactPrefix, FusedPrefill, FusionSettings, PrefillTimings, SegmentKv, prefill,
+    FusedPrefill, FusionSettings, PrefillOptions, PrefillTimings, SegmentKv, prefill,
 };
 use crate::prompt::{question_tokens, stop_tokens, system_tokens};
 
@@ -60,14 +60,14 @@ impl KvEngine {
     }
 
     /// The prompt of `question` over `chunks` prefilled in `settings.mode`; its logits give
-    /// the first answer token; `exact` says which leading chunks come out exact.
+    /// the first answer token; `options` as the worker's config says.
     pub fn prefill(
         &self,
         question: &str,
         chunks: &[&SegmentKv],
         settings: FusionSettings,
         max_new_tokens: usize,
-        exact: ExactPrefix,
+        options: PrefillOptions,
     ) -> Result<FusedPrefill> {
         let question = question_tokens(&self.model, question)?;
         prefill(
@@ -77,7 +77,7 @@ impl KvEngine {
             &question,
             settings,
             max_new_tokens,
-            exact,
+            options,
         )
     }
 
@@ -124,7 +124,7 @@ impl KvEngine {
         chunks: &[&SegmentKv],
         settings: FusionSettings,
         max_new_tokens: usize,
-        exact: ExactPrefix,
+        options: PrefillOptions,
         sink: &mut dyn AnswerSink,
     ) -> Result<KvAnswer> {
         let started = Instant::now();
@@ -135,7 +135,7 @@ impl KvEngine {
             ratio = settings.ratio
         )
         .entered();
-        let fused = self.prefill(question, chunks, settings, max_new_tokens, exact)?;
+        let fused = self.prefill(question, chunks, settings, max_new_tokens, options)?;
         let (context_tokens, recomputed, prefill) = (
             fused.context_tokens,
             fused.recomputed.clone(),

@@ -25,6 +25,6 @@ pub mod worker;
 pub use engine::{AnswerTimings, KvAnswer, KvEngine};
 pub use error::{KvError, Result};
 pub use fusion::{
-    Assembled, ExactPrefix, FusedPrefill, FusionMode, FusionSettings, PrefillTimings, SegmentKv,
-    assemble, prefill,
+    Assembled, ExactPrefix, FusedPrefill, FusionMode, FusionSettings, PrefillOptions,
+    PrefillTimings, SegmentKv, SelectionAttention, assemble, prefill,
 };

@@ -12,7 +12,7 @@ use hasten_rag::AnswerSink;
 
 use crate::engine::{KvAnswer, KvEngine};
 use crate::error::KvError;
-use crate::fusion::{ExactPrefix, FusionSettings, SegmentKv};
+use crate::fusion::{FusionSettings, PrefillOptions, SegmentKv};
 use crate::preprocess::{Catalog, Progress};
 use crate::prompt::chunk_tokens;
 use crate::store::{
@@ -112,22 +112,23 @@ pub struct KvWorker {
     model_id: ModelId,
     model_path: PathBuf,
     catalogs: RwLock<BTreeMap<String, Catalog>>,
-    /// Which leading chunks come out exact; with `stored_leading`, a prompt's first chunk
-    /// reads its Full Reuse KV whatever the request's variant: that is exactly a full
-    /// prefill's KV for the chunk that follows the system prompt.
-    exact: ExactPrefix,
+    /// Which leading chunks come out exact (with `exact.stored_leading`, a prompt's first
+    /// chunk reads its Full Reuse KV whatever the request's variant: that is exactly a full
+    /// prefill's KV for the chunk that follows the system prompt), and what FusionRAG
+    /// selects by.
+    options: PrefillOptions,
 }
 
 impl KvWorker {
     /// A worker over `store` for `engine`'s model, holding every corpus version the store has
-    /// a catalog of for this model. `exact`: the config keys `exact_leading_chunk` and
-    /// `recompute_whole_chunks`.
+    /// a catalog of for this model. `options`: the config keys `exact_leading_chunk`,
+    /// `recompute_whole_chunks` and `selection_attention`.
     pub fn new(
         engine: KvEngine,
         store: Arc<ChunkKvStore>,
         model_id: ModelId,
         model_path: PathBuf,
-        exact: ExactPrefix,
+        options: PrefillOptions,
     ) -> Result<Self, WorkerError> {
         let worker = Self {
             engine,
@@ -135,7 +136,7 @@ impl KvWorker {
             model_id,
             model_path,
             catalogs: RwLock::new(BTreeMap::new()),
-            exact,
+            options,
         };
         worker.reload_catalogs()?;
         Ok(worker)
@@ -251,7 +252,7 @@ impl KvWorker {
 
     /// The stored KV the chunk at `index` of `request` reads when given by id.
     fn variant_at(&self, request: &GenerateRequest, index: usize) -> Variant {
-        if index == 0 && self.exact.stored_leading {
+        if index == 0 && self.options.exact.stored_leading {
             Variant::FullReuse
         } else {
             request.variant
@@ -310,7 +311,7 @@ impl KvWorker {
             &refs,
             request.settings,
             request.max_new_tokens,
-            self.exact,
+            self.options,
             sink,
         )?;
         // The answer's clock starts at the prefill; the request's at its arrival here.

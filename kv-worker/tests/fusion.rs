@@ -8,7 +8,8 @@ use display_full_error::DisplayFullErrorExt;
 use hasten_kv_worker::fusion::select::{recompute_count, top_tokens};
 use hasten_kv_worker::fusion::{CACHEBLEND_LAYER, recompute_mask};
 use hasten_kv_worker::{
-    ExactPrefix, FusedPrefill, FusionMode, FusionSettings, SegmentKv, assemble, prefill,
+    ExactPrefix, FusedPrefill, FusionMode, FusionSettings, PrefillOptions, SegmentKv,
+    SelectionAttention, assemble, prefill,
 };
 use hasten_lm::testing::{TinyArch, max_abs_diff, tokens, write_tiny_model};
 use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits, RopeStyle, RotaryTables};
@@ -107,15 +108,15 @@ impl Prompt {
         chunks: &[SegmentKv],
         settings: FusionSettings,
     ) -> FusedPrefill {
-        self.run_exact(decoder, chunks, settings, ExactPrefix::NONE)
+        self.run_with(decoder, chunks, settings, ExactPrefix::NONE)
     }
 
-    fn run_exact(
+    fn run_with(
         &self,
         decoder: &Decoder,
         chunks: &[SegmentKv],
         settings: FusionSettings,
-        exact: ExactPrefix,
+        options: impl Into<PrefillOptions>,
     ) -> FusedPrefill {
         let refs: Vec<&SegmentKv> = chunks.iter().collect();
         prefill(
@@ -125,7 +126,7 @@ impl Prompt {
             &self.question,
             settings,
             8,
-            exact,
+            options.into(),
         )
         .expect("fused prefill")
     }
@@ -258,7 +259,7 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
         for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
             // A budget of every chunk token, spent on the 20 that are not the leading
             // chunk's: the whole context is then a full prefill's.
-            let fused = prompt.run_exact(&decoder, &chunks, settings(mode, 1.0), STORED_LEADING);
+            let fused = prompt.run_with(&decoder, &chunks, settings(mode, 1.0), STORED_LEADING);
             assert_eq!(fused.recomputed.len(), 20, "{arch:?} {mode:?}");
             assert!(
                 fused.recomputed.iter().all(|i| !leading.contains(i)),
@@ -271,7 +272,7 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
             );
             assert_same_kv(&fused.cache, &expected_kv, &format!("{arch:?} {mode:?}"));
             // At a small budget, selection still never picks the leading chunk.
-            let small = prompt.run_exact(&decoder, &chunks, settings(mode, 0.3), STORED_LEADING);
+            let small = prompt.run_with(&decoder, &chunks, settings(mode, 0.3), STORED_LEADING);
             assert_eq!(small.recomputed.len(), 10, "{arch:?} {mode:?}");
             assert!(small.recomputed.iter().all(|i| !leading.contains(i)));
         }
@@ -279,7 +280,7 @@ fn an_exact_leading_chunk_is_left_out_of_selection_and_the_rest_recomputed_equal
         // Twin: the leading chunk computed alone and still taken for exact; its stale entries
         // are kept and the prefill is not a full one.
         let stale = prompt.alone(&decoder);
-        let fused = prompt.run_exact(
+        let fused = prompt.run_with(
             &decoder,
             &stale,
             settings(FusionMode::FusionRag, 1.0),
@@ -308,7 +309,7 @@ fn a_chunk_recomputed_whole_after_the_exact_leading_one_is_a_full_prefills_at_an
         };
         for mode in [FusionMode::FusionRag, FusionMode::CacheBlend] {
             for ratio in [0.0, 0.3] {
-                let fused = prompt.run_exact(&decoder, &chunks, settings(mode, ratio), whole);
+                let fused = prompt.run_with(&decoder, &chunks, settings(mode, ratio), whole);
                 let label = format!("{arch:?} {mode:?} {ratio}");
                 // The second chunk's 7 tokens on top of the budget, which goes to the third.
                 let budget = recompute_count(ratio, 31).unwrap();
@@ -329,7 +330,7 @@ fn a_chunk_recomputed_whole_after_the_exact_leading_one_is_a_full_prefills_at_an
 
         // Twin: without the whole chunk, the second chunk's reused entries are not a full
         // prefill's.
-        let fused = prompt.run_exact(
+        let fused = prompt.run_with(
             &decoder,
             &chunks,
             settings(FusionMode::FusionRag, 0.0),
@@ -610,6 +611,60 @@ fn query_guided_selection_equals_a_naive_reference() {
 }
 
 #[test]
+fn all_layers_selection_ranks_by_the_attention_summed_over_layers() {
+    for arch in ARCHS {
+        let (_dir, decoder) = tiny(arch, 8);
+        let prompt = Prompt::new(&decoder, 60, &[20, 15, 25]);
+        let chunks = prompt.after_system(&decoder);
+        let refs: Vec<&SegmentKv> = chunks.iter().collect();
+        let assembled = assemble(decoder.rope(), &prompt.system, &refs, 0).unwrap();
+        let context = assembled.tokens.len();
+        let system = assembled.system_len;
+        let rows = [prompt.question.clone()];
+        let positions = [span(context, prompt.question.len())];
+        // Each layer's columns, read from a pass cut after that layer, added up here.
+        let layers = decoder.config().layers;
+        let mut scores = vec![0.0f32; context - system];
+        for depth in 1..=layers {
+            let weights = decoder
+                .forward(
+                    &ForwardRequest::new(&rows, &positions)
+                        .past(&assembled.cache)
+                        .logits(Logits::None)
+                        .first_layers(depth)
+                        .with_attention(),
+                )
+                .unwrap()
+                .attention
+                .unwrap()
+                .weights
+                .squeeze(0)
+                .unwrap()
+                .to_vec3::<f32>()
+                .unwrap();
+            for (score, j) in scores.iter_mut().zip(system..context) {
+                *score += weights.iter().flatten().map(|row| row[j]).sum::<f32>();
+            }
+        }
+        let k = 9;
+        let expected = shifted(naive_top(&scores, k), system);
+        let options = PrefillOptions {
+            exact: ExactPrefix::NONE,
+            selection: SelectionAttention::AllLayers,
+        };
+        let settings = settings(FusionMode::FusionRag, 0.15);
+        let fused = prompt.run_with(&decoder, &chunks, settings, options);
+        assert_eq!(fused.recomputed, expected, "{arch:?}");
+        // Twin: the last layer's attention alone picks other tokens.
+        let last_layer = prompt.run(&decoder, &chunks, settings);
+        assert_ne!(
+            last_layer.recomputed, expected,
+            "{arch:?}: summing the layers changed nothing"
+        );
+    }
+}
+
+#[test]
 fn cacheblend_selection_equals_a_naive_reference() {
     for arch in ARCHS {
         let (_dir, decoder) = tiny(arch, 9);
@@ -666,7 +721,7 @@ fn a_context_over_the_window_is_refused_with_its_counts() {
         &prompt.question,
         FusionSettings::default(),
         32,
-        ExactPrefix::NONE,
+        ExactPrefix::NONE.into(),
     )
     .unwrap_err()
     .to_string_full();

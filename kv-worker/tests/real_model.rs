@@ -59,7 +59,7 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
                 &refs,
                 settings(mode, ratio),
                 16,
-                ExactPrefix::NONE,
+                ExactPrefix::NONE.into(),
                 &mut |_: &str| {},
             )
             .unwrap()
@@ -87,7 +87,7 @@ fn recomputing_every_token_answers_as_full_prefill_does_on_smollm2() {
             &question,
             settings(mode, ratio),
             16,
-            ExactPrefix::NONE,
+            ExactPrefix::NONE.into(),
         )
         .unwrap()
         .logits

@@ -314,7 +314,7 @@ fn requests_in_every_mode_never_write_the_stored_kv() {
                     &tokens(90 + round, 5),
                     FusionSettings { mode, ratio: 0.5 },
                     4,
-                    ExactPrefix::NONE,
+                    ExactPrefix::NONE.into(),
                 )
                 .unwrap();
                 // Decoding appends to the request's cache.

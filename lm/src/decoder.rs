@@ -87,7 +87,7 @@ pub struct ForwardRequest<'a> {
     pub past: Option<&'a KvCache>,
     pub mask: AttentionMask,
     pub logits: Logits,
-    pub attention: bool,
+    pub attention: AttentionReadout,
     /// Runs only the first this many layers (`None`: all); their KV is what comes back, and
     /// the last of them is the one whose attention is returned. No logits then.
     pub layers: Option<usize>,
@@ -115,7 +115,7 @@ impl<'a> ForwardRequest<'a> {
             past: None,
             mask: AttentionMask::Causal,
             logits: Logits::Last,
-            attention: false,
+            attention: AttentionReadout::None,
             layers: None,
             interrupt: None,
         }
@@ -147,8 +147,16 @@ impl<'a> ForwardRequest<'a> {
         self
     }
 
+    /// Returns the last layer's attention ([`AttentionReadout::LastLayer`]).
     pub fn with_attention(mut self) -> Self {
-        self.attention = true;
+        self.attention = AttentionReadout::LastLayer;
+        self
+    }
+
+    /// Returns the attention weights summed over the layers run
+    /// ([`AttentionReadout::SummedOverLayers`]).
+    pub fn with_attention_summed_over_layers(mut self) -> Self {
+        self.attention = AttentionReadout::SummedOverLayers;
         self
     }
 
@@ -159,12 +167,25 @@ impl<'a> ForwardRequest<'a> {
     }
 }
 
-/// The last layer's view of the new tokens, for query-guided selection (FusionRAG).
+/// Which attention a pass returns, for query-guided selection (FusionRAG).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AttentionReadout {
+    #[default]
+    None,
+    /// The last layer run's queries and weights.
+    LastLayer,
+    /// The last layer run's queries, and the weights of every layer run summed: each layer's
+    /// rows sum to 1, so every layer weighs the same.
+    SummedOverLayers,
+}
+
+/// The new tokens' view of the context, as [`AttentionReadout`] asked.
 #[derive(Debug, Clone)]
-pub struct LastLayerAttention {
+pub struct PassAttention {
     /// (batch, heads, tokens, head_dim), after RoPE.
     pub queries: Tensor,
-    /// (batch, heads, tokens, past + tokens), after softmax.
+    /// (batch, heads, tokens, past + tokens), after softmax (summed over the layers with
+    /// [`AttentionReadout::SummedOverLayers`]).
     pub weights: Tensor,
 }
 
@@ -173,7 +194,7 @@ pub struct ForwardOutput {
     pub logits: Option<Tensor>,
     /// The new tokens' entries; append them to the past to continue.
     pub kv: KvCache,
-    pub attention: Option<LastLayerAttention>,
+    pub attention: Option<PassAttention>,
 }
 
 pub struct Decoder {
@@ -318,7 +339,7 @@ impl Decoder {
         // Chunks compute logits in the last chunk alone.
         let last_chunk = (t.max(1) - 1) % self.prefill_chunk + 1;
         let chunkable = matches!(request.mask, AttentionMask::Causal)
-            && !request.attention
+            && request.attention == AttentionReadout::None
             && request.layers.is_none()
             && match request.logits {
                 Logits::None | Logits::Last => true,
@@ -366,7 +387,7 @@ impl Decoder {
                 } else {
                     Logits::None
                 },
-                attention: false,
+                attention: AttentionReadout::None,
                 layers: None,
                 interrupt: None,
             };
@@ -443,13 +464,17 @@ impl Decoder {
         let depth = request.layers.unwrap_or(self.layers.len());
         let last = depth.saturating_sub(1);
         let mut new_layers = Vec::with_capacity(depth);
-        let mut attention = None;
+        let mut attention: Option<PassAttention> = None;
         for (index, layer) in self.layers.iter().take(depth).enumerate() {
             let past_layer = past.layers().get(index);
             let residual = &x;
             let normed =
                 candle_nn::ops::rms_norm(&x, &layer.attention_norm, self.config.rms_eps as f32)?;
-            let want_attention = request.attention && index == last;
+            let want_attention = match request.attention {
+                AttentionReadout::None => false,
+                AttentionReadout::LastLayer => index == last,
+                AttentionReadout::SummedOverLayers => true,
+            };
             let (attended, kv, seen) = self.attend(
                 layer,
                 &normed,
@@ -459,9 +484,13 @@ impl Decoder {
                 path,
                 want_attention,
             )?;
-            if let Some(seen) = seen {
-                attention = Some(seen);
-            }
+            attention = match (attention, seen) {
+                (Some(before), Some(seen)) => Some(PassAttention {
+                    weights: (before.weights + seen.weights)?,
+                    queries: seen.queries,
+                }),
+                (before, seen) => seen.or(before),
+            };
             new_layers.push(kv);
             let x_mid = (attended + residual)?;
             let normed =
@@ -521,7 +550,7 @@ impl Decoder {
         mask: Option<&Tensor>,
         path: AttentionPath<'_>,
         want_attention: bool,
-    ) -> Result<(Tensor, LayerKv, Option<LastLayerAttention>)> {
+    ) -> Result<(Tensor, LayerKv, Option<PassAttention>)> {
         let c = &self.config;
         let (batch, t, _) = x.dims3()?;
         let split = |y: Tensor, heads: usize| -> Result<Tensor> {
@@ -593,7 +622,7 @@ impl Decoder {
             None => grouped_weights.matmul(&all_values.contiguous()?)?,
         };
         let out = to_output(mixed)?;
-        let seen = want_attention.then(|| LastLayerAttention {
+        let seen = want_attention.then(|| PassAttention {
             queries: q.clone(),
             weights: weights.clone(),
         });

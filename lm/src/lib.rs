@@ -25,7 +25,8 @@ pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate, Role};
 pub use decoder::{
-    Decoder, ForwardOutput, ForwardRequest, Interrupt, LastLayerAttention, Logits, log_softmax,
+    AttentionReadout, Decoder, ForwardOutput, ForwardRequest, Interrupt, Logits, PassAttention,
+    log_softmax,
 };
 pub use device::DeviceKind;
 pub use error::{LmError, Result};

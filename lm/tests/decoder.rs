@@ -372,6 +372,52 @@ fn attention_weights_are_returned_for_the_last_layer_on_request() {
 }
 
 #[test]
+fn attention_summed_over_layers_is_the_sum_of_each_layers_attention() {
+    let (_dir, _path, decoder) = tiny(TinyArch::Qwen2, 31);
+    let past = decoder
+        .forward(&ForwardRequest::new(&[tokens(63, 7)], &positions(0, 7)).logits(Logits::None))
+        .expect("past")
+        .kv;
+    let question = [tokens(64, 3)];
+    let question_positions = positions(7, 3);
+    let ask = || {
+        ForwardRequest::new(&question, &question_positions)
+            .past(&past)
+            .logits(Logits::None)
+    };
+    // Each layer's own weights: the last layer of a pass cut after it.
+    let per_layer: Vec<Tensor> = (1..=support::LAYERS)
+        .map(|layers| {
+            decoder
+                .forward(&ask().first_layers(layers).with_attention())
+                .expect("layer pass")
+                .attention
+                .expect("attention requested")
+                .weights
+        })
+        .collect();
+    let summed = decoder
+        .forward(&ask().with_attention_summed_over_layers())
+        .expect("summed pass")
+        .attention
+        .expect("attention requested")
+        .weights;
+    let total = per_layer
+        .iter()
+        .skip(1)
+        .try_fold(per_layer[0].clone(), |sum, w| sum + w)
+        .expect("sum");
+    let gap = max_abs_diff(&summed, &total);
+    assert!(gap < 1e-5, "summed readout off the layers' sum by {gap}");
+    // The last layer alone is not that sum: the readout really adds the layers up.
+    let last_only = max_abs_diff(&summed, per_layer.last().expect("a layer"));
+    assert!(
+        last_only > 0.1,
+        "summed readout within {last_only} of the last layer's"
+    );
+}
+
+#[test]
 fn bad_requests_are_refused_with_a_reason() {
     let (_dir, _path, decoder) = tiny(TinyArch::Llama, 29);
     let outside = decoder.forward(&ForwardRequest::new(

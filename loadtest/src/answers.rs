@@ -94,6 +94,10 @@ pub struct AnswersArgs {
     /// Extra flag for every edge, e.g. `--edge-arg=--set=retrieval.tau=0.3` (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     edge_arg: Vec<String>,
+    /// Extra flag for every KV worker, e.g.
+    /// `--worker-arg=--set=selection_attention=all-layers` (repeatable).
+    #[arg(long, allow_hyphen_values = true)]
+    worker_arg: Vec<String>,
     /// Leading questions that warm caches but are left out of the figures.
     #[arg(long, default_value_t = 0)]
     warmup: usize,
@@ -206,6 +210,7 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
         fusion_ratio: args.fusion_ratio,
         exact_leading_chunk: args.exact_leading_chunk,
         recompute_whole_chunks: args.recompute_whole_chunks,
+        extra_args: args.worker_arg.clone(),
     };
     let ask = AskSettings {
         k: args.k,
@@ -243,6 +248,7 @@ pub async fn run(mut args: AnswersArgs) -> Result<()> {
                     || serde_json::json!("worker default"),
                     |chunks| serde_json::json!(chunks),
                 ),
+                "edge_args": args.edge_arg, "worker_args": args.worker_arg,
             }),
         );
     }

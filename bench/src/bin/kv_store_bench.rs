@@ -140,7 +140,7 @@ fn main() -> Result<()> {
             Arc::clone(&store),
             model_id.clone(),
             model_path.clone(),
-            KvWorkerConfig::default().exact_prefix(),
+            KvWorkerConfig::default().prefill_options(),
         )?;
         let (mut memory, mut disk) = (0usize, 0usize);
         let mut loads = Vec::with_capacity(stream.len());

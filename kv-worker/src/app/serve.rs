@@ -46,7 +46,7 @@ pub(crate) async fn serve(config: KvWorkerConfig) -> Result<()> {
         Arc::new(store),
         loaded.model_id,
         model_path,
-        config.exact_prefix(),
+        config.prefill_options(),
     )?;
     let info = worker.info()?;
     if info.corpora.is_empty() {

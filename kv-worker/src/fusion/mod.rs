@@ -9,7 +9,8 @@
 //! - `FullReuse`: the stored entries as they are, only the question computed;
 //! - `CacheBlend`: recompute the tokens whose reused entries deviate most from a full
 //!   prefill's at layer 1, which costs a two-layer pass over the chunks;
-//! - `FusionRag`: recompute the tokens the question attends to most in the last layer.
+//! - `FusionRag`: recompute the tokens the question attends to most in the last layer (or,
+//!   with [`SelectionAttention::AllLayers`], summed over every layer).
 
 mod assemble;
 mod mask;
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 use hasten_lm::{AttentionMask, Decoder, ForwardRequest, KvCache, Logits};
+use serde::{Deserialize, Serialize};
 
 pub use assemble::{Assembled, assemble};
 pub use hasten_worker_api::kv::{FusionMode, FusionSettings};
@@ -100,9 +102,38 @@ impl ExactPrefix {
     }
 }
 
+/// Which attention from the question FusionRAG selects its tokens by.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SelectionAttention {
+    /// The last layer's (the FusionRAG paper's).
+    #[default]
+    LastLayer,
+    /// Every layer's, summed: each layer's weights count alike.
+    AllLayers,
+}
+
+/// A worker's fixed choices for its FusionRAG and CacheBlend prefills (its config keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillOptions {
+    pub exact: ExactPrefix,
+    pub selection: SelectionAttention,
+}
+
+impl From<ExactPrefix> for PrefillOptions {
+    fn from(exact: ExactPrefix) -> Self {
+        Self {
+            exact,
+            selection: SelectionAttention::default(),
+        }
+    }
+}
+
 /// Prefills `system + chunks + question` in `settings.mode`, leaving room in the model's
-/// window for `max_new_tokens`; `exact` says which leading chunks come out exact
-/// ([`ExactPrefix`]).
+/// window for `max_new_tokens`; `options.exact` says which leading chunks come out exact
+/// ([`ExactPrefix`]), `options.selection` which attention FusionRAG selects by.
 pub fn prefill(
     decoder: &Decoder,
     system: &SegmentKv,
@@ -110,7 +141,7 @@ pub fn prefill(
     question: &[u32],
     settings: FusionSettings,
     max_new_tokens: usize,
-    exact: ExactPrefix,
+    options: PrefillOptions,
 ) -> Result<FusedPrefill> {
     check_window(decoder, system, chunks, question, max_new_tokens)?;
     if question.is_empty() {
@@ -125,7 +156,7 @@ pub fn prefill(
         FusionMode::FullReuse | FusionMode::FullPrefill => (0, ExactPrefix::NONE),
         FusionMode::CacheBlend | FusionMode::FusionRag => (
             select::recompute_count(settings.ratio, chunk_tokens)?,
-            exact,
+            options.exact,
         ),
     };
     let started = Instant::now();
@@ -141,7 +172,13 @@ pub fn prefill(
     let scores = if budget == 0 {
         Vec::new()
     } else if settings.mode == FusionMode::FusionRag {
-        question_attention(decoder, &assembled, question, scored.clone())?
+        question_attention(
+            decoder,
+            &assembled,
+            question,
+            scored.clone(),
+            options.selection,
+        )?
     } else {
         deviation(decoder, &assembled, scored.clone())?
     };
@@ -272,22 +309,25 @@ fn extend(
 }
 
 /// FusionRAG's selection pass: the question over the assembled context, and the attention
-/// its tokens pay each context column of `candidates` in the last layer.
+/// its tokens pay each context column of `candidates` in the last layer (or every layer,
+/// summed, as `selection` says).
 fn question_attention(
     decoder: &Decoder,
     assembled: &Assembled,
     question: &[u32],
     candidates: Range<usize>,
+    selection: SelectionAttention,
 ) -> Result<Vec<f32>> {
     let context = assembled.tokens.len() as u32;
     let rows = [question.to_vec()];
     let positions = [(context..context + question.len() as u32).collect()];
-    let out = decoder.forward(
-        &ForwardRequest::new(&rows, &positions)
-            .past(&assembled.cache)
-            .logits(Logits::None)
-            .with_attention(),
-    )?;
+    let request = ForwardRequest::new(&rows, &positions)
+        .past(&assembled.cache)
+        .logits(Logits::None);
+    let out = decoder.forward(&match selection {
+        SelectionAttention::LastLayer => request.with_attention(),
+        SelectionAttention::AllLayers => request.with_attention_summed_over_layers(),
+    })?;
     let attention = out
         .attention
         .ok_or_else(|| KvError::InvalidInput("the model returned no attention".into()))?;

@@ -33,6 +33,8 @@ pub struct WorkerSettings {
     pub exact_leading_chunk: Option<bool>,
     /// The workers' `recompute_whole_chunks` (their default when absent).
     pub recompute_whole_chunks: Option<usize>,
+    /// Flags given to every worker after the ones above (`--worker-arg`).
+    pub extra_args: Vec<String>,
 }
 
 /// How each question is asked and judged.
@@ -63,6 +65,7 @@ fn start_workers(
         if let Some(chunks) = settings.recompute_whole_chunks {
             args.extend(["--set".into(), format!("recompute_whole_chunks={chunks}")]);
         }
+        args.extend(settings.extra_args.iter().cloned());
         let worker = tokio::task::block_in_place(|| {
             ManagedProcess::start(
                 &format!("kv-worker-{run:02}-{w}"),

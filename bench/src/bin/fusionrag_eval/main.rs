@@ -195,7 +195,7 @@ fn main() -> Result<()> {
         &warm,
         FusionSettings::default(),
         4,
-        ExactPrefix::NONE,
+        ExactPrefix::NONE.into(),
         &mut |_: &str| {},
     )?;
 
@@ -220,7 +220,8 @@ fn main() -> Result<()> {
                 ExactPrefix {
                     stored_leading: system.exact_lead,
                     whole_chunks: 0,
-                },
+                }
+                .into(),
             )?;
             fused.logits.argmax(D::Minus1)?.to_vec1::<u32>()?;
             let ttft = started.elapsed().as_secs_f64();
