@@ -23,7 +23,8 @@
 # flags for every edge, space-separated, after the system's own: `--set=kv.variant=full-reuse`),
 # WORKER_ARGS (the same for every KV worker: `--set=selection_attention=all-layers`),
 # DATA_DIR (../shared/data), OUT (run/answer-eval/<time>), RAYON_NUM_THREADS (1: one thread
-# per process, so that two KV workers do not oversubscribe two cores), PROFILE (release, or
+# per process, so that two KV workers do not oversubscribe two cores; the store's preprocessing
+# runs alone first and takes every core), PROFILE (release, or
 # dev to reuse `make test`'s build: the same greedy answers, but its times are not figures).
 # The corpus bundle and the KV store are built once under run/answer-eval/ and reused (the
 # store is per model; KV_STORE names another, e.g. one written with HASTEN_KV_DTYPE=f32).
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --questions) questions=$2; shift 2 ;;
     --squad) squad=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -132,6 +132,9 @@ fn prepare_store(
         .arg(store)
         .arg("--top-n")
         .arg(top_n.to_string())
+        // It runs before any system starts, alone on the machine: every core, whatever
+        // share the answering processes are given.
+        .env_remove("RAYON_NUM_THREADS")
         .stdout(std::io::stderr())
         .status()
         .context("running kv-worker preprocess")?;
