@@ -560,39 +560,53 @@ fn naive_top(scores: &[f32], k: usize) -> Vec<usize> {
     chosen
 }
 
+/// The question's attention weights (heads x question tokens x columns) over `chunks`
+/// assembled after the system prompt, from the last layer of a pass cut after `depth` layers
+/// (all when `None`); with the system prompt's length and the context's.
+fn question_weights(
+    decoder: &Decoder,
+    prompt: &Prompt,
+    chunks: &[SegmentKv],
+    depth: Option<usize>,
+) -> (Vec<Vec<Vec<f32>>>, usize, usize) {
+    let refs: Vec<&SegmentKv> = chunks.iter().collect();
+    let assembled = assemble(decoder.rope(), &prompt.system, &refs, 0).unwrap();
+    let context = assembled.tokens.len();
+    let rows = [prompt.question.clone()];
+    let positions = [span(context, prompt.question.len())];
+    let request = ForwardRequest::new(&rows, &positions)
+        .past(&assembled.cache)
+        .logits(Logits::None)
+        .with_attention();
+    let request = match depth {
+        Some(depth) => request.first_layers(depth),
+        None => request,
+    };
+    let weights = decoder
+        .forward(&request)
+        .unwrap()
+        .attention
+        .unwrap()
+        .weights
+        .squeeze(0)
+        .unwrap()
+        .to_vec3::<f32>()
+        .unwrap();
+    (weights, assembled.system_len, context)
+}
+
 #[test]
 fn query_guided_selection_equals_a_naive_reference() {
     for arch in ARCHS {
         let (_dir, decoder) = tiny(arch, 8);
         let prompt = Prompt::new(&decoder, 60, &[20, 15, 25]);
         let chunks = prompt.after_system(&decoder);
-        let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        let assembled = assemble(decoder.rope(), &prompt.system, &refs, 0).unwrap();
-        let context = assembled.tokens.len();
-        let rows = [prompt.question.clone()];
-        let positions = [span(context, prompt.question.len())];
-        let attention = decoder
-            .forward(
-                &ForwardRequest::new(&rows, &positions)
-                    .past(&assembled.cache)
-                    .logits(Logits::None)
-                    .with_attention(),
-            )
-            .unwrap()
-            .attention
-            .unwrap();
-        let weights = attention
-            .weights
-            .squeeze(0)
-            .unwrap()
-            .to_vec3::<f32>()
-            .unwrap();
+        let (weights, system, context) = question_weights(&decoder, &prompt, &chunks, None);
         let column_scores = |from: usize| -> Vec<f32> {
             (from..context)
                 .map(|j| weights.iter().flatten().map(|row| row[j]).sum())
                 .collect()
         };
-        let system = assembled.system_len;
         let k = 9;
         let expected: Vec<usize> = shifted(naive_top(&column_scores(system), k), system);
         let fused = prompt.run(&decoder, &chunks, settings(FusionMode::FusionRag, 0.15));
@@ -616,32 +630,15 @@ fn all_layers_selection_ranks_by_the_attention_summed_over_layers() {
         let (_dir, decoder) = tiny(arch, 8);
         let prompt = Prompt::new(&decoder, 60, &[20, 15, 25]);
         let chunks = prompt.after_system(&decoder);
-        let refs: Vec<&SegmentKv> = chunks.iter().collect();
-        let assembled = assemble(decoder.rope(), &prompt.system, &refs, 0).unwrap();
-        let context = assembled.tokens.len();
-        let system = assembled.system_len;
-        let rows = [prompt.question.clone()];
-        let positions = [span(context, prompt.question.len())];
         // Each layer's columns, read from a pass cut after that layer, added up here.
         let layers = decoder.config().layers;
-        let mut scores = vec![0.0f32; context - system];
+        let mut scores = Vec::new();
+        let mut system = 0;
         for depth in 1..=layers {
-            let weights = decoder
-                .forward(
-                    &ForwardRequest::new(&rows, &positions)
-                        .past(&assembled.cache)
-                        .logits(Logits::None)
-                        .first_layers(depth)
-                        .with_attention(),
-                )
-                .unwrap()
-                .attention
-                .unwrap()
-                .weights
-                .squeeze(0)
-                .unwrap()
-                .to_vec3::<f32>()
-                .unwrap();
+            let (weights, system_len, context) =
+                question_weights(&decoder, &prompt, &chunks, Some(depth));
+            system = system_len;
+            scores.resize(context - system, 0.0f32);
             for (score, j) in scores.iter_mut().zip(system..context) {
                 *score += weights.iter().flatten().map(|row| row[j]).sum::<f32>();
             }
