@@ -56,12 +56,20 @@ async fn engine_metric(engine: &str, name: &str) -> f64 {
         .value(&format!("llamacpp:{name}"), &[])
 }
 
-/// `--config` of a file turning `chat_query_rewrite` on, in the work directory `work_name`.
-fn rewrite_config(work_name: &str) -> Vec<String> {
+/// `--config` of a file turning `chat_query_rewrite` on, in the work directory `work_name`,
+/// with a per-call engine deadline of two minutes: Speculative RAG's five drafts queue for
+/// the server's two slots, and on two cores shared with another job a queued draft waited
+/// more than the default 30 s for its first token (a 503, seen twice). The deadline itself
+/// is tested below with 1.5 s against a server that never answers.
+fn edge_config(work_name: &str) -> Vec<String> {
     let path = persistent_work_dir(work_name)
         .unwrap()
         .join("edge-rewrite.toml");
-    std::fs::write(&path, "[answer]\nchat_query_rewrite = true\n").unwrap();
+    std::fs::write(
+        &path,
+        "[answer]\nchat_query_rewrite = true\n\n[engine]\ntimeout_ms = 120000\n",
+    )
+    .unwrap();
     vec!["--config".into(), path.display().to_string()]
 }
 
@@ -77,7 +85,7 @@ async fn an_edge_answers_through_a_llama_cpp_server() {
                 bundle_dir,
                 ..
             },
-    }) = start_on_engine("engine", "engine-edge", &rewrite_config("engine"))
+    }) = start_on_engine("engine", "engine-edge", &edge_config("engine"))
     else {
         return;
     };
