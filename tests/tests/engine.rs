@@ -64,7 +64,7 @@ async fn engine_metric(engine: &str, name: &str) -> f64 {
 fn edge_config(work_name: &str) -> Vec<String> {
     let path = persistent_work_dir(work_name)
         .unwrap()
-        .join("edge-rewrite.toml");
+        .join("edge.toml");
     std::fs::write(
         &path,
         "[answer]\nchat_query_rewrite = true\n\n[engine]\ntimeout_ms = 120000\n",
