@@ -62,9 +62,7 @@ async fn engine_metric(engine: &str, name: &str) -> f64 {
 /// more than the default 30 s for its first token (a 503, seen twice). The deadline itself
 /// is tested below with 1.5 s against a server that never answers.
 fn edge_config(work_name: &str) -> Vec<String> {
-    let path = persistent_work_dir(work_name)
-        .unwrap()
-        .join("edge.toml");
+    let path = persistent_work_dir(work_name).unwrap().join("edge.toml");
     std::fs::write(
         &path,
         "[answer]\nchat_query_rewrite = true\n\n[engine]\ntimeout_ms = 120000\n",
