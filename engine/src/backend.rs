@@ -19,6 +19,7 @@ use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::llama_cpp::LlamaCpp;
 use crate::speculative::{Engines, draft_all, judge_and_answer};
+use crate::vllm::{PromptScores, Vllm};
 use crate::wire::{self, ChatRequest, ModelList, StreamOptions, Usage};
 
 /// How often a call in flight looks whether its caller went away.
@@ -68,14 +69,29 @@ pub struct EngineSettings {
 pub enum Scoring {
     /// llama.cpp's server: the text forced by a grammar of its token ids.
     LlamaCppForcedTokens,
+    /// vLLM's server: `/v1/completions` with `prompt_logprobs`, the prompt as token ids
+    /// from its `/tokenize`.
+    PromptLogprobs,
+    /// vLLM's routes without `prompt_logprobs`: `/v1/completions` with `echo` and
+    /// `logprobs`, the prompt as token ids from its `/tokenize`.
+    EchoLogprobs,
     /// No way found; the reason.
     Unavailable(String),
+}
+
+impl Scoring {
+    /// Whether Speculative RAG's verifier can run on the engine.
+    pub fn scores_prompts(&self) -> bool {
+        !matches!(self, Self::Unavailable(_))
+    }
 }
 
 impl std::fmt::Display for Scoring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::LlamaCppForcedTokens => f.write_str("llama.cpp forced-token log-probabilities"),
+            Self::PromptLogprobs => f.write_str("vLLM prompt_logprobs"),
+            Self::EchoLogprobs => f.write_str("echo + logprobs on vLLM's /tokenize"),
             Self::Unavailable(reason) => write!(f, "unavailable: {reason}"),
         }
     }
@@ -162,12 +178,18 @@ impl EngineLm {
         let scoring = if LlamaCpp::detect(&self.generation).await? {
             Scoring::LlamaCppForcedTokens
         } else {
-            Scoring::Unavailable(
-                "the engine is not a llama.cpp server, the one engine whose prompt \
-                 log-probabilities Hasten reads so far"
-                    .into(),
-            )
+            match Vllm::detect(&self.generation).await? {
+                Some(PromptScores::PromptLogprobs) => Scoring::PromptLogprobs,
+                Some(PromptScores::Echo) => Scoring::EchoLogprobs,
+                None => Scoring::Unavailable(
+                    "the engine gives no log-probabilities of a prompt: neither llama.cpp's \
+                     server nor one with vLLM's /tokenize and prompt_logprobs or echo + \
+                     logprobs"
+                        .into(),
+                ),
+            }
         };
+        tracing::info!(engine = %self.generation.base, %scoring, "speculative scoring detected");
         Ok(self.scoring.get_or_init(|| scoring).clone())
     }
 
@@ -334,9 +356,14 @@ impl EngineLm {
         sink: &mut dyn AnswerSink,
     ) -> Result<Answer, RagError> {
         let started = Instant::now();
+        let scoring = self
+            .detect_scoring()
+            .await
+            .map_err(|error| self.failed(error))?;
         let engines = Engines {
             drafter: &self.drafter,
             verifier: &self.generation,
+            scoring: &scoring,
         };
         let drafted = self.guarded(&*sink, draft_all(&engines, request)).await??;
         let answer = self
@@ -404,7 +431,8 @@ impl EngineLm {
         question: &str,
         drafts: &[(&str, &str)],
     ) -> Result<hasten_rag::verify::Verification, EngineError> {
-        crate::speculative::verify(&self.generation, question, drafts).await
+        let scoring = self.detect_scoring().await?;
+        crate::speculative::verify(&self.generation, &scoring, question, drafts).await
     }
 }
 
@@ -470,7 +498,7 @@ impl LmBackend for EngineLm {
     fn serves(&self, mode: AnswerMode) -> bool {
         match mode {
             AnswerMode::Standard => true,
-            AnswerMode::Speculative => self.scoring.get() == Some(&Scoring::LlamaCppForcedTokens),
+            AnswerMode::Speculative => self.scoring.get().is_some_and(Scoring::scores_prompts),
         }
     }
 

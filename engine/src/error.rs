@@ -35,6 +35,10 @@ pub enum EngineError {
     /// The engine's reply is not what the OpenAI API describes.
     #[error("{url} sent an unreadable reply: {message}")]
     Reply { url: String, message: String },
+    /// The model's chat template lays a draft out otherwise than as its own turn, so
+    /// verification cannot score drafts apart from their surroundings.
+    #[error("the chat template at {url} does not keep an assistant turn as written")]
+    Template { url: String },
 }
 
 impl EngineError {
@@ -44,7 +48,9 @@ impl EngineError {
         match self {
             Self::Http { .. } | Self::Timeout { .. } => true,
             Self::Status { status, .. } => *status == 429 || *status >= 500,
-            Self::Client(_) | Self::CaFile { .. } | Self::Reply { .. } => false,
+            Self::Client(_) | Self::CaFile { .. } | Self::Reply { .. } | Self::Template { .. } => {
+                false
+            }
         }
     }
 

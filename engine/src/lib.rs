@@ -17,7 +17,9 @@ mod error;
 pub mod hop;
 mod llama_cpp;
 pub mod ralm;
+mod scorer;
 mod speculative;
+mod vllm;
 mod wire;
 
 pub use backend::{ApiKey, EngineLm, EngineSettings, Scoring};

@@ -49,6 +49,13 @@ impl<'a> LlamaCpp<'a> {
         Ok(rendered.prompt)
     }
 
+    /// The template laid out a conversation otherwise than its turns, one by one.
+    pub fn template_error(&self) -> EngineError {
+        EngineError::Template {
+            url: format!("{}/apply-template", self.endpoint.root),
+        }
+    }
+
     /// `text`'s token ids; `markers`: whether marker text becomes the markers' tokens (for
     /// template text, never for a client's or a model's text).
     pub async fn tokenize(&self, text: &str, markers: bool) -> Result<Vec<u32>, EngineError> {

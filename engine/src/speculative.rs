@@ -1,28 +1,27 @@
 //! Speculative RAG on engines: the drafter engine writes one draft per document subset (all
 //! subsets at once; the engine batches them), the verifier engine scores each draft from
 //! the question alone, never reading the documents, as in the paper, and the best draft's
-//! answer is the reply. The verifier's scores are prompt log-probabilities, which only
-//! llama.cpp's server gives here ([`crate::llama_cpp`]).
+//! answer is the reply. The verifier's scores are prompt log-probabilities, which
+//! llama.cpp's and vLLM's servers give ([`crate::scorer`]).
 
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
 use hasten_rag::draft::{Draft, answer_line_ended, parse_draft};
 use hasten_rag::prompt::{
-    RATIONALE_PREFIX, REFLECTION_STATEMENT, REFLECTION_YES, draft_text, drafter_messages,
-    verifier_messages,
+    RATIONALE_PREFIX, REFLECTION_YES, draft_text, drafter_messages, verifier_messages,
 };
 use hasten_rag::speculative::{UNJUDGED, document_subsets, reported, verdicts_needed};
 use hasten_rag::stop::cut_at_stop;
 use hasten_rag::verify::{Verdict, Verification};
 use hasten_rag::{
-    Answer, AnswerRequest, AnswerTimings, ChatMessage, Document, DraftingTokens, Finish, RagError,
-    Role,
+    Answer, AnswerRequest, AnswerTimings, Document, DraftingTokens, Finish, RagError,
 };
 
+use crate::backend::Scoring;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
-use crate::llama_cpp::LlamaCpp;
+use crate::scorer::Scorer;
 use crate::wire::{self, ChatRequest, StreamOptions};
 
 /// One draft and what writing it cost.
@@ -104,6 +103,7 @@ async fn write_draft(
 /// assistant's turn, the reflection statement as the user's next, and "Yes" as the reply.
 pub async fn verify(
     verifier: &Endpoint,
+    scoring: &Scoring,
     question: &str,
     drafts: &[(&str, &str)],
 ) -> Result<Verification, EngineError> {
@@ -113,39 +113,24 @@ pub async fn verify(
             tokens: 0,
         });
     };
-    let api = LlamaCpp::new(verifier);
+    let scorer = Scorer::new(verifier, scoring)?;
     let messages = verifier_messages(question);
-    let context_text = api.render(&messages).await?;
-    let context = api.tokenize(&context_text, true).await?;
-    let yes = api.tokenize(REFLECTION_YES, false).await?;
     // What the template puts between a draft and the reply is the same for every draft.
-    let first = draft_text(first_rationale, first_answer);
-    let mut with_reply = messages.clone();
-    with_reply.push(ChatMessage::new(Role::Assistant, first.clone()));
-    with_reply.push(ChatMessage::new(Role::User, REFLECTION_STATEMENT));
-    let rendered = api.render(&with_reply).await?;
-    let between_text = rendered
-        .strip_prefix(&format!("{context_text}{first}"))
-        .ok_or_else(|| EngineError::Reply {
-            url: format!("{}/apply-template", verifier.root),
-            message: "the chat template does not keep an assistant turn as written".into(),
-        })?;
-    let between = api.tokenize(between_text, true).await?;
+    let layout = scorer
+        .layout(&messages, &draft_text(first_rationale, first_answer))
+        .await?;
+    let yes = scorer.text_tokens(REFLECTION_YES).await?;
     let rows = drafts.iter().map(|&(rationale, answer)| {
-        let (api, context, between, yes) = (&api, &context, &between, &yes);
+        let (scorer, layout, yes) = (&scorer, &layout, &yes);
         async move {
-            let draft = api.tokenize(&draft_text(rationale, answer), false).await?;
-            let consistency = api.forced_logprobs(context, &draft).await?.iter().sum();
-            let mut before_yes = context.clone();
-            before_yes.extend(&draft);
-            before_yes.extend(between);
-            let reflection = api.forced_logprobs(&before_yes, yes).await?.iter().sum();
+            let draft = scorer.text_tokens(&draft_text(rationale, answer)).await?;
+            let (consistency, reflection) = scorer.score(layout, &draft, yes).await?;
             Ok::<_, EngineError>((
                 Verdict {
                     consistency,
                     reflection,
                 },
-                before_yes.len() - context.len() + yes.len(),
+                draft.len() + layout.between.len() + yes.len(),
             ))
         }
     });
@@ -153,7 +138,7 @@ pub async fn verify(
     Ok(Verification {
         // Counted as the local verifier counts them: the shared question prompt once (the
         // engine's prompt cache holds it across the rows), then each row's own tokens.
-        tokens: context.len() + scored.iter().map(|(_, tokens)| tokens).sum::<usize>(),
+        tokens: layout.context.len() + scored.iter().map(|(_, tokens)| tokens).sum::<usize>(),
         verdicts: scored.into_iter().map(|(verdict, _)| verdict).collect(),
     })
 }
@@ -162,6 +147,8 @@ pub async fn verify(
 pub struct Engines<'a> {
     pub drafter: &'a Endpoint,
     pub verifier: &'a Endpoint,
+    /// How the verifier engine gives scores.
+    pub scoring: &'a Scoring,
 }
 
 /// The parts of a speculative answer computed on engines, before it is reported.
@@ -215,7 +202,7 @@ pub async fn judge_and_answer(
             .iter()
             .map(|d| (d.rationale.as_str(), d.answer.as_str()))
             .collect();
-        let verification = verify(engines.verifier, &request.question, &pairs)
+        let verification = verify(engines.verifier, engines.scoring, &request.question, &pairs)
             .await
             .map_err(|error| error.into_answer_error(&engines.verifier.base))?;
         (verification.verdicts, verification.tokens)
@@ -229,7 +216,7 @@ pub async fn judge_and_answer(
     };
     let (reports, chosen) = reported(&drafted.drafts, &verdicts, &request.speculative)?;
     let best = &reports[chosen];
-    let (text, answer_tokens, finish) = bounded_answer(engines.verifier, &best.answer, request)
+    let (text, answer_tokens, finish) = bounded_answer(engines, &best.answer, request)
         .await
         .map_err(|error| error.into_answer_error(&engines.verifier.base))?;
     let total = started.elapsed();
@@ -258,14 +245,14 @@ pub async fn judge_and_answer(
 /// The chosen answer cut before the first stop string, then to `max_new_tokens` of the
 /// verifier's tokens.
 async fn bounded_answer(
-    verifier: &Endpoint,
+    engines: &Engines<'_>,
     answer: &str,
     request: &AnswerRequest,
 ) -> Result<(String, usize, Finish), EngineError> {
     let (answer, _) = cut_at_stop(answer, &request.decoding.stop);
     let answer = answer.trim();
-    let api = LlamaCpp::new(verifier);
-    let tokens = api.tokenize(answer, false).await?;
+    let api = Scorer::new(engines.verifier, engines.scoring)?;
+    let tokens = api.text_tokens(answer).await?;
     if tokens.len() <= request.max_new_tokens {
         return Ok((answer.to_string(), tokens.len(), Finish::Stop));
     }

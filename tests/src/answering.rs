@@ -121,6 +121,23 @@ pub fn start_llama_server(work: &Path, name: &str, model: &Path) -> Option<Manag
     Some(ManagedProcess::start(name, &python, args, work, START_TIMEOUT).unwrap())
 }
 
+/// vLLM's scoring routes in front of the llama.cpp server at `engine`
+/// (`tests/clients/vllm_shim.py`: no vLLM can run here; its numbers are the llama.cpp
+/// server's), with the shim's flags `extra`; `None` when HASTEN_LLAMA_SERVER_PYTHON is unset.
+pub fn start_vllm_shim(
+    work: &Path,
+    name: &str,
+    engine: &str,
+    extra: &[&str],
+) -> Option<ManagedProcess> {
+    let python = client_python("HASTEN_LLAMA_SERVER_PYTHON", "the vLLM-route tests")?;
+    let script = workspace_root().join("tests/clients/vllm_shim.py");
+    let args = [script.display().to_string(), engine.to_string()]
+        .into_iter()
+        .chain(extra.iter().map(ToString::to_string));
+    Some(ManagedProcess::start(name, &python, args, work, START_TIMEOUT).unwrap())
+}
+
 /// `--lm-engine-url http://ADDR/v1 --lm-engine-model MODEL`.
 pub fn with_engine(addr: &str, model: &str) -> Vec<String> {
     vec![
