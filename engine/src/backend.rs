@@ -18,6 +18,7 @@ use tokio::runtime::Handle;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::llama_cpp::LlamaCpp;
+use crate::routes::EngineRoutes;
 use crate::speculative::{Engines, draft_all, judge_and_answer};
 use crate::vllm::{PromptScores, Vllm};
 use crate::wire::{self, ChatRequest, ModelList, StreamOptions, Usage};
@@ -378,9 +379,10 @@ impl EngineLm {
         Ok(answer)
     }
 
-    /// The engine that answers (and verifies), for the modules that call it directly.
-    pub(crate) fn generation_endpoint(&self) -> &Endpoint {
-        &self.generation
+    /// The answering engine's token routes, as its scoring was detected.
+    pub(crate) fn routes(&self) -> Result<EngineRoutes<'_>, EngineError> {
+        let detected = Scoring::Unavailable("not reached yet".into());
+        EngineRoutes::new(&self.generation, self.scoring.get().unwrap_or(&detected))
     }
 
     /// The runtime the engine calls run on, for blocking callers.
@@ -408,9 +410,9 @@ impl EngineLm {
     }
 
     /// Whether iterative and multi-hop RAG can step on the engine: they go through token
-    /// ids, which only llama.cpp's server takes and returns here (known once it was reached).
+    /// ids, which llama.cpp's server and vLLM's take and return (known once it was reached).
     pub fn steps_token_ids(&self) -> bool {
-        self.scoring.get() == Some(&Scoring::LlamaCppForcedTokens)
+        self.scoring.get().is_some_and(Scoring::scores_prompts)
     }
 
     fn takes_token_ids(&self) -> Result<(), hasten_spec_retrieval::StepError> {
@@ -418,8 +420,8 @@ impl EngineLm {
             return Ok(());
         }
         Err(hasten_spec_retrieval::StepError::InvalidRequest(
-            "iterative and multi-hop RAG on an engine need llama.cpp's server (token ids in and \
-             out), and this edge's engine is not one or was not reached yet"
+            "iterative and multi-hop RAG on an engine need llama.cpp's or vLLM's server (token \
+             ids in and out), and this edge's engine is neither or was not reached yet"
                 .into(),
         ))
     }

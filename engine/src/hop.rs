@@ -1,4 +1,5 @@
-//! SpecHop's agent on llama.cpp's server ([`EngineHopAgent`]): the same prompts as the
+//! SpecHop's agent on an engine's token routes ([`EngineHopAgent`], llama.cpp's server or
+//! vLLM's): the same prompts as the
 //! in-process agent (`hasten_spec_retrieval::hop`), each line the engine's greedy
 //! continuation of the prompt's token ids, computed from scratch (see [`crate::ralm`]), so
 //! equal inputs give equal moves and speculation stays lossless.
@@ -11,7 +12,6 @@ use hasten_spec_retrieval::{RetrievedDocument, StepError};
 
 use crate::EngineLm;
 use crate::error::EngineError;
-use crate::llama_cpp::LlamaCpp;
 
 /// A multi-hop agent with a fixed number of hops, on the engine.
 pub struct EngineHopAgent<'a> {
@@ -41,11 +41,10 @@ impl<'a> EngineHopAgent<'a> {
         messages: &[hasten_rag::ChatMessage],
         prefix: &str,
     ) -> Result<String, StepError> {
-        let api = LlamaCpp::new(self.engine.generation_endpoint());
         self.call(async {
-            let rendered = api.render(messages).await?;
-            let mut prompt = api.tokenize(&rendered, true).await?;
-            prompt.extend(api.tokenize(prefix, false).await?);
+            let api = self.engine.routes()?;
+            let mut prompt = api.chat_tokens(messages).await?;
+            prompt.extend(api.text_tokens(prefix).await?);
             let continued = api.continue_greedy(&prompt, LINE_TOKENS).await?;
             Ok(first_line(&api.detokenize(&continued.tokens).await?))
         })
@@ -53,9 +52,9 @@ impl<'a> EngineHopAgent<'a> {
 
     /// `text` cut to [`DOCUMENT_TOKENS`] of the engine's tokens.
     fn clip(&self, text: &str) -> Result<String, StepError> {
-        let api = LlamaCpp::new(self.engine.generation_endpoint());
         self.call(async {
-            let tokens = api.tokenize(text, false).await?;
+            let api = self.engine.routes()?;
+            let tokens = api.text_tokens(text).await?;
             if tokens.len() <= DOCUMENT_TOKENS {
                 return Ok(text.to_owned());
             }

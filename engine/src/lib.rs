@@ -17,7 +17,7 @@ mod error;
 pub mod hop;
 mod llama_cpp;
 pub mod ralm;
-mod scorer;
+mod routes;
 mod speculative;
 mod vllm;
 mod wire;

@@ -97,10 +97,14 @@ impl<'a> LlamaCpp<'a> {
             return_tokens: true,
         };
         let reply: GreedyContinuation = self.endpoint.post_json(&url, &body).await?;
-        Ok(Continued {
-            tokens: reply.tokens,
-            ended: reply.stop_type == "eos",
-        })
+        let mut tokens = reply.tokens;
+        // The server lists the end-of-turn token it stopped on (b11549; its text is left
+        // out), which would reach the answer as `<|im_end|>`.
+        let ended = reply.stop_type == "eos";
+        if ended {
+            tokens.pop();
+        }
+        Ok(Continued { tokens, ended })
     }
 
     /// The log-probability of each of `forced` following `prompt` and the forced tokens

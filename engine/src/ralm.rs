@@ -1,10 +1,13 @@
-//! Iterative RAG's generation steps on llama.cpp's server ([`EngineRalm`]): each step sends
+//! Iterative RAG's generation steps on an engine's token routes ([`EngineRalm`], on
+//! llama.cpp's server or vLLM's, [`crate::routes`]): each step sends
 //! the document's prompt and the answer's tokens so far as token ids and gets the next greedy
 //! tokens back, so a step is the same pure function of (document, tokens) as in process and
-//! RaLMSpec's rollbacks stay lossless. The server's prompt cache is not used for steps: a
+//! RaLMSpec's rollbacks stay lossless. llama.cpp's prompt cache is not used for steps: a
 //! prefill continued from it is not bit-identical to one from scratch, which was enough for
 //! a speculative run's greedy tokens to leave the sequential run's (measured on llama.cpp
-//! b11549). Each step pays its whole prompt instead.
+//! b11549). Each step pays its whole prompt instead. vLLM's prefix cache is the server's
+//! to keep; whether its greedy tokens are batch-invariant is the server's too (no vLLM ran
+//! here).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -16,9 +19,7 @@ use hasten_spec_retrieval::ralm::{
 };
 
 use crate::EngineLm;
-use crate::endpoint::Endpoint;
 use crate::error::EngineError;
-use crate::llama_cpp::LlamaCpp;
 
 /// One request's generation steps on the engine.
 pub struct EngineRalm<'a> {
@@ -44,13 +45,9 @@ impl<'a> EngineRalm<'a> {
         })
     }
 
-    fn endpoint(&self) -> &Endpoint {
-        self.engine.generation_endpoint()
-    }
-
     fn failed(&self, error: EngineError) -> StepError {
         StepError::Generation {
-            endpoint: self.endpoint().base.clone(),
+            endpoint: self.engine.url().to_string(),
             retryable: error.is_retryable(),
             source: Box::new(error),
         }
@@ -67,18 +64,16 @@ impl<'a> EngineRalm<'a> {
     /// `document`'s prompt (its first [`RalmSettings::document_tokens`] tokens), ending in
     /// the open assistant turn the generated tokens continue.
     async fn prompt(&self, document: &RetrievedDocument) -> Result<Vec<u32>, EngineError> {
-        let api = LlamaCpp::new(self.endpoint());
-        let tokens = api.tokenize(&document.text, false).await?;
+        let api = self.engine.routes()?;
+        let tokens = api.text_tokens(&document.text).await?;
         let text = if tokens.len() > self.settings.document_tokens {
             api.detokenize(&tokens[..self.settings.document_tokens])
                 .await?
         } else {
             document.text.to_string()
         };
-        let rendered = api
-            .render(&ralm_messages(&document.title, &text, &self.question))
-            .await?;
-        api.tokenize(&rendered, true).await
+        api.chat_tokens(&ralm_messages(&document.title, &text, &self.question))
+            .await
     }
 }
 
@@ -92,7 +87,7 @@ impl RalmStepper for EngineRalm<'_> {
         if tail.is_empty() {
             return Ok(self.question.clone());
         }
-        let text = self.call(LlamaCpp::new(self.endpoint()).detokenize(tail))?;
+        let text = self.call(async { self.engine.routes()?.detokenize(tail).await })?;
         Ok(query_after(&self.question, &text))
     }
 
@@ -128,7 +123,7 @@ impl RalmStepper for EngineRalm<'_> {
         };
         prompt.extend_from_slice(generated);
         let continued =
-            self.call(LlamaCpp::new(self.endpoint()).continue_greedy(&prompt, count))?;
+            self.call(async { self.engine.routes()?.continue_greedy(&prompt, count).await })?;
         let finished = continued.ended
             || generated.len() + continued.tokens.len() >= self.settings.max_new_tokens;
         Ok(StepTokens {
@@ -138,7 +133,7 @@ impl RalmStepper for EngineRalm<'_> {
     }
 
     fn text(&self, generated: &[u32]) -> Result<String, StepError> {
-        let text = self.call(LlamaCpp::new(self.endpoint()).detokenize(generated))?;
+        let text = self.call(async { self.engine.routes()?.detokenize(generated).await })?;
         Ok(text.trim().to_owned())
     }
 }

@@ -2,7 +2,7 @@
 //! subsets at once; the engine batches them), the verifier engine scores each draft from
 //! the question alone, never reading the documents, as in the paper, and the best draft's
 //! answer is the reply. The verifier's scores are prompt log-probabilities, which
-//! llama.cpp's and vLLM's servers give ([`crate::scorer`]).
+//! llama.cpp's and vLLM's servers give ([`crate::routes`]).
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use hasten_rag::{
 use crate::backend::Scoring;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
-use crate::scorer::Scorer;
+use crate::routes::EngineRoutes;
 use crate::wire::{self, ChatRequest, StreamOptions};
 
 /// One draft and what writing it cost.
@@ -113,18 +113,18 @@ pub async fn verify(
             tokens: 0,
         });
     };
-    let scorer = Scorer::new(verifier, scoring)?;
+    let routes = EngineRoutes::new(verifier, scoring)?;
     let messages = verifier_messages(question);
     // What the template puts between a draft and the reply is the same for every draft.
-    let layout = scorer
+    let layout = routes
         .layout(&messages, &draft_text(first_rationale, first_answer))
         .await?;
-    let yes = scorer.text_tokens(REFLECTION_YES).await?;
+    let yes = routes.text_tokens(REFLECTION_YES).await?;
     let rows = drafts.iter().map(|&(rationale, answer)| {
-        let (scorer, layout, yes) = (&scorer, &layout, &yes);
+        let (routes, layout, yes) = (&routes, &layout, &yes);
         async move {
-            let draft = scorer.text_tokens(&draft_text(rationale, answer)).await?;
-            let (consistency, reflection) = scorer.score(layout, &draft, yes).await?;
+            let draft = routes.text_tokens(&draft_text(rationale, answer)).await?;
+            let (consistency, reflection) = routes.score(layout, &draft, yes).await?;
             Ok::<_, EngineError>((
                 Verdict {
                     consistency,
@@ -251,7 +251,7 @@ async fn bounded_answer(
 ) -> Result<(String, usize, Finish), EngineError> {
     let (answer, _) = cut_at_stop(answer, &request.decoding.stop);
     let answer = answer.trim();
-    let api = Scorer::new(engines.verifier, engines.scoring)?;
+    let api = EngineRoutes::new(engines.verifier, engines.scoring)?;
     let tokens = api.text_tokens(answer).await?;
     if tokens.len() <= request.max_new_tokens {
         return Ok((answer.to_string(), tokens.len(), Finish::Stop));

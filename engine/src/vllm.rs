@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
+use crate::llama_cpp::Continued;
 use crate::wire::{self, Message};
 
 /// Which of vLLM's two ways of scoring a prompt the engine answers.
@@ -106,6 +107,37 @@ impl<'a> Vllm<'a> {
         Ok(text.prompt)
     }
 
+    /// Up to `count` greedy tokens after `prompt`. The tokens come back as the written
+    /// tokens' log-probability entries, named by id (`return_tokens_as_token_ids`); vLLM
+    /// lists the token it stopped on among them (vllm-project/vllm#28185), which is not
+    /// kept: `finish_reason: "stop"` with no `stop_reason` (end of sequence), or with the
+    /// stop token's id.
+    pub async fn continue_greedy(
+        &self,
+        prompt: &[u32],
+        count: usize,
+    ) -> Result<Continued, EngineError> {
+        let url = format!("{}/completions", self.endpoint.base);
+        let body = GreedyCompletion {
+            model: &self.endpoint.model,
+            prompt,
+            max_tokens: count,
+            temperature: 0.0,
+            logprobs: 0,
+            return_tokens_as_token_ids: true,
+        };
+        let reply: Scored = self.endpoint.post_json(&url, &body).await?;
+        let choice = reply
+            .choices
+            .into_iter()
+            .next()
+            .ok_or_else(|| EngineError::Reply {
+                url: url.clone(),
+                message: "no choice in the completion".into(),
+            })?;
+        read_continuation(choice).map_err(|message| EngineError::Reply { url, message })
+    }
+
     /// The log-probability of each of `ids` after the first, given the ones before it.
     pub async fn prompt_logprobs(
         &self,
@@ -192,6 +224,34 @@ fn read_echoed(ids: &[u32], logprobs: Option<EchoedLogprobs>) -> Result<Vec<f32>
         .collect()
 }
 
+/// The tokens of a greedy completion, without the one it stopped on.
+fn read_continuation(choice: ScoredChoice) -> Result<Continued, String> {
+    let written = choice
+        .logprobs
+        .ok_or("no logprobs in the completion")?
+        .tokens;
+    let mut tokens = written
+        .iter()
+        .map(|name| {
+            name.strip_prefix("token_id:")
+                .and_then(|id| id.parse().ok())
+                .ok_or_else(|| {
+                    format!("{name:?} is not a token id (return_tokens_as_token_ids ignored?)")
+                })
+        })
+        .collect::<Result<Vec<u32>, String>>()?;
+    let ended = choice.finish_reason.as_deref() == Some("stop");
+    let stopped_on_last = match choice.stop_reason {
+        None => true,
+        Some(serde_json::Value::Number(id)) => id.as_u64() == tokens.last().map(|&t| u64::from(t)),
+        Some(_) => false,
+    };
+    if ended && stopped_on_last {
+        tokens.pop();
+    }
+    Ok(Continued { tokens, ended })
+}
+
 /// `POST /tokenize` of chat messages.
 #[derive(Debug, Serialize)]
 struct TokenizeMessages<'a> {
@@ -240,6 +300,17 @@ struct ScorePrompt<'a> {
     logprobs: Option<u32>,
 }
 
+/// `POST /v1/completions` continuing `prompt` greedily, the tokens named by id.
+#[derive(Debug, Serialize)]
+struct GreedyCompletion<'a> {
+    model: &'a str,
+    prompt: &'a [u32],
+    max_tokens: usize,
+    temperature: f32,
+    logprobs: u32,
+    return_tokens_as_token_ids: bool,
+}
+
 #[derive(Debug, Deserialize)]
 struct Scored {
     #[serde(default)]
@@ -252,6 +323,11 @@ struct ScoredChoice {
     prompt_logprobs: Option<Vec<Option<HashMap<String, PromptLogprob>>>>,
     #[serde(default)]
     logprobs: Option<EchoedLogprobs>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+    /// The stop string or token id that ended the completion; `null` at the end of sequence.
+    #[serde(default)]
+    stop_reason: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -263,6 +339,8 @@ struct PromptLogprob {
 struct EchoedLogprobs {
     #[serde(default)]
     token_logprobs: Vec<Option<f32>>,
+    #[serde(default)]
+    tokens: Vec<String>,
 }
 
 #[cfg(test)]
@@ -321,6 +399,28 @@ mod tests {
             read_echoed(&[1, 2, 3], reply.logprobs).unwrap(),
             vec![-2.0, -0.5]
         );
+    }
+
+    #[test]
+    fn a_greedy_continuation_leaves_out_the_token_it_stopped_on() {
+        let continued = |finish: &str, stop_reason: serde_json::Value| {
+            read_continuation(choice(serde_json::json!({
+                "index": 0, "text": " Paris",
+                "logprobs": {"text_offset": [0, 3, 6], "token_logprobs": [-0.1, -0.2, -0.3],
+                             "tokens": ["token_id:7", "token_id:8", "token_id:2"],
+                             "top_logprobs": [null, null, null]},
+                "finish_reason": finish, "stop_reason": stop_reason
+            })))
+            .unwrap()
+        };
+        // End of sequence: listed last, not kept.
+        let eos = continued("stop", serde_json::Value::Null);
+        assert_eq!((eos.tokens, eos.ended), (vec![7, 8], true));
+        // The model's own stop token (its id as the reason): the same.
+        assert_eq!(continued("stop", serde_json::json!(2)).tokens, vec![7, 8]);
+        // Cut at max_tokens: every token kept, not ended.
+        let cut = continued("length", serde_json::Value::Null);
+        assert_eq!((cut.tokens, cut.ended), (vec![7, 8, 2], false));
     }
 
     #[test]

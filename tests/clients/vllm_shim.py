@@ -4,8 +4,9 @@
 No vLLM can run on these machines (its wheels need CUDA and torch), so this stands in for
 the part of its API Speculative RAG's verifier reads, in vLLM's request and reply shapes
 (vllm/entrypoints/openai/protocol.py): POST /tokenize of chat messages or of a prompt,
-POST /detokenize, POST /v1/completions of a token-id prompt with `prompt_logprobs` or with
-`echo` + `logprobs`, and GET /v1/models. The numbers are not made up: every log-probability
+POST /detokenize, POST /v1/completions of a token-id prompt with `prompt_logprobs`, with
+`echo` + `logprobs`, or continued greedily with `return_tokens_as_token_ids` (RaLMSpec's
+and SpecHop's steps), and GET /v1/models. The numbers are not made up: every log-probability
 is the real model's, read from the llama.cpp server at ENGINE (text forced by a grammar of
 token ids, marker tokens by a logit bias), and every token id is its tokenizer's. It answers no llama.cpp route (no /props), so Hasten
 detects it as vLLM, not as llama.cpp.
@@ -167,7 +168,7 @@ class Shim(BaseHTTPRequestHandler):
         if wants_prompt and not self.prompt_logprobs:
             return self.refuse(400, "prompt_logprobs: extra inputs are not permitted")
         if not (wants_prompt or wants_echo):
-            return self.refuse(400, "the shim only scores prompts")
+            return self.continue_greedy(body, ids)
         scores, after = prompt_scores(self.engine, self.markers, ids)
         choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
                   "stop_reason": None}
@@ -190,6 +191,32 @@ class Shim(BaseHTTPRequestHandler):
             "model": body.get("model", ""), "choices": [choice],
             "usage": {"prompt_tokens": len(ids), "completion_tokens": 1,
                       "total_tokens": len(ids) + 1},
+        })
+
+
+    def continue_greedy(self, body, ids):
+        """Greedy tokens after `ids`, named by id as vLLM's `return_tokens_as_token_ids`
+        names them; like vLLM, the end-of-sequence token it stopped on is listed."""
+        if body.get("temperature") != 0.0 or not body.get("return_tokens_as_token_ids"):
+            return self.refuse(400, "the shim continues greedily, tokens named by id")
+        written = call(self.engine, "/completion", {
+            "prompt": ids, "n_predict": body.get("max_tokens", 16), "n_probs": 1,
+            "temperature": 0.0, "cache_prompt": False, "return_tokens": True,
+        })
+        names = [f"token_id:{t}" for t in written["tokens"]]
+        scores = [p["logprob"] for p in written["completion_probabilities"]]
+        ended = written["stop_type"] == "eos"
+        self.reply(200, {
+            "id": "cmpl-shim", "object": "text_completion", "created": 0,
+            "model": body.get("model", ""),
+            "choices": [{
+                "index": 0, "text": written["content"],
+                "logprobs": {"text_offset": list(range(len(names))), "token_logprobs": scores,
+                             "tokens": names, "top_logprobs": [None] * len(names)},
+                "finish_reason": "stop" if ended else "length", "stop_reason": None,
+            }],
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": len(names),
+                      "total_tokens": len(ids) + len(names)},
         })
 
 

@@ -4,7 +4,8 @@
 //! vLLM's request and reply shapes (`tests/clients/vllm_shim.py`) whose every token id and
 //! log-probability comes from a real llama.cpp server on the small model; the scores read
 //! through it must equal those read from that server's own forced-token path, and an edge
-//! must answer in speculative mode with it as its verifier. Skipped, saying so, without the
+//! must answer in speculative mode with it as its verifier, and run RaLMSpec and SpecHop on
+//! it as losslessly as their sequential runs. Skipped, saying so, without the
 //! model or the server.
 
 // A test fails by panicking, helpers included.
@@ -200,9 +201,8 @@ async fn drafts_scored_on_vllm_s_routes_equal_llama_cpp_s_forced_scores() {
             .contains("vLLM prompt_logprobs"),
         "the status says how drafts are scored: {status}"
     );
-    let question = CorpusBundle::load(&bundle_dir).unwrap().questions[0]
-        .question
-        .clone();
+    let bundle = CorpusBundle::load(&bundle_dir).unwrap();
+    let question = bundle.questions[0].question.clone();
     let speculative = post(
         &http,
         &addr,
@@ -220,4 +220,33 @@ async fn drafts_scored_on_vllm_s_routes_equal_llama_cpp_s_forced_scores() {
         drafts.iter().any(|d| d["answer"] == speculative["answer"]),
         "the answer is a draft's: {speculative}"
     );
+
+    // RaLMSpec's and SpecHop's steps on vLLM's token routes (greedy continuations of token
+    // ids): speculation stays lossless, and no stop token reaches an answer.
+    let ralm = |body: Value| {
+        let (http, addr) = (&http, &addr);
+        async move { post(http, addr, "/v1/ralm", body).await }
+    };
+    let sequential =
+        ralm(json!({"question": question, "max_tokens": 40, "speculate": false})).await;
+    let speculative = ralm(json!({"question": question, "max_tokens": 40, "stride": 3})).await;
+    eprintln!("ralm: {}", sequential["answer"]);
+    assert_eq!(speculative["answer"], sequential["answer"], "{speculative}");
+    assert_eq!(speculative["documents"], sequential["documents"]);
+    assert!(speculative["speculation"]["exact_calls"].as_u64().unwrap() >= 1);
+    assert!(
+        !sequential["answer"].as_str().unwrap().contains("<|"),
+        "{sequential}"
+    );
+    let hop_question = bundle.questions[1].question.clone();
+    let hops = |body: Value| {
+        let (http, addr) = (&http, &addr);
+        async move { post(http, addr, "/v1/spechop", body).await }
+    };
+    let sequential = hops(json!({"question": hop_question, "speculate": false})).await;
+    let speculative = hops(json!({"question": hop_question, "threads": 2})).await;
+    eprintln!("spechop: {}", sequential["answer"]);
+    assert_eq!(speculative["hops"], sequential["hops"]);
+    assert_eq!(speculative["answer"], sequential["answer"]);
+    assert!(!sequential["answer"].as_str().unwrap().is_empty());
 }

@@ -1,9 +1,10 @@
-//! The verifier engine as Speculative RAG's verification uses it, whichever server it is:
-//! tokens of text and of the chat template's layout, text of tokens, and the scores of a
-//! draft and of the reflection's reply. llama.cpp's server forces the scored tokens after
-//! the prompt ([`crate::llama_cpp`]); vLLM scores them as part of the prompt
-//! ([`crate::vllm`]). Both score the same token sequence: the question prompt, the draft, what
-//! the template puts between a draft and the next user turn, and the reply.
+//! An engine's token-level routes, whichever server it is: tokens of text and of the chat
+//! template's layout, text of tokens, greedy continuations of token ids (RaLMSpec's and
+//! SpecHop's steps), and the scores of a draft and of the reflection's reply (Speculative
+//! RAG's verification). llama.cpp's server forces the scored tokens after the prompt
+//! ([`crate::llama_cpp`]); vLLM scores them as part of the prompt ([`crate::vllm`]). Both
+//! score the same token sequence: the question prompt, the draft, what the template puts
+//! between a draft and the next user turn, and the reply.
 
 use hasten_rag::prompt::REFLECTION_STATEMENT;
 use hasten_rag::{ChatMessage, Role};
@@ -11,7 +12,7 @@ use hasten_rag::{ChatMessage, Role};
 use crate::backend::Scoring;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
-use crate::llama_cpp::LlamaCpp;
+use crate::llama_cpp::{Continued, LlamaCpp};
 use crate::vllm::{PromptScores, Vllm};
 
 /// The token ids verification scores around each draft, the same for every draft.
@@ -23,13 +24,14 @@ pub struct Layout {
     pub between: Vec<u32>,
 }
 
-pub enum Scorer<'a> {
+pub enum EngineRoutes<'a> {
     LlamaCpp(LlamaCpp<'a>),
     Vllm(Vllm<'a>, PromptScores),
 }
 
-impl<'a> Scorer<'a> {
-    /// The routes `scoring` reads scores through; an error when the engine gives none.
+impl<'a> EngineRoutes<'a> {
+    /// The routes of the engine whose scoring was found to be `scoring`; an error when it
+    /// gives no prompt scores (then it was found to be neither server).
     pub fn new(endpoint: &'a Endpoint, scoring: &Scoring) -> Result<Self, EngineError> {
         match scoring {
             Scoring::LlamaCppForcedTokens => Ok(Self::LlamaCpp(LlamaCpp::new(endpoint))),
@@ -50,6 +52,26 @@ impl<'a> Scorer<'a> {
         match self {
             Self::LlamaCpp(api) => api.tokenize(text, false).await,
             Self::Vllm(api, _) => api.tokenize_text(text).await,
+        }
+    }
+
+    /// `messages` laid out by the model's chat template, the assistant's turn opened.
+    pub async fn chat_tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        match self {
+            Self::LlamaCpp(api) => api.tokenize(&api.render(messages).await?, true).await,
+            Self::Vllm(api, _) => api.tokenize_messages(messages).await,
+        }
+    }
+
+    /// Up to `count` greedy tokens after `prompt`, the same for the same prompt.
+    pub async fn continue_greedy(
+        &self,
+        prompt: &[u32],
+        count: usize,
+    ) -> Result<Continued, EngineError> {
+        match self {
+            Self::LlamaCpp(api) => api.continue_greedy(prompt, count).await,
+            Self::Vllm(api, _) => api.continue_greedy(prompt, count).await,
         }
     }
 
@@ -83,8 +105,8 @@ impl<'a> Scorer<'a> {
                 })
             }
             Self::Vllm(api, _) => {
-                let context = api.tokenize_messages(messages).await?;
-                let whole = api.tokenize_messages(&with_reply).await?;
+                let context = self.chat_tokens(messages).await?;
+                let whole = self.chat_tokens(&with_reply).await?;
                 let draft = api.tokenize_text(first_draft).await?;
                 let between = whole
                     .strip_prefix(context.as_slice())
