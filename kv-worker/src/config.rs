@@ -58,6 +58,10 @@ pub struct KvWorkerConfig {
     /// full prefill's, at the cost of their tokens' recomputation (0: none, as in the
     /// FusionRAG paper).
     pub recompute_whole_chunks: usize,
+    /// FusionRAG and CacheBlend also recompute this many of the other chunks whole, on top
+    /// of their budget: those whose tokens score highest in sum (for FusionRAG, the chunks the
+    /// question attends to most), wherever they stand (0: none, as in the FusionRAG paper).
+    pub recompute_attended_chunks: usize,
     /// The question's attention that FusionRAG picks tokens by: `last-layer` (the FusionRAG
     /// paper's) or `all-layers` (summed over every layer).
     pub selection_attention: SelectionAttention,
@@ -87,6 +91,7 @@ impl Default for KvWorkerConfig {
             max_new_tokens: 64,
             exact_leading_chunk: true,
             recompute_whole_chunks: 0,
+            recompute_attended_chunks: 0,
             selection_attention: SelectionAttention::LastLayer,
             tls: TlsConfig::default(),
             ready_file: None,
@@ -112,6 +117,7 @@ impl KvWorkerConfig {
                 whole_chunks: self.recompute_whole_chunks,
             },
             selection: self.selection_attention,
+            attended_chunks: self.recompute_attended_chunks,
         }
     }
 }

@@ -624,6 +624,65 @@ fn query_guided_selection_equals_a_naive_reference() {
     }
 }
 
+/// With `attended_chunks`, the chunk whose columns the question attends to most in sum is
+/// recomputed whole, wherever it stands, and the budget goes to the other chunks' most
+/// attended tokens.
+#[test]
+fn the_most_attended_chunk_is_recomputed_whole_and_the_budget_spent_elsewhere() {
+    let mut chosen_chunks = Vec::new();
+    for arch in ARCHS {
+        let (_dir, decoder) = tiny(arch, 8);
+        let prompt = Prompt::new(&decoder, 60, &[20, 15, 25]);
+        let chunks = prompt.after_system(&decoder);
+        let (weights, system, context) = question_weights(&decoder, &prompt, &chunks, None);
+        let scores: Vec<f32> = (system..context)
+            .map(|j| weights.iter().flatten().map(|row| row[j]).sum())
+            .collect();
+        let mut spans = Vec::new();
+        for chunk in &chunks {
+            let start = spans.last().map_or(0, |s: &std::ops::Range<usize>| s.end);
+            spans.push(start..start + chunk.len());
+        }
+        let sums: Vec<f32> = spans
+            .iter()
+            .map(|s| scores[s.clone()].iter().sum())
+            .collect();
+        let top = (0..spans.len())
+            .max_by(|&a, &b| sums[a].partial_cmp(&sums[b]).unwrap().then(b.cmp(&a)))
+            .unwrap();
+        chosen_chunks.push(top);
+        let mut others = scores.clone();
+        others[spans[top].clone()].fill(f32::NEG_INFINITY);
+        let k = 9;
+        let mut expected: Vec<usize> = spans[top]
+            .clone()
+            .chain(naive_top(&others, k))
+            .map(|i| i + system)
+            .collect();
+        expected.sort_unstable();
+        let options = PrefillOptions {
+            exact: ExactPrefix::NONE,
+            selection: SelectionAttention::LastLayer,
+            attended_chunks: 1,
+        };
+        let fused = prompt.run_with(
+            &decoder,
+            &chunks,
+            settings(FusionMode::FusionRag, 0.15),
+            options,
+        );
+        assert_eq!(
+            fused.recomputed, expected,
+            "{arch:?}: chunk {top} of {sums:?}"
+        );
+    }
+    // Twin: a choice by place (the first chunk, as `whole_chunks` makes) would not pass.
+    assert!(
+        chosen_chunks.iter().any(|&chunk| chunk != 0),
+        "every model attended most to the first chunk: {chosen_chunks:?}"
+    );
+}
+
 #[test]
 fn all_layers_selection_ranks_by_the_attention_summed_over_layers() {
     for arch in ARCHS {
@@ -648,6 +707,7 @@ fn all_layers_selection_ranks_by_the_attention_summed_over_layers() {
         let options = PrefillOptions {
             exact: ExactPrefix::NONE,
             selection: SelectionAttention::AllLayers,
+            attended_chunks: 0,
         };
         let settings = settings(FusionMode::FusionRag, 0.15);
         let fused = prompt.run_with(&decoder, &chunks, settings, options);

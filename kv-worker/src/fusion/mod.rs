@@ -120,6 +120,11 @@ pub enum SelectionAttention {
 pub struct PrefillOptions {
     pub exact: ExactPrefix,
     pub selection: SelectionAttention,
+    /// This many chunks after the exact ones are recomputed whole, on top of the budget:
+    /// those whose tokens' selection scores sum highest (for FusionRAG, the chunks the
+    /// question attends to most), so that an answer-bearing chunk gets back its attention
+    /// to the chunks before it wherever it stands.
+    pub attended_chunks: usize,
 }
 
 impl From<ExactPrefix> for PrefillOptions {
@@ -127,6 +132,7 @@ impl From<ExactPrefix> for PrefillOptions {
         Self {
             exact,
             selection: SelectionAttention::default(),
+            attended_chunks: 0,
         }
     }
 }
@@ -162,7 +168,16 @@ pub fn prefill(
     let started = Instant::now();
     let (stored, whole) = exact.chunk_counts(chunks.len());
     let whole_tokens: usize = chunks[stored..whole].iter().map(|c| c.len()).sum();
-    let room = budget + whole_tokens + question.len() + max_new_tokens;
+    let attended = if budget == 0 {
+        0
+    } else {
+        options.attended_chunks
+    };
+    // Room for the longest chunks that may be chosen, whichever are.
+    let mut candidates: Vec<usize> = chunks[whole..].iter().map(|c| c.len()).collect();
+    candidates.sort_unstable_by(|a, b| b.cmp(a));
+    let attended_room: usize = candidates.iter().take(attended).sum();
+    let room = budget + whole_tokens + attended_room + question.len() + max_new_tokens;
     let assembled = assemble(decoder.rope(), system, chunks, room)?;
     let assembled_at = Instant::now();
     let (stored_exact, whole) = exact.columns(&assembled);
@@ -182,15 +197,29 @@ pub fn prefill(
     } else {
         deviation(decoder, &assembled, scored.clone())?
     };
-    let free = scores.get(whole.len()..).unwrap_or_default();
-    let recomputed: Vec<usize> = whole
+    let mut free = scores.get(whole.len()..).unwrap_or_default().to_vec();
+    let later_chunks: Vec<Range<usize>> = assembled
+        .chunk_spans
+        .iter()
+        .filter(|span| span.start >= whole.end)
+        .map(|span| span.start - whole.end..span.end - whole.end)
+        .collect();
+    let chosen_chunks = select::top_chunks(&free, &later_chunks, attended);
+    for span in &chosen_chunks {
+        // Taken whole: the budget goes to the other chunks.
+        free[span.clone()].fill(f32::NEG_INFINITY);
+    }
+    let mut recomputed: Vec<usize> = whole
         .clone()
+        .chain(chosen_chunks.into_iter().flatten().map(|i| i + whole.end))
         .chain(
-            select::top_tokens(free, budget)
+            select::top_tokens(&free, budget)
                 .into_iter()
                 .map(|i| i + whole.end),
         )
         .collect();
+    recomputed.sort_unstable();
+    recomputed.dedup();
     let selected_at = Instant::now();
     let Assembled {
         mut cache, tokens, ..

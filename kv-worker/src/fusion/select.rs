@@ -27,6 +27,19 @@ pub fn top_tokens(scores: &[f32], k: usize) -> Vec<usize> {
     chosen
 }
 
+/// The `n` chunks (`spans` of `scores`) whose scores sum highest, ties to the earlier chunk,
+/// in prompt order.
+pub fn top_chunks(scores: &[f32], spans: &[Range<usize>], n: usize) -> Vec<Range<usize>> {
+    let mass: Vec<f32> = spans
+        .iter()
+        .map(|span| scores.get(span.clone()).map_or(0.0, |s| s.iter().sum()))
+        .collect();
+    top_tokens(&mass, n)
+        .into_iter()
+        .map(|i| spans[i].clone())
+        .collect()
+}
+
 /// FusionRAG's critical score of each context column in `columns`: the attention the
 /// question's tokens pay it in the last layer, summed over heads and question tokens.
 /// `weights` is that layer's (1, heads, question, context + question) softmax output.
@@ -79,6 +92,17 @@ mod tests {
         }
         assert!(recompute_count(1.5, 10).is_err());
         assert!(recompute_count(-0.1, 10).is_err());
+    }
+
+    #[test]
+    fn top_chunks_are_those_of_the_largest_score_sums() {
+        // Chunk 1 has the single highest score, chunk 2 the largest sum.
+        let scores = [0.1, 0.1, 0.9, 0.0, 0.4, 0.4, 0.3];
+        let spans = [0..2, 2..4, 4..7];
+        assert_eq!(top_chunks(&scores, &spans, 1), vec![spans[2].clone()]);
+        assert_eq!(top_chunks(&scores, &spans, 2), [2..4, 4..7]);
+        assert_eq!(top_chunks(&scores, &spans, 0), Vec::<Range<usize>>::new());
+        assert_eq!(top_chunks(&scores, &spans, 5).len(), 3);
     }
 
     #[test]
