@@ -17,10 +17,9 @@ use tokio::runtime::Handle;
 
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
-use crate::llama_cpp::LlamaCpp;
 use crate::routes::EngineRoutes;
+use crate::scoring::Scoring;
 use crate::speculative::{Engines, draft_all, judge_and_answer};
-use crate::vllm::{PromptScores, Vllm};
 use crate::wire::{self, ChatRequest, ModelList, StreamOptions, Usage};
 
 /// How often a call in flight looks whether its caller went away.
@@ -62,40 +61,6 @@ pub struct EngineSettings {
     pub timeout: Duration,
     /// PEM file of the CA that signed the engines' certificates, beside the system's roots.
     pub ca_file: Option<PathBuf>,
-}
-
-/// Whether the engines can serve Speculative RAG: the verifier's scores are log-probabilities
-/// of text it did not write, which an engine gives or not.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scoring {
-    /// llama.cpp's server: the text forced by a grammar of its token ids.
-    LlamaCppForcedTokens,
-    /// vLLM's server: `/v1/completions` with `prompt_logprobs`, the prompt as token ids
-    /// from its `/tokenize`.
-    PromptLogprobs,
-    /// vLLM's routes without `prompt_logprobs`: `/v1/completions` with `echo` and
-    /// `logprobs`, the prompt as token ids from its `/tokenize`.
-    EchoLogprobs,
-    /// No way found; the reason.
-    Unavailable(String),
-}
-
-impl Scoring {
-    /// Whether Speculative RAG's verifier can run on the engine.
-    pub fn scores_prompts(&self) -> bool {
-        !matches!(self, Self::Unavailable(_))
-    }
-}
-
-impl std::fmt::Display for Scoring {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::LlamaCppForcedTokens => f.write_str("llama.cpp forced-token log-probabilities"),
-            Self::PromptLogprobs => f.write_str("vLLM prompt_logprobs"),
-            Self::EchoLogprobs => f.write_str("echo + logprobs on vLLM's /tokenize"),
-            Self::Unavailable(reason) => write!(f, "unavailable: {reason}"),
-        }
-    }
 }
 
 pub struct EngineLm {
@@ -176,20 +141,7 @@ impl EngineLm {
         if let Some(scoring) = self.scoring.get() {
             return Ok(scoring.clone());
         }
-        let scoring = if LlamaCpp::detect(&self.generation).await? {
-            Scoring::LlamaCppForcedTokens
-        } else {
-            match Vllm::detect(&self.generation).await? {
-                Some(PromptScores::PromptLogprobs) => Scoring::PromptLogprobs,
-                Some(PromptScores::Echo) => Scoring::EchoLogprobs,
-                None => Scoring::Unavailable(
-                    "the engine gives no log-probabilities of a prompt: neither llama.cpp's \
-                     server nor one with vLLM's /tokenize and prompt_logprobs or echo + \
-                     logprobs"
-                        .into(),
-                ),
-            }
-        };
+        let scoring = Scoring::detect(&self.generation).await?;
         tracing::info!(engine = %self.generation.base, %scoring, "speculative scoring detected");
         Ok(self.scoring.get_or_init(|| scoring).clone())
     }

@@ -18,9 +18,11 @@ pub mod hop;
 mod llama_cpp;
 pub mod ralm;
 mod routes;
+mod scoring;
 mod speculative;
 mod vllm;
 mod wire;
 
-pub use backend::{ApiKey, EngineLm, EngineSettings, Scoring};
+pub use backend::{ApiKey, EngineLm, EngineSettings};
 pub use error::EngineError;
+pub use scoring::Scoring;

@@ -9,10 +9,10 @@
 use hasten_rag::prompt::REFLECTION_STATEMENT;
 use hasten_rag::{ChatMessage, Role};
 
-use crate::backend::Scoring;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::llama_cpp::{Continued, LlamaCpp};
+use crate::scoring::Scoring;
 use crate::vllm::{PromptScores, Vllm};
 
 /// The token ids verification scores around each draft, the same for every draft.

@@ -18,10 +18,10 @@ use hasten_rag::{
     Answer, AnswerRequest, AnswerTimings, Document, DraftingTokens, Finish, RagError,
 };
 
-use crate::backend::Scoring;
 use crate::endpoint::Endpoint;
 use crate::error::EngineError;
 use crate::routes::EngineRoutes;
+use crate::scoring::Scoring;
 use crate::wire::{self, ChatRequest, StreamOptions};
 
 /// One draft and what writing it cost.
