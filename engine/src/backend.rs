@@ -333,8 +333,13 @@ impl EngineLm {
 
     /// The answering engine's token routes, as its scoring was detected.
     pub(crate) fn routes(&self) -> Result<EngineRoutes<'_>, EngineError> {
-        let detected = Scoring::Unavailable("not reached yet".into());
-        EngineRoutes::new(&self.generation, self.scoring.get().unwrap_or(&detected))
+        match self.scoring.get() {
+            Some(scoring) => EngineRoutes::new(&self.generation, scoring),
+            None => EngineRoutes::new(
+                &self.generation,
+                &Scoring::Unavailable("not reached yet".into()),
+            ),
+        }
     }
 
     /// The runtime the engine calls run on, for blocking callers.

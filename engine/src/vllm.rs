@@ -107,6 +107,22 @@ impl<'a> Vllm<'a> {
         Ok(text.prompt)
     }
 
+    /// `POST /v1/completions` of `body`: its address and the reply's first choice.
+    async fn complete<B: Serialize>(
+        &self,
+        body: &B,
+    ) -> Result<(String, ScoredChoice), EngineError> {
+        let url = format!("{}/completions", self.endpoint.base);
+        let reply: Scored = self.endpoint.post_json(&url, body).await?;
+        match reply.choices.into_iter().next() {
+            Some(choice) => Ok((url, choice)),
+            None => Err(EngineError::Reply {
+                url,
+                message: "no choice in the completion".into(),
+            }),
+        }
+    }
+
     /// Up to `count` greedy tokens after `prompt`. The tokens come back as the written
     /// tokens' log-probability entries, named by id (`return_tokens_as_token_ids`); vLLM
     /// lists the token it stopped on among them (vllm-project/vllm#28185), which is not
@@ -117,7 +133,6 @@ impl<'a> Vllm<'a> {
         prompt: &[u32],
         count: usize,
     ) -> Result<Continued, EngineError> {
-        let url = format!("{}/completions", self.endpoint.base);
         let body = GreedyCompletion {
             model: &self.endpoint.model,
             prompt,
@@ -126,15 +141,7 @@ impl<'a> Vllm<'a> {
             logprobs: 0,
             return_tokens_as_token_ids: true,
         };
-        let reply: Scored = self.endpoint.post_json(&url, &body).await?;
-        let choice = reply
-            .choices
-            .into_iter()
-            .next()
-            .ok_or_else(|| EngineError::Reply {
-                url: url.clone(),
-                message: "no choice in the completion".into(),
-            })?;
+        let (url, choice) = self.complete(&body).await?;
         read_continuation(choice).map_err(|message| EngineError::Reply { url, message })
     }
 
@@ -144,7 +151,6 @@ impl<'a> Vllm<'a> {
         ids: &[u32],
         way: PromptScores,
     ) -> Result<Vec<f32>, EngineError> {
-        let url = format!("{}/completions", self.endpoint.base);
         let body = ScorePrompt {
             model: &self.endpoint.model,
             prompt: ids,
@@ -155,15 +161,7 @@ impl<'a> Vllm<'a> {
             echo: way == PromptScores::Echo,
             logprobs: (way == PromptScores::Echo).then_some(0),
         };
-        let reply: Scored = self.endpoint.post_json(&url, &body).await?;
-        let choice = reply
-            .choices
-            .into_iter()
-            .next()
-            .ok_or_else(|| EngineError::Reply {
-                url: url.clone(),
-                message: "no choice in the completion".into(),
-            })?;
+        let (url, choice) = self.complete(&body).await?;
         let read = match way {
             PromptScores::PromptLogprobs => read_prompt_logprobs(ids, choice.prompt_logprobs),
             PromptScores::Echo => read_echoed(ids, choice.logprobs),

@@ -138,6 +138,21 @@ pub fn start_vllm_shim(
     Some(ManagedProcess::start(name, &python, args, work, START_TIMEOUT).unwrap())
 }
 
+/// A client of the engine at `addr` serving [`ENGINE_MODEL`], no drafter of its own, each
+/// call given `timeout`.
+pub fn engine_at(addr: &str, timeout: Duration) -> hasten_engine::EngineLm {
+    hasten_engine::EngineLm::new(hasten_engine::EngineSettings {
+        url: format!("http://{addr}/v1"),
+        model: ENGINE_MODEL.into(),
+        drafter_url: None,
+        drafter_model: None,
+        api_key: None,
+        timeout,
+        ca_file: None,
+    })
+    .unwrap()
+}
+
 /// `--lm-engine-url http://ADDR/v1 --lm-engine-model MODEL`.
 pub fn with_engine(addr: &str, model: &str) -> Vec<String> {
     vec![

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_engine::{EngineLm, EngineSettings, Scoring};
+use hasten_engine::Scoring;
 use hasten_lm::{DeviceKind, LanguageModel, WeightFormat};
 use hasten_loadtest::scrape::Scrape;
 use hasten_rag::prompt::{VERIFY_INSTRUCTION, draft_text, standard_messages};
@@ -18,7 +18,7 @@ use hasten_rag::rewrite::{REWRITE_TOKENS, rewrite_messages, standalone_question}
 use hasten_rag::verify::verify;
 use hasten_rag::{ChatTurn, Document, Role};
 use hasten_tests::answering::{
-    Answering, ENGINE_MODEL, ONE_AT_A_TIME, OnEngine, small_model, start_answering,
+    Answering, ENGINE_MODEL, ONE_AT_A_TIME, OnEngine, engine_at, small_model, start_answering,
     start_llama_server, start_on_engine, wait_engine_detected, with_engine,
 };
 use hasten_tests::edge::{leave_after_first_event, post_json};
@@ -437,16 +437,7 @@ async fn engine_verification_scores_equal_the_runtime_one_pass_scores() {
         return;
     };
     let engine_addr = server.addr("http_addr");
-    let engine = EngineLm::new(EngineSettings {
-        url: format!("http://{engine_addr}/v1"),
-        model: ENGINE_MODEL.into(),
-        drafter_url: None,
-        drafter_model: None,
-        api_key: None,
-        timeout: Duration::from_secs(60),
-        ca_file: None,
-    })
-    .unwrap();
+    let engine = engine_at(&engine_addr, Duration::from_secs(60));
     assert_eq!(
         engine.detect_scoring().await.unwrap(),
         Scoring::LlamaCppForcedTokens

@@ -14,27 +14,17 @@
 use std::time::Duration;
 
 use hasten_core::bundle::CorpusBundle;
-use hasten_engine::{EngineLm, EngineSettings, Scoring};
+use hasten_engine::Scoring;
 use hasten_tests::answering::{
-    Answering, ENGINE_MODEL, ONE_AT_A_TIME, small_model, start_answering, start_llama_server,
-    start_vllm_shim, wait_engine_detected, with_engine,
+    Answering, ENGINE_MODEL, ONE_AT_A_TIME, engine_at, small_model, start_answering,
+    start_llama_server, start_vllm_shim, wait_engine_detected, with_engine,
 };
 use hasten_tests::edge::post_json;
 use hasten_tests::persistent_work_dir;
 use serde_json::{Value, json};
 
-fn engine_at(addr: &str) -> EngineLm {
-    EngineLm::new(EngineSettings {
-        url: format!("http://{addr}/v1"),
-        model: ENGINE_MODEL.into(),
-        drafter_url: None,
-        drafter_model: None,
-        api_key: None,
-        timeout: Duration::from_secs(120),
-        ca_file: None,
-    })
-    .unwrap()
-}
+/// Each engine call's deadline: the shim forces a prompt token by token.
+const CALL_DEADLINE: Duration = Duration::from_secs(120);
 
 async fn post(http: &reqwest::Client, addr: &str, path: &str, body: Value) -> Value {
     let (status, reply) = post_json(http, addr, path, &body).await;
@@ -69,9 +59,9 @@ async fn drafts_scored_on_vllm_s_routes_equal_llama_cpp_s_forced_scores() {
     )
     .unwrap();
     let (direct, vllm, echo) = (
-        engine_at(&llama),
-        engine_at(&shim.addr("http_addr")),
-        engine_at(&echo_only.addr("http_addr")),
+        engine_at(&llama, CALL_DEADLINE),
+        engine_at(&shim.addr("http_addr"), CALL_DEADLINE),
+        engine_at(&echo_only.addr("http_addr"), CALL_DEADLINE),
     );
     assert_eq!(
         direct.detect_scoring().await.unwrap(),
