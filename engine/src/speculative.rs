@@ -7,10 +7,8 @@
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
-use hasten_rag::draft::{Draft, answer_line_ended, parse_draft};
-use hasten_rag::prompt::{
-    RATIONALE_PREFIX, REFLECTION_YES, draft_text, drafter_messages, verifier_messages,
-};
+use hasten_rag::draft::{Draft, draft_ended, parse_draft};
+use hasten_rag::prompt::{REFLECTION_YES, draft_text, drafter_messages, verifier_messages};
 use hasten_rag::speculative::{UNJUDGED, document_subsets, reported, verdicts_needed};
 use hasten_rag::stop::cut_at_stop;
 use hasten_rag::verify::{Verdict, Verification};
@@ -32,7 +30,7 @@ struct Written {
 }
 
 /// Writes the draft of one subset through the drafter engine's streamed chat completion,
-/// closing it once the answer's line has ended (nothing after it is read).
+/// closing it once the rationale's line has ended (nothing after it is read).
 async fn write_draft(
     drafter: &Endpoint,
     question: &str,
@@ -75,15 +73,11 @@ async fn write_draft(
         if let Some(delta) = choice.delta.content {
             text.push_str(&delta);
         }
-        if answer_line_ended(&text) {
+        if draft_ended(&text) {
             break;
         }
     }
-    // Asked to open with "Rationale:", the drafter usually does; the local drafter is
-    // started after it, so the parsed draft is the same either way.
-    let written = text.trim_start();
-    let written = written.strip_prefix(RATIONALE_PREFIX).unwrap_or(written);
-    let parsed = parse_draft(written);
+    let parsed = parse_draft(&text);
     Ok(Written {
         draft: Draft {
             documents: subset.to_vec(),

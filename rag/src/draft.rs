@@ -1,4 +1,4 @@
-//! The drafter's side of Speculative RAG: one rationale and answer per document subset, all
+//! The drafter's side of Speculative RAG: one answer and rationale per document subset, all
 //! subsets decoded in one batch, and each draft's log-probability under the drafter.
 
 use std::ops::ControlFlow;
@@ -8,7 +8,7 @@ use hasten_lm::{
 };
 
 use crate::error::{RagError, Result};
-use crate::prompt::{ANSWER_LABEL, drafter_prompt};
+use crate::prompt::{ANSWER_LABEL, RATIONALE_LABEL, drafter_prompt};
 use crate::request::Document;
 
 /// One draft as the drafter wrote it.
@@ -18,10 +18,10 @@ pub struct Draft {
     pub documents: Vec<usize>,
     pub rationale: String,
     pub answer: String,
-    /// False when the drafter never wrote "Answer:" and the answer is the rationale's last
-    /// sentence.
+    /// False when no "Rationale:" label followed the answer (the draft ran out of tokens
+    /// in its answer, or left the layout).
     pub labelled: bool,
-    /// The generated tokens (after the forced "Rationale:").
+    /// The generated tokens (after the forced "Answer:").
     pub tokens: Vec<u32>,
     /// log P(tokens | prompt): the sum of the generated tokens' log-probabilities.
     pub logprob: f32,
@@ -68,7 +68,7 @@ pub fn write_drafts(
         // The paper drafts greedily (temperature 0): the subsets supply the diversity.
         sampling: Sampling::default(),
     };
-    // A draft ends with its answer's line: what follows is never parsed, so decoding it
+    // A draft ends with its rationale's line: what follows is never parsed, so decoding it
     // would only cost time (and dilute the draft's probability with text nobody reads).
     let mut written: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     let (generated, generation) = generate_interruptible(
@@ -85,7 +85,7 @@ pub fn write_drafts(
             };
             tokens.push(id);
             match drafter.tokenizer.decode(tokens) {
-                Ok(text) if answer_line_ended(&text) => ControlFlow::Break(()),
+                Ok(text) if draft_ended(&text) => ControlFlow::Break(()),
                 _ => ControlFlow::Continue(()),
             }
         },
@@ -123,19 +123,75 @@ pub fn write_drafts(
 pub struct ParsedDraft {
     pub rationale: String,
     pub answer: String,
+    /// False when no "Rationale:" label followed the answer.
     pub labelled: bool,
 }
 
-/// Splits what the drafter wrote after "Rationale:" into rationale and answer. The answer is
-/// the line after the first "Answer:" (any case). A small model may never write the label,
-/// or run out of tokens before the answer: then the answer is the rationale's last sentence,
-/// the likeliest place for a conclusion, and `labelled` is false.
+/// Splits what the drafter wrote after "Answer:" into answer and rationale: the answer is the
+/// first non-empty line (or what precedes a "Rationale:" label on it), the rationale the next
+/// non-empty line, without its label. Only those lines are read, so a draft cut where
+/// [`draft_ended`] says parses as the whole draft would.
 pub fn parse_draft(text: &str) -> ParsedDraft {
-    let parsed = parse_labelled(text);
+    let parts = split_draft(text);
     ParsedDraft {
-        answer: without_citation(&parsed.answer).to_string(),
-        ..parsed
+        rationale: parts.rationale.to_string(),
+        answer: without_citation(parts.answer).to_string(),
+        labelled: parts.labelled,
     }
+}
+
+/// Whether the draft's rationale line has ended: anything written after it leaves
+/// [`parse_draft`]'s result as it is.
+pub fn draft_ended(text: &str) -> bool {
+    split_draft(text).ended
+}
+
+struct DraftParts<'a> {
+    answer: &'a str,
+    rationale: &'a str,
+    labelled: bool,
+    ended: bool,
+}
+
+fn split_draft(text: &str) -> DraftParts<'_> {
+    let text = text.trim_start();
+    // An engine's drafter is asked to open with the label; the local one is started after it.
+    let text = strip_label(text, ANSWER_LABEL).map_or(text, str::trim_start);
+    let line_end = text.find('\n').unwrap_or(text.len());
+    let (answer, rest) = match find_label(&text[..line_end], RATIONALE_LABEL) {
+        Some(at) => (&text[..at], &text[at..]),
+        None => (&text[..line_end], &text[line_end..]),
+    };
+    let rest = rest.trim_start();
+    let (rest, labelled) = match strip_label(rest, RATIONALE_LABEL) {
+        Some(after) => (after.trim_start(), true),
+        None => (rest, false),
+    };
+    let (rationale, ended) = match rest.find('\n') {
+        Some(at) => (&rest[..at], true),
+        None => (rest, false),
+    };
+    DraftParts {
+        answer: answer.trim(),
+        rationale: rationale.trim(),
+        labelled,
+        ended,
+    }
+}
+
+/// Where `label` (ASCII, any case) first occurs in `text`.
+fn find_label(text: &str, label: &str) -> Option<usize> {
+    // The label is ASCII, so a byte-wise match is a match of whole characters.
+    text.as_bytes()
+        .windows(label.len())
+        .position(|window| window.eq_ignore_ascii_case(label.as_bytes()))
+}
+
+/// `text` after `label` (ASCII, any case) when it starts with it.
+fn strip_label<'a>(text: &'a str, label: &str) -> Option<&'a str> {
+    let head = text.as_bytes().get(..label.len())?;
+    head.eq_ignore_ascii_case(label.as_bytes())
+        .then(|| &text[label.len()..])
 }
 
 /// The answer without a leading document marker such as "[3] ": small drafters copy the
@@ -154,146 +210,86 @@ fn without_citation(answer: &str) -> &str {
     answer
 }
 
-/// Where the first "Answer:" label (any case) starts.
-fn answer_label(text: &str) -> Option<usize> {
-    // The label is ASCII, so a byte-wise match is a match of whole characters.
-    text.as_bytes()
-        .windows(ANSWER_LABEL.len())
-        .position(|window| window.eq_ignore_ascii_case(ANSWER_LABEL.as_bytes()))
-}
-
-/// Whether `text` holds a labelled answer whose line has ended: anything written after it
-/// leaves [`parse_draft`]'s result as it is.
-pub fn answer_line_ended(text: &str) -> bool {
-    answer_label(text).is_some_and(|at| text[at + ANSWER_LABEL.len()..].trim_start().contains('\n'))
-}
-
-fn parse_labelled(text: &str) -> ParsedDraft {
-    if let Some(at) = answer_label(text) {
-        let rationale = text[..at].trim().to_string();
-        let answer = text[at + ANSWER_LABEL.len()..]
-            .trim_start()
-            .lines()
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        if !answer.is_empty() {
-            return ParsedDraft {
-                rationale,
-                answer,
-                labelled: true,
-            };
-        }
-        return ParsedDraft {
-            answer: last_sentence(&rationale),
-            rationale,
-            labelled: false,
-        };
-    }
-    let rationale = text.trim().to_string();
-    ParsedDraft {
-        answer: last_sentence(&rationale),
-        rationale,
-        labelled: false,
-    }
-}
-
-/// The last non-empty sentence of `text` (sentences end at '.', '!' or '?' followed by
-/// whitespace, or at a line break).
-fn last_sentence(text: &str) -> String {
-    let mut sentences = Vec::new();
-    let mut start = 0;
-    let chars: Vec<(usize, char)> = text.char_indices().collect();
-    for (k, &(i, c)) in chars.iter().enumerate() {
-        let next_is_space = chars.get(k + 1).is_none_or(|&(_, n)| n.is_whitespace());
-        if c == '\n' || (matches!(c, '.' | '!' | '?') && next_is_space) {
-            sentences.push(&text[start..i + c.len_utf8()]);
-            start = i + c.len_utf8();
-        }
-    }
-    sentences.push(&text[start..]);
-    sentences
-        .iter()
-        .map(|s| s.trim())
-        .rfind(|s| !s.is_empty())
-        .unwrap_or("")
-        .to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_labelled_draft_splits_into_rationale_and_answer() {
-        let parsed =
-            parse_draft(" Document 1 says Canberra is the capital.\nAnswer: Canberra\n\nMore");
-        assert_eq!(parsed.rationale, "Document 1 says Canberra is the capital.");
+    fn a_draft_splits_into_its_answer_line_and_rationale_line() {
+        let parsed = parse_draft(" Canberra\nRationale: Document 1 says it is the capital.\nMore");
         assert_eq!(parsed.answer, "Canberra");
+        assert_eq!(parsed.rationale, "Document 1 says it is the capital.");
         assert!(parsed.labelled);
-        let lower = parse_draft("It is Paris. answer: Paris");
-        assert_eq!(lower.answer, "Paris");
+        let lower = parse_draft("Paris rationale: it says so");
+        assert_eq!(
+            (lower.answer.as_str(), lower.rationale.as_str()),
+            ("Paris", "it says so")
+        );
+        let engine = parse_draft("Answer: Paris\nRationale:\n  It says so.\n");
+        assert_eq!(
+            (engine.answer.as_str(), engine.rationale.as_str()),
+            ("Paris", "It says so.")
+        );
     }
 
     #[test]
-    fn without_the_label_the_last_sentence_is_the_answer() {
-        let parsed = parse_draft(" The river is long. It flows through Egypt. The Nile");
-        assert!(!parsed.labelled);
-        assert_eq!(parsed.answer, "The Nile");
-        let dangling = parse_draft(" Marie Curie was born in Warsaw.\nAnswer:");
-        assert_eq!(dangling.answer, "Marie Curie was born in Warsaw.");
+    fn a_draft_without_a_labelled_rationale_keeps_its_answer() {
+        let cut = parse_draft(" The Nile");
+        assert_eq!(
+            (cut.answer.as_str(), cut.rationale.as_str()),
+            ("The Nile", "")
+        );
+        assert!(!cut.labelled);
+        let unlabelled = parse_draft(" Warsaw\nShe was born there.");
+        assert_eq!(unlabelled.answer, "Warsaw");
+        assert_eq!(unlabelled.rationale, "She was born there.");
+        assert!(!unlabelled.labelled);
         assert_eq!(parse_draft("").answer, "");
     }
 
     #[test]
     fn a_copied_document_marker_is_not_part_of_the_answer() {
-        assert_eq!(
-            parse_draft("Docs agree. Answer: [3] Lucy Saunders").answer,
-            "Lucy Saunders"
-        );
-        assert_eq!(
-            parse_draft("[1, 2] Paul Meany is a singer.").answer,
-            "Paul Meany is a singer."
-        );
-        assert_eq!(parse_draft("Answer: [a] list").answer, "[a] list");
-        assert_eq!(parse_draft("Answer: [] x").answer, "[] x");
+        assert_eq!(parse_draft(" [3] Lucy Saunders").answer, "Lucy Saunders");
+        assert_eq!(parse_draft("[1, 2] Paul Meany").answer, "Paul Meany");
+        assert_eq!(parse_draft(" [a] list").answer, "[a] list");
+        assert_eq!(parse_draft(" [] x").answer, "[] x");
     }
 
     #[test]
-    fn a_draft_cut_where_its_answer_line_ends_parses_as_the_whole_draft() {
+    fn a_draft_cut_where_it_ends_parses_as_the_whole_draft() {
         let drafts = [
-            " Canberra is the capital.\nAnswer: Canberra\n\nMore text. Answer: Sydney\n",
-            " It says so.\nAnswer:\n  Warsaw\nand more",
-            " answer: [2] Lucy\r\nNext line",
-            " No label here.\nJust text.\n",
-            " Dangling.\nAnswer:  \n\n",
+            " Canberra\nRationale: It is the capital.\nAnswer: Sydney\n",
+            " Warsaw Rationale: born there\nmore",
+            "\n\n [2] Lucy\r\nrationale:\n\n It says so.\r\nNext line",
+            " Paris\n\n",
+            " No rationale follows",
         ];
         for draft in drafts {
             let whole = parse_draft(draft);
             let cut = draft
                 .char_indices()
                 .map(|(i, c)| &draft[..i + c.len_utf8()])
-                .find(|prefix| answer_line_ended(prefix));
+                .find(|prefix| draft_ended(prefix));
             match cut {
                 Some(prefix) => {
                     assert_eq!(parse_draft(prefix), whole, "{draft:?} cut to {prefix:?}");
-                    // One character less and the answer line has not ended yet.
+                    // One character less and the rationale line has not ended yet.
                     let shorter = &prefix[..prefix.len() - 1];
-                    assert!(!answer_line_ended(shorter), "{shorter:?}");
+                    assert!(!draft_ended(shorter), "{shorter:?}");
                 }
-                None => assert!(!whole.labelled, "{draft:?}"),
+                None => assert!(whole.rationale.is_empty() || !draft.ends_with('\n')),
             }
         }
-        assert!(answer_line_ended("Answer: Paris\n"));
-        assert!(!answer_line_ended("Answer: Paris"));
-        assert!(!answer_line_ended("Answer:\n\n"));
+        assert!(draft_ended("Paris\nRationale: it says so\n"));
+        assert!(!draft_ended("Paris\nRationale: it says so"));
+        assert!(!draft_ended("Paris\n"));
+        assert!(!draft_ended("Paris\nRationale:\n\n"));
     }
 
     #[test]
     fn non_ascii_text_does_not_break_parsing() {
-        let parsed = parse_draft("İstanbul ist groß. Answer: İstanbul");
+        let parsed = parse_draft(" İstanbul\nRationale: groß ist İstanbul.");
         assert_eq!(parsed.answer, "İstanbul");
-        assert_eq!(last_sentence("Ça va? Très bien"), "Très bien");
+        assert_eq!(parsed.rationale, "groß ist İstanbul.");
     }
 }

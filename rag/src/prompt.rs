@@ -21,14 +21,16 @@ pub const STANDARD_INSTRUCTION: &str =
     "Answer the question using the documents. Reply with a short answer only.";
 /// The drafter's system turn: the layout the drafts are parsed from. A filled-in example
 /// would be copied by small models (Qwen2.5-0.5B answered "Paris" about Australia), so the
-/// layout is given with placeholders only.
-pub const DRAFT_INSTRUCTION: &str = "Answer the question from the documents. Reply as\nRationale: <what the documents say>\nAnswer: <short answer>";
+/// layout is given with placeholders only. The answer comes first: a rationale first ran
+/// small drafters out of their token budget before they wrote an answer
+/// (docs/benchmarks/speculative-rag.md, "Answer first").
+pub const DRAFT_INSTRUCTION: &str = "Answer the question from the documents. Reply as\nAnswer: <short answer>\nRationale: <what the documents say>";
 /// The verifier's system turn: the same layout, without documents to refer to.
 pub const VERIFY_INSTRUCTION: &str =
     "Answer the question. Reply as\nRationale: <why>\nAnswer: <short answer>";
-/// What the drafter's turn is started with, so that every draft opens with its rationale.
-pub const RATIONALE_PREFIX: &str = "Rationale:";
+/// What the drafter's turn is started with, so that every draft opens with its answer.
 pub const ANSWER_LABEL: &str = "Answer:";
+pub const RATIONALE_LABEL: &str = "Rationale:";
 /// The self-reflection statement of the paper (appendix F: the wording matters little).
 pub const REFLECTION_STATEMENT: &str =
     "Do you think the explanation supports the answer? (Yes or No)";
@@ -157,14 +159,14 @@ fn system_text(conversation: &[ChatTurn]) -> String {
 }
 
 /// The drafter's prompt for one subset, ending inside the assistant turn after
-/// [`RATIONALE_PREFIX`].
+/// [`ANSWER_LABEL`].
 pub fn drafter_prompt(
     model: &LanguageModel,
     question: &str,
     documents: &[&Document],
     draft_tokens: usize,
 ) -> Result<Vec<u32>> {
-    let prefix = model.tokenizer.encode(RATIONALE_PREFIX)?;
+    let prefix = model.tokenizer.encode(ANSWER_LABEL)?;
     let reserved = Reserved {
         tokens: draft_tokens,
         field: "speculative.draft_tokens",
@@ -182,7 +184,7 @@ pub fn drafter_prompt(
 
 /// The drafter's prompt for one subset as chat messages, for an engine (documents cut to
 /// [`DOCUMENT_CHAR_CAP`] characters, as in [`standard_messages`]). The engine's reply is
-/// asked to open with [`RATIONALE_PREFIX`] rather than started with it: not every engine
+/// asked to open with [`ANSWER_LABEL`] rather than started with it: not every engine
 /// continues a partial assistant turn.
 pub fn drafter_messages(question: &str, documents: &[&Document]) -> Vec<ChatMessage> {
     drafter_message_list(documents, &capped_texts(documents), question)
@@ -220,7 +222,7 @@ pub fn verifier_messages(question: &str) -> Vec<ChatMessage> {
 
 /// A draft as the verifier reads it (and as its consistency is scored).
 pub fn draft_text(rationale: &str, answer: &str) -> String {
-    format!("{RATIONALE_PREFIX} {rationale}\n{ANSWER_LABEL} {answer}")
+    format!("{RATIONALE_LABEL} {rationale}\n{ANSWER_LABEL} {answer}")
 }
 
 /// Whether a prompt puts each document's title above its text.

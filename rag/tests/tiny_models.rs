@@ -13,7 +13,7 @@ use hasten_lm::score_incrementally;
 use hasten_rag::draft::write_drafts;
 use hasten_rag::verify::{verification_rows, verify};
 use hasten_rag::{
-    AnswerMode, AnswerRequest, DraftSelection, LmBackend, LocalLm, SpeculativeSettings,
+    AnswerMode, AnswerRequest, DraftSelection, Finish, LmBackend, LocalLm, SpeculativeSettings,
 };
 use support::TinyArch;
 
@@ -22,7 +22,8 @@ const QUESTION: &str = "Which river is longest?";
 fn speculative(drafts: usize) -> AnswerRequest {
     AnswerRequest {
         mode: AnswerMode::Speculative,
-        max_new_tokens: 8,
+        // Room for a whole draft's answer line (drafts are written answer first).
+        max_new_tokens: 32,
         speculative: SpeculativeSettings {
             drafts,
             draft_tokens: 12,
@@ -128,8 +129,25 @@ fn a_single_draft_is_the_drafters_answer() {
     assert_eq!(answer.rationale.as_deref(), Some(draft.rationale.as_str()));
     assert_eq!(answer.documents_used, draft.documents);
     assert_eq!(streamed, answer.text);
+    assert_eq!(answer.finish, Finish::Stop);
     // Nothing to choose between: the verifier does not run.
     assert_eq!(answer.timings.verify, std::time::Duration::ZERO);
+
+    // A reply limit shorter than the draft's answer cuts it, and says so.
+    let short = AnswerRequest {
+        max_new_tokens: 3,
+        ..request.clone()
+    };
+    let cut = backend
+        .answer(&short, &mut |_: &str| {})
+        .expect("short answer");
+    assert_eq!(cut.finish, Finish::Length);
+    assert!(
+        cut.text.len() < draft.answer.len() && draft.answer.starts_with(&cut.text),
+        "{:?} is not a cut of {:?}",
+        cut.text,
+        draft.answer
+    );
 }
 
 #[test]

@@ -366,8 +366,8 @@ pub struct AnswerConfig {
     /// Speculative RAG: document clusters, one document of each per draft (paper: k = 2).
     #[schemars(range(min = 1))]
     pub speculative_clusters: usize,
-    /// Speculative RAG: most tokens a draft (rationale and answer) may take. Drafting and
-    /// verifying cost grows with it; a draft also ends where its answer's line ends. 32
+    /// Speculative RAG: most tokens a draft (answer and rationale) may take. Drafting and
+    /// verifying cost grows with it; a draft also ends where its rationale's line ends. 32
     /// measured faster than 96 at no lower F1 (HotpotQA-100, 1.5B verifier).
     #[schemars(range(min = 1))]
     pub speculative_draft_tokens: usize,
