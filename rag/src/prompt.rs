@@ -25,7 +25,8 @@ pub const STANDARD_INSTRUCTION: &str =
 /// small drafters out of their token budget before they wrote an answer
 /// (docs/benchmarks/speculative-rag.md, "Answer first").
 pub const DRAFT_INSTRUCTION: &str = "Answer the question from the documents. Reply as\nAnswer: <short answer>\nRationale: <what the documents say>";
-/// The verifier's system turn: the same layout, without documents to refer to.
+/// The verifier's system turn: the paper's layout, rationale then answer (each draft is laid
+/// out so by [`draft_text`]), without documents to refer to.
 pub const VERIFY_INSTRUCTION: &str =
     "Answer the question. Reply as\nRationale: <why>\nAnswer: <short answer>";
 /// What the drafter's turn is started with, so that every draft opens with its answer.
