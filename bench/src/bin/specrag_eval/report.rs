@@ -30,11 +30,39 @@ pub struct Outcome {
     #[serde(skip_serializing_if = "Option::is_none")]
     best_draft_f1: Option<f32>,
     documents_used: Vec<usize>,
+    /// Speculative mode: every draft with its F1 and the verifier's scores, so that other
+    /// ways of choosing among the same drafts can be compared afterwards
+    /// (bench/specrag-selection.py).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    draft_outcomes: Vec<DraftOutcome>,
+}
+
+/// One draft as the evaluation saw it.
+#[derive(Serialize)]
+struct DraftOutcome {
+    answer: String,
+    rationale: String,
+    f1: f32,
+    draft_logprob: f32,
+    consistency_logprob: f32,
+    reflection_logprob: f32,
 }
 
 impl Outcome {
     pub fn new(system: &'static str, answer: &Answer, latency_s: f64, golds: &[String]) -> Self {
         let text = answer.text.trim();
+        let draft_outcomes = answer
+            .drafts
+            .iter()
+            .map(|d| DraftOutcome {
+                answer: d.answer.trim().to_string(),
+                rationale: d.rationale.clone(),
+                f1: metrics::best_of(d.answer.trim(), golds, metrics::f1).unwrap_or(0.0),
+                draft_logprob: d.draft_logprob,
+                consistency_logprob: d.consistency_logprob,
+                reflection_logprob: d.reflection_logprob,
+            })
+            .collect::<Vec<_>>();
         Self {
             system,
             answer: text.to_string(),
@@ -49,12 +77,9 @@ impl Outcome {
             generated_tokens: answer.generated_tokens + answer.drafting.generated_tokens,
             drafted_tokens: answer.drafting.generated_tokens,
             drafts: answer.drafts.len(),
-            best_draft_f1: answer
-                .drafts
-                .iter()
-                .map(|d| metrics::best_of(d.answer.trim(), golds, metrics::f1).unwrap_or(0.0))
-                .reduce(f32::max),
+            best_draft_f1: draft_outcomes.iter().map(|d| d.f1).reduce(f32::max),
             documents_used: answer.documents_used.clone(),
+            draft_outcomes,
         }
     }
 }
