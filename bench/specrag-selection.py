@@ -24,10 +24,12 @@ draft's, before the reply's token limit cut any answer, and so is every rule's.
 
 import argparse
 import json
+import os
 import random
-import string
 import sys
-from collections import Counter
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from answer_eval import f1 as token_f1  # noqa: E402  (SQuAD's token F1, as the other scripts score)
 
 RULES = [
     "paper",
@@ -39,25 +41,6 @@ RULES = [
     "agreement-drafter",
     "first",
 ]
-
-
-# hasten_eval::metrics::normalize's punctuation: ASCII's and the typographic marks.
-PUNCTUATION = set(string.punctuation) | set("\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00ab\u00bb\u00bf\u00a1")
-
-
-def normalise(text):
-    """SQuAD's answer normalisation, as hasten_eval::metrics::normalize does it."""
-    text = "".join(c for c in text.lower() if c not in PUNCTUATION)
-    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
-
-
-def token_f1(a, b):
-    ta, tb = normalise(a).split(), normalise(b).split()
-    common = sum((Counter(ta) & Counter(tb)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(ta), common / len(tb)
-    return 2 * precision * recall / (precision + recall)
 
 
 def paper_score(d):
