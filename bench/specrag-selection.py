@@ -12,7 +12,8 @@ each rule below is scored on the same drafts, without running a model:
                between answers: minimum Bayes risk), ties broken by the paper's score
   agreement-drafter  the same, ties broken by the drafter's score alone (no verifier pass)
   first, oracle  the first draft; the best draft (a perfect verifier's F1)
-  random       the mean F1 of the drafts (a random pick's expected F1)
+  random       the mean F1 of the drafts with an answer (a random pick's expected F1, as
+               the edge's random ablation picks)
 
 The rule is picked on one report (--tune) and stated on another (--report), never the
 same questions. `paper` must choose the system's own answer on every question (which checks
@@ -65,9 +66,14 @@ def argmax_first(indices, key):
     return best
 
 
-def choose(rule, drafts):
+def candidates_of(drafts):
+    """The drafts the edge chooses among: those with an answer, unless none has one."""
     answered = [i for i, d in enumerate(drafts) if d["answer"]]
-    candidates = answered or list(range(len(drafts)))
+    return answered or list(range(len(drafts)))
+
+
+def choose(rule, drafts):
+    candidates = candidates_of(drafts)
     if rule == "first":
         return candidates[0]
     if rule in KEYS:
@@ -104,7 +110,8 @@ def scores(rows):
         for rule in RULES:
             per_rule[rule].append(drafts[choose(rule, drafts)]["f1"])
         per_rule["oracle"].append(max(d["f1"] for d in drafts))
-        per_rule["random"].append(sum(d["f1"] for d in drafts) / len(drafts))
+        candidates = candidates_of(drafts)
+        per_rule["random"].append(sum(drafts[i]["f1"] for i in candidates) / len(candidates))
     return per_rule
 
 
