@@ -238,17 +238,28 @@ fn sum256(v: __m256) -> f32 {
     _mm_cvtss_f32(one)
 }
 
+/// Each pair's two blocks add into two accumulators: one chain of multiply-adds (4 cycles
+/// each) per weight row left a lone activation row waiting on the chain instead of on memory.
 #[target_feature(enable = "avx2,fma")]
 fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], out: &mut [f32]) {
     let mut acc = [_mm256_setzero_ps(); M];
+    let mut acc_second = [_mm256_setzero_ps(); M];
     match w.layout {
         Layout::Bytes => {
-            for (b, quants) in w.quants.chunks_exact(BLOCK).enumerate() {
-                let signed = load256(quants);
-                for (acc, row) in acc.iter_mut().zip(rows) {
-                    let a = load256(&row.quants[b * BLOCK..(b + 1) * BLOCK]);
-                    let scale = _mm256_set1_ps(w.scales[b] * row.scales[b]);
-                    *acc = signed_block_fma_avx2(signed, a, scale, *acc);
+            for (p, quants) in w.quants.chunks_exact(PAIR).enumerate() {
+                let (signed_first, signed_second) = (load256(quants), load256(&quants[BLOCK..]));
+                let (b0, b1) = (2 * p, 2 * p + 1);
+                for ((acc, acc_second), row) in acc.iter_mut().zip(&mut acc_second).zip(rows) {
+                    let a = &row.quants[p * PAIR..(p + 1) * PAIR];
+                    let (s0, s1) = (w.scales[b0] * row.scales[b0], w.scales[b1] * row.scales[b1]);
+                    *acc =
+                        signed_block_fma_avx2(signed_first, load256(a), _mm256_set1_ps(s0), *acc);
+                    *acc_second = signed_block_fma_avx2(
+                        signed_second,
+                        load256(&a[BLOCK..]),
+                        _mm256_set1_ps(s1),
+                        *acc_second,
+                    );
                 }
             }
         }
@@ -263,18 +274,23 @@ fn avx2_dots<const M: usize>(w: WeightRow<'_>, rows: &[ActivationRow<'_>; M], ou
                     first = _mm256_or_si256(first, bits_avx2(high as u32, 0x10));
                     second = _mm256_or_si256(second, bits_avx2((high >> 32) as u32, 0x10));
                 }
-                for (acc, row) in acc.iter_mut().zip(rows) {
+                let (b0, b1) = (2 * p, 2 * p + 1);
+                for ((acc, acc_second), row) in acc.iter_mut().zip(&mut acc_second).zip(rows) {
                     let a = &row.quants[p * PAIR..(p + 1) * PAIR];
-                    let (b0, b1) = (2 * p, 2 * p + 1);
                     let (s0, s1) = (w.scales[b0] * row.scales[b0], w.scales[b1] * row.scales[b1]);
                     *acc = block_fma_avx2(first, load256(a), _mm256_set1_ps(s0), *acc);
-                    *acc = block_fma_avx2(second, load256(&a[BLOCK..]), _mm256_set1_ps(s1), *acc);
+                    *acc_second = block_fma_avx2(
+                        second,
+                        load256(&a[BLOCK..]),
+                        _mm256_set1_ps(s1),
+                        *acc_second,
+                    );
                 }
             }
         }
     }
-    for ((value, acc), row) in out.iter_mut().zip(acc).zip(rows) {
-        let (acc, tail) = offsets_fma_avx2(w.offsets, row.sums, acc);
+    for (((value, acc), acc_second), row) in out.iter_mut().zip(acc).zip(acc_second).zip(rows) {
+        let (acc, tail) = offsets_fma_avx2(w.offsets, row.sums, _mm256_add_ps(acc, acc_second));
         *value = sum256(acc) + tail;
     }
 }
@@ -304,7 +320,7 @@ fn super_block_factors_avx2<const M: usize>(
     }
 }
 
-/// [`avx2_dots`] for rows whose factors are Q4_K super-blocks.
+/// [`avx2_dots`] for rows whose factors are Q4_K super-blocks, with its two accumulators.
 #[target_feature(enable = "avx2,fma")]
 fn avx2_super_block_dots<const M: usize>(
     w: WeightRow<'_>,
@@ -314,6 +330,7 @@ fn avx2_super_block_dots<const M: usize>(
     const VALUES: usize = SUPER_BLOCK_BLOCKS * BLOCK;
     let nibble = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); M];
+    let mut acc_second = [_mm256_setzero_ps(); M];
     let mut combined = [[0.0f32; SUPER_BLOCK_BLOCKS]; M];
     let super_blocks = w.super_blocks.iter().zip(w.quants.chunks_exact(VALUES / 2));
     for (s, (factors, quants)) in super_blocks.enumerate() {
@@ -324,16 +341,23 @@ fn avx2_super_block_dots<const M: usize>(
             let first = _mm256_and_si256(packed, nibble);
             let second = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibble);
             let start = s * VALUES + p * PAIR;
-            for ((acc, row), combined) in acc.iter_mut().zip(rows).zip(&combined) {
+            for (((acc, acc_second), row), combined) in
+                acc.iter_mut().zip(&mut acc_second).zip(rows).zip(&combined)
+            {
                 let a = &row.quants[start..start + PAIR];
                 let (s0, s1) = (combined[2 * p], combined[2 * p + 1]);
                 *acc = block_fma_avx2(first, load256(a), _mm256_set1_ps(s0), *acc);
-                *acc = block_fma_avx2(second, load256(&a[BLOCK..]), _mm256_set1_ps(s1), *acc);
+                *acc_second = block_fma_avx2(
+                    second,
+                    load256(&a[BLOCK..]),
+                    _mm256_set1_ps(s1),
+                    *acc_second,
+                );
             }
         }
     }
-    for (value, acc) in out.iter_mut().zip(acc) {
-        *value = sum256(acc);
+    for ((value, acc), acc_second) in out.iter_mut().zip(acc).zip(acc_second) {
+        *value = sum256(_mm256_add_ps(acc, acc_second));
     }
 }
 
