@@ -6,9 +6,9 @@
 # comparison. Figures: docs/benchmarks/lm-runtime.md.
 #   bench/lm-decode-rounds.sh MODEL ROUNDS BIN...
 # Environment: THREADS (default 2), BATCHES (default 1,5), STEPS (decoded tokens, default
-# 64). The peer is bench/lm-runtime.sh's llama-cpp-python venv (run that script once, or
-# set PEER_PYTHON). Reports per round and the mean per batch size in
-# run/lm-decode-rounds/report.json.
+# 64), CONTEXT (prompt tokens before the decoded ones, default 16). The peer is
+# bench/lm-runtime.sh's llama-cpp-python venv (run that script once, or set PEER_PYTHON).
+# Reports per round and the mean per batch size in run/lm-decode-rounds/report.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: lm-decode-rounds.sh MODEL ROUNDS BIN...}
@@ -18,6 +18,7 @@ shift 2
 threads=${THREADS:-2}
 batches=${BATCHES:-1,5}
 steps=${STEPS:-64}
+context=${CONTEXT:-16}
 peer=${PEER_PYTHON:-${HASTEN_CI_CACHE:-$HOME/.cache/hasten-ci}/tools/llama-cpp-venv/bin/python}
 [ -x "$peer" ] || { echo "lm-decode-rounds: no llama-cpp-python at $peer (run bench/lm-runtime.sh once)" >&2; exit 2; }
 out=run/lm-decode-rounds
@@ -27,12 +28,14 @@ for round in $(seq 1 "$rounds"); do
     i=0
     for bin in "$@"; do
         RAYON_NUM_THREADS=$threads "$bin" --model "$model" --threads "$threads" --weights fast \
-            --prefill 16 --batches "$batches" --decode-tokens "$steps" --repeat 3 --score-rows 0 \
+            --prefill 16 --decode-context "$context" --batches "$batches" --decode-tokens "$steps" \
+            --repeat 3 --score-rows 0 \
             --out "$out/r$round.bin$i.json" >/dev/null 2>&1
         i=$((i + 1))
     done
     "$peer" bench/lm-peer.py --model "$model" --threads "$threads" --prefill 16 \
-        --decode-tokens "$steps" --batches "$batches" --repeat 3 --out "$out/r$round.peer.json" >/dev/null 2>&1
+        --decode-context "$context" --decode-tokens "$steps" --batches "$batches" --repeat 3 \
+        --out "$out/r$round.peer.json" >/dev/null 2>&1
     echo "round $round of $rounds done" >&2
 done
 
