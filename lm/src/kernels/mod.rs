@@ -5,8 +5,9 @@
 //! Q8_0 for its AVX2 kernel: 34 bytes read per 32 weights instead of 20-22, and values a
 //! rounding away from the file's. These kernels read Q4_1, Q5_0, Q8_0 and Q4_K as stored,
 //! the way llama.cpp does: each activation row is quantised to 8 bits once per call (a
-//! scale per 32 values), and every weight row's blocks are dotted with every activation row
-//! while they are in registers, so a batch of B rows reads each weight once.
+//! scale per 32 values, or per 256 for Q4_K's, see below), and every weight row's blocks are
+//! dotted with every activation row while they are in registers, so a batch of B rows reads
+//! each weight once.
 //!
 //! Weights are repacked at load for the kernels' unit of two blocks (64 weights): the 4-bit
 //! parts of two blocks share 32 bytes (block A in the low nibbles, block B in the high, each
@@ -23,6 +24,12 @@
 //! scale_w * scale_a * (q_w . q_a)` plus `sum over blocks of offset_w * (scale_a * sum
 //! q_a)`: integer dot products with one multiply per block, then one multiply-add per block
 //! for the offsets, both in the kernel while the row's accumulators are in registers.
+//!
+//! Q4_K's block scales are 6-bit integers of one super-block factor, so where the
+//! activations also share one scale per super-block (llama.cpp's Q8_K), a super-block's
+//! eight block products sum in integers, each times its 6-bit scale, and take one float
+//! multiply-add instead of eight: [`ScaleGroup`]. The activation values then round to a
+//! scale set by 256 values instead of 32, as llama.cpp's do for these weights.
 //! [`Isa`] picks the kernels at run time; the scalar path is the reference the SIMD paths
 //! are tested against.
 
@@ -89,6 +96,25 @@ impl BlockFormat {
             Self::Q4_1 | Self::Q4K => Layout::Nibbles,
             Self::Q5_0 => Layout::NibblesAndFifthBits,
             Self::Q8_0 => Layout::Bytes,
+        }
+    }
+}
+
+/// How many activation values share one scale: what each weight format's kernels need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScaleGroup {
+    /// A scale per block of 32.
+    Block,
+    /// A scale per Q4_K super-block of 256 (repeated for each of its blocks, so that every
+    /// kernel may still read one per block).
+    SuperBlock,
+}
+
+impl ScaleGroup {
+    fn blocks(self) -> usize {
+        match self {
+            Self::Block => 1,
+            Self::SuperBlock => SUPER_BLOCK_BLOCKS,
         }
     }
 }
@@ -253,6 +279,8 @@ impl WeightRow<'_> {
 /// One activation row, quantised.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ActivationRow<'a> {
+    pub scale_group: ScaleGroup,
+    /// One per block.
     pub scales: &'a [f32],
     /// `scale * sum q` per block: what a weight block's offset multiplies.
     pub sums: &'a [f32],
@@ -391,6 +419,14 @@ impl PackedMatrix {
         self.format
     }
 
+    /// The activations' scale group this matrix's kernels read.
+    fn scale_group(&self) -> ScaleGroup {
+        match self.format {
+            BlockFormat::Q4K => ScaleGroup::SuperBlock,
+            _ => ScaleGroup::Block,
+        }
+    }
+
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.n
@@ -514,7 +550,16 @@ pub fn matmul_shared_with(
         )));
     }
     let kernel = Kernel::for_isa(isa);
-    let activations = Activations::quantize(kernel, x, rows, k);
+    // Each scale group the matrices read, quantised once (`k` is whole super-blocks where a
+    // matrix is Q4_K: `PackedMatrix::supports`).
+    let quantized = |group: ScaleGroup| {
+        (matrices.iter().any(|m| m.scale_group() == group))
+            .then(|| Activations::quantize(kernel, x, rows, k, group))
+    };
+    let (per_block, per_super_block) = (
+        quantized(ScaleGroup::Block),
+        quantized(ScaleGroup::SuperBlock),
+    );
     // Each output value is written once, by whichever worker takes its weight row; as
     // atomics the workers share the buffers without locks (a relaxed store is a plain one).
     let outs: Vec<Vec<AtomicU32>> = matrices
@@ -537,8 +582,12 @@ pub fn matmul_shared_with(
         for ((matrix, &start), out) in matrices.iter().zip(&starts).zip(&outs) {
             let first = taken.start.max(start);
             let end = taken.end.min(start + matrix.n);
-            if first < end {
-                matrix.dot_rows(kernel, &activations, first - start..end - start, out);
+            let activations = match matrix.scale_group() {
+                ScaleGroup::Block => per_block.as_ref(),
+                ScaleGroup::SuperBlock => per_super_block.as_ref(),
+            };
+            if let Some(activations) = activations.filter(|_| first < end) {
+                matrix.dot_rows(kernel, activations, first - start..end - start, out);
             }
         }
     });
@@ -574,15 +623,26 @@ impl Kernel {
         }
     }
 
-    /// One block of activations quantised (see [`Activations`]): its quants into `out`,
-    /// and its scale and the sum of its quants.
-    fn quantize_block(self, block: &[f32], out: &mut [i8]) -> (f32, i32) {
+    /// The largest magnitude in a block of activations.
+    fn largest_magnitude(self, block: &[f32]) -> f32 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Self::Avx512(avx512) => avx512.quantize_block(block, out),
+            Self::Avx512(avx512) => avx512.largest_magnitude(block),
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2(avx2) => avx2.quantize_block(block, out),
-            Self::Scalar => scalar::quantize_block(block, out),
+            Self::Avx2(avx2) => avx2.largest_magnitude(block),
+            Self::Scalar => scalar::largest_magnitude(block),
+        }
+    }
+
+    /// One block of activations quantised with scale `d` (see [`Activations`]): its quants
+    /// into `out`, and the sum of its quants.
+    fn quantize_block(self, block: &[f32], d: f32, out: &mut [i8]) -> i32 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512(avx512) => avx512.quantize_block(block, d, out),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2(avx2) => avx2.quantize_block(block, d, out),
+            Self::Scalar => scalar::quantize_block(block, d, out),
         }
     }
 
@@ -621,36 +681,49 @@ fn q4k_factors(j: usize, bytes: &[u8]) -> (u8, u8) {
 }
 
 /// Eight running sums, so that the compiler may vectorise (one sum would fix the order).
-/// Activation rows quantised to 8 bits: per block of 32 values a scale `d = max |x| / 127`,
-/// the values `round(x / d)`, and `d * sum q` (what a weight block's offset multiplies).
+/// Activation rows quantised to 8 bits: per scale group (see [`ScaleGroup`]) a scale
+/// `d = max |x| / 127`, the values `round(x / d)`, and per block of 32 `d * sum q` (what a
+/// weight block's offset multiplies).
 #[derive(Debug, Clone)]
 pub struct Activations {
     rows: usize,
     k: usize,
+    scale_group: ScaleGroup,
     scales: Vec<f32>,
     sums: Vec<f32>,
     quants: Vec<i8>,
 }
 
 impl Activations {
-    /// `x` holds `rows` rows of `k` values, `k` a multiple of [`BLOCK`]; every kernel
-    /// gives the same bits.
-    fn quantize(kernel: Kernel, x: &[f32], rows: usize, k: usize) -> Self {
+    /// `x` holds `rows` rows of `k` values, `k` a multiple of the group's values; every
+    /// kernel gives the same bits.
+    fn quantize(kernel: Kernel, x: &[f32], rows: usize, k: usize, group: ScaleGroup) -> Self {
         let blocks = x.len() / BLOCK;
         let mut quantized = Self {
             rows,
             k,
+            scale_group: group,
             scales: Vec::with_capacity(blocks),
             sums: Vec::with_capacity(blocks),
             quants: vec![0; blocks * BLOCK],
         };
-        for (block, quants) in x
-            .chunks_exact(BLOCK)
-            .zip(quantized.quants.chunks_exact_mut(BLOCK))
+        let values = group.blocks() * BLOCK;
+        for (group, quants) in x
+            .chunks_exact(values)
+            .zip(quantized.quants.chunks_exact_mut(values))
         {
-            let (d, sum) = kernel.quantize_block(block, quants);
-            quantized.scales.push(d);
-            quantized.sums.push(d * sum as f32);
+            let largest = (group.chunks_exact(BLOCK))
+                .map(|block| kernel.largest_magnitude(block))
+                .fold(0.0f32, f32::max);
+            let d = largest / 127.0;
+            for (block, quants) in group
+                .chunks_exact(BLOCK)
+                .zip(quants.chunks_exact_mut(BLOCK))
+            {
+                let sum = kernel.quantize_block(block, d, quants);
+                quantized.scales.push(d);
+                quantized.sums.push(d * sum as f32);
+            }
         }
         quantized
     }
@@ -658,6 +731,7 @@ impl Activations {
     fn row(&self, r: usize) -> ActivationRow<'_> {
         let blocks = self.k / BLOCK;
         ActivationRow {
+            scale_group: self.scale_group,
             scales: &self.scales[r * blocks..(r + 1) * blocks],
             sums: &self.sums[r * blocks..(r + 1) * blocks],
             quants: &self.quants[r * self.k..(r + 1) * self.k],

@@ -35,11 +35,14 @@ pub(super) fn dot(weights: WeightRow<'_>, activations: ActivationRow<'_>) -> f32
     total + offsets
 }
 
-/// A block of 32 activations: `d = max |x| / 127`, the quants `round(x / d)` (halves away
-/// from zero) into `out`, and `(d, sum of the quants)`.
-pub(super) fn quantize_block(block: &[f32], out: &mut [i8]) -> (f32, i32) {
-    let largest = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let d = largest / 127.0;
+/// The largest magnitude in a block of activations (its group's scale is that over 127).
+pub(super) fn largest_magnitude(block: &[f32]) -> f32 {
+    block.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// A block of 32 activations with scale `d`: the quants `round(x / d)` (halves away from
+/// zero) into `out`, and the sum of the quants.
+pub(super) fn quantize_block(block: &[f32], d: f32, out: &mut [i8]) -> i32 {
     let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
     let mut sum = 0i32;
     for (&v, q) in block.iter().zip(out) {
@@ -47,5 +50,5 @@ pub(super) fn quantize_block(block: &[f32], out: &mut [i8]) -> (f32, i32) {
         *q = (v * inverse).round() as i8;
         sum += i32::from(*q);
     }
-    (d, sum)
+    sum
 }

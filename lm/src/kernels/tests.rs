@@ -12,7 +12,10 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Activations, BLOCK, BlockFormat, Isa, Kernel, PAIR, PackedMatrix, matmul_shared_with};
+use super::{
+    Activations, BLOCK, BlockFormat, Isa, Kernel, PAIR, PackedMatrix, SUPER_BLOCK_BLOCKS,
+    ScaleGroup, matmul_shared_with,
+};
 
 const FORMATS: [BlockFormat; 4] = [
     BlockFormat::Q4_1,
@@ -342,11 +345,11 @@ fn a_rows_outputs_do_not_depend_on_its_batch() {
 
 /// Every kernel quantises activations to the scalar path's bits, ties included: `round`
 /// takes halves away from zero, where the SIMD instructions' nearest rounding takes them
-/// to even.
+/// to even. Per block, and per super-block (one scale for its eight blocks).
 #[test]
 fn every_kernel_quantises_activations_as_the_reference_does() {
     let mut rng = StdRng::seed_from_u64(23);
-    let (rows, k) = (3, 4 * BLOCK);
+    let (rows, k) = (3, 2 * SUPER_BLOCK_BLOCKS * BLOCK);
     let mut x: Vec<f32> = (0..rows * k)
         .map(|_| rng.random_range(-6.0f32..6.0))
         .collect();
@@ -372,16 +375,55 @@ fn every_kernel_quantises_activations_as_the_reference_does() {
     for v in &mut x[3 * BLOCK..4 * BLOCK] {
         *v = rng.random_range(-1e-30f32..1e-30);
     }
-    let reference = Activations::quantize(Kernel::Scalar, &x, rows, k);
-    assert_eq!(
-        reference.quants[BLOCK + 1..BLOCK + 9],
-        [1, -1, 2, -2, 3, -3, 127, -127]
-    );
+    for group in [ScaleGroup::Block, ScaleGroup::SuperBlock] {
+        let reference = Activations::quantize(Kernel::Scalar, &x, rows, k, group);
+        assert_eq!(
+            reference.quants[BLOCK + 1..BLOCK + 9],
+            [1, -1, 2, -2, 3, -3, 127, -127]
+        );
+        for isa in Isa::available() {
+            let ours = Activations::quantize(Kernel::for_isa(isa), &x, rows, k, group);
+            assert_eq!(ours.quants, reference.quants, "{isa}, {group:?}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&ours.scales),
+                bits(&reference.scales),
+                "{isa}, {group:?}"
+            );
+            assert_eq!(bits(&ours.sums), bits(&reference.sums), "{isa}, {group:?}");
+        }
+    }
+}
+
+/// Activations for Q4_K weights share one scale per super-block, set by its largest
+/// magnitude: what lets the AVX2 kernel sum a super-block in integers. A block of small
+/// values then takes its super-block's scale, not its own.
+#[test]
+fn super_block_activations_share_the_largest_magnitudes_scale() {
+    let mut rng = StdRng::seed_from_u64(29);
+    let values = SUPER_BLOCK_BLOCKS * BLOCK;
+    let (rows, k) = (2, 3 * values);
+    let mut x: Vec<f32> = (0..rows * k)
+        .map(|_| rng.random_range(-0.5f32..0.5))
+        .collect();
+    for group in x.chunks_exact_mut(values) {
+        group[rng.random_range(0..values)] = rng.random_range(1.0f32..9.0);
+    }
     for isa in Isa::available() {
-        let ours = Activations::quantize(Kernel::for_isa(isa), &x, rows, k);
-        assert_eq!(ours.quants, reference.quants, "{isa}");
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&ours.scales), bits(&reference.scales), "{isa}");
-        assert_eq!(bits(&ours.sums), bits(&reference.sums), "{isa}");
+        let kernel = Kernel::for_isa(isa);
+        let shared = Activations::quantize(kernel, &x, rows, k, ScaleGroup::SuperBlock);
+        let own = Activations::quantize(kernel, &x, rows, k, ScaleGroup::Block);
+        for (g, group) in x.chunks_exact(values).enumerate() {
+            let largest = group.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let blocks = g * SUPER_BLOCK_BLOCKS..(g + 1) * SUPER_BLOCK_BLOCKS;
+            for b in blocks.clone() {
+                assert_eq!(shared.scales[b], largest / 127.0, "{isa}: block {b}");
+            }
+            // Only the block holding the largest value has it as its own scale.
+            let own_equal = blocks
+                .filter(|&b| own.scales[b] == shared.scales[b])
+                .count();
+            assert_eq!(own_equal, 1, "{isa}: super-block {g}");
+        }
     }
 }

@@ -10,7 +10,10 @@
 use std::arch::x86_64::*;
 
 use super::attention::KEY_TILE;
-use super::{ActivationRow, BLOCK, Layout, PAIR, SUPER_BLOCK_BLOCKS, SuperBlockFactors, WeightRow};
+use super::{
+    ActivationRow, BLOCK, Layout, PAIR, SUPER_BLOCK_BLOCKS, ScaleGroup, SuperBlockFactors,
+    WeightRow,
+};
 
 /// Runs `$kernel::<M>` on each group of at most `GROUP` activation rows (the sizes listed
 /// are `1..=GROUP`), `M` the group's size, so that each group's accumulators stay in
@@ -61,15 +64,22 @@ impl Avx2 {
             if w.super_blocks.is_empty() {
                 in_row_groups!(avx2_dots, w, rows, out, [1, 2, 3, 4])
             } else {
+                debug_assert!(rows.iter().all(|r| r.scale_group == ScaleGroup::SuperBlock));
                 in_row_groups!(avx2_super_block_dots, w, rows, out, [1, 2, 3, 4])
             }
         }
     }
 
-    /// As `scalar::quantize_block`, bit for bit.
-    pub(super) fn quantize_block(self, block: &[f32], out: &mut [i8]) -> (f32, i32) {
+    /// As `scalar::largest_magnitude`.
+    pub(super) fn largest_magnitude(self, block: &[f32]) -> f32 {
         // SAFETY: `self` exists only where AVX2 and FMA were detected.
-        unsafe { avx2_quantize_block(block, out) }
+        unsafe { avx2_largest_magnitude(block) }
+    }
+
+    /// As `scalar::quantize_block`, bit for bit.
+    pub(super) fn quantize_block(self, block: &[f32], d: f32, out: &mut [i8]) -> i32 {
+        // SAFETY: `self` exists only where AVX2 and FMA were detected.
+        unsafe { avx2_quantize_block(block, d, out) }
     }
 
     /// `out[q * columns + column + j] = scale * (query q . key row j)`, rows of `head_dim`
@@ -169,10 +179,16 @@ impl Avx512 {
         }
     }
 
+    /// As [`Avx2::largest_magnitude`].
+    pub(super) fn largest_magnitude(self, block: &[f32]) -> f32 {
+        // SAFETY: `self` exists only where AVX2 was detected too.
+        unsafe { avx2_largest_magnitude(block) }
+    }
+
     /// As [`Avx2::quantize_block`].
-    pub(super) fn quantize_block(self, block: &[f32], out: &mut [i8]) -> (f32, i32) {
-        // SAFETY: `self` exists only where AVX-512 F was detected, which implies AVX2.
-        unsafe { avx2_quantize_block(block, out) }
+    pub(super) fn quantize_block(self, block: &[f32], d: f32, out: &mut [i8]) -> i32 {
+        // SAFETY: `self` exists only where AVX2 was detected too.
+        unsafe { avx2_quantize_block(block, d, out) }
     }
 }
 
@@ -320,7 +336,13 @@ fn super_block_factors_avx2<const M: usize>(
     }
 }
 
-/// [`avx2_dots`] for rows whose factors are Q4_K super-blocks, with its two accumulators.
+/// [`avx2_dots`] for rows whose factors are Q4_K super-blocks, on activations with one scale
+/// per super-block ([`ScaleGroup::SuperBlock`]). Each block's products are multiplied by its
+/// 6-bit scale as 16-bit integers and a super-block's summed as 32-bit ones (at most
+/// 4 x 2 x (2 x 15 x 127) x 63 a lane: no overflow, and exact in f32), then take one float
+/// multiply-add by `d * d_a`: per pair of blocks and row four integer instructions instead of
+/// a conversion, a broadcast and a multiply-add per block. The offsets (a multiply-add per
+/// super-block) are summed in a second pass, so that the first keeps its registers.
 #[target_feature(enable = "avx2,fma")]
 fn avx2_super_block_dots<const M: usize>(
     w: WeightRow<'_>,
@@ -329,35 +351,53 @@ fn avx2_super_block_dots<const M: usize>(
 ) {
     const VALUES: usize = SUPER_BLOCK_BLOCKS * BLOCK;
     let nibble = _mm256_set1_epi8(0x0f);
+    // Byte shuffles that broadcast 16-bit lane j of a 128-bit half to all of it.
+    let lane_broadcasts: [__m256i; SUPER_BLOCK_BLOCKS] = std::array::from_fn(|j| {
+        let low = 2 * j as i16;
+        _mm256_set1_epi16(((low + 1) << 8) | low)
+    });
     let mut acc = [_mm256_setzero_ps(); M];
-    let mut acc_second = [_mm256_setzero_ps(); M];
-    let mut combined = [[0.0f32; SUPER_BLOCK_BLOCKS]; M];
     let super_blocks = w.super_blocks.iter().zip(w.quants.chunks_exact(VALUES / 2));
     for (s, (factors, quants)) in super_blocks.enumerate() {
         let first_block = s * SUPER_BLOCK_BLOCKS;
-        super_block_factors_avx2(factors, first_block, rows, &mut combined, &mut acc);
+        // The eight scales as 16-bit lanes in both halves: block j's is one byte shuffle.
+        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_set_epi64x(
+            0,
+            i64::from_le_bytes(factors.scales),
+        )));
+        let mut sums = [_mm256_setzero_si256(); M];
         for (p, pair) in quants.chunks_exact(BLOCK).enumerate() {
             let packed = load256(pair);
             let first = _mm256_and_si256(packed, nibble);
             let second = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), nibble);
-            let start = s * VALUES + p * PAIR;
-            for (((acc, acc_second), row), combined) in
-                acc.iter_mut().zip(&mut acc_second).zip(rows).zip(&combined)
-            {
+            let scale_first = _mm256_shuffle_epi8(scales, lane_broadcasts[2 * p]);
+            let scale_second = _mm256_shuffle_epi8(scales, lane_broadcasts[2 * p + 1]);
+            let start = first_block * BLOCK + p * PAIR;
+            for (sum, row) in sums.iter_mut().zip(rows) {
                 let a = &row.quants[start..start + PAIR];
-                let (s0, s1) = (combined[2 * p], combined[2 * p + 1]);
-                *acc = block_fma_avx2(first, load256(a), _mm256_set1_ps(s0), *acc);
-                *acc_second = block_fma_avx2(
-                    second,
-                    load256(&a[BLOCK..]),
-                    _mm256_set1_ps(s1),
-                    *acc_second,
+                let first = _mm256_madd_epi16(_mm256_maddubs_epi16(first, load256(a)), scale_first);
+                let second = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(second, load256(&a[BLOCK..])),
+                    scale_second,
                 );
+                *sum = _mm256_add_epi32(*sum, _mm256_add_epi32(first, second));
             }
         }
+        for ((acc, sum), row) in acc.iter_mut().zip(sums).zip(rows) {
+            let scale = _mm256_set1_ps(factors.d * row.scales[first_block]);
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, *acc);
+        }
     }
-    for ((value, acc), acc_second) in out.iter_mut().zip(acc).zip(acc_second) {
-        *value = sum256(_mm256_add_ps(acc, acc_second));
+    let mut offset_acc = [_mm256_setzero_ps(); M];
+    for (s, factors) in w.super_blocks.iter().enumerate() {
+        let blocks = s * SUPER_BLOCK_BLOCKS..(s + 1) * SUPER_BLOCK_BLOCKS;
+        let offsets = _mm256_mul_ps(_mm256_set1_ps(-factors.dmin), bytes_f32x8(factors.mins));
+        for (acc, row) in offset_acc.iter_mut().zip(rows) {
+            *acc = _mm256_fmadd_ps(offsets, load_f32x8(&row.sums[blocks.clone()]), *acc);
+        }
+    }
+    for ((value, acc), offsets) in out.iter_mut().zip(acc).zip(offset_acc) {
+        *value = sum256(_mm256_add_ps(acc, offsets));
     }
 }
 
@@ -368,14 +408,12 @@ fn bytes_f32x8(bytes: [u8; 8]) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed))
 }
 
-/// `scalar::quantize_block` eight lanes at a time: the same scale, product and rounding
-/// (half away from zero: truncate, then step away where the dropped part is at least a
-/// half; the part is exact below 2^23), so the same bits.
+/// `scalar::largest_magnitude` eight lanes at a time.
 #[target_feature(enable = "avx2")]
-fn avx2_quantize_block(block: &[f32], out: &mut [i8]) -> (f32, i32) {
+fn avx2_largest_magnitude(block: &[f32]) -> f32 {
     let sign = _mm256_set1_ps(-0.0);
-    let values: [__m256; 4] = std::array::from_fn(|i| load_f32x8(&block[8 * i..]));
-    let magnitudes = values.map(|v| _mm256_andnot_ps(sign, v));
+    let magnitudes: [__m256; 4] =
+        std::array::from_fn(|i| _mm256_andnot_ps(sign, load_f32x8(&block[8 * i..])));
     let largest = _mm256_max_ps(
         _mm256_max_ps(magnitudes[0], magnitudes[1]),
         _mm256_max_ps(magnitudes[2], magnitudes[3]),
@@ -385,8 +423,16 @@ fn avx2_quantize_block(block: &[f32], out: &mut [i8]) -> (f32, i32) {
         _mm256_extractf128_ps::<1>(largest),
     );
     let half = _mm_max_ps(half, _mm_movehl_ps(half, half));
-    let largest = _mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps::<0b01>(half, half)));
-    let d = largest / 127.0;
+    _mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps::<0b01>(half, half)))
+}
+
+/// `scalar::quantize_block` eight lanes at a time: the same product and rounding (half
+/// away from zero: truncate, then step away where the dropped part is at least a half; the
+/// part is exact below 2^23), so the same bits.
+#[target_feature(enable = "avx2")]
+fn avx2_quantize_block(block: &[f32], d: f32, out: &mut [i8]) -> i32 {
+    let sign = _mm256_set1_ps(-0.0);
+    let values: [__m256; 4] = std::array::from_fn(|i| load_f32x8(&block[8 * i..]));
     let inverse = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
     let quants = values.map(|v| {
         let x = _mm256_mul_ps(v, inverse);
@@ -417,7 +463,7 @@ fn avx2_quantize_block(block: &[f32], out: &mut [i8]) -> (f32, i32) {
     );
     let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b00_00_11_10>(total));
     let total = _mm_add_epi32(total, _mm_shuffle_epi32::<0b00_00_00_01>(total));
-    (d, _mm_cvtsi128_si32(total))
+    _mm_cvtsi128_si32(total)
 }
 
 /// `acc` plus `offsets[b] * sums[b]` lane by lane over whole groups of eight blocks, and
